@@ -1,0 +1,260 @@
+package browserfailover
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"net/url"
+	"strings"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+
+	"github.com/browserfailover/caddy-browser-failover/cooldown"
+	"github.com/browserfailover/caddy-browser-failover/upstreams"
+)
+
+// ProviderConfig is one provider as configured (JSON key "providers").
+type ProviderConfig struct {
+	// Name is unique in the handler and keys the provider's state.
+	Name string `json:"name"`
+	// URL is ws://, wss://, http:// or https://; it may hold {env.X}
+	// placeholders, resolved when the config is loaded.
+	URL string `json:"url"`
+	// Priority: lower is tried first; default 1; ties keep config order.
+	Priority *int `json:"priority,omitempty"`
+	// Weight for the weighted strategy; default 1.
+	Weight int `json:"weight,omitempty"`
+	// MaxConcurrent live sessions; 0 is unlimited.
+	MaxConcurrent int `json:"max_concurrent,omitempty"`
+	// ConnectTimeout overrides the handler's for this provider.
+	ConnectTimeout caddy.Duration `json:"connect_timeout,omitempty"`
+	// HeadersUp are header_up operations, applied in order.
+	HeadersUp []HeaderOpConfig `json:"headers_up,omitempty"`
+	// PassQuery merges the client's query into the provider URL's (the
+	// provider's keys win).
+	PassQuery bool `json:"pass_query,omitempty"`
+	// Discover reads <url>/json/version on each connect and dials its
+	// webSocketDebuggerUrl; default on for http(s) URLs.
+	Discover *bool `json:"discover,omitempty"`
+	// TLS options for wss:// and https:// URLs.
+	TLS *TLSConfig `json:"tls,omitempty"`
+	// Cooldown overrides the handler's cooldown settings.
+	Cooldown *CooldownConfig `json:"cooldown,omitempty"`
+}
+
+// HeaderOpConfig is one header_up operation: op "set", "add" or "delete".
+// Values may hold request placeholders.
+type HeaderOpConfig struct {
+	Op    string `json:"op"`
+	Field string `json:"field"`
+	Value string `json:"value,omitempty"`
+}
+
+// TLSConfig holds a provider's TLS options.
+type TLSConfig struct {
+	InsecureSkipVerify bool     `json:"insecure_skip_verify,omitempty"`
+	ServerName         string   `json:"server_name,omitempty"`
+	TrustedCACertFiles []string `json:"trusted_ca_certs,omitempty"`
+}
+
+// CooldownConfig is the cooldown block (SPEC section 5).
+type CooldownConfig struct {
+	Duration         caddy.Duration `json:"duration,omitempty"`
+	MaxDuration      caddy.Duration `json:"max_duration,omitempty"`
+	Window           caddy.Duration `json:"window,omitempty"`
+	FailureThreshold float64        `json:"failure_threshold,omitempty"`
+	MinRequests      int            `json:"min_requests,omitempty"`
+}
+
+func (c *CooldownConfig) toConfig() cooldown.Config {
+	if c == nil {
+		return cooldown.Config{}
+	}
+	return cooldown.Config{
+		Duration:         time.Duration(c.Duration),
+		MaxDuration:      time.Duration(c.MaxDuration),
+		Window:           time.Duration(c.Window),
+		FailureThreshold: c.FailureThreshold,
+		MinRequests:      c.MinRequests,
+	}
+}
+
+// QueueConfig is the wait queue (SPEC section 6).
+type QueueConfig struct {
+	// Size is how many clients may wait; default 100; 0 turns the queue
+	// off (503 at once).
+	Size *int `json:"size,omitempty"`
+	// Timeout is the longest wait; default 30s.
+	Timeout caddy.Duration `json:"timeout,omitempty"`
+}
+
+// SessionConfig bounds sessions (SPEC section 7).
+type SessionConfig struct {
+	IdleTimeout caddy.Duration `json:"idle_timeout,omitempty"`
+	MaxDuration caddy.Duration `json:"max_duration,omitempty"`
+}
+
+// AffinityConfig sends the same key to the same provider while it can take
+// it.
+type AffinityConfig struct {
+	// Source is header, query or cookie.
+	Source string `json:"source"`
+	// Name of the header, query parameter or cookie.
+	Name string `json:"name"`
+}
+
+// Defaults.
+const (
+	defaultQueueSize    = 100
+	defaultQueueTimeout = 30 * time.Second
+	defaultPriority     = 1
+)
+
+var strategies = []string{
+	upstreams.StrategyPriority, upstreams.StrategyRoundRobin, upstreams.StrategyLeastConn,
+	upstreams.StrategyWeighted, upstreams.StrategyRandom, upstreams.StrategyLatency,
+}
+
+// check validates the configuration as loaded (JSON or Caddyfile). Every
+// message names the provider and the problem, never a URL's secrets.
+func (h *Handler) check() error {
+	var errs []error
+	if h.Strategy != "" && !contains(strategies, h.Strategy) {
+		errs = append(errs, fmt.Errorf("unknown strategy %q (want one of %s)", h.Strategy, strings.Join(strategies, ", ")))
+	}
+	if h.ConnectTimeout < 0 {
+		errs = append(errs, fmt.Errorf("connect_timeout must not be negative"))
+	}
+	if h.TryDuration < 0 {
+		errs = append(errs, fmt.Errorf("try_duration must not be negative"))
+	}
+	if h.MaxAttempts < 0 {
+		errs = append(errs, fmt.Errorf("max_attempts must not be negative, got %d", h.MaxAttempts))
+	}
+	if len(h.Providers) == 0 {
+		errs = append(errs, errors.New("no providers: declare at least one provider"))
+	}
+	if err := checkCooldown("cooldown", h.Cooldown); err != nil {
+		errs = append(errs, err)
+	}
+	if q := h.Queue; q != nil {
+		if q.Size != nil && *q.Size < 0 {
+			errs = append(errs, fmt.Errorf("queue size must not be negative, got %d", *q.Size))
+		}
+		if q.Timeout < 0 {
+			errs = append(errs, fmt.Errorf("queue timeout must not be negative"))
+		}
+	}
+	if s := h.Session; s != nil {
+		if s.IdleTimeout < 0 || s.MaxDuration < 0 {
+			errs = append(errs, fmt.Errorf("session idle_timeout and max_duration must not be negative"))
+		}
+	}
+	if a := h.Affinity; a != nil {
+		switch a.Source {
+		case "header", "query", "cookie":
+		default:
+			errs = append(errs, fmt.Errorf("affinity source %q: want header, query or cookie", a.Source))
+		}
+		if a.Name == "" {
+			errs = append(errs, fmt.Errorf("affinity needs a name"))
+		}
+	}
+	seen := map[string]bool{}
+	for i, p := range h.Providers {
+		if p == nil {
+			errs = append(errs, fmt.Errorf("provider %d is empty", i))
+			continue
+		}
+		if p.Name == "" {
+			errs = append(errs, fmt.Errorf("provider %d has no name", i))
+			continue
+		}
+		if seen[p.Name] {
+			errs = append(errs, fmt.Errorf("duplicate provider name %q", p.Name))
+		}
+		seen[p.Name] = true
+		if err := checkURL(p); err != nil {
+			errs = append(errs, err)
+		}
+		if p.Weight < 0 {
+			errs = append(errs, fmt.Errorf("provider %q: weight must be at least 1, got %d", p.Name, p.Weight))
+		}
+		if p.MaxConcurrent < 0 {
+			errs = append(errs, fmt.Errorf("provider %q: max_concurrent must not be negative, got %d", p.Name, p.MaxConcurrent))
+		}
+		if p.ConnectTimeout < 0 {
+			errs = append(errs, fmt.Errorf("provider %q: connect_timeout must not be negative", p.Name))
+		}
+		for _, op := range p.HeadersUp {
+			switch op.Op {
+			case "set", "add", "delete":
+			default:
+				errs = append(errs, fmt.Errorf("provider %q: header_up op %q: want set, add or delete", p.Name, op.Op))
+			}
+			if op.Field == "" {
+				errs = append(errs, fmt.Errorf("provider %q: header_up needs a field name", p.Name))
+			}
+		}
+		if err := checkCooldown(fmt.Sprintf("provider %q: cooldown", p.Name), p.Cooldown); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func checkCooldown(where string, c *CooldownConfig) error {
+	if c == nil {
+		return nil
+	}
+	if math.IsNaN(c.FailureThreshold) || c.FailureThreshold < 0 || c.FailureThreshold > 1 {
+		return fmt.Errorf("%s: failure_threshold must be in (0,1], got %v", where, c.FailureThreshold)
+	}
+	if c.MinRequests < 0 {
+		return fmt.Errorf("%s: min_requests must not be negative, got %d", where, c.MinRequests)
+	}
+	if err := c.toConfig().Validate(); err != nil {
+		return fmt.Errorf("%s: %w", where, err)
+	}
+	return nil
+}
+
+// checkURL checks a provider URL's form without resolving placeholders.
+func checkURL(p *ProviderConfig) error {
+	if p.URL == "" {
+		return fmt.Errorf("provider %q: no URL", p.Name)
+	}
+	scheme, _, ok := strings.Cut(p.URL, "://")
+	if !ok {
+		return fmt.Errorf("provider %q: URL must start with ws://, wss://, http:// or https://", p.Name)
+	}
+	switch strings.ToLower(scheme) {
+	case "ws", "wss":
+		if p.Discover != nil && *p.Discover {
+			return fmt.Errorf("provider %q: discover on needs an http:// or https:// URL", p.Name)
+		}
+	case "http", "https":
+	default:
+		return fmt.Errorf("provider %q: URL scheme %q is not one of ws, wss, http, https", p.Name, scheme)
+	}
+	if !strings.Contains(p.URL, "{") {
+		if _, err := url.Parse(p.URL); err != nil {
+			return fmt.Errorf("provider %q: invalid URL", p.Name)
+		}
+	}
+	if p.TLS != nil && (strings.EqualFold(scheme, "ws") || strings.EqualFold(scheme, "http")) &&
+		(p.TLS.InsecureSkipVerify || p.TLS.ServerName != "" || len(p.TLS.TrustedCACertFiles) > 0) {
+		return fmt.Errorf("provider %q: TLS options need a wss:// or https:// URL", p.Name)
+	}
+	return nil
+}
+
+func contains(list []string, s string) bool {
+	for _, v := range list {
+		if v == s {
+			return true
+		}
+	}
+	return false
+}

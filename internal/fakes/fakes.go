@@ -1,0 +1,213 @@
+// Package fakes holds fake browser providers for tests and benchmarks: an
+// echo WebSocket server and providers that misbehave in each way the
+// gateway must survive. Every one listens on 127.0.0.1 only.
+package fakes
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"net"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/coder/websocket"
+)
+
+// Contacts records, in order, which provider was contacted.
+type Contacts struct {
+	mu    sync.Mutex
+	names []string
+}
+
+// Add notes that name was contacted.
+func (c *Contacts) Add(name string) {
+	if c == nil {
+		return
+	}
+	c.mu.Lock()
+	c.names = append(c.names, name)
+	c.mu.Unlock()
+}
+
+// List returns the names in contact order.
+func (c *Contacts) List() []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return append([]string(nil), c.names...)
+}
+
+// Reset forgets every contact.
+func (c *Contacts) Reset() {
+	c.mu.Lock()
+	c.names = nil
+	c.mu.Unlock()
+}
+
+// Server is one fake provider.
+type Server struct {
+	Name string
+	// Addr is host:port.
+	Addr string
+	// Hits counts connections (or requests) it received.
+	Hits atomic.Int64
+	// LastHeader is the header of the last upgrade request it saw.
+	lastHeader atomic.Value
+	closeFn    func()
+}
+
+// URL is the provider's ws:// URL.
+func (s *Server) URL() string { return "ws://" + s.Addr + "/" }
+
+// LastHeader returns the header of the last request it saw.
+func (s *Server) LastHeader() http.Header {
+	h, _ := s.lastHeader.Load().(http.Header)
+	return h
+}
+
+// Close stops it.
+func (s *Server) Close() { s.closeFn() }
+
+func listen() net.Listener {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		panic(err)
+	}
+	return ln
+}
+
+// serveHTTP runs h on a fresh listener.
+func serveHTTP(name string, contacts *Contacts, h func(s *Server, w http.ResponseWriter, r *http.Request)) *Server {
+	ln := listen()
+	s := &Server{Name: name, Addr: ln.Addr().String()}
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		s.Hits.Add(1)
+		s.lastHeader.Store(r.Header.Clone())
+		contacts.Add(name)
+		h(s, w, r)
+	})}
+	go srv.Serve(ln)
+	s.closeFn = func() { srv.Close() }
+	return s
+}
+
+// Echo is a WebSocket provider that echoes every message. It negotiates the
+// subprotocols it is given.
+func Echo(name string, contacts *Contacts, subprotocols ...string) *Server {
+	return serveHTTP(name, contacts, func(s *Server, w http.ResponseWriter, r *http.Request) {
+		c, err := websocket.Accept(w, r, &websocket.AcceptOptions{
+			Subprotocols:       subprotocols,
+			InsecureSkipVerify: true,
+			CompressionMode:    websocket.CompressionDisabled,
+		})
+		if err != nil {
+			return
+		}
+		c.SetReadLimit(-1)
+		ctx := context.Background()
+		for {
+			typ, msg, err := c.Read(ctx)
+			if err != nil {
+				return
+			}
+			if err := c.Write(ctx, typ, msg); err != nil {
+				return
+			}
+		}
+	})
+}
+
+// Status answers every request with code and body.
+func Status(name string, contacts *Contacts, code int, header http.Header, body string) *Server {
+	return serveHTTP(name, contacts, func(s *Server, w http.ResponseWriter, r *http.Request) {
+		for k, v := range header {
+			w.Header()[k] = v
+		}
+		w.WriteHeader(code)
+		fmt.Fprint(w, body)
+	})
+}
+
+// Refused returns an address where nothing listens.
+func Refused(name string) *Server {
+	ln := listen()
+	addr := ln.Addr().String()
+	ln.Close()
+	return &Server{Name: name, Addr: addr, closeFn: func() {}}
+}
+
+// serveRaw runs handle for each TCP connection.
+func serveRaw(name string, contacts *Contacts, handle func(c net.Conn, br *bufio.Reader)) *Server {
+	ln := listen()
+	s := &Server{Name: name, Addr: ln.Addr().String()}
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	conns := map[net.Conn]bool{}
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			s.Hits.Add(1)
+			contacts.Add(name)
+			mu.Lock()
+			conns[c] = true
+			mu.Unlock()
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				handle(c, bufio.NewReader(c))
+			}()
+		}
+	}()
+	s.closeFn = func() {
+		ln.Close()
+		mu.Lock()
+		for c := range conns {
+			c.Close()
+		}
+		mu.Unlock()
+		wg.Wait()
+	}
+	return s
+}
+
+// Hang accepts TCP connections and never answers.
+func Hang(name string, contacts *Contacts) *Server {
+	return serveRaw(name, contacts, func(c net.Conn, br *bufio.Reader) {
+		buf := make([]byte, 1024)
+		for {
+			if _, err := c.Read(buf); err != nil {
+				return
+			}
+		}
+	})
+}
+
+// Raw reads the request head and writes answer as it is, then keeps the
+// connection until the peer closes it.
+func Raw(name string, contacts *Contacts, answer string) *Server {
+	return serveRaw(name, contacts, func(c net.Conn, br *bufio.Reader) {
+		defer c.Close()
+		c.SetDeadline(time.Now().Add(10 * time.Second))
+		for {
+			line, err := br.ReadString('\n')
+			if err != nil {
+				return
+			}
+			if line == "\r\n" {
+				break
+			}
+		}
+		c.Write([]byte(answer))
+		buf := make([]byte, 1024)
+		for {
+			if _, err := c.Read(buf); err != nil {
+				return
+			}
+		}
+	})
+}

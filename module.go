@@ -1,0 +1,524 @@
+// Package browserfailover is a Caddy HTTP handler that gives browser
+// automation clients (Puppeteer, Playwright, chromedp) one WebSocket URL in
+// front of several remote-browser providers. For each upgrade it picks a
+// healthy provider, fails over to the next until a session is established,
+// queues clients when all are busy, and relays the session byte for byte.
+package browserfailover
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"go.uber.org/zap"
+
+	"github.com/browserfailover/caddy-browser-failover/cooldown"
+	"github.com/browserfailover/caddy-browser-failover/pool"
+	"github.com/browserfailover/caddy-browser-failover/queue"
+	"github.com/browserfailover/caddy-browser-failover/upstreams"
+)
+
+func init() {
+	caddy.RegisterModule(Handler{})
+}
+
+// Handler is the browser_failover HTTP handler. See SPEC section 2 and the
+// README for every option.
+type Handler struct {
+	// Strategy orders the providers: priority (default), round_robin,
+	// least_conn, weighted, random or latency.
+	Strategy string `json:"strategy,omitempty"`
+	// ConnectTimeout bounds one attempt: TCP, TLS and the upgrade answer.
+	// Default 10s.
+	ConnectTimeout caddy.Duration `json:"connect_timeout,omitempty"`
+	// TryDuration is the budget for all attempts of one pass; 0 is none.
+	TryDuration caddy.Duration `json:"try_duration,omitempty"`
+	// MaxAttempts is how many providers one pass tries; 0 is all.
+	MaxAttempts int `json:"max_attempts,omitempty"`
+	// Providers in config order.
+	Providers []*ProviderConfig `json:"providers,omitempty"`
+	// Cooldown is the handler's health settings.
+	Cooldown *CooldownConfig `json:"cooldown,omitempty"`
+	// Queue is the wait queue.
+	Queue *QueueConfig `json:"queue,omitempty"`
+	// Session bounds sessions.
+	Session *SessionConfig `json:"session,omitempty"`
+	// Affinity sends the same key to the same provider.
+	Affinity *AffinityConfig `json:"affinity,omitempty"`
+	// Discovery answers /json/version for CDP clients; default on.
+	Discovery *bool `json:"discovery,omitempty"`
+
+	logger    *zap.Logger
+	members   []*member
+	strategy  upstreams.Strategy
+	queue     *queue.Queue
+	discovery bool
+	claimed   []string
+	single    bool
+}
+
+// member is one provider of this handler: its dialer and its process-wide
+// state.
+type member struct {
+	up    *upstreams.Provider
+	state *pool.Provider
+	index int
+}
+
+// CaddyModule returns the Caddy module information.
+func (Handler) CaddyModule() caddy.ModuleInfo {
+	return caddy.ModuleInfo{
+		ID:  "http.handlers.browser_failover",
+		New: func() caddy.Module { return new(Handler) },
+	}
+}
+
+// Provision resolves placeholders, builds the providers and claims their
+// process-wide state.
+func (h *Handler) Provision(ctx caddy.Context) error {
+	h.logger = ctx.Logger()
+	if err := h.check(); err != nil {
+		return err
+	}
+	strategy, err := upstreams.NewStrategy(h.Strategy)
+	if err != nil {
+		return err
+	}
+	h.strategy = strategy
+	h.discovery = h.Discovery == nil || *h.Discovery
+	h.single = len(h.Providers) == 1
+
+	qsize, qtimeout := defaultQueueSize, defaultQueueTimeout
+	if h.Queue != nil {
+		if h.Queue.Size != nil {
+			qsize = *h.Queue.Size
+		}
+		if h.Queue.Timeout > 0 {
+			qtimeout = time.Duration(h.Queue.Timeout)
+		}
+	}
+	if qsize > 0 {
+		h.queue = queue.New(qsize, qtimeout, queue.RealClock())
+	}
+
+	// The config load's identity: one metrics registry per load.
+	gen := ctx.GetMetricsRegistry()
+	repl := caddy.NewReplacer()
+	base := h.Cooldown.toConfig()
+	for i, pc := range h.Providers {
+		opts := upstreams.Options{
+			Name:           pc.Name,
+			URL:            repl.ReplaceKnown(pc.URL, ""),
+			Priority:       defaultPriority,
+			Weight:         pc.Weight,
+			MaxConcurrent:  pc.MaxConcurrent,
+			ConnectTimeout: time.Duration(h.ConnectTimeout),
+			PassQuery:      pc.PassQuery,
+			Discover:       pc.Discover,
+		}
+		if pc.Priority != nil {
+			opts.Priority = *pc.Priority
+		}
+		if pc.ConnectTimeout > 0 {
+			opts.ConnectTimeout = time.Duration(pc.ConnectTimeout)
+		}
+		for _, op := range pc.HeadersUp {
+			opts.HeaderOps = append(opts.HeaderOps, upstreams.HeaderOp{Op: op.Op, Field: op.Field, Value: repl.ReplaceKnown(op.Value, "")})
+		}
+		if pc.TLS != nil {
+			opts.TLS = upstreams.TLSOptions{
+				InsecureSkipVerify: pc.TLS.InsecureSkipVerify,
+				ServerName:         pc.TLS.ServerName,
+				TrustedCACertFiles: pc.TLS.TrustedCACertFiles,
+			}
+		}
+		up, err := upstreams.New(opts)
+		if err != nil {
+			return err
+		}
+		cfg := base.Merge(pc.Cooldown.toConfig())
+		if err := cfg.Validate(); err != nil {
+			return fmt.Errorf("provider %q: cooldown: %w", pc.Name, err)
+		}
+		state, err := pool.Claim(pc.Name, opts.URL, up.Redacted(), gen, cfg, h.single, pc.MaxConcurrent)
+		if err != nil {
+			return err
+		}
+		h.claimed = append(h.claimed, pc.Name)
+		if h.queue != nil {
+			state.AddWaker(h.queue)
+			if until := state.Health.Until(); !until.IsZero() {
+				h.queue.WakeAt(until)
+			}
+		}
+		h.members = append(h.members, &member{up: up, state: state, index: i})
+	}
+	names := make([]string, len(h.members))
+	for i, m := range h.members {
+		names[i] = m.up.Name
+	}
+	var qi pool.QueueInfo = offQueue{}
+	if h.queue != nil {
+		qi = h.queue
+	}
+	pool.RegisterQueue(h, qi, names)
+	return nil
+}
+
+// offQueue is the status of a handler whose queue is off.
+type offQueue struct{}
+
+func (offQueue) Len() int               { return 0 }
+func (offQueue) Size() int              { return 0 }
+func (offQueue) Timeout() time.Duration { return 0 }
+
+// Validate checks the configuration (JSON configs never pass through the
+// Caddyfile parser).
+func (h *Handler) Validate() error {
+	return h.check()
+}
+
+// Cleanup gives back the handler's claims. Live sessions go on across a
+// reload; when the process is exiting, every session gets close 1001.
+func (h *Handler) Cleanup() error {
+	pool.UnregisterQueue(h)
+	if h.queue != nil {
+		h.queue.Close()
+	}
+	for _, m := range h.members {
+		if h.queue != nil {
+			m.state.RemoveWaker(h.queue)
+		}
+	}
+	for _, name := range h.claimed {
+		pool.Release(name)
+	}
+	h.claimed = nil
+	if caddy.Exiting() {
+		pool.CloseAll(upstreams.CloseGoingAway, upstreams.EndShutdown, time.Now().Add(2*upstreams.CloseWait))
+	}
+	return nil
+}
+
+// ServeHTTP runs the failover chain of SPEC section 3 for one request.
+func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, _ caddyhttp.Handler) error {
+	if !upstreams.IsUpgrade(r) {
+		if h.discovery && isDiscoveryPath(r) {
+			return serveDiscovery(w, r)
+		}
+		return writeJSON(w, http.StatusUpgradeRequired, map[string]string{
+			"error": "this endpoint serves WebSocket upgrades for browser automation clients (CDP or Playwright)",
+		}, func(hd http.Header) {
+			hd.Set("Upgrade", "websocket")
+			hd.Set("Connection", "Upgrade")
+		})
+	}
+
+	// 1. Check the request.
+	hs, err := upstreams.Check(r)
+	if err != nil {
+		var ce *upstreams.CheckError
+		errors.As(err, &ce)
+		return writeJSON(w, ce.Status, map[string]string{"error": ce.Msg}, func(hd http.Header) {
+			if ce.Status == http.StatusUpgradeRequired {
+				hd.Set("Sec-WebSocket-Version", "13")
+			}
+		})
+	}
+
+	c := &connect{h: h, w: w, r: r, hs: hs, start: time.Now()}
+	if repl, ok := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer); ok {
+		c.replace = func(s string) string { return repl.ReplaceKnown(s, "") }
+	}
+	c.key = h.affinityKey(r)
+	return c.run()
+}
+
+// connect is one client's way through the chain.
+type connect struct {
+	h       *Handler
+	w       http.ResponseWriter
+	r       *http.Request
+	hs      *upstreams.Handshake
+	replace func(string) string
+	key     string
+	start   time.Time
+
+	attempts []attempt
+	waiter   *queue.Waiter
+	waited   time.Duration
+	order    []int
+	cands    []upstreams.Candidate
+}
+
+// passEnd is how one pass over the candidates ended.
+type passEnd int
+
+const (
+	passNothing     passEnd = iota // every candidate failed or was skipped
+	passEstablished                // a session runs
+	passAnswered                   // the client got an answer (relayed 4xx, error)
+	passClientGone                 // the client went away
+)
+
+// maxLoggedAttempts bounds the attempts kept for the 503 body and logs.
+const maxLoggedAttempts = 50
+
+func (c *connect) run() error {
+	h := c.h
+	ctx := c.r.Context()
+	var gen uint64
+	var retryAt time.Time
+	// While anyone waits, newcomers queue behind them.
+	if h.queue != nil && h.queue.Len() > 0 {
+		if !c.join(h.queue.Gen()) {
+			return nil
+		}
+	}
+	for first := true; ; first = false {
+		passCtx := ctx
+		var stopDeadline func() bool
+		if c.waiter != nil {
+			err := c.waiter.Wait(ctx, retryAt)
+			switch {
+			case err == nil:
+			case errors.Is(err, queue.ErrTimeout), errors.Is(err, queue.ErrClosed):
+				c.waited = time.Since(c.waiter.Joined())
+				c.reject(http.StatusServiceUnavailable, "queue timeout")
+				return nil
+			default: // the client went away while waiting
+				c.waited = time.Since(c.waiter.Joined())
+				c.logGone()
+				return nil
+			}
+			// A waiter past its deadline is never given a provider: the
+			// pass stops (as if the client left) at the deadline.
+			var cancel context.CancelFunc
+			passCtx, cancel = context.WithCancel(ctx)
+			t := time.AfterFunc(time.Until(c.waiter.Deadline()), cancel)
+			stopDeadline = t.Stop
+			defer cancel()
+		}
+		if h.queue != nil {
+			gen = h.queue.Gen()
+		}
+		end, couldWait, retry := c.pass(passCtx, first && c.waiter == nil)
+		if stopDeadline != nil {
+			stopDeadline()
+		}
+		switch end {
+		case passEstablished, passAnswered:
+			if c.waiter != nil {
+				c.waited = time.Since(c.waiter.Joined())
+				c.waiter.Leave()
+			}
+			return nil
+		case passClientGone:
+			if c.waiter != nil {
+				c.waited = time.Since(c.waiter.Joined())
+				if ctx.Err() == nil {
+					// Not the client: the waiter's deadline passed.
+					c.waiter.Leave()
+					c.reject(http.StatusServiceUnavailable, "queue timeout")
+					return nil
+				}
+				c.waiter.Leave()
+			}
+			c.logGone()
+			return nil
+		}
+		// 7. Nothing available: wait in the queue, or 503.
+		if h.queue == nil || !couldWait {
+			if c.waiter != nil {
+				c.waited = time.Since(c.waiter.Joined())
+				c.waiter.Leave()
+			}
+			c.reject(http.StatusServiceUnavailable, "no provider available")
+			return nil
+		}
+		retryAt = time.Time{}
+		if retry {
+			retryAt = time.Now().Add(time.Second)
+		}
+		if c.waiter == nil && !c.join(gen) {
+			return nil
+		}
+	}
+}
+
+// join puts the client in the queue; on a full queue it answers 503.
+func (c *connect) join(gen uint64) bool {
+	w, err := c.h.queue.Join(gen)
+	if err != nil {
+		c.reject(http.StatusServiceUnavailable, "queue full")
+		return false
+	}
+	c.waiter = w
+	return true
+}
+
+// pass runs steps 2 to 6 once. couldWait tells whether some provider could
+// serve the client later (so it may queue); retry tells that only providers
+// that failed without cooling down stand in the way (no event will wake the
+// waiter, so it retries after a second).
+func (c *connect) pass(ctx context.Context, advance bool) (end passEnd, couldWait, retry bool) {
+	h := c.h
+	// 2. Order the candidates.
+	order := c.orderCandidates(advance)
+	var deadline time.Time
+	if h.TryDuration > 0 {
+		deadline = time.Now().Add(time.Duration(h.TryDuration))
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithDeadline(ctx, deadline)
+		defer cancel()
+	}
+	tried := 0
+	for _, idx := range order {
+		m := h.members[idx]
+		st := m.state
+		// 3. Skip providers drained, at max_concurrent or in cooldown.
+		if st.Draining() {
+			c.skip(m, upstreams.WordDrained)
+			continue
+		}
+		couldWait = true
+		if st.Full() {
+			c.skip(m, upstreams.WordFull)
+			continue
+		}
+		if h.MaxAttempts > 0 && tried >= h.MaxAttempts {
+			break
+		}
+		if !deadline.IsZero() && !time.Now().Before(deadline) {
+			retry = true
+			break
+		}
+		permit, ok := st.Health.Acquire()
+		if !ok {
+			c.skip(m, upstreams.WordCooldown)
+			continue
+		}
+		if !st.TryReserve() {
+			st.Health.Done(permit, cooldown.Neutral, 0)
+			c.skip(m, upstreams.WordFull)
+			continue
+		}
+		tried++
+
+		// 4. Attempt.
+		res := m.up.Connect(ctx, c.hs, c.replace)
+		c.record(m, res.Outcome)
+
+		// 5. Classify and record.
+		switch res.Outcome.Kind {
+		case upstreams.Success:
+			c.settle(m, permit, cooldown.Success, 0)
+			st.ObserveHandshake(res.Outcome.Elapsed)
+			// 6. Relay.
+			if c.establish(m, res.Conn) {
+				return passEstablished, true, false
+			}
+			return passClientGone, true, false
+		case upstreams.Failure:
+			if c.settle(m, permit, cooldown.Failure, 0) == cooldown.NoChange {
+				retry = true
+			}
+			st.Unreserve()
+		case upstreams.Capacity:
+			c.settle(m, permit, cooldown.Capacity, res.Outcome.RetryAfter)
+			st.Unreserve()
+		case upstreams.Incompatible:
+			c.settle(m, permit, cooldown.Neutral, 0)
+			st.Unreserve()
+			retry = true
+		case upstreams.Relay:
+			c.settle(m, permit, cooldown.Neutral, 0)
+			st.Unreserve()
+			c.relayAnswer(res)
+			return passAnswered, true, false
+		case upstreams.ClientGone:
+			st.Health.Done(permit, cooldown.Neutral, 0)
+			st.Unreserve()
+			return passClientGone, true, false
+		}
+		if ctx.Err() != nil && c.r.Context().Err() != nil {
+			return passClientGone, true, false
+		}
+	}
+	return passNothing, couldWait, retry
+}
+
+// settle records an attempt's result in the provider's health and reacts to
+// what changed.
+func (c *connect) settle(m *member, p cooldown.Permit, r cooldown.Result, retryAfter time.Duration) cooldown.Change {
+	st := m.state
+	change := st.Health.Done(p, r, retryAfter)
+	switch change {
+	case cooldown.CooledDown, cooldown.Skipped:
+		until := st.Health.Until()
+		st.WakeAt(until)
+		c.h.logger.Info("provider cooling down",
+			zap.String("provider", st.Name()),
+			zap.Time("until", until),
+			zap.String("reason", st.LastError()))
+	case cooldown.Recovered:
+		c.h.logger.Info("provider recovered", zap.String("provider", st.Name()))
+	}
+	return change
+}
+
+// orderCandidates returns the indices of the handler's providers in the
+// order to try them.
+func (c *connect) orderCandidates(advance bool) []int {
+	h := c.h
+	c.order = c.order[:0]
+	if c.key != "" {
+		names := make([]string, len(h.members))
+		for i, m := range h.members {
+			names[i] = m.up.Name
+		}
+		c.order = upstreams.AffinityOrder(c.key, names, c.order)
+		return c.order
+	}
+	c.cands = c.cands[:0]
+	for i, m := range h.members {
+		ms, has := m.state.HandshakeMS()
+		c.cands = append(c.cands, upstreams.Candidate{
+			Index: i, Priority: m.up.Priority, Weight: m.up.Weight,
+			Active: m.state.Reserved(), LatencyMS: ms, HasLatency: has,
+		})
+	}
+	c.order = h.strategy.Order(c.cands, advance, c.order)
+	return c.order
+}
+
+// affinityKey extracts the affinity key of a request ("" when none).
+func (h *Handler) affinityKey(r *http.Request) string {
+	a := h.Affinity
+	if a == nil {
+		return ""
+	}
+	switch a.Source {
+	case "header":
+		return r.Header.Get(a.Name)
+	case "query":
+		return r.URL.Query().Get(a.Name)
+	case "cookie":
+		if ck, err := r.Cookie(a.Name); err == nil {
+			return ck.Value
+		}
+	}
+	return ""
+}
+
+// Interface guards.
+var (
+	_ caddy.Provisioner           = (*Handler)(nil)
+	_ caddy.Validator             = (*Handler)(nil)
+	_ caddy.CleanerUpper          = (*Handler)(nil)
+	_ caddyhttp.MiddlewareHandler = (*Handler)(nil)
+)

@@ -1,0 +1,390 @@
+// Package pool owns the process-wide state of every provider, keyed by the
+// provider's name: its live-session slots, its health (a cooldown machine),
+// its counters and last error, the operator's drain flag, and the live
+// sessions themselves. It lives in a caddy.UsagePool so a config reload keeps
+// live sessions open and counted and keeps cooldowns. Handlers take entries
+// on Provision and release them on Cleanup; the admin API reads entries here,
+// never from a handler.
+package pool
+
+import (
+	"fmt"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+
+	"github.com/browserfailover/caddy-browser-failover/cooldown"
+	"github.com/browserfailover/caddy-browser-failover/upstreams"
+)
+
+// Waker is told when a provider may have room again: a slot freed (Notify)
+// or a cooldown ends at a known time (WakeAt). Handler queues implement it.
+type Waker interface {
+	Notify()
+	WakeAt(t time.Time)
+}
+
+// Provider is the process-wide state of one provider name.
+type Provider struct {
+	name   string
+	Health *cooldown.Health
+
+	used     atomic.Int64 // reserved for attempts in flight plus live
+	live     atomic.Int64
+	max      atomic.Int64 // 0: unlimited
+	draining atomic.Bool
+
+	mu         sync.Mutex
+	url        string // redacted, for status
+	urlKey     string // the resolved URL: compared, never shown
+	gen        any    // the config load that last claimed this name
+	lastError  string
+	latencyMS  float64
+	hasLatency bool
+	wakers     map[Waker]int
+}
+
+// Name is the provider's name.
+func (p *Provider) Name() string { return p.name }
+
+var (
+	providers = caddy.NewUsagePool()
+	// Now is the clock of every provider's health; tests replace it.
+	Now = time.Now
+)
+
+// Claim takes (or creates) the entry for name on behalf of one handler of a
+// config load identified by gen. urlKey is the provider's resolved URL and
+// redacted its shown form. The same name with two URLs in one config load
+// is an error; across loads the newest config wins.
+func Claim(name, urlKey, redacted string, gen any, cfg cooldown.Config, single bool, maxConcurrent int) (*Provider, error) {
+	v, _, err := providers.LoadOrNew(name, func() (caddy.Destructor, error) {
+		return &Provider{name: name, Health: cooldown.New(cfg, Now), wakers: map[Waker]int{}}, nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	p := v.(*Provider)
+	p.mu.Lock()
+	if p.gen == gen && p.urlKey != urlKey && p.urlKey != "" {
+		p.mu.Unlock()
+		providers.Delete(name)
+		return nil, fmt.Errorf("provider %q is declared with two different URLs", name)
+	}
+	p.gen, p.urlKey, p.url = gen, urlKey, redacted
+	p.mu.Unlock()
+	p.Health.Configure(cfg, single)
+	p.max.Store(int64(maxConcurrent))
+	return p, nil
+}
+
+// Release gives back one handler's claim on name.
+func Release(name string) {
+	providers.Delete(name)
+}
+
+// Destruct implements caddy.Destructor; the entry's sessions, if any, keep
+// running until they end.
+func (p *Provider) Destruct() error { return nil }
+
+// Lookup finds the entry of a configured provider.
+func Lookup(name string) (*Provider, bool) {
+	var found *Provider
+	providers.Range(func(k, v any) bool {
+		if k == name {
+			found = v.(*Provider)
+			return false
+		}
+		return true
+	})
+	return found, found != nil
+}
+
+// All lists every configured provider's entry, sorted by name.
+func All() []*Provider {
+	var all []*Provider
+	providers.Range(func(_, v any) bool {
+		all = append(all, v.(*Provider))
+		return true
+	})
+	sort.Slice(all, func(i, j int) bool { return all[i].name < all[j].name })
+	return all
+}
+
+// TryReserve takes a slot for an attempt if max_concurrent allows it.
+func (p *Provider) TryReserve() bool {
+	for {
+		u := p.used.Load()
+		m := p.max.Load()
+		if m > 0 && u >= m {
+			return false
+		}
+		if p.used.CompareAndSwap(u, u+1) {
+			return true
+		}
+	}
+}
+
+// Full reports whether the provider is at max_concurrent.
+func (p *Provider) Full() bool {
+	m := p.max.Load()
+	return m > 0 && p.used.Load() >= m
+}
+
+// Unreserve gives back a slot whose attempt did not establish a session.
+func (p *Provider) Unreserve() {
+	p.used.Add(-1)
+	p.Notify()
+}
+
+// Establish turns a reserved slot into a live session.
+func (p *Provider) Establish(s *upstreams.Session) {
+	p.live.Add(1)
+	track(s)
+}
+
+// End frees a live session's slot.
+func (p *Provider) End(s *upstreams.Session) {
+	untrack(s)
+	p.live.Add(-1)
+	p.used.Add(-1)
+	p.Notify()
+}
+
+// Active is the number of live sessions.
+func (p *Provider) Active() int64 { return p.live.Load() }
+
+// Reserved is live sessions plus attempts in flight.
+func (p *Provider) Reserved() int64 { return p.used.Load() }
+
+// MaxConcurrent is the configured limit (0: unlimited).
+func (p *Provider) MaxConcurrent() int64 { return p.max.Load() }
+
+// Draining reports whether an operator drained the provider.
+func (p *Provider) Draining() bool { return p.draining.Load() }
+
+// SetDraining drains or undrains the provider; undraining wakes waiters.
+func (p *Provider) SetDraining(on bool) {
+	p.draining.Store(on)
+	if !on {
+		p.Notify()
+	}
+}
+
+// Reset ends any cooldown and clears the counters and last error.
+func (p *Provider) Reset() {
+	p.Health.Reset()
+	p.mu.Lock()
+	p.lastError = ""
+	p.latencyMS, p.hasLatency = 0, false
+	p.mu.Unlock()
+	p.Notify()
+}
+
+// URL is the provider's URL, redacted.
+func (p *Provider) URL() string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.url
+}
+
+// SetLastError records the last failure, already free of secrets.
+func (p *Provider) SetLastError(s string) {
+	p.mu.Lock()
+	p.lastError = s
+	p.mu.Unlock()
+}
+
+// LastError is the last failure recorded.
+func (p *Provider) LastError() string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.lastError
+}
+
+// latencyWeight is the weight of a new sample in the handshake-time moving
+// average.
+const latencyWeight = 0.3
+
+// ObserveHandshake adds a successful handshake's duration to the moving
+// average.
+func (p *Provider) ObserveHandshake(d time.Duration) {
+	ms := float64(d) / float64(time.Millisecond)
+	p.mu.Lock()
+	if !p.hasLatency {
+		p.latencyMS, p.hasLatency = ms, true
+	} else {
+		p.latencyMS += latencyWeight * (ms - p.latencyMS)
+	}
+	p.mu.Unlock()
+}
+
+// HandshakeMS returns the moving average of handshake times and whether
+// there is any sample.
+func (p *Provider) HandshakeMS() (float64, bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.latencyMS, p.hasLatency
+}
+
+// AddWaker registers a handler queue to be woken for this provider.
+func (p *Provider) AddWaker(w Waker) {
+	p.mu.Lock()
+	p.wakers[w]++
+	p.mu.Unlock()
+}
+
+// RemoveWaker undoes AddWaker.
+func (p *Provider) RemoveWaker(w Waker) {
+	p.mu.Lock()
+	if p.wakers[w]--; p.wakers[w] <= 0 {
+		delete(p.wakers, w)
+	}
+	p.mu.Unlock()
+}
+
+// Notify wakes the queues that could use this provider.
+func (p *Provider) Notify() {
+	p.mu.Lock()
+	if len(p.wakers) == 0 {
+		p.mu.Unlock()
+		return
+	}
+	ws := make([]Waker, 0, len(p.wakers))
+	for w := range p.wakers {
+		ws = append(ws, w)
+	}
+	p.mu.Unlock()
+	for _, w := range ws {
+		w.Notify()
+	}
+}
+
+// WakeAt asks the queues that could use this provider to wake at t (the
+// end of its cooldown).
+func (p *Provider) WakeAt(t time.Time) {
+	p.mu.Lock()
+	ws := make([]Waker, 0, len(p.wakers))
+	for w := range p.wakers {
+		ws = append(ws, w)
+	}
+	p.mu.Unlock()
+	for _, w := range ws {
+		w.WakeAt(t)
+	}
+}
+
+// The live sessions of the process, for shutdown.
+var (
+	sessionsMu sync.Mutex
+	sessions   = map[*upstreams.Session]struct{}{}
+)
+
+func track(s *upstreams.Session) {
+	sessionsMu.Lock()
+	sessions[s] = struct{}{}
+	sessionsMu.Unlock()
+}
+
+func untrack(s *upstreams.Session) {
+	sessionsMu.Lock()
+	delete(sessions, s)
+	sessionsMu.Unlock()
+}
+
+// LiveSessions counts the live sessions of the process.
+func LiveSessions() int {
+	sessionsMu.Lock()
+	defer sessionsMu.Unlock()
+	return len(sessions)
+}
+
+// CloseAll ends every live session with a close frame (code, reason) and
+// waits until they have ended or the deadline passes.
+func CloseAll(code int, reason string, deadline time.Time) {
+	sessionsMu.Lock()
+	all := make([]*upstreams.Session, 0, len(sessions))
+	for s := range sessions {
+		all = append(all, s)
+	}
+	sessionsMu.Unlock()
+	for _, s := range all {
+		s.Close(code, reason)
+	}
+	timer := time.NewTimer(time.Until(deadline))
+	defer timer.Stop()
+	for _, s := range all {
+		select {
+		case <-s.Done():
+		case <-timer.C:
+			return
+		}
+	}
+}
+
+// QueueInfo is what the status shows of one handler's wait queue.
+type QueueInfo interface {
+	Len() int
+	Size() int
+	Timeout() time.Duration
+}
+
+// QueueStatus is one handler's queue as listed by the status.
+type QueueStatus struct {
+	Waiting   int      `json:"waiting"`
+	Size      int      `json:"size"`
+	TimeoutMS int64    `json:"timeout_ms"`
+	Providers []string `json:"providers"`
+}
+
+type queueEntry struct {
+	q         QueueInfo
+	providers []string
+	order     uint64
+}
+
+var (
+	queuesMu sync.Mutex
+	queues   = map[any]queueEntry{}
+	queueSeq uint64
+)
+
+// RegisterQueue lists a handler's queue (q may report size 0 when the queue
+// is off) under owner until UnregisterQueue.
+func RegisterQueue(owner any, q QueueInfo, providers []string) {
+	queuesMu.Lock()
+	queueSeq++
+	queues[owner] = queueEntry{q: q, providers: providers, order: queueSeq}
+	queuesMu.Unlock()
+}
+
+// UnregisterQueue removes owner's queue.
+func UnregisterQueue(owner any) {
+	queuesMu.Lock()
+	delete(queues, owner)
+	queuesMu.Unlock()
+}
+
+// Queues lists the registered queues in registration order.
+func Queues() []QueueStatus {
+	queuesMu.Lock()
+	entries := make([]queueEntry, 0, len(queues))
+	for _, e := range queues {
+		entries = append(entries, e)
+	}
+	queuesMu.Unlock()
+	sort.Slice(entries, func(i, j int) bool { return entries[i].order < entries[j].order })
+	out := make([]QueueStatus, 0, len(entries))
+	for _, e := range entries {
+		out = append(out, QueueStatus{
+			Waiting:   e.q.Len(),
+			Size:      e.q.Size(),
+			TimeoutMS: e.q.Timeout().Milliseconds(),
+			Providers: append([]string(nil), e.providers...),
+		})
+	}
+	return out
+}

@@ -1,0 +1,331 @@
+package browserfailover
+
+import (
+	"encoding/json"
+	"io"
+	"math"
+	"net"
+	"net/http"
+	"strconv"
+	"sync"
+	"time"
+
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+
+	"github.com/browserfailover/caddy-browser-failover/upstreams"
+)
+
+// attempt is one line of a client's way through the chain: a provider tried
+// (or skipped) and how it went.
+type attempt struct {
+	Provider string  `json:"provider"`
+	Outcome  string  `json:"outcome"`
+	MS       float64 `json:"ms"`
+}
+
+// attempts renders as a zap array.
+type attempts []attempt
+
+func (as attempts) MarshalLogArray(enc zapcore.ArrayEncoder) error {
+	for _, a := range as {
+		enc.AppendObject(a)
+	}
+	return nil
+}
+
+func (a attempt) MarshalLogObject(enc zapcore.ObjectEncoder) error {
+	enc.AddString("provider", a.Provider)
+	enc.AddString("outcome", a.Outcome)
+	enc.AddFloat64("ms", a.MS)
+	return nil
+}
+
+func roundMS(d time.Duration) float64 {
+	return math.Round(float64(d)/float64(time.Millisecond)*10) / 10
+}
+
+// add keeps the latest maxLoggedAttempts attempts.
+func (c *connect) add(a attempt) {
+	if len(c.attempts) >= maxLoggedAttempts {
+		copy(c.attempts, c.attempts[1:])
+		c.attempts = c.attempts[:len(c.attempts)-1]
+	}
+	c.attempts = append(c.attempts, a)
+}
+
+// skip records a provider passed over without an attempt.
+func (c *connect) skip(m *member, word string) {
+	c.add(attempt{Provider: m.up.Name, Outcome: word})
+}
+
+// record notes an attempt's outcome; a failure becomes the provider's last
+// error (words and transport errors hold no URL).
+func (c *connect) record(m *member, o upstreams.Outcome) {
+	c.add(attempt{Provider: m.up.Name, Outcome: o.Word, MS: roundMS(o.Elapsed)})
+	if o.Kind != upstreams.Success && o.Kind != upstreams.ClientGone && o.Kind != upstreams.Relay {
+		m.state.SetLastError(o.Word)
+	}
+	if ce := c.h.logger.Check(zap.DebugLevel, "attempt"); ce != nil {
+		fields := []zap.Field{
+			zap.String("provider", m.up.Name),
+			zap.String("outcome", o.Word),
+			zap.Float64("ms", roundMS(o.Elapsed)),
+		}
+		if o.Err != nil {
+			fields = append(fields, zap.String("cause", o.Err.Error()))
+		}
+		ce.Write(fields...)
+	}
+}
+
+// establish hands the client over to the provider's connection: it answers
+// the client with the provider's 101 and starts the relay. It reports false
+// when the client could not be taken over (the upstream is closed then).
+func (c *connect) establish(m *member, up *upstreams.Conn) bool {
+	st := m.state
+	if c.hs.ExtendedConnect {
+		return c.establishStream(m, up)
+	}
+	conn, brw, err := http.NewResponseController(c.w).Hijack()
+	if err != nil {
+		up.Close()
+		st.Unreserve()
+		c.h.logger.Error("cannot take over the client connection", zap.Error(err))
+		return false
+	}
+	conn.SetDeadline(time.Time{})
+	if _, err := conn.Write(up.Answer.Raw); err != nil {
+		up.Close()
+		conn.Close()
+		st.Unreserve()
+		return false
+	}
+	// Bytes the client pipelined behind its handshake go first.
+	var pending []byte
+	if n := brw.Reader.Buffered(); n > 0 {
+		pending = make([]byte, n)
+		brw.Read(pending)
+	}
+	c.startSession(m, conn, up, pending)
+	return true
+}
+
+// startSession registers the session with its provider and starts it.
+func (c *connect) startSession(m *member, client netConn, up *upstreams.Conn, pending []byte) {
+	st := m.state
+	end := &sessionEnd{
+		logger:   c.h.logger,
+		provider: m.up.Name,
+		attempts: c.attempts,
+		waited:   c.waited,
+	}
+	if c.waiter != nil {
+		end.waited = time.Since(c.waiter.Joined())
+	}
+	var idle, maxDur time.Duration
+	if s := c.h.Session; s != nil {
+		idle, maxDur = time.Duration(s.IdleTimeout), time.Duration(s.MaxDuration)
+	}
+	s := upstreams.NewSession(client, up, upstreams.SessionOptions{
+		ClientPending: pending,
+		IdleTimeout:   idle,
+		MaxDuration:   maxDur,
+		OnEnd: func(s *upstreams.Session) {
+			st.End(s)
+			end.log(s)
+		},
+	})
+	st.Establish(s)
+	s.Run()
+}
+
+// sessionEnd is what a session's end log needs; it keeps nothing of the
+// request alive.
+type sessionEnd struct {
+	logger   *zap.Logger
+	provider string
+	attempts attempts
+	waited   time.Duration
+}
+
+func (e *sessionEnd) log(s *upstreams.Session) {
+	e.logger.Info("session ended",
+		zap.String("provider", e.provider),
+		zap.Array("attempts", e.attempts),
+		zap.Float64("queue_wait_ms", roundMS(e.waited)),
+		zap.Float64("duration_ms", roundMS(time.Since(s.Start()))),
+		zap.Int64("bytes_up", s.BytesUp()),
+		zap.Int64("bytes_down", s.BytesDown()),
+		zap.String("close_reason", s.Reason()),
+	)
+}
+
+// relayAnswer passes a provider's 4xx answer to the client as it is:
+// status, headers and up to 64 KiB of body.
+func (c *connect) relayAnswer(res upstreams.Result) {
+	hd := c.w.Header()
+	for k, vs := range res.Answer.Header {
+		switch k {
+		case "Connection", "Keep-Alive", "Proxy-Connection", "Transfer-Encoding", "Upgrade", "Content-Length", "Te", "Trailer":
+			continue
+		}
+		hd[k] = vs
+	}
+	hd.Set("Content-Length", strconv.Itoa(len(res.Body)))
+	c.w.WriteHeader(res.Answer.Status)
+	if c.r.Method != http.MethodHead {
+		c.w.Write(res.Body)
+	}
+	c.h.logger.Info("rejected",
+		zap.String("provider", ""),
+		zap.Array("attempts", attempts(c.attempts)),
+		zap.Float64("queue_wait_ms", roundMS(c.waited)),
+		zap.Int("status", res.Answer.Status),
+		zap.String("close_reason", "provider answered "+strconv.Itoa(res.Answer.Status)),
+	)
+}
+
+// rejectBody is the JSON of SPEC 3.7.
+type rejectBody struct {
+	Error       string    `json:"error"`
+	Attempts    []attempt `json:"attempts"`
+	RetryAfterS int       `json:"retry_after_s"`
+}
+
+// reject answers 503 (or status) with Retry-After and the attempts.
+func (c *connect) reject(status int, why string) {
+	retry := c.h.retryAfter()
+	body := rejectBody{Error: "no browser provider available", Attempts: c.attempts, RetryAfterS: retry}
+	if body.Attempts == nil {
+		body.Attempts = []attempt{}
+	}
+	writeJSON(c.w, status, body, func(hd http.Header) {
+		hd.Set("Retry-After", strconv.Itoa(retry))
+	})
+	c.h.logger.Info("rejected",
+		zap.String("provider", ""),
+		zap.Array("attempts", attempts(c.attempts)),
+		zap.Float64("queue_wait_ms", roundMS(c.waited)),
+		zap.Int("status", status),
+		zap.String("close_reason", why),
+	)
+}
+
+// logGone notes a client that left before it got a session.
+func (c *connect) logGone() {
+	if ce := c.h.logger.Check(zap.DebugLevel, "client went away"); ce != nil {
+		ce.Write(zap.Array("attempts", attempts(c.attempts)), zap.Float64("queue_wait_ms", roundMS(c.waited)))
+	}
+}
+
+// retryAfter is the seconds until the earliest cooldown of the handler's
+// providers ends, at least 1.
+func (h *Handler) retryAfter() int {
+	now := time.Now()
+	best := time.Duration(0)
+	for _, m := range h.members {
+		if u := m.state.Health.Until(); u.After(now) {
+			if d := u.Sub(now); best == 0 || d < best {
+				best = d
+			}
+		}
+	}
+	secs := int(math.Ceil(best.Seconds()))
+	if secs < 1 {
+		secs = 1
+	}
+	return secs
+}
+
+// writeJSON writes v as JSON with status; set adjusts headers first.
+func writeJSON(w http.ResponseWriter, status int, v any, set func(http.Header)) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	b = append(b, '\n')
+	hd := w.Header()
+	hd.Set("Content-Type", "application/json")
+	hd.Set("Content-Length", strconv.Itoa(len(b)))
+	hd.Set("Cache-Control", "no-store")
+	if set != nil {
+		set(hd)
+	}
+	w.WriteHeader(status)
+	_, err = w.Write(b)
+	return err
+}
+
+// netConn is the client side of a session.
+type netConn = net.Conn
+
+// establishStream serves an HTTP/2 or HTTP/3 extended CONNECT client: it
+// answers 200 with the provider's negotiated subprotocol and extensions,
+// then relays the stream for as long as the session lives (the stream ends
+// when ServeHTTP returns).
+func (c *connect) establishStream(m *member, up *upstreams.Conn) bool {
+	hd := c.w.Header()
+	for _, k := range []string{"Sec-Websocket-Protocol", "Sec-Websocket-Extensions"} {
+		if vs := up.Answer.Header[k]; len(vs) > 0 {
+			hd[k] = vs
+		}
+	}
+	c.w.WriteHeader(http.StatusOK)
+	rc := http.NewResponseController(c.w)
+	if err := rc.Flush(); err != nil {
+		up.Close()
+		m.state.Unreserve()
+		return false
+	}
+	sc := newStreamConn(c.r, c.w, rc)
+	c.startSession(m, sc, up, nil)
+	<-sc.done
+	return true
+}
+
+// streamConn presents an extended CONNECT stream as a net.Conn.
+type streamConn struct {
+	body      io.ReadCloser
+	w         http.ResponseWriter
+	rc        *http.ResponseController
+	local     net.Addr
+	remote    net.Addr
+	closeOnce sync.Once
+	done      chan struct{}
+}
+
+func newStreamConn(r *http.Request, w http.ResponseWriter, rc *http.ResponseController) *streamConn {
+	sc := &streamConn{body: r.Body, w: w, rc: rc, done: make(chan struct{}), local: streamAddr("local"), remote: streamAddr(r.RemoteAddr)}
+	return sc
+}
+
+func (s *streamConn) Read(p []byte) (int, error) { return s.body.Read(p) }
+
+func (s *streamConn) Write(p []byte) (int, error) {
+	n, err := s.w.Write(p)
+	if err != nil {
+		return n, err
+	}
+	return n, s.rc.Flush()
+}
+
+func (s *streamConn) Close() error {
+	s.closeOnce.Do(func() {
+		s.body.Close()
+		close(s.done)
+	})
+	return nil
+}
+
+func (s *streamConn) LocalAddr() net.Addr                { return s.local }
+func (s *streamConn) RemoteAddr() net.Addr               { return s.remote }
+func (s *streamConn) SetDeadline(t time.Time) error      { s.rc.SetReadDeadline(t); return s.rc.SetWriteDeadline(t) }
+func (s *streamConn) SetReadDeadline(t time.Time) error  { return s.rc.SetReadDeadline(t) }
+func (s *streamConn) SetWriteDeadline(t time.Time) error { return s.rc.SetWriteDeadline(t) }
+
+// streamAddr names a stream's end.
+type streamAddr string
+
+func (a streamAddr) Network() string { return "stream" }
+func (a streamAddr) String() string  { return string(a) }

@@ -1,0 +1,126 @@
+package upstreams
+
+import (
+	"bufio"
+	"bytes"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/textproto"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// MaxAnswerHeader bounds the status line and headers of a provider's answer.
+const MaxAnswerHeader = 64 << 10
+
+// maxAnswerFields bounds the number of header lines of an answer.
+const maxAnswerFields = 200
+
+// errMalformed marks an answer that is not HTTP/1.x.
+var errMalformed = errors.New("malformed HTTP answer")
+
+// Answer is a provider's HTTP answer to the upgrade (or discovery) request.
+type Answer struct {
+	Status int
+	Header http.Header
+	// Raw holds the status line and header block as received, ending with
+	// the blank line.
+	Raw []byte
+}
+
+// ReadAnswer reads one HTTP/1.x status line and header block from br, at
+// most limit bytes in all. It does not read a body.
+func ReadAnswer(br *bufio.Reader, limit int) (*Answer, error) {
+	var raw []byte
+	line, err := readLine(br, &raw, limit)
+	if err != nil {
+		return nil, err
+	}
+	// "HTTP/1.1 101 Switching Protocols"
+	proto, rest, ok := strings.Cut(string(line), " ")
+	if !ok || !strings.HasPrefix(proto, "HTTP/1.") || len(proto) != 8 {
+		return nil, fmt.Errorf("%w: bad status line", errMalformed)
+	}
+	codeText, _, _ := strings.Cut(rest, " ")
+	if len(codeText) != 3 {
+		return nil, fmt.Errorf("%w: bad status code", errMalformed)
+	}
+	code, err := strconv.Atoi(codeText)
+	if err != nil || code < 100 || code > 999 {
+		return nil, fmt.Errorf("%w: bad status code", errMalformed)
+	}
+	a := &Answer{Status: code, Header: make(http.Header, 8)}
+	for n := 0; ; n++ {
+		line, err := readLine(br, &raw, limit)
+		if err != nil {
+			return nil, err
+		}
+		if len(line) == 0 {
+			break
+		}
+		if n >= maxAnswerFields {
+			return nil, fmt.Errorf("%w: too many header fields", errMalformed)
+		}
+		if line[0] == ' ' || line[0] == '\t' {
+			return nil, fmt.Errorf("%w: obsolete line folding", errMalformed)
+		}
+		k, v, ok := bytes.Cut(line, []byte{':'})
+		if !ok || len(k) == 0 || bytes.ContainsAny(k, " \t") {
+			return nil, fmt.Errorf("%w: bad header line", errMalformed)
+		}
+		key := textproto.CanonicalMIMEHeaderKey(string(k))
+		a.Header[key] = append(a.Header[key], string(bytes.TrimSpace(v)))
+	}
+	a.Raw = raw
+	return a, nil
+}
+
+// readLine reads one CRLF (or LF) terminated line, appending it whole to raw
+// and returning it without the line end. It fails once raw exceeds limit.
+func readLine(br *bufio.Reader, raw *[]byte, limit int) ([]byte, error) {
+	start := len(*raw)
+	for {
+		chunk, err := br.ReadSlice('\n')
+		if len(*raw)+len(chunk) > limit {
+			return nil, fmt.Errorf("%w: header larger than %d bytes", errMalformed, limit)
+		}
+		*raw = append(*raw, chunk...)
+		if err == nil {
+			break
+		}
+		if err == bufio.ErrBufferFull {
+			continue
+		}
+		return nil, err
+	}
+	line := (*raw)[start:]
+	line = bytes.TrimSuffix(line, []byte{'\n'})
+	line = bytes.TrimSuffix(line, []byte{'\r'})
+	return line, nil
+}
+
+// ParseRetryAfter reads a Retry-After value: delta seconds or an HTTP date.
+// It returns 0 when v is empty, malformed or in the past.
+func ParseRetryAfter(v string, now time.Time) time.Duration {
+	v = strings.TrimSpace(v)
+	if v == "" {
+		return 0
+	}
+	if secs, err := strconv.ParseInt(v, 10, 64); err == nil {
+		if secs <= 0 {
+			return 0
+		}
+		if secs > int64(365*24*time.Hour/time.Second) {
+			secs = int64(365 * 24 * time.Hour / time.Second)
+		}
+		return time.Duration(secs) * time.Second
+	}
+	if t, err := http.ParseTime(v); err == nil {
+		if d := t.Sub(now); d > 0 {
+			return d
+		}
+	}
+	return 0
+}

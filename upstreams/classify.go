@@ -1,0 +1,154 @@
+package upstreams
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"io"
+	"net"
+	"os"
+	"strconv"
+	"syscall"
+	"time"
+)
+
+// Kind is what an attempt's outcome means for the failover chain and for the
+// provider's health (SPEC 3.5).
+type Kind int
+
+const (
+	// Success: 101 with a valid Sec-WebSocket-Accept. Relay.
+	Success Kind = iota + 1
+	// Failure: try the next provider and count a failure.
+	Failure
+	// Capacity (408, 429): try the next provider; skip this one until
+	// Retry-After or for its cooldown duration; not a failure.
+	Capacity
+	// Incompatible (428, a Playwright server of another version): try the
+	// next provider; nothing recorded, not skipped.
+	Incompatible
+	// Relay (any other 4xx): the answer goes to the client as it is; no
+	// next provider; neither success nor failure.
+	Relay
+	// ClientGone: the client went away; stop, record nothing.
+	ClientGone
+)
+
+// String names the kind for logs.
+func (k Kind) String() string {
+	switch k {
+	case Success:
+		return "success"
+	case Failure:
+		return "failure"
+	case Capacity:
+		return "capacity"
+	case Incompatible:
+		return "incompatible"
+	case Relay:
+		return "relay"
+	case ClientGone:
+		return "client_gone"
+	}
+	return "unknown"
+}
+
+// Next reports whether the chain goes on to the next provider.
+func (k Kind) Next() bool { return k == Failure || k == Capacity || k == Incompatible }
+
+// Outcome words for failures that are not an HTTP status (SPEC section 10).
+const (
+	WordOK           = "ok"
+	WordRefused      = "refused"
+	WordTimeout      = "timeout"
+	WordDNS          = "dns_error"
+	WordTLS          = "tls_error"
+	WordReset        = "reset"
+	WordBadHandshake = "bad_handshake"
+	WordBadDiscovery = "bad_discovery"
+	WordClientGone   = "client_gone"
+	// Skips: providers passed over without an attempt.
+	WordCooldown = "cooldown"
+	WordFull     = "full"
+	WordDrained  = "drained"
+)
+
+// StatusWord is the outcome word of an HTTP status: status_<code>.
+func StatusWord(code int) string { return "status_" + strconv.Itoa(code) }
+
+// ClassifyStatus maps a provider's HTTP answer status to its outcome, for an
+// answer other than a valid 101 (SPEC 3.5). A 101 that reached this function
+// failed validation.
+func ClassifyStatus(code int) (word string, kind Kind) {
+	switch {
+	case code < 400:
+		// Any 1xx/2xx/3xx, or a 101 with a wrong accept or upgrade.
+		return WordBadHandshake, Failure
+	case code == 401, code == 403:
+		return StatusWord(code), Failure
+	case code == 408, code == 429:
+		return StatusWord(code), Capacity
+	case code == 428:
+		return StatusWord(code), Incompatible
+	case code < 500:
+		return StatusWord(code), Relay
+	default:
+		return StatusWord(code), Failure
+	}
+}
+
+// ClassifyError maps a transport error of an attempt to its outcome.
+// clientGone tells whether the client's own context ended.
+func ClassifyError(err error, clientGone bool) (word string, kind Kind) {
+	if clientGone {
+		return WordClientGone, ClientGone
+	}
+	var dnsErr *net.DNSError
+	var recErr tls.RecordHeaderError
+	var alertErr tls.AlertError
+	var certErr *tls.CertificateVerificationError
+	var unknownAuth x509.UnknownAuthorityError
+	var hostErr x509.HostnameError
+	var invalidErr x509.CertificateInvalidError
+	switch {
+	case errors.Is(err, errBadDiscovery):
+		return WordBadDiscovery, Failure
+	case errors.Is(err, errBadHandshake), errors.Is(err, errMalformed):
+		return WordBadHandshake, Failure
+	case errors.As(err, &dnsErr):
+		return WordDNS, Failure
+	case errors.As(err, &recErr), errors.As(err, &alertErr), errors.As(err, &certErr),
+		errors.As(err, &unknownAuth), errors.As(err, &hostErr), errors.As(err, &invalidErr),
+		errors.Is(err, errTLS):
+		return WordTLS, Failure
+	case errors.Is(err, syscall.ECONNREFUSED):
+		return WordRefused, Failure
+	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, os.ErrDeadlineExceeded), isTimeout(err):
+		return WordTimeout, Failure
+	case errors.Is(err, syscall.ECONNRESET), errors.Is(err, syscall.EPIPE), errors.Is(err, io.EOF),
+		errors.Is(err, io.ErrUnexpectedEOF), errors.Is(err, net.ErrClosed):
+		return WordReset, Failure
+	}
+	// Anything else the network says (unreachable host, no route …) is a
+	// failed connection.
+	return WordRefused, Failure
+}
+
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
+}
+
+// Outcome is how one attempt ended.
+type Outcome struct {
+	Word string
+	Kind Kind
+	// RetryAfter is the provider's Retry-After for Capacity answers (0 when
+	// absent).
+	RetryAfter time.Duration
+	// Elapsed is the attempt's duration.
+	Elapsed time.Duration
+	// Err is the cause, for logs; it never holds a URL.
+	Err error
+}

@@ -1,0 +1,330 @@
+package upstreams
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/tls"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"net/url"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+)
+
+// MaxRelayedBody bounds the body of a relayed 4xx answer and of a discovery
+// answer.
+const MaxRelayedBody = 64 << 10
+
+var (
+	errBadHandshake = errors.New("bad handshake")
+	errBadDiscovery = errors.New("bad discovery answer")
+	errTLS          = errors.New("TLS handshake failed")
+)
+
+// aLongTimeAgo is a deadline that makes blocked I/O return at once.
+var aLongTimeAgo = time.Unix(1, 0)
+
+// Conn is an established upstream WebSocket connection.
+type Conn struct {
+	net.Conn
+	// Answer is the provider's 101 answer.
+	Answer *Answer
+	// Leftover holds bytes the provider sent right behind its 101; they go to
+	// the client before anything else.
+	Leftover []byte
+}
+
+// Result is what one attempt produced.
+type Result struct {
+	Outcome Outcome
+	// Conn is set on Success.
+	Conn *Conn
+	// Answer and Body are set for Relay: the provider's answer to pass on.
+	Answer *Answer
+	Body   []byte
+}
+
+var readerPool = sync.Pool{New: func() any { return bufio.NewReaderSize(nil, 4096) }}
+
+// Connect makes one attempt at p for the client handshake hs: TCP, TLS,
+// discovery when configured, the upgrade request and its answer, all within
+// p.ConnectTimeout (or ctx's earlier deadline). ctx is the client's: when it
+// is canceled the attempt stops with ClientGone. replace expands request
+// placeholders in header_up values.
+func (p *Provider) Connect(ctx context.Context, hs *Handshake, replace func(string) string) (res Result) {
+	start := time.Now()
+	deadline := start.Add(p.ConnectTimeout)
+	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
+		deadline = d
+	}
+	actx, cancel := context.WithDeadline(ctx, deadline)
+	defer cancel()
+	defer func() { res.Outcome.Elapsed = time.Since(start) }()
+
+	fail := func(err error) Result {
+		word, kind := ClassifyError(err, errors.Is(ctx.Err(), context.Canceled))
+		return Result{Outcome: Outcome{Word: word, Kind: kind, Err: err}}
+	}
+
+	path, query, host := p.path, p.query, p.host
+	if p.Discover {
+		dpath, dquery, r := p.discover(actx, deadline, replace)
+		if r != nil {
+			if r.Outcome.Kind == 0 {
+				return fail(r.Outcome.Err)
+			}
+			return *r
+		}
+		path, query = dpath, dquery
+	}
+	t := p.wsTarget(hs, path, query, host)
+
+	conn, err := p.dial(actx)
+	if err != nil {
+		return fail(err)
+	}
+	ok := false
+	defer func() {
+		if !ok {
+			conn.Close()
+		}
+	}()
+	// Unblock reads and writes at once when the client goes away.
+	stop := context.AfterFunc(actx, func() { conn.SetDeadline(aLongTimeAgo) })
+	conn.SetDeadline(deadline)
+
+	bp := reqBufPool.Get().(*[]byte)
+	req := p.appendRequest((*bp)[:0], hs, t, replace)
+	_, err = conn.Write(req)
+	*bp = req
+	reqBufPool.Put(bp)
+	if err != nil {
+		stop()
+		return fail(err)
+	}
+	br := readerPool.Get().(*bufio.Reader)
+	br.Reset(conn)
+	defer func() {
+		br.Reset(nil)
+		readerPool.Put(br)
+	}()
+	ans, err := ReadAnswer(br, MaxAnswerHeader)
+	if !stop() {
+		// The context ended while we read: the deadline is in the past.
+		if err == nil {
+			err = actx.Err()
+		}
+		return fail(err)
+	}
+	if err != nil {
+		return fail(err)
+	}
+	if ans.Status == http.StatusSwitchingProtocols {
+		if err := validate101(ans, hs.Key); err != nil {
+			word, kind := ClassifyStatus(ans.Status)
+			return Result{Outcome: Outcome{Word: word, Kind: kind, Err: err}}
+		}
+		conn.SetDeadline(time.Time{})
+		c := &Conn{Conn: conn, Answer: ans}
+		if n := br.Buffered(); n > 0 {
+			c.Leftover = make([]byte, n)
+			br.Read(c.Leftover)
+		}
+		ok = true
+		return Result{Outcome: Outcome{Word: WordOK, Kind: Success}, Conn: c}
+	}
+	return p.answerResult(ans, br, fmt.Errorf("provider answered %d", ans.Status))
+}
+
+// answerResult classifies a non-101 answer; for Relay it reads up to
+// MaxRelayedBody of the body (the connection's deadline still applies).
+func (p *Provider) answerResult(ans *Answer, br *bufio.Reader, cause error) Result {
+	word, kind := ClassifyStatus(ans.Status)
+	r := Result{Outcome: Outcome{Word: word, Kind: kind, Err: cause}}
+	switch kind {
+	case Capacity:
+		r.Outcome.RetryAfter = ParseRetryAfter(ans.Header.Get("Retry-After"), time.Now())
+	case Relay:
+		r.Answer = ans
+		r.Body, _ = readBody(ans, br)
+	}
+	return r
+}
+
+// readBody reads at most MaxRelayedBody bytes of an answer's body.
+func readBody(ans *Answer, br *bufio.Reader) ([]byte, error) {
+	var body io.Reader = br
+	if te := ans.Header.Get("Transfer-Encoding"); te != "" {
+		if !strings.EqualFold(te, "chunked") {
+			return nil, nil
+		}
+		body = httputil.NewChunkedReader(br)
+	} else if cl := ans.Header.Get("Content-Length"); cl != "" {
+		n, err := strconv.ParseInt(cl, 10, 64)
+		if err != nil || n < 0 {
+			return nil, nil
+		}
+		body = io.LimitReader(br, n)
+	}
+	b, err := io.ReadAll(io.LimitReader(body, MaxRelayedBody))
+	return b, err
+}
+
+var reqBufPool = sync.Pool{New: func() any { b := make([]byte, 0, 1024); return &b }}
+
+// validate101 checks a 101 answer to a handshake with key.
+func validate101(a *Answer, key string) error {
+	if !headerHasToken(a.Header, "Upgrade", "websocket") {
+		return fmt.Errorf("%w: 101 without Upgrade: websocket", errBadHandshake)
+	}
+	if !headerHasToken(a.Header, "Connection", "upgrade") {
+		return fmt.Errorf("%w: 101 without Connection: upgrade", errBadHandshake)
+	}
+	if got := a.Header.Values("Sec-Websocket-Accept"); len(got) != 1 || got[0] != AcceptFor(key) {
+		return fmt.Errorf("%w: wrong Sec-WebSocket-Accept", errBadHandshake)
+	}
+	return nil
+}
+
+// dial opens TCP (and TLS for wss) to the provider inside ctx.
+func (p *Provider) dial(ctx context.Context) (net.Conn, error) {
+	var d net.Dialer
+	conn, err := d.DialContext(ctx, "tcp", p.address)
+	if err != nil {
+		return nil, err
+	}
+	if tc, ok := conn.(*net.TCPConn); ok {
+		tc.SetNoDelay(true)
+	}
+	if p.tlsConfig == nil {
+		return conn, nil
+	}
+	tconn := tls.Client(conn, p.tlsConfig)
+	if err := tconn.HandshakeContext(ctx); err != nil {
+		conn.Close()
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		if errors.Is(err, io.EOF) || isTimeout(err) {
+			return nil, err
+		}
+		return nil, fmt.Errorf("%w: %w", errTLS, err)
+	}
+	return tconn, nil
+}
+
+// discoveryAnswer is the part of Chrome's /json/version the gateway reads.
+type discoveryAnswer struct {
+	WebSocketDebuggerURL string `json:"webSocketDebuggerUrl"`
+}
+
+// discover GETs the provider's /json/version and returns the path and query
+// of its webSocketDebuggerUrl. A nil *Result means success; a Result with a
+// zero Kind carries a transport error to classify.
+func (p *Provider) discover(ctx context.Context, deadline time.Time, replace func(string) string) (string, url.Values, *Result) {
+	host := p.host
+	for try := 0; try < 2; try++ {
+		status, ans, body, remote, err := p.discoveryGET(ctx, deadline, host, replace)
+		if err != nil {
+			return "", nil, &Result{Outcome: Outcome{Err: err}}
+		}
+		if status == http.StatusOK {
+			var da discoveryAnswer
+			if err := json.Unmarshal(body, &da); err != nil || da.WebSocketDebuggerURL == "" {
+				return "", nil, &Result{Outcome: Outcome{Word: WordBadDiscovery, Kind: Failure,
+					Err: fmt.Errorf("%w: no webSocketDebuggerUrl", errBadDiscovery)}}
+			}
+			wu, err := url.Parse(da.WebSocketDebuggerURL)
+			if err != nil || wu.Path == "" {
+				return "", nil, &Result{Outcome: Outcome{Word: WordBadDiscovery, Kind: Failure,
+					Err: fmt.Errorf("%w: unusable webSocketDebuggerUrl", errBadDiscovery)}}
+			}
+			q := wu.Query()
+			for k, v := range p.query {
+				if _, ok := q[k]; !ok {
+					q[k] = v
+				}
+			}
+			return wu.EscapedPath(), q, nil
+		}
+		// Chrome answers /json/* only when Host is an IP or localhost:
+		// retry once with the address actually dialed.
+		if try == 0 && status == http.StatusInternalServerError && bytes.Contains(body, []byte("Host header")) && remote != "" {
+			host = remote
+			continue
+		}
+		if status < 400 {
+			return "", nil, &Result{Outcome: Outcome{Word: WordBadDiscovery, Kind: Failure,
+				Err: fmt.Errorf("%w: status %d", errBadDiscovery, status)}}
+		}
+		r := p.answerResult(ans, bufio.NewReader(bytes.NewReader(nil)), fmt.Errorf("discovery answered %d", status))
+		if r.Outcome.Kind == Relay {
+			r.Body = body
+		}
+		return "", nil, &r
+	}
+	return "", nil, &Result{Outcome: Outcome{Word: WordBadDiscovery, Kind: Failure, Err: errBadDiscovery}}
+}
+
+// discoveryGET performs GET <path>/json/version with the given Host header.
+// remote is the dialed address, usable as a Host header Chrome accepts.
+func (p *Provider) discoveryGET(ctx context.Context, deadline time.Time, host string, replace func(string) string) (status int, ans *Answer, body []byte, remote string, err error) {
+	conn, err := p.dial(ctx)
+	if err != nil {
+		return 0, nil, nil, "", err
+	}
+	defer conn.Close()
+	stop := context.AfterFunc(ctx, func() { conn.SetDeadline(aLongTimeAgo) })
+	defer stop()
+	conn.SetDeadline(deadline)
+	if ra, ok := conn.RemoteAddr().(*net.TCPAddr); ok {
+		remote = ra.String()
+	}
+	path := strings.TrimSuffix(p.path, "/") + "/json/version"
+	if p.rawQuery != "" {
+		path += "?" + p.rawQuery
+	}
+	var b bytes.Buffer
+	b.WriteString("GET " + path + " HTTP/1.1\r\nHost: " + host + "\r\nAccept: application/json\r\nConnection: close\r\n")
+	if p.basicAuth != "" && !p.setsAuth {
+		b.WriteString("Authorization: " + p.basicAuth + "\r\n")
+	}
+	for _, op := range p.headerOps {
+		if op.Op == "delete" || strings.EqualFold(op.Field, "Host") {
+			continue
+		}
+		v := op.Value
+		if replace != nil {
+			v = replace(v)
+		}
+		b.Write(appendField(nil, op.Field, v))
+	}
+	b.WriteString("\r\n")
+	if _, err := conn.Write(b.Bytes()); err != nil {
+		return 0, nil, nil, remote, err
+	}
+	br := bufio.NewReaderSize(conn, 4096)
+	ans, err = ReadAnswer(br, MaxAnswerHeader)
+	if err != nil {
+		if ctx.Err() != nil {
+			err = ctx.Err()
+		}
+		return 0, nil, nil, remote, err
+	}
+	body, err = readBody(ans, br)
+	if err != nil && ans.Status == http.StatusOK {
+		if ctx.Err() != nil {
+			err = ctx.Err()
+		}
+		return 0, nil, nil, remote, err
+	}
+	return ans.Status, ans, body, remote, nil
+}

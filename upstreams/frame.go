@@ -1,0 +1,135 @@
+package upstreams
+
+import (
+	"encoding/binary"
+	"math/rand/v2"
+)
+
+// WebSocket close codes the gateway sends itself.
+const (
+	CloseNormal    = 1000
+	CloseGoingAway = 1001
+)
+
+const opClose = 0x8
+
+// frameTracker follows the frame boundaries of one direction of a WebSocket
+// byte stream by reading frame headers only: payload bytes are skipped by
+// count, never looked at. It lets the relay stop at a boundary to inject a
+// close frame without cutting a frame in half.
+type frameTracker struct {
+	remaining int64    // payload bytes left in the current frame
+	hdr       [14]byte // header bytes collected so far
+	hdrN      int      // how many; 0 with remaining 0 means at a boundary
+	opcode    byte     // opcode of the current frame
+	// sawClose is set once a whole close frame has passed.
+	sawClose bool
+}
+
+// atBoundary reports whether the stream is between two frames.
+func (t *frameTracker) atBoundary() bool { return t.hdrN == 0 && t.remaining == 0 }
+
+// headerLen returns the full header length once the first two bytes are
+// known.
+func headerLen(b1 byte) int {
+	n := 2
+	switch b1 & 0x7f {
+	case 126:
+		n += 2
+	case 127:
+		n += 8
+	}
+	if b1&0x80 != 0 {
+		n += 4
+	}
+	return n
+}
+
+// advance consumes p and returns how many bytes it took. With stop set, it
+// stops at the first frame boundary it reaches (possibly 0 bytes in, when it
+// is already at one); otherwise it takes all of p.
+func (t *frameTracker) advance(p []byte, stop bool) int {
+	i := 0
+	for i < len(p) {
+		if stop && t.atBoundary() {
+			return i
+		}
+		if t.remaining > 0 {
+			n := int64(len(p) - i)
+			if n > t.remaining {
+				n = t.remaining
+			}
+			t.remaining -= n
+			i += int(n)
+			if t.remaining == 0 && t.opcode == opClose {
+				t.sawClose = true
+			}
+			continue
+		}
+		// Collect header bytes.
+		if t.hdrN < 2 {
+			t.hdr[t.hdrN] = p[i]
+			t.hdrN++
+			i++
+			if t.hdrN < 2 {
+				continue
+			}
+		}
+		need := headerLen(t.hdr[1])
+		for t.hdrN < need && i < len(p) {
+			t.hdr[t.hdrN] = p[i]
+			t.hdrN++
+			i++
+		}
+		if t.hdrN < need {
+			return i
+		}
+		t.opcode = t.hdr[0] & 0x0f
+		var length int64
+		switch l := t.hdr[1] & 0x7f; l {
+		case 126:
+			length = int64(binary.BigEndian.Uint16(t.hdr[2:4]))
+		case 127:
+			// The most significant bit must be 0 (RFC 6455 5.2); a peer
+			// that sets it gets a huge count, which only ever grows the
+			// frame, never corrupts the count.
+			length = int64(binary.BigEndian.Uint64(t.hdr[2:10]) & (1<<63 - 1))
+		default:
+			length = int64(l)
+		}
+		t.hdrN = 0
+		t.remaining = length
+		if length == 0 && t.opcode == opClose {
+			t.sawClose = true
+		}
+	}
+	return i
+}
+
+// closeFrame builds a close frame with code and reason (reason cut to fit
+// a control frame). masked frames are for the provider side (client to
+// server frames must be masked).
+func closeFrame(code int, reason string, masked bool) []byte {
+	if len(reason) > 123 {
+		reason = reason[:123]
+	}
+	n := 2 + len(reason)
+	b := make([]byte, 0, 6+n)
+	b = append(b, 0x80|opClose)
+	if !masked {
+		b = append(b, byte(n))
+		b = binary.BigEndian.AppendUint16(b, uint16(code))
+		return append(b, reason...)
+	}
+	b = append(b, 0x80|byte(n))
+	var key [4]byte
+	binary.LittleEndian.PutUint32(key[:], rand.Uint32())
+	b = append(b, key[:]...)
+	start := len(b)
+	b = binary.BigEndian.AppendUint16(b, uint16(code))
+	b = append(b, reason...)
+	for i := start; i < len(b); i++ {
+		b[i] ^= key[(i-start)&3]
+	}
+	return b
+}
