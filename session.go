@@ -318,9 +318,12 @@ func (s *streamConn) Close() error {
 	return nil
 }
 
-func (s *streamConn) LocalAddr() net.Addr                { return s.local }
-func (s *streamConn) RemoteAddr() net.Addr               { return s.remote }
-func (s *streamConn) SetDeadline(t time.Time) error      { s.rc.SetReadDeadline(t); return s.rc.SetWriteDeadline(t) }
+func (s *streamConn) LocalAddr() net.Addr  { return s.local }
+func (s *streamConn) RemoteAddr() net.Addr { return s.remote }
+func (s *streamConn) SetDeadline(t time.Time) error {
+	s.rc.SetReadDeadline(t)
+	return s.rc.SetWriteDeadline(t)
+}
 func (s *streamConn) SetReadDeadline(t time.Time) error  { return s.rc.SetReadDeadline(t) }
 func (s *streamConn) SetWriteDeadline(t time.Time) error { return s.rc.SetWriteDeadline(t) }
 
