@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Every test: installs what the suites need when it is missing (Debian's
+# chromium, the e2e npm packages), then vets and runs the Go tests,
+# including the real-browser end-to-end suite and short fuzz runs.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if [ -x e2e/setup.sh ]; then
+	e2e/setup.sh
+fi
+
+echo "== gofmt / go vet"
+unformatted=$(gofmt -l $(git ls-files '*.go' 2>/dev/null || find . -name '*.go'))
+if [ -n "$unformatted" ]; then
+	echo "gofmt would change: $unformatted"
+	exit 1
+fi
+go vet ./...
+
+echo "== go test"
+go test -count=1 -race -timeout 20m ./...
+
+if [ -x scripts/fuzz.sh ]; then
+	echo "== short fuzz runs"
+	scripts/fuzz.sh
+fi
