@@ -15,7 +15,7 @@ test: ## every test, installing what they need
 	./scripts/test.sh
 
 bench:
-	go run ./bench/cmd/bench
+	go run ./bench/compare
 
 clean:
 	rm -rf bin

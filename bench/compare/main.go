@@ -1,0 +1,593 @@
+// Command compare measures browser_failover side by side with a direct
+// connection, a minimal raw TCP relay and Caddy's own reverse_proxy (the same
+// Caddy binary), on loopback, alternating the targets over several rounds
+// and printing medians and ratios.
+//
+//	go run ./bench/compare [-rounds 3] [-held 2000] [-scale 10000]
+//
+// Every load is bounded in count and time and stops by itself.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"math"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/coder/websocket"
+)
+
+var (
+	rounds    = flag.Int("rounds", 3, "rounds over the targets; medians are printed")
+	held      = flag.Int("held", 2000, "idle sessions held for the memory figure")
+	scale     = flag.Int("scale", 10000, "sessions of the scale run (0: skip)")
+	rttN      = flag.Int("rtt", 2000, "round trips per RTT measurement")
+	tputMsgs  = flag.Int("tput", 200, "1 MiB messages per throughput measurement")
+	hsN       = flag.Int("handshakes", 2000, "handshakes per measurement")
+	caddyBin  = flag.String("caddy", "", "Caddy binary with browser_failover (default: build ./cmd/caddy)")
+	relayMode = flag.String("relay", "", "internal: run as the raw relay listening on this address")
+	relayTo   = flag.String("relay-to", "", "internal: the raw relay's target")
+)
+
+func main() {
+	flag.Parse()
+	if *relayMode != "" {
+		runRelay(*relayMode, *relayTo)
+		return
+	}
+	raiseFileLimit()
+	if err := run(); err != nil {
+		fmt.Fprintln(os.Stderr, "compare:", err)
+		os.Exit(1)
+	}
+}
+
+// target is one thing the client connects through.
+type target struct {
+	name string
+	url  string
+	pid  int // the process whose RSS is measured (0: none)
+}
+
+func run() error {
+	tmp, err := os.MkdirTemp("", "bf-bench")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(tmp)
+	bin := *caddyBin
+	if bin == "" {
+		bin = filepath.Join(tmp, "caddy")
+		fmt.Println("building ./cmd/caddy …")
+		cmd := exec.Command("go", "build", "-o", bin, "./cmd/caddy")
+		cmd.Stdout, cmd.Stderr = os.Stdout, os.Stderr
+		if err := cmd.Run(); err != nil {
+			return err
+		}
+	}
+
+	echo, err := startEcho()
+	if err != nil {
+		return err
+	}
+	var procs []*exec.Cmd
+	defer func() {
+		for _, p := range procs {
+			p.Process.Kill()
+			p.Wait()
+		}
+	}()
+
+	relayAddr := freeAddr()
+	self, _ := os.Executable()
+	relay := exec.Command(self, "-relay", relayAddr, "-relay-to", echo)
+	relay.Stderr = os.Stderr
+	if err := relay.Start(); err != nil {
+		return err
+	}
+	procs = append(procs, relay)
+
+	rpAddr, rpAdmin := freeAddr(), freeAddr()
+	rp, err := startCaddy(bin, tmp, "rp", fmt.Sprintf("{\n\tadmin %s\n}\nhttp://%s {\n\treverse_proxy %s\n}\n", rpAdmin, rpAddr, echo))
+	if err != nil {
+		return err
+	}
+	procs = append(procs, rp)
+
+	bfAddr, bfAdmin := freeAddr(), freeAddr()
+	refused := freeAddr()
+	failing := startStatus(500)
+	bfConf := fmt.Sprintf(`{
+	admin %s
+}
+http://%s {
+	handle /refused* {
+		browser_failover {
+			provider gone ws://%s/ {
+				priority 1
+			}
+			provider echo-r ws://%s/ {
+				priority 2
+			}
+			queue {
+				size 0
+			}
+		}
+	}
+	handle /cooldown* {
+		browser_failover {
+			provider failing ws://%s/ {
+				priority 1
+			}
+			provider echo-c ws://%s/ {
+				priority 2
+			}
+			cooldown {
+				min_requests 1
+				duration 1h
+				max_duration 1h
+			}
+			queue {
+				size 0
+			}
+		}
+	}
+	handle {
+		browser_failover {
+			provider echo ws://%s/
+		}
+	}
+}
+`, bfAdmin, bfAddr, refused, echo, failing, echo, echo)
+	bf, err := startCaddy(bin, tmp, "bf", bfConf)
+	if err != nil {
+		return err
+	}
+	procs = append(procs, bf)
+	for _, a := range []string{relayAddr, rpAddr, bfAddr} {
+		if err := waitListening(a); err != nil {
+			return err
+		}
+	}
+
+	targets := []target{
+		{"direct", "ws://" + echo + "/", 0},
+		{"raw relay", "ws://" + relayAddr + "/", relay.Process.Pid},
+		{"caddy reverse_proxy", "ws://" + rpAddr + "/", rp.Process.Pid},
+		{"browser_failover", "ws://" + bfAddr + "/", bf.Process.Pid},
+	}
+	fmt.Printf("machine: %d CPUs, %s/%s, %s; rounds %d\n\n", runtime.NumCPU(), runtime.GOOS, runtime.GOARCH, runtime.Version(), *rounds)
+
+	type series map[string][]float64
+	res := map[string]series{}
+	add := func(metric, tgt string, v float64) {
+		if res[metric] == nil {
+			res[metric] = series{}
+		}
+		res[metric][tgt] = append(res[metric][tgt], v)
+	}
+	// Warm up every target.
+	for _, t := range targets {
+		rtt(t.url, 200)
+	}
+	for r := 0; r < *rounds; r++ {
+		for _, t := range targets {
+			p50, p99 := rtt(t.url, *rttN)
+			add("rtt_p50_us", t.name, p50)
+			add("rtt_p99_us", t.name, p99)
+			add("tput_MBps", t.name, throughput(t.url, *tputMsgs))
+			add("handshakes_per_s", t.name, handshakes(t.url, *hsN, 4))
+			if t.pid != 0 {
+				add("idle_session_KiB", t.name, idleMemory(t.url, t.pid, *held))
+			}
+		}
+		// Added connect time: first provider refused, first provider in
+		// cooldown, against the plain one-provider route.
+		base := connectTime("ws://"+bfAddr+"/", 300)
+		add("connect_ms", "one provider", base)
+		add("connect_ms", "first refused", connectTime("ws://"+bfAddr+"/refused", 300))
+		add("connect_ms", "first in cooldown", connectTime("ws://"+bfAddr+"/cooldown", 300))
+	}
+
+	metrics := []struct{ key, title string }{
+		{"rtt_p50_us", "round trip p50, 256 B (µs)"},
+		{"rtt_p99_us", "round trip p99, 256 B (µs)"},
+		{"tput_MBps", "throughput, 1 MiB messages, 4 in flight (MB/s)"},
+		{"handshakes_per_s", "WebSocket handshakes/s, concurrency 4"},
+		{"idle_session_KiB", fmt.Sprintf("memory per idle session, %d held (KiB)", *held)},
+	}
+	fmt.Printf("%-48s %12s %12s %20s %18s %10s\n", "metric (median)", "direct", "raw relay", "caddy reverse_proxy", "browser_failover", "bf/caddy")
+	for _, m := range metrics {
+		s := res[m.key]
+		cad, bfv := median(s["caddy reverse_proxy"]), median(s["browser_failover"])
+		fmt.Printf("%-48s %12s %12s %20s %18s %10s\n", m.title, fmtv(s["direct"]), fmtv(s["raw relay"]), fmtv(s["caddy reverse_proxy"]), fmtv(s["browser_failover"]), ratio(bfv, cad))
+	}
+	c := res["connect_ms"]
+	fmt.Printf("\nconnect time through browser_failover (median ms): one provider %.3f, first refused %.3f (+%.3f), first in cooldown %.3f (+%.3f)\n",
+		median(c["one provider"]), median(c["first refused"]), median(c["first refused"])-median(c["one provider"]),
+		median(c["first in cooldown"]), median(c["first in cooldown"])-median(c["one provider"]))
+
+	if *scale > 0 {
+		scaleRun("ws://"+bfAddr+"/", bf.Process.Pid, bfAdmin, *scale)
+	}
+	return nil
+}
+
+func fmtv(v []float64) string {
+	if len(v) == 0 {
+		return "-"
+	}
+	return strconv.FormatFloat(median(v), 'f', 1, 64)
+}
+
+func ratio(a, b float64) string {
+	if b == 0 || math.IsNaN(a) || math.IsNaN(b) {
+		return "-"
+	}
+	return fmt.Sprintf("%.2f×", a/b)
+}
+
+func median(v []float64) float64 {
+	if len(v) == 0 {
+		return math.NaN()
+	}
+	s := append([]float64(nil), v...)
+	sort.Float64s(s)
+	return s[len(s)/2]
+}
+
+func percentile(d []time.Duration, p float64) time.Duration {
+	sort.Slice(d, func(i, j int) bool { return d[i] < d[j] })
+	i := int(math.Ceil(p*float64(len(d)))) - 1
+	if i < 0 {
+		i = 0
+	}
+	return d[i]
+}
+
+func dial(url string) (*websocket.Conn, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	c, _, err := websocket.Dial(ctx, url, &websocket.DialOptions{CompressionMode: websocket.CompressionDisabled})
+	if err == nil {
+		c.SetReadLimit(-1)
+	}
+	return c, err
+}
+
+// rtt measures n sequential 256-byte round trips.
+func rtt(url string, n int) (p50, p99 float64) {
+	c, err := dial(url)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "rtt dial:", err)
+		return math.NaN(), math.NaN()
+	}
+	defer c.CloseNow()
+	msg := make([]byte, 256)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	d := make([]time.Duration, 0, n)
+	for i := 0; i < n; i++ {
+		start := time.Now()
+		if err := c.Write(ctx, websocket.MessageBinary, msg); err != nil {
+			return math.NaN(), math.NaN()
+		}
+		if _, _, err := c.Read(ctx); err != nil {
+			return math.NaN(), math.NaN()
+		}
+		d = append(d, time.Since(start))
+	}
+	return float64(percentile(d, 0.5).Nanoseconds()) / 1e3, float64(percentile(d, 0.99).Nanoseconds()) / 1e3
+}
+
+// throughput sends n 1 MiB messages with up to 4 in flight and returns the
+// echoed payload rate in MB/s.
+func throughput(url string, n int) float64 {
+	c, err := dial(url)
+	if err != nil {
+		return math.NaN()
+	}
+	defer c.CloseNow()
+	msg := make([]byte, 1<<20)
+	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
+	defer cancel()
+	inflight := make(chan struct{}, 4)
+	start := time.Now()
+	errc := make(chan error, 1)
+	go func() {
+		for i := 0; i < n; i++ {
+			inflight <- struct{}{}
+			if err := c.Write(ctx, websocket.MessageBinary, msg); err != nil {
+				errc <- err
+				return
+			}
+		}
+		errc <- nil
+	}()
+	for i := 0; i < n; i++ {
+		if _, _, err := c.Read(ctx); err != nil {
+			return math.NaN()
+		}
+		<-inflight
+	}
+	if err := <-errc; err != nil {
+		return math.NaN()
+	}
+	return float64(n) * float64(len(msg)) / time.Since(start).Seconds() / 1e6
+}
+
+// handshakes runs n WebSocket handshakes from conc goroutines.
+func handshakes(url string, n, conc int) float64 {
+	var left atomic.Int64
+	left.Store(int64(n))
+	var failed atomic.Int64
+	var wg sync.WaitGroup
+	start := time.Now()
+	for g := 0; g < conc; g++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for left.Add(-1) >= 0 {
+				c, err := dial(url)
+				if err != nil {
+					failed.Add(1)
+					continue
+				}
+				c.CloseNow()
+			}
+		}()
+	}
+	wg.Wait()
+	if failed.Load() > 0 {
+		fmt.Fprintf(os.Stderr, "%s: %d handshakes failed\n", url, failed.Load())
+	}
+	return float64(n-int(failed.Load())) / time.Since(start).Seconds()
+}
+
+// connectTime is the median handshake time in ms over n sequential connects.
+func connectTime(url string, n int) float64 {
+	d := make([]time.Duration, 0, n)
+	for i := 0; i < n; i++ {
+		start := time.Now()
+		c, err := dial(url)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "connect:", err)
+			continue
+		}
+		d = append(d, time.Since(start))
+		c.CloseNow()
+	}
+	if len(d) == 0 {
+		return math.NaN()
+	}
+	return float64(percentile(d, 0.5).Microseconds()) / 1e3
+}
+
+// hold opens n sessions and returns them.
+func hold(url string, n int) []*websocket.Conn {
+	conns := make([]*websocket.Conn, 0, n)
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, 32)
+	for i := 0; i < n; i++ {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			c, err := dial(url)
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			conns = append(conns, c)
+			mu.Unlock()
+		}()
+	}
+	wg.Wait()
+	return conns
+}
+
+func closeAll(conns []*websocket.Conn) {
+	for _, c := range conns {
+		c.CloseNow()
+	}
+}
+
+// idleMemory is the RSS growth of pid per idle session over n held ones.
+func idleMemory(url string, pid, n int) float64 {
+	runtime.GC()
+	time.Sleep(300 * time.Millisecond)
+	before := rss(pid)
+	conns := hold(url, n)
+	time.Sleep(time.Second)
+	after := rss(pid)
+	got := len(conns)
+	closeAll(conns)
+	time.Sleep(500 * time.Millisecond)
+	if got == 0 {
+		return math.NaN()
+	}
+	return float64(after-before) / float64(got) / 1024
+}
+
+// rss reads a process's resident set size in bytes.
+func rss(pid int) int64 {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if strings.HasPrefix(line, "VmRSS:") {
+			f := strings.Fields(line)
+			kb, _ := strconv.ParseInt(f[1], 10, 64)
+			return kb * 1024
+		}
+	}
+	return 0
+}
+
+// goroutines reads the goroutine count from Caddy's admin pprof endpoint.
+func goroutines(admin string) int {
+	resp, err := http.Get("http://" + admin + "/debug/pprof/goroutine?debug=1")
+	if err != nil {
+		return -1
+	}
+	defer resp.Body.Close()
+	b := make([]byte, 256)
+	n, _ := io.ReadFull(resp.Body, b)
+	line, _, _ := strings.Cut(string(b[:n]), "\n")
+	f := strings.Fields(line)
+	if len(f) == 0 {
+		return -1
+	}
+	v, _ := strconv.Atoi(f[len(f)-1])
+	return v
+}
+
+// scaleRun holds n sessions through browser_failover, then closes them.
+func scaleRun(url string, pid int, admin string, n int) {
+	fmt.Printf("\nscale run: %d concurrent idle sessions through browser_failover\n", n)
+	show := func(when string) {
+		fmt.Printf("  %-8s RSS %7.1f MiB, goroutines %6d\n", when, float64(rss(pid))/(1<<20), goroutines(admin))
+	}
+	show("before")
+	start := time.Now()
+	conns := hold(url, n)
+	fmt.Printf("  opened %d sessions in %.1fs\n", len(conns), time.Since(start).Seconds())
+	time.Sleep(time.Second)
+	show("during")
+	closeAll(conns)
+	time.Sleep(3 * time.Second)
+	show("after")
+}
+
+// startEcho runs a WebSocket echo server in this process.
+func startEcho() (string, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", err
+	}
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		c, err := websocket.Accept(w, r, &websocket.AcceptOptions{InsecureSkipVerify: true, CompressionMode: websocket.CompressionDisabled})
+		if err != nil {
+			return
+		}
+		c.SetReadLimit(-1)
+		ctx := context.Background()
+		for {
+			typ, rd, err := c.Reader(ctx)
+			if err != nil {
+				return
+			}
+			wr, err := c.Writer(ctx, typ)
+			if err != nil {
+				return
+			}
+			if _, err := io.Copy(wr, rd); err != nil {
+				return
+			}
+			if err := wr.Close(); err != nil {
+				return
+			}
+		}
+	})}
+	go srv.Serve(ln)
+	return ln.Addr().String(), nil
+}
+
+// startStatus runs an HTTP server answering every request with code.
+func startStatus(code int) string {
+	ln, _ := net.Listen("tcp", "127.0.0.1:0")
+	go http.Serve(ln, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(code) }))
+	return ln.Addr().String()
+}
+
+func startCaddy(bin, dir, name, caddyfile string) (*exec.Cmd, error) {
+	path := filepath.Join(dir, name+".Caddyfile")
+	if err := os.WriteFile(path, []byte(caddyfile), 0o644); err != nil {
+		return nil, err
+	}
+	cmd := exec.Command(bin, "run", "--config", path, "--adapter", "caddyfile")
+	cmd.Env = append(os.Environ(), "XDG_DATA_HOME="+dir, "XDG_CONFIG_HOME="+dir)
+	logf, _ := os.Create(filepath.Join(dir, name+".log"))
+	cmd.Stdout, cmd.Stderr = logf, logf
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	return cmd, nil
+}
+
+func freeAddr() string {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		panic(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
+func waitListening(addr string) error {
+	for i := 0; i < 200; i++ {
+		if c, err := net.Dial("tcp", addr); err == nil {
+			c.Close()
+			return nil
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	return fmt.Errorf("nothing listens on %s", addr)
+}
+
+func raiseFileLimit() {
+	var l syscall.Rlimit
+	if syscall.Getrlimit(syscall.RLIMIT_NOFILE, &l) == nil && l.Cur < 65536 {
+		l.Cur = 65536
+		if l.Max < l.Cur {
+			l.Max = l.Cur
+		}
+		syscall.Setrlimit(syscall.RLIMIT_NOFILE, &l)
+	}
+}
+
+// runRelay is the raw relay: io.Copy both ways between TCP connections.
+func runRelay(listen, to string) {
+	ln, err := net.Listen("tcp", listen)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "relay:", err)
+		os.Exit(1)
+	}
+	for {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		go func() {
+			u, err := net.Dial("tcp", to)
+			if err != nil {
+				c.Close()
+				return
+			}
+			go func() {
+				io.Copy(u, c)
+				u.(*net.TCPConn).CloseWrite()
+			}()
+			io.Copy(c, u)
+			c.Close()
+			u.Close()
+		}()
+	}
+}
