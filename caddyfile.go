@@ -10,6 +10,8 @@ import (
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+
+	"github.com/browserfailover/caddy-browser-failover/observe"
 )
 
 func init() {
@@ -64,6 +66,10 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //		}
 //		affinity header|query|cookie <name>
 //		discovery on|off
+//		webhook <url> {
+//			events <name...>   # cooldown, recovered, rejected; default all
+//			secret <value>     # signs each body (HMAC-SHA256)
+//		}
 //	}
 func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	d.Next() // the directive name
@@ -146,6 +152,12 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				return err
 			}
 			h.Discovery = &on
+		case "webhook":
+			wh, err := parseWebhook(d)
+			if err != nil {
+				return err
+			}
+			h.Webhooks = append(h.Webhooks, wh)
 		default:
 			return d.Errf("unknown option %q", opt)
 		}
@@ -386,6 +398,40 @@ func parseSession(d *caddyfile.Dispenser) (*SessionConfig, error) {
 		}
 	}
 	return s, nil
+}
+
+// parseWebhook reads `webhook <url> { events <names...>; secret <value> }`.
+func parseWebhook(d *caddyfile.Dispenser) (*observe.WebhookConfig, error) {
+	wh := &observe.WebhookConfig{}
+	if !d.NextArg() {
+		return nil, d.Errf("webhook needs a URL")
+	}
+	wh.URL = d.Val()
+	if d.NextArg() {
+		return nil, d.Errf("webhook takes one URL")
+	}
+	for nesting := d.Nesting(); d.NextBlock(nesting); {
+		switch opt := d.Val(); opt {
+		case "events":
+			names := d.RemainingArgs()
+			if len(names) == 0 {
+				return nil, d.Errf("webhook events needs at least one event name")
+			}
+			wh.Events = append(wh.Events, names...)
+		case "secret":
+			v, err := oneArg(d)
+			if err != nil {
+				return nil, err
+			}
+			wh.Secret = v
+		default:
+			return nil, d.Errf("webhook: unknown option %q", opt)
+		}
+	}
+	if err := wh.Validate(); err != nil {
+		return nil, d.Err(err.Error())
+	}
+	return wh, nil
 }
 
 // oneArg reads exactly one argument of the current option.

@@ -161,6 +161,11 @@ func (h *Handler) check() error {
 			errs = append(errs, fmt.Errorf("affinity needs a name"))
 		}
 	}
+	for i, wh := range h.Webhooks {
+		if err := wh.Validate(); err != nil {
+			errs = append(errs, fmt.Errorf("webhook %d: %w", i+1, err))
+		}
+	}
 	seen := map[string]bool{}
 	for i, p := range h.Providers {
 		if p == nil {

@@ -17,8 +17,10 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/browserfailover/caddy-browser-failover/cooldown"
+	"github.com/browserfailover/caddy-browser-failover/observe"
 	"github.com/browserfailover/caddy-browser-failover/pool"
 	"github.com/browserfailover/caddy-browser-failover/queue"
+	_ "github.com/browserfailover/caddy-browser-failover/status" // the admin API module
 	"github.com/browserfailover/caddy-browser-failover/upstreams"
 )
 
@@ -51,6 +53,8 @@ type Handler struct {
 	Affinity *AffinityConfig `json:"affinity,omitempty"`
 	// Discovery answers /json/version for CDP clients; default on.
 	Discovery *bool `json:"discovery,omitempty"`
+	// Webhooks receive the handler's events as signed JSON POSTs.
+	Webhooks []*observe.WebhookConfig `json:"webhooks,omitempty"`
 
 	logger    *zap.Logger
 	members   []*member
@@ -59,6 +63,7 @@ type Handler struct {
 	discovery bool
 	claimed   []string
 	single    bool
+	obs       *observe.Observer // metrics, events, webhooks
 }
 
 // member is one provider of this handler: its dialer and its process-wide
@@ -89,6 +94,10 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		return err
 	}
 	h.strategy = strategy
+	if h.obs, err = observe.New(ctx, h.logger, h.Webhooks); err != nil {
+		return err
+	}
+	closeOnExit(ctx)
 	h.discovery = h.Discovery == nil || *h.Discovery
 	h.single = len(h.Providers) == 1
 
@@ -185,6 +194,7 @@ func (h *Handler) Validate() error {
 // Cleanup gives back the handler's claims. Live sessions go on across a
 // reload; when the process is exiting, every session gets close 1001.
 func (h *Handler) Cleanup() error {
+	h.obs.Close()
 	pool.UnregisterQueue(h)
 	if h.queue != nil {
 		h.queue.Close()
@@ -199,7 +209,7 @@ func (h *Handler) Cleanup() error {
 	}
 	h.claimed = nil
 	if caddy.Exiting() {
-		pool.CloseAll(upstreams.CloseGoingAway, upstreams.EndShutdown, time.Now().Add(2*upstreams.CloseWait))
+		closeAllSessions()
 	}
 	return nil
 }
@@ -344,9 +354,27 @@ func (c *connect) run() error {
 		if retry {
 			retryAt = time.Now().Add(time.Second)
 		}
+		h.wakeAtNextEnd()
 		if c.waiter == nil && !c.join(gen) {
 			return nil
 		}
+	}
+}
+
+// wakeAtNextEnd asks the queue to wake at the earliest end of a cooldown
+// or skip among the handler's providers. The queue keeps only its earliest
+// pending wake-up and drops later ones, so after every pass that found
+// nothing the next end is asked for again; otherwise a provider coming
+// back after another one would wake nobody.
+func (h *Handler) wakeAtNextEnd() {
+	var next time.Time
+	for _, m := range h.members {
+		if u := m.state.Health.Until(); !u.IsZero() && (next.IsZero() || u.Before(next)) {
+			next = u
+		}
+	}
+	if !next.IsZero() {
+		h.queue.WakeAt(next)
 	}
 }
 
@@ -387,6 +415,7 @@ func (c *connect) pass(ctx context.Context, advance bool) (end passEnd, couldWai
 		}
 		couldWait = true
 		if st.Full() {
+			st.SkippedFull()
 			c.skip(m, upstreams.WordFull)
 			continue
 		}
@@ -404,6 +433,7 @@ func (c *connect) pass(ctx context.Context, advance bool) (end passEnd, couldWai
 		}
 		if !st.TryReserve() {
 			st.Health.Done(permit, cooldown.Neutral, 0)
+			st.SkippedFull()
 			c.skip(m, upstreams.WordFull)
 			continue
 		}
@@ -427,13 +457,13 @@ func (c *connect) pass(ctx context.Context, advance bool) (end passEnd, couldWai
 			if c.settle(m, permit, cooldown.Failure, 0) == cooldown.NoChange {
 				retry = true
 			}
-			st.Unreserve()
+			st.UnreserveFailed()
 		case upstreams.Capacity:
 			c.settle(m, permit, cooldown.Capacity, res.Outcome.RetryAfter)
-			st.Unreserve()
+			st.UnreserveFailed()
 		case upstreams.Incompatible:
 			c.settle(m, permit, cooldown.Neutral, 0)
-			st.Unreserve()
+			st.UnreserveFailed()
 			retry = true
 		case upstreams.Relay:
 			c.settle(m, permit, cooldown.Neutral, 0)
@@ -465,8 +495,12 @@ func (c *connect) settle(m *member, p cooldown.Permit, r cooldown.Result, retryA
 			zap.String("provider", st.Name()),
 			zap.Time("until", until),
 			zap.String("reason", st.LastError()))
+		c.h.obs.Cooldown(st.Name(), until, st.LastError())
 	case cooldown.Recovered:
 		c.h.logger.Info("provider recovered", zap.String("provider", st.Name()))
+		// Waiters that skipped it while its trial was in flight can use it.
+		st.Notify()
+		c.h.obs.Recovered(st.Name())
 	}
 	return change
 }

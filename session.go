@@ -2,17 +2,16 @@ package browserfailover
 
 import (
 	"encoding/json"
-	"io"
 	"math"
 	"net"
 	"net/http"
 	"strconv"
-	"sync"
 	"time"
 
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 
+	"github.com/browserfailover/caddy-browser-failover/observe"
 	"github.com/browserfailover/caddy-browser-failover/upstreams"
 )
 
@@ -63,6 +62,7 @@ func (c *connect) skip(m *member, word string) {
 // error (words and transport errors hold no URL).
 func (c *connect) record(m *member, o upstreams.Outcome) {
 	c.add(attempt{Provider: m.up.Name, Outcome: o.Word, MS: roundMS(o.Elapsed)})
+	observe.Attempt(m.up.Name, o)
 	if o.Kind != upstreams.Success && o.Kind != upstreams.ClientGone && o.Kind != upstreams.Relay {
 		m.state.SetLastError(o.Word)
 	}
@@ -123,6 +123,7 @@ func (c *connect) startSession(m *member, client netConn, up *upstreams.Conn, pe
 	if c.waiter != nil {
 		end.waited = time.Since(c.waiter.Joined())
 	}
+	c.observeWait()
 	var idle, maxDur time.Duration
 	if s := c.h.Session; s != nil {
 		idle, maxDur = time.Duration(s.IdleTimeout), time.Duration(s.MaxDuration)
@@ -150,6 +151,7 @@ type sessionEnd struct {
 }
 
 func (e *sessionEnd) log(s *upstreams.Session) {
+	observe.SessionEnded(e.provider, time.Since(s.Start()))
 	e.logger.Info("session ended",
 		zap.String("provider", e.provider),
 		zap.Array("attempts", e.attempts),
@@ -177,6 +179,8 @@ func (c *connect) relayAnswer(res upstreams.Result) {
 	if c.r.Method != http.MethodHead {
 		c.w.Write(res.Body)
 	}
+	c.observeWait()
+	c.h.obs.Rejected(res.Answer.Status, observe.ReasonRelayed, len(c.attempts))
 	c.h.logger.Info("rejected",
 		zap.String("provider", ""),
 		zap.Array("attempts", attempts(c.attempts)),
@@ -203,6 +207,8 @@ func (c *connect) reject(status int, why string) {
 	writeJSON(c.w, status, body, func(hd http.Header) {
 		hd.Set("Retry-After", strconv.Itoa(retry))
 	})
+	c.observeWait()
+	c.h.obs.Rejected(status, why, len(c.attempts))
 	c.h.logger.Info("rejected",
 		zap.String("provider", ""),
 		zap.Array("attempts", attempts(c.attempts)),
@@ -214,6 +220,7 @@ func (c *connect) reject(status int, why string) {
 
 // logGone notes a client that left before it got a session.
 func (c *connect) logGone() {
+	c.observeWait()
 	if ce := c.h.logger.Check(zap.DebugLevel, "client went away"); ce != nil {
 		ce.Write(zap.Array("attempts", attempts(c.attempts)), zap.Float64("queue_wait_ms", roundMS(c.waited)))
 	}
@@ -283,52 +290,3 @@ func (c *connect) establishStream(m *member, up *upstreams.Conn) bool {
 	<-sc.done
 	return true
 }
-
-// streamConn presents an extended CONNECT stream as a net.Conn.
-type streamConn struct {
-	body      io.ReadCloser
-	w         http.ResponseWriter
-	rc        *http.ResponseController
-	local     net.Addr
-	remote    net.Addr
-	closeOnce sync.Once
-	done      chan struct{}
-}
-
-func newStreamConn(r *http.Request, w http.ResponseWriter, rc *http.ResponseController) *streamConn {
-	sc := &streamConn{body: r.Body, w: w, rc: rc, done: make(chan struct{}), local: streamAddr("local"), remote: streamAddr(r.RemoteAddr)}
-	return sc
-}
-
-func (s *streamConn) Read(p []byte) (int, error) { return s.body.Read(p) }
-
-func (s *streamConn) Write(p []byte) (int, error) {
-	n, err := s.w.Write(p)
-	if err != nil {
-		return n, err
-	}
-	return n, s.rc.Flush()
-}
-
-func (s *streamConn) Close() error {
-	s.closeOnce.Do(func() {
-		s.body.Close()
-		close(s.done)
-	})
-	return nil
-}
-
-func (s *streamConn) LocalAddr() net.Addr  { return s.local }
-func (s *streamConn) RemoteAddr() net.Addr { return s.remote }
-func (s *streamConn) SetDeadline(t time.Time) error {
-	s.rc.SetReadDeadline(t)
-	return s.rc.SetWriteDeadline(t)
-}
-func (s *streamConn) SetReadDeadline(t time.Time) error  { return s.rc.SetReadDeadline(t) }
-func (s *streamConn) SetWriteDeadline(t time.Time) error { return s.rc.SetWriteDeadline(t) }
-
-// streamAddr names a stream's end.
-type streamAddr string
-
-func (a streamAddr) Network() string { return "stream" }
-func (a streamAddr) String() string  { return string(a) }

@@ -36,6 +36,9 @@ type Provider struct {
 	live     atomic.Int64
 	max      atomic.Int64 // 0: unlimited
 	draining atomic.Bool
+	// skippedFull: someone was turned away as full since the last
+	// UnreserveFailed that woke the queues.
+	skippedFull atomic.Bool
 
 	mu         sync.Mutex
 	url        string // redacted, for status
@@ -139,6 +142,23 @@ func (p *Provider) Unreserve() {
 	p.used.Add(-1)
 	p.Notify()
 }
+
+// UnreserveFailed gives back the slot of an attempt the provider failed
+// (an error, 408/429, 428) without waking the queues at once: the waiter
+// that made the attempt would get the wake-up itself (the queue re-delivers
+// a wake-up missed during a pass) and retry the failing provider in a
+// tight loop. If the provider was full and turned someone away meanwhile
+// (SkippedFull), the queues are woken a second later instead, like the
+// once-a-second retry of providers that failed without cooling down.
+func (p *Provider) UnreserveFailed() {
+	u := p.used.Add(-1)
+	if m := p.max.Load(); m > 0 && u+1 >= m && p.skippedFull.Swap(false) {
+		p.WakeAt(time.Now().Add(time.Second))
+	}
+}
+
+// SkippedFull notes that a client passed the provider over as full.
+func (p *Provider) SkippedFull() { p.skippedFull.Store(true) }
 
 // Establish turns a reserved slot into a live session.
 func (p *Provider) Establish(s *upstreams.Session) {

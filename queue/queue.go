@@ -274,7 +274,8 @@ func (w *Waiter) kick() {
 // Precedence when several conditions hold at once: closed, then deadline,
 // then ctx, then wake-up, then retryAt. So Wait never returns nil at or
 // after the deadline, and a cancelled waiter is never served. A waiter
-// removed while holding an unconsumed wake-up passes it to the next waiter.
+// removed while holding an unconsumed wake-up, or while first in line,
+// wakes the next waiter.
 //
 // retryAt (zero means none) lets the waiter run a pass at that time even if
 // it is not first in line and has not been woken. This is a deliberate,
@@ -353,12 +354,16 @@ func (w *Waiter) checkLocked(ctx context.Context, retryAt time.Time) (bool, erro
 	return false, nil
 }
 
-// leaveLocked removes w and passes on a wake-up it had not consumed.
+// leaveLocked removes w and passes on a wake-up it had not consumed. The
+// first in line leaving unserved also wakes the next: waiters that joined
+// behind others never ran a pass of their own, so none of them holds the
+// once-a-second retry (retryAt) the leaver may have held.
 func (w *Waiter) leaveLocked(err error) {
 	wasWoken := w.woken
+	wasFirst := w.elem != nil && w.q.waiters.Front() == w.elem
 	w.woken = false
 	w.q.removeLocked(w, err)
-	if wasWoken {
+	if wasWoken || wasFirst {
 		w.q.wakeFirstLocked()
 	}
 }

@@ -76,14 +76,14 @@ func (p *Provider) Connect(ctx context.Context, hs *Handshake, replace func(stri
 
 	path, query, host := p.path, p.query, p.host
 	if p.Discover {
-		dpath, dquery, r := p.discover(actx, deadline, replace)
+		dpath, dquery, dhost, r := p.discover(actx, deadline, replace)
 		if r != nil {
 			if r.Outcome.Kind == 0 {
 				return fail(r.Outcome.Err)
 			}
 			return *r
 		}
-		path, query = dpath, dquery
+		path, query, host = dpath, dquery, dhost
 	}
 	t := p.wsTarget(hs, path, query, host)
 
@@ -227,24 +227,26 @@ type discoveryAnswer struct {
 }
 
 // discover GETs the provider's /json/version and returns the path and query
-// of its webSocketDebuggerUrl. A nil *Result means success; a Result with a
-// zero Kind carries a transport error to classify.
-func (p *Provider) discover(ctx context.Context, deadline time.Time, replace func(string) string) (string, url.Values, *Result) {
+// of its webSocketDebuggerUrl, and the Host header the provider accepted
+// (the upgrade must use it too: Chrome applies the same Host check to the
+// WebSocket upgrade as to /json/*). A nil *Result means success; a Result
+// with a zero Kind carries a transport error to classify.
+func (p *Provider) discover(ctx context.Context, deadline time.Time, replace func(string) string) (string, url.Values, string, *Result) {
 	host := p.host
 	for try := 0; try < 2; try++ {
 		status, ans, body, remote, err := p.discoveryGET(ctx, deadline, host, replace)
 		if err != nil {
-			return "", nil, &Result{Outcome: Outcome{Err: err}}
+			return "", nil, "", &Result{Outcome: Outcome{Err: err}}
 		}
 		if status == http.StatusOK {
 			var da discoveryAnswer
 			if err := json.Unmarshal(body, &da); err != nil || da.WebSocketDebuggerURL == "" {
-				return "", nil, &Result{Outcome: Outcome{Word: WordBadDiscovery, Kind: Failure,
+				return "", nil, "", &Result{Outcome: Outcome{Word: WordBadDiscovery, Kind: Failure,
 					Err: fmt.Errorf("%w: no webSocketDebuggerUrl", errBadDiscovery)}}
 			}
 			wu, err := url.Parse(da.WebSocketDebuggerURL)
 			if err != nil || wu.Path == "" {
-				return "", nil, &Result{Outcome: Outcome{Word: WordBadDiscovery, Kind: Failure,
+				return "", nil, "", &Result{Outcome: Outcome{Word: WordBadDiscovery, Kind: Failure,
 					Err: fmt.Errorf("%w: unusable webSocketDebuggerUrl", errBadDiscovery)}}
 			}
 			q := wu.Query()
@@ -253,7 +255,7 @@ func (p *Provider) discover(ctx context.Context, deadline time.Time, replace fun
 					q[k] = v
 				}
 			}
-			return wu.EscapedPath(), q, nil
+			return wu.EscapedPath(), q, host, nil
 		}
 		// Chrome answers /json/* only when Host is an IP or localhost:
 		// retry once with the address actually dialed.
@@ -262,16 +264,16 @@ func (p *Provider) discover(ctx context.Context, deadline time.Time, replace fun
 			continue
 		}
 		if status < 400 {
-			return "", nil, &Result{Outcome: Outcome{Word: WordBadDiscovery, Kind: Failure,
+			return "", nil, "", &Result{Outcome: Outcome{Word: WordBadDiscovery, Kind: Failure,
 				Err: fmt.Errorf("%w: status %d", errBadDiscovery, status)}}
 		}
 		r := p.answerResult(ans, bufio.NewReader(bytes.NewReader(nil)), fmt.Errorf("discovery answered %d", status))
 		if r.Outcome.Kind == Relay {
 			r.Body = body
 		}
-		return "", nil, &r
+		return "", nil, "", &r
 	}
-	return "", nil, &Result{Outcome: Outcome{Word: WordBadDiscovery, Kind: Failure, Err: errBadDiscovery}}
+	return "", nil, "", &Result{Outcome: Outcome{Word: WordBadDiscovery, Kind: Failure, Err: errBadDiscovery}}
 }
 
 // discoveryGET performs GET <path>/json/version with the given Host header.

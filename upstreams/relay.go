@@ -23,9 +23,15 @@ const (
 	// frames.
 	spliceMax = 4 << 20
 	// CloseWait is how long the gateway waits for the peers' close replies
-	// (and for a frame in flight to finish) when it ends a session itself,
-	// and how long one direction may go on after the other has ended.
+	// when it ends a session itself, how long a frame in flight may stall
+	// then before it is cut, and how long one direction may go on after
+	// the other has ended.
 	CloseWait = time.Second
+	// CloseFrameLimit bounds how long frames in flight may take to finish
+	// once the gateway has decided to end a session (as long as they keep
+	// moving); past it they are cut. Sockets are closed at the latest
+	// CloseWait after that.
+	CloseFrameLimit = 10 * time.Second
 )
 
 var relayBufs = sync.Pool{New: func() any { b := make([]byte, relayBufSize); return &b }}
@@ -56,6 +62,7 @@ type Session struct {
 	closing     atomic.Bool
 	closeCode   int
 	closeReason string
+	closeBy     time.Time // frames in flight are cut after this
 
 	endOnce   sync.Once
 	reason    atomic.Value // string
@@ -140,36 +147,33 @@ func (s *Session) Reason() string {
 
 func (s *Session) setReason(r string) { s.reason.CompareAndSwap(nil, r) }
 
-// Close ends the session from the gateway's side: each direction sends a
-// close frame with code and reason to its receiver at the next frame
-// boundary, waits at most CloseWait for the reply, then both sockets close.
-// It returns at once; wait on Done.
+// Close ends the session from the gateway's side: each direction lets the
+// frame in flight finish (as long as it keeps moving, within
+// CloseFrameLimit), sends a close frame with code and reason to its
+// receiver at that boundary, and waits at most CloseWait for the reply to
+// it; then both sockets close. It returns at once; wait on Done.
 func (s *Session) Close(code int, reason string) {
-	s.closeMu.Lock()
-	if s.closing.Load() {
-		s.closeMu.Unlock()
-		return
-	}
-	s.closeCode, s.closeReason = code, reason
-	s.closing.Store(true)
-	s.closeMu.Unlock()
 	select {
 	case <-s.done:
 		return
 	default:
 	}
+	s.closeMu.Lock()
+	defer s.closeMu.Unlock()
+	if s.closing.Load() {
+		return
+	}
+	s.closeCode, s.closeReason = code, reason
+	s.closeBy = time.Now().Add(CloseFrameLimit)
 	s.setReason(reason)
+	s.closing.Store(true)
 	// Interrupt blocked reads; each direction then finishes its frame and
-	// writes the close frame.
+	// writes the close frame, setting its own deadlines from there on
+	// (under closeMu, so after these). No write deadline here: one that
+	// fired inside a splice would lose the bytes already taken from src.
 	s.client.SetReadDeadline(aLongTimeAgo)
 	s.upstream.SetReadDeadline(aLongTimeAgo)
-	// Bound everything that follows.
-	hard := time.Now().Add(2 * CloseWait)
-	s.client.SetWriteDeadline(hard)
-	s.upstream.SetWriteDeadline(hard)
-	s.closeMu.Lock()
-	s.timers = append(s.timers, time.AfterFunc(2*CloseWait, s.abort))
-	s.closeMu.Unlock()
+	s.timers = append(s.timers, time.AfterFunc(CloseFrameLimit+2*CloseWait, s.abort))
 }
 
 // abort closes both sockets at once.
@@ -207,6 +211,27 @@ type direction struct {
 	toUpstream bool
 	frames     frameTracker
 	bytes      atomic.Int64
+
+	// While the session closes (all owned by the direction's goroutine):
+	// how many reads timed out since, and whether the peer's close frame
+	// was noted.
+	closeTimeouts int
+	closeNoted    bool
+	// Guarded by s.closeMu: quiet once this direction sends nothing more
+	// to dst (its close frame is out, or it ended), since quietAt;
+	// replyWait while it reads src for the answer to the other
+	// direction's close frame.
+	quiet     bool
+	quietAt   time.Time
+	replyWait bool
+}
+
+// other is the opposite direction of the session.
+func (d *direction) other() *direction {
+	if d.toUpstream {
+		return &d.s.down
+	}
+	return &d.s.up
 }
 
 func (d *direction) init() {
@@ -231,6 +256,7 @@ func (d *direction) endWords() (clean, failed string) {
 
 func (d *direction) run() {
 	defer d.s.directionDone()
+	defer d.goQuiet()
 	if len(d.pending) > 0 {
 		p := d.pending
 		d.pending = nil
@@ -323,18 +349,31 @@ func (d *direction) forward(p []byte) bool {
 			d.bytes.Add(int64(n))
 		}
 		if d.frames.atBoundary() {
-			d.sendClose()
+			d.sendClose(p[n:])
 			return false
 		}
-		return true
+		// The frame moves: give it another CloseWait.
+		return d.extend()
 	}
 	d.frames.advance(p, false)
+	if d.frames.sawClose && !d.closeNoted {
+		// The first close frame through the relay tells who ended the
+		// session, whichever side hangs up the connection first.
+		d.closeNoted = true
+		d.s.setReason(d.cleanWord())
+	}
 	if _, err := d.dst.Write(p); err != nil {
 		d.s.setReason(d.writeFailWord())
 		return false
 	}
 	d.bytes.Add(int64(len(p)))
 	return true
+}
+
+// cleanWord is the end reason when src ends the session.
+func (d *direction) cleanWord() string {
+	clean, _ := d.endWords()
+	return clean
 }
 
 func (d *direction) writeFailWord() string {
@@ -373,41 +412,96 @@ func (d *direction) spliceFrame() bool {
 	return true
 }
 
-// closeStep runs when a read was interrupted because the session is
-// closing. At a frame boundary it sends the close frame and ends the
-// direction; mid-frame it lets the frame finish within CloseWait.
+// closeStep runs when a read timed out while the session is closing. At a
+// frame boundary it sends the close frame and ends the direction. Mid-frame,
+// the first timeout is Close interrupting the read: the frame gets
+// CloseWait to move on; a later one means the frame stalled that long, and
+// the session is cut.
 func (d *direction) closeStep() bool {
 	if d.frames.atBoundary() {
-		d.sendClose()
+		d.sendClose(nil)
 		return false
 	}
-	d.src.SetReadDeadline(time.Now().Add(CloseWait))
+	d.closeTimeouts++
+	if d.closeTimeouts > 1 {
+		d.s.abort()
+		return false
+	}
+	return d.extend()
+}
+
+// extend gives the frame in flight CloseWait more to move, both ways (src
+// to send it, dst to take it), unless CloseFrameLimit has passed: then the
+// session is cut and extend reports false.
+func (d *direction) extend() bool {
+	d.s.closeMu.Lock()
+	defer d.s.closeMu.Unlock()
+	now := time.Now()
+	if now.After(d.s.closeBy) {
+		d.s.abort()
+		return false
+	}
+	dl := now.Add(CloseWait)
+	d.src.SetReadDeadline(dl)
+	d.dst.SetWriteDeadline(dl)
 	return true
 }
 
-// sendClose writes the gateway's close frame to dst, then reads src until
-// the peer's own close frame arrives or CloseWait passes, discarding it.
-func (d *direction) sendClose() {
-	d.s.closeMu.Lock()
-	code, reason := d.s.closeCode, d.s.closeReason
-	d.s.closeMu.Unlock()
+// sendClose writes the gateway's close frame to dst, then reads src,
+// discarding it, until the peer there has answered the other direction's
+// close frame or CloseWait has passed since that was sent. rest are bytes
+// read from src behind the boundary where the direction stopped.
+func (d *direction) sendClose(rest []byte) {
+	s := d.s
+	s.closeMu.Lock()
+	code, reason, by := s.closeCode, s.closeReason, s.closeBy
+	s.closeMu.Unlock()
+	d.dst.SetWriteDeadline(time.Now().Add(CloseWait))
 	if _, err := d.dst.Write(closeFrame(code, reason, d.toUpstream)); err != nil {
 		return
 	}
-	// The reply to the close frame the other direction sent comes from src.
-	d.src.SetReadDeadline(time.Now().Add(CloseWait))
-	var t frameTracker
-	for !t.sawClose {
+	d.goQuiet()
+	// The answer to the other direction's close frame comes from src;
+	// while that frame is not out yet (its own frame in flight), wait on.
+	o := d.other()
+	s.closeMu.Lock()
+	wait := by.Add(CloseWait)
+	if o.quiet {
+		wait = o.quietAt.Add(CloseWait)
+	}
+	d.replyWait = true
+	d.src.SetReadDeadline(wait)
+	s.closeMu.Unlock()
+	if d.frames.advance(rest, false); d.frames.sawClose {
+		return
+	}
+	for {
 		bp, n, err := d.read()
 		if n > 0 {
-			t.advance((*bp)[:n], false)
+			d.frames.advance((*bp)[:n], false)
 		}
 		if bp != nil {
 			relayBufs.Put(bp)
 		}
-		if err != nil {
+		if err != nil || d.frames.sawClose {
 			return
 		}
+	}
+}
+
+// goQuiet notes that the direction sends nothing more to dst: when the
+// other direction is waiting for dst's peer to answer, that peer now has
+// CloseWait to do so.
+func (d *direction) goQuiet() {
+	s := d.s
+	s.closeMu.Lock()
+	defer s.closeMu.Unlock()
+	if d.quiet {
+		return
+	}
+	d.quiet, d.quietAt = true, time.Now()
+	if d.other().replyWait {
+		d.dst.SetReadDeadline(d.quietAt.Add(CloseWait))
 	}
 }
 

@@ -1,0 +1,25 @@
+package browserfailover
+
+import (
+	"testing"
+
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+)
+
+// FuzzCaddyfile: any input either parses into a handler that passes or
+// fails the config check cleanly, or is rejected with an error; never a
+// panic.
+func FuzzCaddyfile(f *testing.F) {
+	f.Add("browser_failover {\n provider a ws://127.0.0.1:1\n}")
+	f.Add("browser_failover {\n strategy weighted\n provider a http://h:1 {\n  weight 3\n  header_up +X-A b\n  cooldown {\n   duration 1s\n  }\n }\n queue {\n  size 0\n }\n affinity cookie s\n}")
+	f.Add("browser_failover {\n provider a ws://h:1 {\n  max_concurrent -1\n }\n}")
+	f.Add("browser_failover {\n session {\n  idle_timeout 1m\n }\n provider b wss://x/?k={env.K} {\n  tls_trusted_ca_certs /nonexistent\n }\n}")
+	f.Fuzz(func(t *testing.T, in string) {
+		d := caddyfile.NewTestDispenser(in)
+		var h Handler
+		if err := h.UnmarshalCaddyfile(d); err != nil {
+			return
+		}
+		_ = h.check()
+	})
+}

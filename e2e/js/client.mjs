@@ -1,0 +1,108 @@
+// One real automation client against the gateway.
+//
+//   node client.mjs <mode> <url> [--big-screenshot]
+//
+// modes:
+//   puppeteer-ws    puppeteer.connect({browserWSEndpoint: url})
+//   puppeteer-url   puppeteer.connect({browserURL: url})   (GET <url>/json/version first)
+//   pw-cdp          playwright chromium.connectOverCDP(url) (ws:// or http:// URL)
+//   pw-connect      playwright chromium.connect(url)        (a Playwright server)
+//   puppeteer-hold  like puppeteer-ws, then stays connected: prints READY, and
+//                   DISCONNECTED when the browser connection drops (exit 0),
+//                   or gives up after 60 s (exit 1).
+//
+// Each mode opens a page, evaluates 6*7 in it and prints
+// "RESULT <mode> <value> <browser version>"; the exit code is 0 only when the
+// value is 42. With --big-screenshot (Puppeteer modes) it also takes a
+// screenshot of random pixels (a CDP answer of several MB) and prints
+// "SCREENSHOT <bytes>".
+import puppeteer from 'puppeteer-core';
+import { chromium } from 'playwright-core';
+
+const [mode, url, ...flags] = process.argv.slice(2);
+const bigScreenshot = flags.includes('--big-screenshot');
+if (!mode || !url) {
+  console.error('usage: node client.mjs <mode> <url>');
+  process.exit(2);
+}
+const timeout = 30_000;
+// Whatever happens, never hang: the Go side also enforces its own limit.
+const guard = setTimeout(() => {
+  console.error(`${mode}: gave up after 60s`);
+  process.exit(1);
+}, 60_000);
+
+async function viaPuppeteer(connectOpts, hold) {
+  const browser = await puppeteer.connect({ ...connectOpts, protocolTimeout: timeout });
+  const version = await browser.version();
+  const page = await browser.newPage();
+  const value = await page.evaluate(() => 6 * 7);
+  console.log(`RESULT ${mode} ${value} ${version}`);
+  if (bigScreenshot) {
+    // A big CDP message: a PNG of random pixels does not compress, so the
+    // answer is one WebSocket message of several MB.
+    await page.setViewport({ width: 1024, height: 1024 });
+    await page.setContent('<body style="margin:0"><canvas id="c" width="1024" height="1024"></canvas></body>');
+    await page.evaluate(() => {
+      const c = document.getElementById('c').getContext('2d');
+      const img = c.createImageData(1024, 1024);
+      for (let i = 0; i < img.data.length; i++) img.data[i] = (i % 4 === 3) ? 255 : Math.random() * 256;
+      c.putImageData(img, 0, 0);
+    });
+    const png = await page.screenshot({ type: 'png', encoding: 'binary' });
+    console.log(`SCREENSHOT ${png.length}`);
+    if (png.length < 1 << 20) throw new Error(`screenshot of ${png.length} bytes, want over 1 MiB`);
+  }
+  if (!hold) {
+    await page.close();
+    await browser.disconnect();
+    return value;
+  }
+  await new Promise((resolve) => {
+    browser.on('disconnected', resolve);
+    console.log('READY');
+  });
+  console.log('DISCONNECTED');
+  return value;
+}
+
+async function viaPlaywright(connect) {
+  const browser = await connect();
+  const version = browser.version();
+  const context = await browser.newContext();
+  const page = await context.newPage();
+  const value = await page.evaluate(() => 6 * 7);
+  console.log(`RESULT ${mode} ${value} ${version}`);
+  await context.close();
+  await browser.close();
+  return value;
+}
+
+let value;
+try {
+  switch (mode) {
+    case 'puppeteer-ws':
+      value = await viaPuppeteer({ browserWSEndpoint: url });
+      break;
+    case 'puppeteer-url':
+      value = await viaPuppeteer({ browserURL: url });
+      break;
+    case 'puppeteer-hold':
+      value = await viaPuppeteer({ browserWSEndpoint: url }, true);
+      break;
+    case 'pw-cdp':
+      value = await viaPlaywright(() => chromium.connectOverCDP(url, { timeout }));
+      break;
+    case 'pw-connect':
+      value = await viaPlaywright(() => chromium.connect(url, { timeout }));
+      break;
+    default:
+      console.error(`unknown mode ${mode}`);
+      process.exit(2);
+  }
+} catch (err) {
+  console.error(`${mode} ${url}: ${err && err.stack ? err.stack : err}`);
+  process.exit(1);
+}
+clearTimeout(guard);
+process.exit(value === 42 ? 0 : 1);

@@ -1,0 +1,48 @@
+#!/bin/sh
+# Installs what the real-browser e2e suite (go test ./e2e/) needs on a fresh
+# Debian/Ubuntu machine: Chromium from apt, Node.js when missing, and the npm
+# clients of this folder (puppeteer-core, playwright-core; neither downloads
+# a browser). Idempotent and quiet: a second run does nothing.
+set -eu
+
+cd "$(dirname "$0")"
+
+SUDO=""
+if [ "$(id -u)" != 0 ]; then
+	SUDO="sudo"
+fi
+
+apt_updated=""
+apt_install() {
+	if [ -z "$apt_updated" ]; then
+		$SUDO apt-get update -qq
+		apt_updated=1
+	fi
+	DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "$@" >/dev/null
+}
+
+if [ ! -x /usr/bin/chromium ]; then
+	echo "e2e setup: installing chromium"
+	apt_install chromium
+fi
+
+if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
+	echo "e2e setup: installing nodejs and npm"
+	apt_install nodejs npm
+fi
+major=$(node -p 'process.versions.node.split(".")[0]')
+if [ "$major" -lt 20 ]; then
+	echo "e2e setup: warning: node $(node --version) is older than 20; puppeteer-core and playwright-core need 20 or newer" >&2
+fi
+
+# Never let an npm package fetch a browser: the suite uses /usr/bin/chromium.
+export PUPPETEER_SKIP_DOWNLOAD=1 PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1
+if [ ! -f node_modules/puppeteer-core/package.json ] || [ ! -f node_modules/playwright-core/package.json ] ||
+	{ [ -f package-lock.json ] && [ package-lock.json -nt node_modules/.package-lock.json ]; }; then
+	echo "e2e setup: installing npm packages in e2e/"
+	if [ -f package-lock.json ]; then
+		npm ci --no-audit --no-fund --loglevel=error >/dev/null
+	else
+		npm install --no-audit --no-fund --loglevel=error >/dev/null
+	fi
+fi

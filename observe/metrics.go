@@ -1,0 +1,221 @@
+package observe
+
+import (
+	"errors"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/browserfailover/caddy-browser-failover/pool"
+	"github.com/browserfailover/caddy-browser-failover/upstreams"
+)
+
+// The metrics are process-wide, like the pool: counters keep counting across
+// config reloads, and every new config load's registry (Caddy makes one per
+// load and serves it on the admin /metrics endpoint) gets the same
+// collectors registered once. Labels hold provider names and fixed words
+// only.
+const (
+	namespace = "caddy"
+	subsystem = "browser_failover"
+)
+
+var (
+	attempts = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: namespace, Subsystem: subsystem,
+		Name: "attempts_total",
+		Help: "Connection attempts to providers, by provider and outcome word.",
+	}, []string{"provider", "outcome"})
+
+	failovers = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: namespace, Subsystem: subsystem,
+		Name: "failovers_total",
+		Help: "Attempts after which the chain moved on from a provider (failure, 408/429, 428), by the provider that failed.",
+	}, []string{"provider"})
+
+	rejections = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: namespace, Subsystem: subsystem,
+		Name: "rejections_total",
+		Help: "Clients that got no session, by reason: queue_full, queue_timeout, no_provider, relayed (a provider's 4xx passed on).",
+	}, []string{"reason"})
+
+	queueWait = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Namespace: namespace, Subsystem: subsystem,
+		Name:    "queue_wait_seconds",
+		Help:    "Time clients spent in a wait queue.",
+		Buckets: []float64{0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120},
+	})
+
+	handshake = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Namespace: namespace, Subsystem: subsystem,
+		Name:    "handshake_seconds",
+		Help:    "Duration of successful upstream handshakes (TCP, TLS, discovery and upgrade), by provider.",
+		Buckets: prometheus.DefBuckets,
+	}, []string{"provider"})
+
+	sessionDuration = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Namespace: namespace, Subsystem: subsystem,
+		Name:    "session_seconds",
+		Help:    "Duration of relayed sessions, by provider.",
+		Buckets: []float64{1, 5, 15, 30, 60, 120, 300, 600, 1800, 3600, 7200, 14400},
+	}, []string{"provider"})
+
+	eventDrops = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: namespace, Subsystem: subsystem,
+		Name: "event_drops_total",
+		Help: "Events dropped because a queue was full, by sink: events_app or webhook.",
+	}, []string{"sink"})
+
+	webhookDeliveries = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: namespace, Subsystem: subsystem,
+		Name: "webhook_deliveries_total",
+		Help: "Webhook deliveries by result: ok, or failed after every retry.",
+	}, []string{"result"})
+)
+
+// poolCollector reads the process-wide pool at scrape time: live sessions
+// and health per provider, and the clients waiting in every queue.
+type poolCollector struct{}
+
+var (
+	activeDesc = prometheus.NewDesc(prometheus.BuildFQName(namespace, subsystem, "active_sessions"),
+		"Live relayed sessions, by provider.", []string{"provider"}, nil)
+	healthyDesc = prometheus.NewDesc(prometheus.BuildFQName(namespace, subsystem, "provider_healthy"),
+		"1 when the provider may be tried, 0 during a cooldown, a 408/429 skip or a trial.", []string{"provider"}, nil)
+	waitingDesc = prometheus.NewDesc(prometheus.BuildFQName(namespace, subsystem, "queue_waiting"),
+		"Clients waiting in the wait queues of every handler.", nil, nil)
+)
+
+func (poolCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- activeDesc
+	ch <- healthyDesc
+	ch <- waitingDesc
+}
+
+func (poolCollector) Collect(ch chan<- prometheus.Metric) {
+	for _, p := range pool.All() {
+		ch <- prometheus.MustNewConstMetric(activeDesc, prometheus.GaugeValue, float64(p.Active()), p.Name())
+		healthy := 0.0
+		if p.Health.Available() {
+			healthy = 1
+		}
+		ch <- prometheus.MustNewConstMetric(healthyDesc, prometheus.GaugeValue, healthy, p.Name())
+	}
+	waiting := 0
+	for _, q := range pool.Queues() {
+		waiting += q.Waiting
+	}
+	ch <- prometheus.MustNewConstMetric(waitingDesc, prometheus.GaugeValue, float64(waiting))
+}
+
+// collectors is everything Register puts in a registry.
+var collectors = []prometheus.Collector{
+	attempts, failovers, rejections, queueWait, handshake, sessionDuration,
+	eventDrops, webhookDeliveries, poolCollector{},
+}
+
+// Register adds the process-wide collectors to reg (a config load's
+// registry, ctx.GetMetricsRegistry()). Registering again with the same
+// registry, as every handler of one config does, is not an error.
+func Register(reg *prometheus.Registry) error {
+	if reg == nil {
+		return nil
+	}
+	for _, c := range collectors {
+		if err := reg.Register(c); err != nil {
+			var are prometheus.AlreadyRegisteredError
+			if errors.As(err, &are) {
+				continue
+			}
+			return err
+		}
+	}
+	return nil
+}
+
+// Attempt counts one attempt at provider: its outcome, a failover when the
+// chain moves on from it, and the handshake time of a success.
+func Attempt(provider string, o upstreams.Outcome) {
+	attempts.WithLabelValues(provider, OutcomeLabel(o.Word)).Inc()
+	if o.Kind.Next() {
+		failovers.WithLabelValues(provider).Inc()
+	}
+	if o.Kind == upstreams.Success {
+		handshake.WithLabelValues(provider).Observe(o.Elapsed.Seconds())
+	}
+}
+
+// QueueWait measures one client's time in a wait queue.
+func QueueWait(d time.Duration) {
+	queueWait.Observe(d.Seconds())
+}
+
+// SessionEnded measures a relayed session that ended.
+func SessionEnded(provider string, d time.Duration) {
+	sessionDuration.WithLabelValues(provider).Observe(d.Seconds())
+}
+
+// outcomeWords are the outcome words used as labels as they are.
+var outcomeWords = map[string]bool{
+	upstreams.WordOK: true, upstreams.WordRefused: true, upstreams.WordTimeout: true,
+	upstreams.WordDNS: true, upstreams.WordTLS: true, upstreams.WordReset: true,
+	upstreams.WordBadHandshake: true, upstreams.WordBadDiscovery: true,
+	upstreams.WordClientGone: true,
+}
+
+// statusCodes are the answer statuses kept exact in labels: the ones SPEC
+// 3.5 names, the common 404 and the usual 5xx. Others become status_4xx,
+// status_5xx or status_other so the label set stays small.
+var statusCodes = map[int]bool{401: true, 403: true, 404: true, 408: true, 428: true, 429: true,
+	500: true, 501: true, 502: true, 503: true, 504: true}
+
+// OutcomeLabel maps an outcome word to its metric label: a fixed word,
+// status_<code> for the common codes, status_4xx / status_5xx /
+// status_other for the rest, and "other" for anything unknown.
+func OutcomeLabel(word string) string {
+	if outcomeWords[word] {
+		return word
+	}
+	if rest, ok := strings.CutPrefix(word, "status_"); ok {
+		code, err := strconv.Atoi(rest)
+		switch {
+		case err != nil:
+		case statusCodes[code]:
+			return word
+		case code >= 400 && code < 500:
+			return "status_4xx"
+		case code >= 500 && code < 600:
+			return "status_5xx"
+		}
+		return "status_other"
+	}
+	return "other"
+}
+
+// Rejection reasons (metric label and event reason).
+const (
+	ReasonQueueFull    = "queue_full"
+	ReasonQueueTimeout = "queue_timeout"
+	ReasonNoProvider   = "no_provider"
+	ReasonRelayed      = "relayed"
+	reasonOther        = "other"
+)
+
+// ReasonWord maps why a client was rejected, as the handler words it in its
+// logs ("queue full", "queue timeout", "no provider available") or already
+// as a reason word, to a fixed reason word.
+func ReasonWord(why string) string {
+	switch why {
+	case "queue full", ReasonQueueFull:
+		return ReasonQueueFull
+	case "queue timeout", ReasonQueueTimeout:
+		return ReasonQueueTimeout
+	case "no provider available", ReasonNoProvider:
+		return ReasonNoProvider
+	case ReasonRelayed:
+		return ReasonRelayed
+	}
+	return reasonOther
+}

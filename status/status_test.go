@@ -1,0 +1,131 @@
+package status
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"net/http"
+	"net/http/httptest"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+
+	"github.com/browserfailover/caddy-browser-failover/cooldown"
+	"github.com/browserfailover/caddy-browser-failover/pool"
+)
+
+// serve runs the admin route for path and returns the recorder and the
+// handler's error (the admin server turns an APIError into its status).
+func serve(t *testing.T, method, path string) (*httptest.ResponseRecorder, error) {
+	t.Helper()
+	var h caddy.AdminHandler
+	for _, r := range (Admin{}).Routes() {
+		if r.Pattern == path || (r.Pattern == ProvidersPath && len(path) > len(ProvidersPath) && path[:len(ProvidersPath)] == ProvidersPath) {
+			h = r.Handler
+		}
+	}
+	if h == nil {
+		t.Fatalf("no route for %s", path)
+	}
+	rec := httptest.NewRecorder()
+	return rec, h.ServeHTTP(rec, httptest.NewRequest(method, path, nil))
+}
+
+func apiStatus(err error) int {
+	var ae caddy.APIError
+	if errors.As(err, &ae) {
+		return ae.HTTPStatus
+	}
+	return 0
+}
+
+func TestAdminRoutes(t *testing.T) {
+	now := time.Now()
+	old := pool.Now
+	pool.Now = func() time.Time { return now }
+	defer func() { pool.Now = old }()
+
+	cfg := cooldown.Config{Duration: time.Minute, MinRequests: 1}
+	p, err := pool.Claim("status-unit-a", "ws://u:pw@h/?k=secret", "ws://REDACTED@h/?k=REDACTED", t, cfg, false, 4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Release("status-unit-a")
+
+	// One failure trips the cooldown (min_requests 1).
+	permit, _ := p.Health.Acquire()
+	p.SetLastError("status_500")
+	if ch := p.Health.Done(permit, cooldown.Failure, 0); ch != cooldown.CooledDown {
+		t.Fatalf("change %v", ch)
+	}
+
+	rec, err := serve(t, http.MethodGet, StatusPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var st struct {
+		Providers []Provider         `json:"providers"`
+		Queues    []pool.QueueStatus `json:"queues"`
+	}
+	dec := json.NewDecoder(bytes.NewReader(rec.Body.Bytes()))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&st); err != nil {
+		t.Fatalf("%s: %v", rec.Body, err)
+	}
+	var got *Provider
+	for i := range st.Providers {
+		if st.Providers[i].Name == "status-unit-a" {
+			got = &st.Providers[i]
+		}
+	}
+	if got == nil {
+		t.Fatalf("provider missing: %s", rec.Body)
+	}
+	if got.Healthy || got.CooldownUntil == nil || !got.CooldownUntil.Equal(now.Add(time.Minute)) ||
+		got.Attempts != 1 || got.Failures != 1 || got.LastError != "status_500" ||
+		got.MaxConcurrent != 4 || got.URL != "ws://REDACTED@h/?k=REDACTED" {
+		t.Fatalf("status %+v", *got)
+	}
+
+	rec, err = serve(t, http.MethodPost, ProvidersPath+"status-unit-a/drain")
+	if err != nil || !bytes.Contains(rec.Body.Bytes(), []byte(`"draining":true`)) || !p.Draining() {
+		t.Fatalf("drain: %v %s", err, rec.Body)
+	}
+	rec, err = serve(t, http.MethodPost, ProvidersPath+"status-unit-a/undrain")
+	if err != nil || p.Draining() {
+		t.Fatalf("undrain: %v %s", err, rec.Body)
+	}
+	rec, err = serve(t, http.MethodPost, ProvidersPath+"status-unit-a/reset")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var one Provider
+	dec = json.NewDecoder(bytes.NewReader(rec.Body.Bytes()))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&one); err != nil {
+		t.Fatal(err)
+	}
+	if !one.Healthy || one.CooldownUntil != nil || one.Attempts != 0 || one.Failures != 0 || one.LastError != "" {
+		t.Fatalf("after reset %+v", one)
+	}
+	if !bytes.Contains(rec.Body.Bytes(), []byte(`"cooldown_until":null`)) {
+		t.Fatalf("cooldown_until must be null: %s", rec.Body)
+	}
+
+	for _, tc := range []struct {
+		method, path string
+		status       int
+	}{
+		{http.MethodPost, ProvidersPath + "nope/drain", 404},
+		{http.MethodPost, ProvidersPath + "status-unit-a/explode", 404},
+		{http.MethodPost, ProvidersPath + "status-unit-a", 404},
+		{http.MethodGet, ProvidersPath + "status-unit-a/drain", 405},
+		{http.MethodPost, StatusPath, 405},
+	} {
+		_, err := serve(t, tc.method, tc.path)
+		if got := apiStatus(err); got != tc.status {
+			t.Errorf("%s %s: %d (%v), want %d", tc.method, tc.path, got, err, tc.status)
+		}
+	}
+}
