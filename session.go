@@ -95,24 +95,26 @@ func (c *connect) establish(m *member, up *upstreams.Conn) bool {
 		return false
 	}
 	conn.SetDeadline(time.Time{})
-	if _, err := conn.Write(up.Answer.Raw); err != nil {
-		up.Close()
-		conn.Close()
-		st.Unreserve()
-		return false
-	}
 	// Bytes the client pipelined behind its handshake go first.
 	var pending []byte
 	if n := brw.Reader.Buffered(); n > 0 {
 		pending = make([]byte, n)
 		brw.Read(pending)
 	}
-	c.startSession(m, conn, up, pending)
+	// The provider's 101 goes to the client only once the session counts
+	// as live, so a client never holds a session that status and
+	// max_concurrent do not see yet.
+	c.startSession(m, conn, up, pending, func() {
+		if _, err := conn.Write(up.Answer.Raw); err != nil {
+			conn.Close() // the relay ends at once and frees the slot
+		}
+	})
 	return true
 }
 
-// startSession registers the session with its provider and starts it.
-func (c *connect) startSession(m *member, client netConn, up *upstreams.Conn, pending []byte) {
+// startSession registers the session with its provider, answers the client
+// (greet, when not nil) and starts the relay.
+func (c *connect) startSession(m *member, client netConn, up *upstreams.Conn, pending []byte, greet func()) {
 	st := m.state
 	end := &sessionEnd{
 		logger:   c.h.logger,
@@ -138,6 +140,9 @@ func (c *connect) startSession(m *member, client netConn, up *upstreams.Conn, pe
 		},
 	})
 	st.Establish(s)
+	if greet != nil {
+		greet()
+	}
 	s.Run()
 }
 
@@ -278,15 +283,14 @@ func (c *connect) establishStream(m *member, up *upstreams.Conn) bool {
 			hd[k] = vs
 		}
 	}
-	c.w.WriteHeader(http.StatusOK)
 	rc := http.NewResponseController(c.w)
-	if err := rc.Flush(); err != nil {
-		up.Close()
-		m.state.Unreserve()
-		return false
-	}
 	sc := newStreamConn(c.r, c.w, rc)
-	c.startSession(m, sc, up, nil)
+	c.startSession(m, sc, up, nil, func() {
+		c.w.WriteHeader(http.StatusOK)
+		if err := rc.Flush(); err != nil {
+			sc.Close() // the relay ends at once and frees the slot
+		}
+	})
 	<-sc.done
 	return true
 }

@@ -116,8 +116,10 @@ func (o *Observer) emit(ev event) {
 	o.app.Emit(o.ctx, ev.name, ev.data)
 }
 
-// Close stops the events sender and lets each webhook sender deliver what
-// it still holds for a short while; it does not wait for them.
+// Close stops the events sender (waiting up to a second for an event being
+// handed to the events app, so nothing reads the handler after its
+// Cleanup) and lets each webhook sender deliver what it still holds for a
+// short while; it does not wait for those.
 func (o *Observer) Close() {
 	if o == nil {
 		return
@@ -130,6 +132,10 @@ func (o *Observer) Close() {
 	o.closed = true
 	o.mu.Unlock()
 	close(o.stop)
+	select {
+	case <-o.done:
+	case <-time.After(time.Second):
+	}
 	o.closeHooks()
 }
 
