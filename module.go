@@ -62,6 +62,7 @@ type Handler struct {
 	queue     *queue.Queue
 	discovery bool
 	claimed   []string
+	gen       any // the config load this handler belongs to
 	single    bool
 	obs       *observe.Observer // metrics, events, webhooks
 }
@@ -116,6 +117,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 
 	// The config load's identity: one metrics registry per load.
 	gen := ctx.GetMetricsRegistry()
+	h.gen = gen
 	repl := caddy.NewReplacer()
 	base := h.Cooldown.toConfig()
 	for i, pc := range h.Providers {
@@ -205,7 +207,7 @@ func (h *Handler) Cleanup() error {
 		}
 	}
 	for _, name := range h.claimed {
-		pool.Release(name)
+		pool.ReleaseClaim(name, h.gen)
 	}
 	h.claimed = nil
 	if caddy.Exiting() {

@@ -40,10 +40,17 @@ type Provider struct {
 	// UnreserveFailed that woke the queues.
 	skippedFull atomic.Bool
 
-	mu         sync.Mutex
-	url        string // redacted, for status
-	urlKey     string // the resolved URL: compared, never shown
-	gen        any    // the config load that last claimed this name
+	mu        sync.Mutex
+	url       string // redacted, for status
+	urlKey    string // the resolved URL: compared, never shown
+	gen       any    // the config load that last claimed this name
+	genClaims int    // claims of gen not yet released
+	cfg       cooldown.Config
+	single    bool
+	// prev is what the config load before gen had set: a load that fails
+	// (or a validation) gives it back when its last claim is released, so
+	// it never changes the running config's provider.
+	prev       *claimed
 	lastError  string
 	latencyMS  float64
 	hasLatency bool
@@ -77,16 +84,67 @@ func Claim(name, urlKey, redacted string, gen any, cfg cooldown.Config, single b
 		providers.Delete(name)
 		return nil, fmt.Errorf("provider %q is declared with two different URLs", name)
 	}
+	if p.gen != gen {
+		// The first claim of a new config load: keep the running
+		// config's settings until this load is known to be running.
+		p.prev = nil
+		if p.gen != nil {
+			p.prev = &claimed{gen: p.gen, urlKey: p.urlKey, url: p.url, cfg: p.cfg, single: p.single, max: p.max.Load()}
+		}
+		p.genClaims = 0
+	}
+	p.genClaims++
 	p.gen, p.urlKey, p.url = gen, urlKey, redacted
-	p.mu.Unlock()
+	p.cfg, p.single = cfg, single
 	p.Health.Configure(cfg, single)
 	p.max.Store(int64(maxConcurrent))
+	p.mu.Unlock()
 	return p, nil
+}
+
+// claimed is what one config load set on a provider.
+type claimed struct {
+	gen         any
+	urlKey, url string
+	cfg         cooldown.Config
+	single      bool
+	max         int64
 }
 
 // Release gives back one handler's claim on name.
 func Release(name string) {
 	providers.Delete(name)
+}
+
+// ReleaseClaim gives back a claim that the config load gen made on name.
+// If another config load still holds the name (the running one, when gen
+// failed to load or was only validated) and gen was the last to set it up,
+// the settings of the load before gen are put back once gen's last claim
+// is released: a config that never ran must not leave its limits, cooldown
+// settings or URL on the running config's provider.
+func ReleaseClaim(name string, gen any) {
+	p, ok := Lookup(name)
+	if deleted, _ := providers.Delete(name); !ok || deleted {
+		return
+	}
+	p.mu.Lock()
+	if p.gen != gen {
+		p.mu.Unlock()
+		return
+	}
+	p.genClaims--
+	prev := p.prev
+	if p.genClaims > 0 || prev == nil {
+		p.mu.Unlock()
+		return
+	}
+	p.prev, p.genClaims = nil, 0
+	p.gen, p.urlKey, p.url = prev.gen, prev.urlKey, prev.url
+	p.cfg, p.single = prev.cfg, prev.single
+	p.Health.Configure(prev.cfg, prev.single)
+	p.max.Store(prev.max)
+	p.mu.Unlock()
+	p.Notify() // the limit may have grown back
 }
 
 // Destruct implements caddy.Destructor; the entry's sessions, if any, keep

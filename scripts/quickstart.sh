@@ -46,7 +46,7 @@ cat <<'MSG'
    Puppeteer:   puppeteer.connect({ browserWSEndpoint: 'ws://127.0.0.1:8080/' })
                 puppeteer.connect({ browserURL: 'http://127.0.0.1:8080' })
    Playwright:  chromium.connectOverCDP('http://127.0.0.1:8080')
-   chromedp:    chromedp.NewRemoteAllocator(ctx, "ws://127.0.0.1:8080/")
+   chromedp:    remote.NewAllocator(ctx, "ws://127.0.0.1:8080/")
    Status:      curl -s http://127.0.0.1:2019/browser_failover/status
    Stop with Ctrl-C.
 MSG

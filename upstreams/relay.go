@@ -203,10 +203,15 @@ func (s *Session) directionDone() {
 
 // direction is one half of the relay: src to dst.
 type direction struct {
-	s          *Session
-	src, dst   net.Conn
-	raw        syscall.RawConn // src's, when it is plain TCP
-	splice     bool            // both ends plain TCP
+	s        *Session
+	src, dst net.Conn
+	raw      syscall.RawConn // src's, when it is plain TCP
+	rawFn    func(fd uintptr) bool
+	// The result of the last raw read (owned by the direction's goroutine).
+	rbuf       *[]byte
+	rn         int
+	rerr       error
+	splice     bool // both ends plain TCP
 	pending    []byte
 	toUpstream bool
 	frames     frameTracker
@@ -241,6 +246,7 @@ func (d *direction) init() {
 	}
 	if raw, err := st.SyscallConn(); err == nil {
 		d.raw = raw
+		d.rawFn = d.rawRead // bound once: no allocation per read
 	}
 	_, dstTCP := d.dst.(*net.TCPConn)
 	d.splice = dstTCP
@@ -302,24 +308,10 @@ func (d *direction) read() (*[]byte, int, error) {
 		n, err := d.src.Read(*bp)
 		return bp, n, err
 	}
-	var bp *[]byte
-	var n int
-	var rerr error
-	err := d.raw.Read(func(fd uintptr) bool {
-		b := relayBufs.Get().(*[]byte)
-		for {
-			n, rerr = syscall.Read(int(fd), *b)
-			if rerr != syscall.EINTR {
-				break
-			}
-		}
-		if rerr == syscall.EAGAIN {
-			relayBufs.Put(b)
-			return false
-		}
-		bp = b
-		return true
-	})
+	d.rbuf, d.rn, d.rerr = nil, 0, nil
+	err := d.raw.Read(d.rawFn)
+	bp, n, rerr := d.rbuf, d.rn, d.rerr
+	d.rbuf = nil
 	if err != nil {
 		if bp != nil {
 			relayBufs.Put(bp)
@@ -333,6 +325,27 @@ func (d *direction) read() (*[]byte, int, error) {
 		return bp, 0, io.EOF
 	}
 	return bp, n, nil
+}
+
+// rawRead reads src's socket into a pooled buffer taken only now that the
+// socket may be readable; it reports false (and keeps no buffer) when
+// nothing is there yet, and the runtime then waits for readability.
+func (d *direction) rawRead(fd uintptr) bool {
+	b := relayBufs.Get().(*[]byte)
+	var n int
+	var err error
+	for {
+		n, err = syscall.Read(int(fd), *b)
+		if err != syscall.EINTR {
+			break
+		}
+	}
+	if err == syscall.EAGAIN {
+		relayBufs.Put(b)
+		return false
+	}
+	d.rbuf, d.rn, d.rerr = b, n, err
+	return true
 }
 
 // forward writes p to dst, tracking frames. While the session is closing it

@@ -40,6 +40,7 @@ var (
 	hsN       = flag.Int("handshakes", 2000, "handshakes per measurement")
 	caddyBin  = flag.String("caddy", "", "Caddy binary with browser_failover (default: build ./cmd/caddy)")
 	relayMode = flag.String("relay", "", "internal: run as the raw relay listening on this address")
+	echoMode  = flag.String("echo", "", "internal: run as the echo server listening on this address")
 	relayTo   = flag.String("relay-to", "", "internal: the raw relay's target")
 )
 
@@ -47,6 +48,10 @@ func main() {
 	flag.Parse()
 	if *relayMode != "" {
 		runRelay(*relayMode, *relayTo)
+		return
+	}
+	if *echoMode != "" {
+		runEcho(*echoMode)
 		return
 	}
 	raiseFileLimit()
@@ -80,10 +85,6 @@ func run() error {
 		}
 	}
 
-	echo, err := startEcho()
-	if err != nil {
-		return err
-	}
 	var procs []*exec.Cmd
 	defer func() {
 		for _, p := range procs {
@@ -91,9 +92,22 @@ func run() error {
 			p.Wait()
 		}
 	}()
+	// The echo server and the raw relay run in processes of their own, so
+	// each process stays within the open-file limit and the relay's memory
+	// can be read on its own.
+	self, _ := os.Executable()
+	echo := freeAddr()
+	echoProc := exec.Command(self, "-echo", echo)
+	echoProc.Stderr = os.Stderr
+	if err := echoProc.Start(); err != nil {
+		return err
+	}
+	procs = append(procs, echoProc)
+	if err := waitListening(echo); err != nil {
+		return err
+	}
 
 	relayAddr := freeAddr()
-	self, _ := os.Executable()
 	relay := exec.Command(self, "-relay", relayAddr, "-relay-to", echo)
 	relay.Stderr = os.Stderr
 	if err := relay.Start(); err != nil {
@@ -180,6 +194,13 @@ http://%s {
 		}
 		res[metric][tgt] = append(res[metric][tgt], v)
 	}
+	// Memory first, while every process is fresh: a Go process keeps
+	// freed memory for reuse, so a later delta would read low.
+	for _, t := range targets {
+		if t.pid != 0 {
+			add("idle_session_KiB", t.name, idleMemory(t.url, t.pid, *held))
+		}
+	}
 	// Warm up every target.
 	for _, t := range targets {
 		rtt(t.url, 200)
@@ -191,9 +212,6 @@ http://%s {
 			add("rtt_p99_us", t.name, p99)
 			add("tput_MBps", t.name, throughput(t.url, *tputMsgs))
 			add("handshakes_per_s", t.name, handshakes(t.url, *hsN, 4))
-			if t.pid != 0 {
-				add("idle_session_KiB", t.name, idleMemory(t.url, t.pid, *held))
-			}
 		}
 		// Added connect time: first provider refused, first provider in
 		// cooldown, against the plain one-provider route.
@@ -208,7 +226,7 @@ http://%s {
 		{"rtt_p99_us", "round trip p99, 256 B (µs)"},
 		{"tput_MBps", "throughput, 1 MiB messages, 4 in flight (MB/s)"},
 		{"handshakes_per_s", "WebSocket handshakes/s, concurrency 4"},
-		{"idle_session_KiB", fmt.Sprintf("memory per idle session, %d held (KiB)", *held)},
+		{"idle_session_KiB", fmt.Sprintf("memory per idle session, %d held, fresh process (KiB)", *held)},
 	}
 	fmt.Printf("%-48s %12s %12s %20s %18s %10s\n", "metric (median)", "direct", "raw relay", "caddy reverse_proxy", "browser_failover", "bf/caddy")
 	for _, m := range metrics {
@@ -222,7 +240,14 @@ http://%s {
 		median(c["first in cooldown"]), median(c["first in cooldown"])-median(c["one provider"]))
 
 	if *scale > 0 {
-		scaleRun("ws://"+bfAddr+"/", bf.Process.Pid, bfAdmin, *scale)
+		n := *scale
+		// The gateway holds two sockets per session; stay inside the
+		// process's open-file limit.
+		if lim := fileLimit(); lim > 0 && 2*n+200 > lim {
+			n = (lim - 200) / 2
+			fmt.Printf("\nscale run capped at %d sessions by the open-file limit of %d per process\n", n, lim)
+		}
+		scaleRun("ws://"+bfAddr+"/", bf.Process.Pid, bfAdmin, n)
 	}
 	return nil
 }
@@ -476,17 +501,19 @@ func scaleRun(url string, pid int, admin string, n int) {
 	show("after")
 }
 
-// startEcho runs a WebSocket echo server in this process.
-func startEcho() (string, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+// runEcho is the WebSocket echo server.
+func runEcho(addr string) {
+	ln, err := net.Listen("tcp", addr)
 	if err != nil {
-		return "", err
+		fmt.Fprintln(os.Stderr, "echo:", err)
+		os.Exit(1)
 	}
 	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		c, err := websocket.Accept(w, r, &websocket.AcceptOptions{InsecureSkipVerify: true, CompressionMode: websocket.CompressionDisabled})
 		if err != nil {
 			return
 		}
+		defer c.CloseNow()
 		c.SetReadLimit(-1)
 		ctx := context.Background()
 		for {
@@ -506,8 +533,8 @@ func startEcho() (string, error) {
 			}
 		}
 	})}
-	go srv.Serve(ln)
-	return ln.Addr().String(), nil
+	srv.ErrorLog = nil
+	srv.Serve(ln)
 }
 
 // startStatus runs an HTTP server answering every request with code.
@@ -550,6 +577,15 @@ func waitListening(addr string) error {
 		time.Sleep(50 * time.Millisecond)
 	}
 	return fmt.Errorf("nothing listens on %s", addr)
+}
+
+// fileLimit is this process's open-file limit (children inherit it).
+func fileLimit() int {
+	var l syscall.Rlimit
+	if syscall.Getrlimit(syscall.RLIMIT_NOFILE, &l) != nil {
+		return 0
+	}
+	return int(l.Cur)
 }
 
 func raiseFileLimit() {

@@ -105,6 +105,7 @@ func Echo(name string, contacts *Contacts, subprotocols ...string) *Server {
 		if err != nil {
 			return
 		}
+		defer c.CloseNow()
 		c.SetReadLimit(-1)
 		ctx := context.Background()
 		for {

@@ -1,0 +1,266 @@
+package browserfailover_test
+
+// A secrets audit: credentials in provider URL user info and query values,
+// in header_up values, and a webhook's signing secret and URL token; a
+// short chaos soak; then every output of the process is searched for each
+// secret in raw, URL-encoded and base64 forms: the log file, the status
+// JSON, /metrics, the events, the webhook bodies, and every answer body
+// clients got.
+
+import (
+	"bytes"
+	"encoding/base64"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/coder/websocket"
+
+	"github.com/browserfailover/caddy-browser-failover/internal/testgw"
+	"github.com/browserfailover/caddy-browser-failover/pool"
+)
+
+func TestSecretsAudit(t *testing.T) {
+	const (
+		user      = "aUdItUsEr7"
+		pass      = "p@ss:wOrd/Z9!" // needs escaping in a URL
+		query     = "qS3cr3t+v/al=ue"
+		envQuery  = "eNvQuErY-5ecret"
+		header    = "hDrS3cr3t-Token"
+		bearer    = "bEaReRsEcReT8"
+		hookKey   = "wHkS3cr3tKey"
+		hookToken = "wHkQuErYtOk"
+		hookPass  = "wHkPaSs4"
+	)
+	t.Setenv("AUDIT_QUERY_SECRET", envQuery)
+	t.Setenv("AUDIT_HEADER_SECRET", header)
+	secrets := []string{user, pass, query, envQuery, header, bearer, hookKey, hookToken, hookPass}
+
+	// Every form a secret could take on the way out.
+	var forms []string
+	add := func(s string) {
+		for _, f := range []string{s, url.QueryEscape(s), url.PathEscape(s), (&url.URL{User: url.User(s)}).String()[2:]} {
+			forms = append(forms, strings.TrimSuffix(f, "@"))
+		}
+		for _, enc := range []*base64.Encoding{base64.StdEncoding, base64.URLEncoding, base64.RawStdEncoding, base64.RawURLEncoding} {
+			forms = append(forms, enc.EncodeToString([]byte(s)))
+		}
+	}
+	for _, s := range secrets {
+		add(s)
+	}
+	add(user + ":" + pass) // what Authorization: Basic carries
+	add("Bearer " + bearer)
+	add(url.UserPassword(user, pass).String())
+	add("hook:" + hookPass)
+
+	rv := newOpReceiver(t, nil)
+	defer rv.Close()
+	hookURL := strings.Replace(rv.URL, "http://", "http://hook:"+hookPass+"@", 1) + "/in?token=" + hookToken
+	hooks := fmt.Sprintf(`"webhooks":[{"url":%q,"secret":%q}]`, hookURL, hookKey)
+
+	var mu sync.Mutex
+	var outputs bytes.Buffer // everything the process said, tagged
+	record := func(where string, b []byte) {
+		mu.Lock()
+		fmt.Fprintf(&outputs, "\n=== %s\n", where)
+		outputs.Write(b)
+		mu.Unlock()
+	}
+	bodies := 0
+	delivered := map[string]bool{}
+	opCapturedMu.Lock()
+	opCaptured = nil
+	opCapturedMu.Unlock()
+
+	scrape := func(g *testgw.Gateway) {
+		if code, b := opAdminQuiet(g, "/browser_failover/status"); code == http.StatusOK {
+			record("status", b)
+		}
+		if code, b := opAdminQuiet(g, "/metrics"); code == http.StatusOK {
+			record("metrics", b)
+		}
+	}
+	d := soakDuration(t, 4*time.Second, 3*time.Second)
+	if d > 10*time.Second {
+		d = 10 * time.Second // SOAK_DURATION is for TestSoak
+	}
+	g, st := runSoak(t, soakOpts{
+		prefix:   "au-",
+		duration: d,
+		workers:  8,
+		providerURL: func(i int, addr string) string {
+			u := url.URL{Scheme: "ws", Host: addr, Path: "/session"}
+			switch i {
+			case 0:
+				u.User = url.UserPassword(user, pass)
+				u.RawQuery = url.Values{"apiKey": {query}, "region": {"eu"}}.Encode()
+			case 1:
+				return u.String() + "?token={env.AUDIT_QUERY_SECRET}"
+			case 3:
+				u.User = url.User(user)
+				u.RawQuery = "key=" + url.QueryEscape(query)
+			}
+			return u.String()
+		},
+		providerExtra: func(i int) string {
+			switch i {
+			case 1:
+				return `"headers_up":[{"op":"set","field":"X-Api-Key","value":"{env.AUDIT_HEADER_SECRET}"}]`
+			case 2:
+				return `"headers_up":[{"op":"set","field":"Authorization","value":"Bearer ` + bearer + `"},{"op":"add","field":"X-Api-Key","value":"` + header + `"}]`
+			}
+			return ""
+		},
+		handlerExtra: hooks,
+		wrap: func(g *testgw.Gateway, h string) []byte {
+			var cfg map[string]any
+			if err := json.Unmarshal(g.Config(h), &cfg); err != nil {
+				t.Fatal(err)
+			}
+			cfg["apps"].(map[string]any)["events"] = map[string]any{"subscriptions": []any{map[string]any{
+				"events":   []string{"browser_failover.cooldown", "browser_failover.recovered", "browser_failover.rejected"},
+				"handlers": []any{map[string]any{"handler": "op_capture"}},
+			}}}
+			b, _ := json.Marshal(cfg)
+			return b
+		},
+		onBody: func(status int, body []byte) {
+			record(fmt.Sprintf("answer %d", status), body)
+			mu.Lock()
+			bodies++
+			mu.Unlock()
+		},
+		onTick: scrape,
+		onProviderRequest: func(r *http.Request) {
+			// What the providers got: the secrets were in use.
+			mu.Lock()
+			got := r.Header.Get("Authorization") + " " + strings.Join(r.Header.Values("X-Api-Key"), ",") + " " + r.URL.RawQuery
+			for _, s := range []string{query, envQuery, header, bearer} {
+				if strings.Contains(got, s) || strings.Contains(got, url.QueryEscape(s)) {
+					delivered[s] = true
+				}
+			}
+			if u, p, ok := r.BasicAuth(); ok && u == user && p == pass {
+				delivered[pass] = true
+			}
+			mu.Unlock()
+		},
+	})
+	st.log(t, "audit soak", d)
+
+	// One session on each provider for sure (chaos may have skipped
+	// some), through the operator actions, whose answers are outputs too.
+	names := []string{"au-0", "au-1", "au-2", "au-3"}
+	admin := func(name, action string) {
+		code, body := opAdmin(t, g, http.MethodPost, "/browser_failover/providers/"+name+"/"+action)
+		if code != http.StatusOK {
+			t.Fatalf("%s %s: %d %s", action, name, code, body)
+		}
+		record("admin "+action, body)
+	}
+	for _, n := range names {
+		admin(n, "reset")
+	}
+	for _, only := range names {
+		for _, n := range names {
+			if n != only {
+				admin(n, "drain")
+			}
+		}
+		c, _, err := dial(t, g.WS("/"), nil)
+		if err != nil {
+			t.Fatalf("session on %s: %v", only, err)
+		}
+		echoOnce(t, c, []byte(only))
+		c.Close(websocket.StatusNormalClosure, "")
+		for _, n := range names {
+			if n != only {
+				admin(n, "undrain")
+			}
+		}
+	}
+	// And one rejection for sure: every provider drained.
+	for _, n := range names {
+		admin(n, "drain")
+	}
+	resp, err := http.DefaultClient.Do(upgradeRequest(t, g.HTTP("/?token=client-side")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusServiceUnavailable {
+		t.Fatalf("all drained: %d %s", resp.StatusCode, body)
+	}
+	record("answer 503", body)
+	for _, n := range names {
+		admin(n, "undrain")
+	}
+	testgw.Eventually(t, 5*time.Second, "sessions to end", func() bool { return pool.LiveSessions() == 0 })
+	testgw.Eventually(t, 5*time.Second, "the rejection's webhook", func() bool {
+		bs, _ := rv.got()
+		return len(bs) > 0 && bytes.Contains(bs[len(bs)-1], []byte("browser_failover.rejected"))
+	})
+	scrape(g)
+
+	hooked, _ := rv.got()
+	for _, b := range hooked {
+		record("webhook body", b)
+	}
+	events := opEvents("au-")
+	for _, e := range events {
+		b, _ := json.Marshal(map[string]any{"name": e.Name(), "data": e.Data})
+		record("event", b)
+	}
+	logs := g.Logs()
+	record("logs", []byte(logs))
+
+	// The audit searched something.
+	if bodies == 0 || len(hooked) == 0 || len(events) == 0 || len(g.LogEntries("session ended")) == 0 || len(g.LogEntries("rejected")) == 0 {
+		t.Fatalf("too little output to audit: %d answer bodies, %d webhook bodies, %d events, logs %d bytes",
+			bodies, len(hooked), len(events), len(logs))
+	}
+	mu.Lock()
+	for _, s := range []string{pass, query, envQuery, header, bearer} {
+		if !delivered[s] {
+			t.Errorf("no provider ever got the secret %q: the audit would prove nothing", s)
+		}
+	}
+	out := outputs.String()
+	mu.Unlock()
+	if !strings.Contains(out, "REDACTED@") || !strings.Contains(out, "apiKey=REDACTED") || !strings.Contains(out, "token=REDACTED") {
+		t.Fatal("the status does not show the redacted URLs")
+	}
+	for _, f := range forms {
+		if len(f) < 6 {
+			continue
+		}
+		if i := strings.Index(out, f); i >= 0 {
+			section := out[:i]
+			section = section[strings.LastIndex(section, "\n=== ")+5:]
+			section = section[:strings.IndexByte(section, '\n')]
+			t.Errorf("%s shows a secret (%q): …%s…", section, f, out[max(0, i-150):min(len(out), i+80)])
+		}
+	}
+	t.Logf("audited %d bytes of output: %d answer bodies, %d webhook bodies, %d events, %d log bytes, %d secret forms",
+		len(out), bodies, len(hooked), len(events), len(logs), len(forms))
+}
+
+// opAdminQuiet is opAdmin for goroutines other than the test's.
+func opAdminQuiet(g *testgw.Gateway, path string) (int, []byte) {
+	resp, err := http.Get("http://" + g.Admin + path)
+	if err != nil {
+		return 0, nil
+	}
+	defer resp.Body.Close()
+	var b bytes.Buffer
+	b.ReadFrom(resp.Body)
+	return resp.StatusCode, b.Bytes()
+}
