@@ -293,7 +293,7 @@ func (c *connect) run() error {
 	}
 	for first := true; ; first = false {
 		passCtx := ctx
-		var stopDeadline func() bool
+		var stopDeadline func()
 		if c.waiter != nil {
 			err := c.waiter.Wait(ctx, retryAt)
 			switch {
@@ -312,8 +312,7 @@ func (c *connect) run() error {
 			var cancel context.CancelFunc
 			passCtx, cancel = context.WithCancel(ctx)
 			t := time.AfterFunc(time.Until(c.waiter.Deadline()), cancel)
-			stopDeadline = t.Stop
-			defer cancel()
+			stopDeadline = func() { t.Stop(); cancel() }
 		}
 		if h.queue != nil {
 			gen = h.queue.Gen()

@@ -111,11 +111,6 @@ type claimed struct {
 	max         int64
 }
 
-// Release gives back one handler's claim on name.
-func Release(name string) {
-	providers.Delete(name)
-}
-
 // ReleaseClaim gives back a claim that the config load gen made on name.
 // If another config load still holds the name (the running one, when gen
 // failed to load or was only validated) and gen was the last to set it up,

@@ -17,7 +17,7 @@ func TestReleaseClaimRestores(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer Release("pool-unit")
+	defer ReleaseClaim("pool-unit", next)
 
 	// A failing load: two handlers claim it with other settings.
 	for range 2 {

@@ -51,7 +51,7 @@ func TestAdminRoutes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer pool.Release("status-unit-a")
+	defer pool.ReleaseClaim("status-unit-a", t)
 
 	// One failure trips the cooldown (min_requests 1).
 	permit, _ := p.Health.Acquire()

@@ -55,8 +55,7 @@ type Session struct {
 	client, upstream net.Conn
 	up, down         direction
 
-	start      time.Time
-	lastActive atomic.Int64 // unix nanos of the last bytes either way
+	start time.Time
 
 	closeMu     sync.Mutex
 	closing     atomic.Bool
@@ -96,29 +95,49 @@ func NewSession(client net.Conn, up *Conn, o SessionOptions) *Session {
 		done:     make(chan struct{}),
 		onEnd:    o.OnEnd,
 	}
-	s.lastActive.Store(s.start.UnixNano())
 	s.up = direction{s: s, src: client, dst: up.Conn, pending: o.ClientPending, toUpstream: true}
 	s.down = direction{s: s, src: up.Conn, dst: client, pending: up.Leftover}
 	s.up.init()
 	s.down.init()
 	s.remaining.Store(2)
 	if o.IdleTimeout > 0 {
-		idle := o.IdleTimeout
-		var t *time.Timer
-		t = time.AfterFunc(idle, func() {
-			last := time.Unix(0, s.lastActive.Load())
-			if wait := idle - time.Since(last); wait > 0 {
-				t.Reset(wait)
-				return
-			}
-			s.Close(CloseNormal, EndIdle)
-		})
-		s.timers = append(s.timers, t)
+		s.timers = append(s.timers, s.idleTimer(o.IdleTimeout))
 	}
 	if o.MaxDuration > 0 {
 		s.timers = append(s.timers, time.AfterFunc(o.MaxDuration, func() { s.Close(CloseNormal, EndMaxDuration) }))
 	}
 	return s
+}
+
+// idleTimer closes the session once no bytes have moved either way for
+// idle. It samples the byte counters every idle/4 instead of stamping the
+// time on every read, so the relay's hot path pays nothing for it; the
+// close comes between idle and idle*5/4 after the last byte.
+func (s *Session) idleTimer(idle time.Duration) *time.Timer {
+	tick := idle / 4
+	if tick < time.Millisecond {
+		tick = time.Millisecond
+	}
+	var last int64
+	lastChange := time.Now()
+	var t *time.Timer
+	t = time.AfterFunc(tick, func() {
+		select {
+		case <-s.done:
+			return
+		default:
+		}
+		now := time.Now()
+		if b := s.up.bytes.Load() + s.down.bytes.Load(); b != last {
+			last, lastChange = b, now
+		}
+		if now.Sub(lastChange) >= idle {
+			s.Close(CloseNormal, EndIdle)
+			return
+		}
+		t.Reset(tick)
+	})
+	return t
 }
 
 // Run starts both directions in their own goroutines and returns at once.
@@ -352,7 +371,6 @@ func (d *direction) rawRead(fd uintptr) bool {
 // writes only up to the next frame boundary, then the close frame. It
 // reports whether the direction goes on.
 func (d *direction) forward(p []byte) bool {
-	d.s.lastActive.Store(time.Now().UnixNano())
 	if d.s.closing.Load() {
 		n := d.frames.advance(p, true)
 		if n > 0 {
@@ -409,7 +427,6 @@ func (d *direction) spliceFrame() bool {
 			d.frames.sawClose = true
 		}
 		d.bytes.Add(w)
-		d.s.lastActive.Store(time.Now().UnixNano())
 	}
 	if err != nil {
 		if d.s.closing.Load() && isTimeout(err) {

@@ -35,7 +35,7 @@ var (
 	rounds    = flag.Int("rounds", 3, "rounds over the targets; medians are printed")
 	held      = flag.Int("held", 2000, "idle sessions held for the memory figure")
 	scale     = flag.Int("scale", 10000, "sessions of the scale run (0: skip)")
-	rttN      = flag.Int("rtt", 2000, "round trips per RTT measurement")
+	rttN      = flag.Int("rtt", 2000, "round trips per target and round for the RTT figures")
 	tputMsgs  = flag.Int("tput", 200, "1 MiB messages per throughput measurement")
 	hsN       = flag.Int("handshakes", 2000, "handshakes per measurement")
 	caddyBin  = flag.String("caddy", "", "Caddy binary with browser_failover (default: build ./cmd/caddy)")
@@ -201,15 +201,14 @@ http://%s {
 			add("idle_session_KiB", t.name, idleMemory(t.url, t.pid, *held))
 		}
 	}
-	// Warm up every target.
-	for _, t := range targets {
-		rtt(t.url, 200)
+	// Round trips: one connection per target, the targets interleaved in
+	// short batches so that drift on a shared machine hits them alike.
+	for i, d := range rttInterleaved(targets, *rounds**rttN) {
+		add("rtt_p50_us", targets[i].name, float64(percentile(d, 0.5).Nanoseconds())/1e3)
+		add("rtt_p99_us", targets[i].name, float64(percentile(d, 0.99).Nanoseconds())/1e3)
 	}
 	for r := 0; r < *rounds; r++ {
 		for _, t := range targets {
-			p50, p99 := rtt(t.url, *rttN)
-			add("rtt_p50_us", t.name, p50)
-			add("rtt_p99_us", t.name, p99)
 			add("tput_MBps", t.name, throughput(t.url, *tputMsgs))
 			add("handshakes_per_s", t.name, handshakes(t.url, *hsN, 4))
 		}
@@ -294,29 +293,49 @@ func dial(url string) (*websocket.Conn, error) {
 	return c, err
 }
 
-// rtt measures n sequential 256-byte round trips.
-func rtt(url string, n int) (p50, p99 float64) {
-	c, err := dial(url)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "rtt dial:", err)
-		return math.NaN(), math.NaN()
+// rttInterleaved measures n sequential 256-byte round trips per target,
+// visiting the targets in turn, 50 round trips at a time, after a warm-up.
+func rttInterleaved(targets []target, n int) [][]time.Duration {
+	conns := make([]*websocket.Conn, len(targets))
+	for i, t := range targets {
+		c, err := dial(t.url)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "rtt dial:", err)
+			return make([][]time.Duration, len(targets))
+		}
+		defer c.CloseNow()
+		conns[i] = c
 	}
-	defer c.CloseNow()
 	msg := make([]byte, 256)
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	d := make([]time.Duration, 0, n)
-	for i := 0; i < n; i++ {
+	one := func(c *websocket.Conn) (time.Duration, bool) {
 		start := time.Now()
 		if err := c.Write(ctx, websocket.MessageBinary, msg); err != nil {
-			return math.NaN(), math.NaN()
+			return 0, false
 		}
 		if _, _, err := c.Read(ctx); err != nil {
-			return math.NaN(), math.NaN()
+			return 0, false
 		}
-		d = append(d, time.Since(start))
+		return time.Since(start), true
 	}
-	return float64(percentile(d, 0.5).Nanoseconds()) / 1e3, float64(percentile(d, 0.99).Nanoseconds()) / 1e3
+	for _, c := range conns {
+		for i := 0; i < 200; i++ {
+			one(c)
+		}
+	}
+	const batch = 50
+	out := make([][]time.Duration, len(targets))
+	for done := 0; done < n; done += batch {
+		for i, c := range conns {
+			for j := 0; j < batch; j++ {
+				if d, ok := one(c); ok {
+					out[i] = append(out[i], d)
+				}
+			}
+		}
+	}
+	return out
 }
 
 // throughput sends n 1 MiB messages with up to 4 in flight and returns the
