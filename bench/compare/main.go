@@ -39,6 +39,8 @@ var (
 	tputMsgs  = flag.Int("tput", 200, "1 MiB messages per throughput measurement")
 	hsN       = flag.Int("handshakes", 2000, "handshakes per measurement")
 	caddyBin  = flag.String("caddy", "", "Caddy binary with browser_failover (default: build ./cmd/caddy)")
+	cpuProf   = flag.String("cpuprofile", "", "write a CPU profile of browser_failover's process under round-trip load to this file, then exit")
+	heapProf  = flag.String("heapprofile", "", "write a heap profile of browser_failover's process holding -held idle sessions to this file, then exit")
 	relayMode = flag.String("relay", "", "internal: run as the raw relay listening on this address")
 	echoMode  = flag.String("echo", "", "internal: run as the echo server listening on this address")
 	relayTo   = flag.String("relay-to", "", "internal: the raw relay's target")
@@ -183,6 +185,9 @@ http://%s {
 		{"raw relay", "ws://" + relayAddr + "/", relay.Process.Pid},
 		{"caddy reverse_proxy", "ws://" + rpAddr + "/", rp.Process.Pid},
 		{"browser_failover", "ws://" + bfAddr + "/", bf.Process.Pid},
+	}
+	if *cpuProf != "" || *heapProf != "" {
+		return profile(targets[3].url, bfAdmin)
 	}
 	fmt.Printf("machine: %d CPUs, %s/%s, %s; rounds %d\n\n", runtime.NumCPU(), runtime.GOOS, runtime.GOARCH, runtime.Version(), *rounds)
 
@@ -596,6 +601,67 @@ func waitListening(addr string) error {
 		time.Sleep(50 * time.Millisecond)
 	}
 	return fmt.Errorf("nothing listens on %s", addr)
+}
+
+// profile fetches pprof profiles from browser_failover's Caddy process
+// (its admin endpoint serves /debug/pprof/): CPU under a round-trip load,
+// heap while idle sessions are held.
+func profile(url, admin string) error {
+	fetch := func(path, file string) error {
+		resp, err := http.Get("http://" + admin + path)
+		if err != nil {
+			return err
+		}
+		defer resp.Body.Close()
+		f, err := os.Create(file)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		_, err = io.Copy(f, resp.Body)
+		return err
+	}
+	if *cpuProf != "" {
+		stop := make(chan struct{})
+		go func() {
+			c, err := dial(url)
+			if err != nil {
+				return
+			}
+			defer c.CloseNow()
+			msg := make([]byte, 256)
+			ctx := context.Background()
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				if c.Write(ctx, websocket.MessageBinary, msg) != nil {
+					return
+				}
+				if _, _, err := c.Read(ctx); err != nil {
+					return
+				}
+			}
+		}()
+		err := fetch("/debug/pprof/profile?seconds=10", *cpuProf)
+		close(stop)
+		if err != nil {
+			return err
+		}
+		fmt.Println("CPU profile:", *cpuProf, "(go tool pprof -top", *cpuProf+")")
+	}
+	if *heapProf != "" {
+		conns := hold(url, *held)
+		defer closeAll(conns)
+		time.Sleep(time.Second)
+		if err := fetch("/debug/pprof/heap", *heapProf); err != nil {
+			return err
+		}
+		fmt.Printf("heap profile with %d sessions held: %s (go tool pprof -sample_index=inuse_space -top %s)\n", len(conns), *heapProf, *heapProf)
+	}
+	return nil
 }
 
 // fileLimit is this process's open-file limit (children inherit it).
