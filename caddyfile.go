@@ -108,14 +108,10 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			}
 			h.MaxAttempts = n
 		case "provider":
-			p, err := parseProvider(d)
+			p, err := parseProvider(d, seen)
 			if err != nil {
 				return err
 			}
-			if seen[p.Name] {
-				return d.Errf("duplicate provider name %q", p.Name)
-			}
-			seen[p.Name] = true
 			h.Providers = append(h.Providers, p)
 		case "cooldown":
 			c, err := parseCooldown(d)
@@ -168,11 +164,17 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	return nil
 }
 
-func parseProvider(d *caddyfile.Dispenser) (*ProviderConfig, error) {
+// parseProvider reads one provider; seen holds the names declared before
+// it, so a duplicate is reported at its own line.
+func parseProvider(d *caddyfile.Dispenser, seen map[string]bool) (*ProviderConfig, error) {
 	args := d.RemainingArgs()
 	if len(args) != 2 {
 		return nil, d.Errf("provider takes a name and a URL")
 	}
+	if seen[args[0]] {
+		return nil, d.Errf("duplicate provider name %q", args[0])
+	}
+	seen[args[0]] = true
 	p := &ProviderConfig{Name: args[0], URL: args[1]}
 	if err := checkURL(p); err != nil {
 		return nil, d.Err(err.Error())

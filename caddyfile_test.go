@@ -31,7 +31,7 @@ func TestCaddyfileErrors(t *testing.T) {
 		{"no providers", "browser_failover {\n strategy priority\n}", "no providers"},
 		{"bad scheme", "browser_failover {\n provider a ftp://h:1\n}", `URL scheme "ftp" is not one of ws, wss, http, https`},
 		{"no scheme", "browser_failover {\n provider a h:1\n}", "must start with ws://"},
-		{"duplicate name", "browser_failover {\n provider a ws://h:1\n provider b ws://h:2\n provider a ws://h:3\n}", `Caddyfile:4 - Error during parsing: duplicate provider name "a"`},
+		{"duplicate name", "browser_failover {\n provider a ws://h:1\n provider b ws://h:2\n provider a ws://h:3 {\n  priority 2\n }\n}", `Caddyfile:4 - Error during parsing: duplicate provider name "a"`},
 		{"negative max_concurrent", "browser_failover {\n provider a ws://h:1 {\n  max_concurrent -1\n }\n}", "Caddyfile:3 - Error during parsing: max_concurrent must not be negative"},
 		{"negative max_attempts", "browser_failover {\n max_attempts -2\n provider a ws://h:1\n}", "Caddyfile:2 - Error during parsing: max_attempts must not be negative"},
 		{"negative min_requests", "browser_failover {\n provider a ws://h:1\n cooldown {\n  min_requests -1\n }\n}", "Caddyfile:4 - Error during parsing: min_requests must not be negative"},

@@ -4,12 +4,14 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -38,15 +40,32 @@ func handler(extra string, providers ...string) string {
 	return fmt.Sprintf(`{"handler":"browser_failover","providers":[%s]%s}`, strings.Join(providers, ","), extra)
 }
 
+// dial opens a WebSocket through the gateway. Like a real client it tries
+// again (twice at most) when the connection is reset before any answer:
+// during a config reload Caddy 2.11 swaps its SO_REUSEPORT listener, and
+// connections still in the old socket's accept queue are reset before the
+// handler ever sees them.
 func dial(t *testing.T, url string, opts *websocket.DialOptions) (*websocket.Conn, *http.Response, error) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	c, resp, err := websocket.Dial(ctx, url, opts)
-	if c != nil {
-		c.SetReadLimit(-1)
+	for try := 0; ; try++ {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		c, resp, err := websocket.Dial(ctx, url, opts)
+		cancel()
+		if c != nil {
+			c.SetReadLimit(-1)
+		}
+		if err != nil && resp == nil && try < 2 && resetBeforeAnswer(err) {
+			time.Sleep(50 * time.Millisecond)
+			continue
+		}
+		return c, resp, err
 	}
-	return c, resp, err
+}
+
+// resetBeforeAnswer tells a connection dropped by the listener from any
+// answer of the gateway.
+func resetBeforeAnswer(err error) bool {
+	return errors.Is(err, syscall.ECONNRESET) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF)
 }
 
 func echoOnce(t *testing.T, c *websocket.Conn, msg []byte) {

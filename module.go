@@ -58,6 +58,7 @@ type Handler struct {
 
 	logger    *zap.Logger
 	members   []*member
+	names     []string // the members' names, in config order
 	strategy  upstreams.Strategy
 	queue     *queue.Queue
 	discovery bool
@@ -126,7 +127,6 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 			URL:            repl.ReplaceKnown(pc.URL, ""),
 			Priority:       defaultPriority,
 			Weight:         pc.Weight,
-			MaxConcurrent:  pc.MaxConcurrent,
 			ConnectTimeout: time.Duration(h.ConnectTimeout),
 			PassQuery:      pc.PassQuery,
 			Discover:       pc.Discover,
@@ -168,15 +168,15 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		}
 		h.members = append(h.members, &member{up: up, state: state, index: i})
 	}
-	names := make([]string, len(h.members))
+	h.names = make([]string, len(h.members))
 	for i, m := range h.members {
-		names[i] = m.up.Name
+		h.names[i] = m.up.Name
 	}
 	var qi pool.QueueInfo = offQueue{}
 	if h.queue != nil {
 		qi = h.queue
 	}
-	pool.RegisterQueue(h, qi, names)
+	pool.RegisterQueue(h, qi, h.names)
 	return nil
 }
 
@@ -406,6 +406,10 @@ func (c *connect) pass(ctx context.Context, advance bool) (end passEnd, couldWai
 		defer cancel()
 	}
 	tried := 0
+	// Providers that could serve this client later: not drained, and not
+	// a Playwright server of another version (428).
+	serveable, incompatible := 0, 0
+	defer func() { couldWait = serveable > incompatible }()
 	for _, idx := range order {
 		m := h.members[idx]
 		st := m.state
@@ -414,7 +418,7 @@ func (c *connect) pass(ctx context.Context, advance bool) (end passEnd, couldWai
 			c.skip(m, upstreams.WordDrained)
 			continue
 		}
-		couldWait = true
+		serveable++
 		if st.Full() {
 			st.SkippedFull()
 			c.skip(m, upstreams.WordFull)
@@ -455,7 +459,13 @@ func (c *connect) pass(ctx context.Context, advance bool) (end passEnd, couldWai
 			}
 			return passClientGone, true, false
 		case upstreams.Failure:
-			if c.settle(m, permit, cooldown.Failure, 0) == cooldown.NoChange {
+			if res.Outcome.Word == upstreams.WordTimeout && !deadline.IsZero() &&
+				!time.Now().Before(deadline) && res.Outcome.Elapsed < m.up.ConnectTimeout {
+				// try_duration ran out, not the provider's own
+				// connect_timeout: not the provider's failure.
+				c.settle(m, permit, cooldown.Neutral, 0)
+				retry = true
+			} else if c.settle(m, permit, cooldown.Failure, 0) == cooldown.NoChange {
 				retry = true
 			}
 			st.UnreserveFailed()
@@ -465,7 +475,7 @@ func (c *connect) pass(ctx context.Context, advance bool) (end passEnd, couldWai
 		case upstreams.Incompatible:
 			c.settle(m, permit, cooldown.Neutral, 0)
 			st.UnreserveFailed()
-			retry = true
+			incompatible++
 		case upstreams.Relay:
 			c.settle(m, permit, cooldown.Neutral, 0)
 			st.Unreserve()
@@ -512,11 +522,7 @@ func (c *connect) orderCandidates(advance bool) []int {
 	h := c.h
 	c.order = c.order[:0]
 	if c.key != "" {
-		names := make([]string, len(h.members))
-		for i, m := range h.members {
-			names[i] = m.up.Name
-		}
-		c.order = upstreams.AffinityOrder(c.key, names, c.order)
+		c.order = upstreams.AffinityOrder(c.key, h.names, c.order)
 		return c.order
 	}
 	c.cands = c.cands[:0]

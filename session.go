@@ -114,7 +114,7 @@ func (c *connect) establish(m *member, up *upstreams.Conn) bool {
 
 // startSession registers the session with its provider, answers the client
 // (greet, when not nil) and starts the relay.
-func (c *connect) startSession(m *member, client netConn, up *upstreams.Conn, pending []byte, greet func()) {
+func (c *connect) startSession(m *member, client netConn, up *upstreams.Conn, pending []byte, greet func()) *upstreams.Session {
 	st := m.state
 	end := &sessionEnd{
 		logger:   c.h.logger,
@@ -123,7 +123,11 @@ func (c *connect) startSession(m *member, client netConn, up *upstreams.Conn, pe
 		waited:   c.waited,
 	}
 	if c.waiter != nil {
-		end.waited = time.Since(c.waiter.Joined())
+		// Served: out of the queue before the client hears of it (an
+		// HTTP/2 session keeps this goroutine until it ends).
+		c.waited = time.Since(c.waiter.Joined())
+		end.waited = c.waited
+		c.waiter.Leave()
 	}
 	c.observeWait()
 	var idle, maxDur time.Duration
@@ -144,6 +148,7 @@ func (c *connect) startSession(m *member, client netConn, up *upstreams.Conn, pe
 		greet()
 	}
 	s.Run()
+	return s
 }
 
 // sessionEnd is what a session's end log needs; it keeps nothing of the
@@ -186,12 +191,21 @@ func (c *connect) relayAnswer(res upstreams.Result) {
 	}
 	c.observeWait()
 	c.h.obs.Rejected(res.Answer.Status, observe.ReasonRelayed, len(c.attempts))
+	c.logRejected(res.Answer.Status, c.attempts[len(c.attempts)-1].Provider, "provider answered "+strconv.Itoa(res.Answer.Status))
+}
+
+// logRejected writes the "rejected" entry of SPEC 10: the client got no
+// session (provider is the one whose answer it got, if any).
+func (c *connect) logRejected(status int, provider, why string) {
 	c.h.logger.Info("rejected",
-		zap.String("provider", ""),
+		zap.String("provider", provider),
 		zap.Array("attempts", attempts(c.attempts)),
 		zap.Float64("queue_wait_ms", roundMS(c.waited)),
-		zap.Int("status", res.Answer.Status),
-		zap.String("close_reason", "provider answered "+strconv.Itoa(res.Answer.Status)),
+		zap.Float64("duration_ms", roundMS(time.Since(c.start))),
+		zap.Int64("bytes_up", 0),
+		zap.Int64("bytes_down", 0),
+		zap.Int("status", status),
+		zap.String("close_reason", why),
 	)
 }
 
@@ -205,22 +219,22 @@ type rejectBody struct {
 // reject answers 503 (or status) with Retry-After and the attempts.
 func (c *connect) reject(status int, why string) {
 	retry := c.h.retryAfter()
-	body := rejectBody{Error: "no browser provider available", Attempts: c.attempts, RetryAfterS: retry}
-	if body.Attempts == nil {
-		body.Attempts = []attempt{}
+	// An attempt cut short by the client's own queue deadline is no
+	// provider's outcome: the body lists what the providers did.
+	shown := make([]attempt, 0, len(c.attempts))
+	for _, a := range c.attempts {
+		if a.Outcome != upstreams.WordClientGone {
+			shown = append(shown, a)
+		}
 	}
+	c.attempts = shown
+	body := rejectBody{Error: "no browser provider available", Attempts: shown, RetryAfterS: retry}
 	writeJSON(c.w, status, body, func(hd http.Header) {
 		hd.Set("Retry-After", strconv.Itoa(retry))
 	})
 	c.observeWait()
 	c.h.obs.Rejected(status, why, len(c.attempts))
-	c.h.logger.Info("rejected",
-		zap.String("provider", ""),
-		zap.Array("attempts", attempts(c.attempts)),
-		zap.Float64("queue_wait_ms", roundMS(c.waited)),
-		zap.Int("status", status),
-		zap.String("close_reason", why),
-	)
+	c.logRejected(status, "", why)
 }
 
 // logGone notes a client that left before it got a session.
@@ -285,12 +299,14 @@ func (c *connect) establishStream(m *member, up *upstreams.Conn) bool {
 	}
 	rc := http.NewResponseController(c.w)
 	sc := newStreamConn(c.r, c.w, rc)
-	c.startSession(m, sc, up, nil, func() {
+	s := c.startSession(m, sc, up, nil, func() {
 		c.w.WriteHeader(http.StatusOK)
 		if err := rc.Flush(); err != nil {
 			sc.Close() // the relay ends at once and frees the slot
 		}
 	})
-	<-sc.done
+	// The stream lives as long as this handler runs: return only once both
+	// relay directions are done with the ResponseWriter.
+	<-s.Done()
 	return true
 }

@@ -37,6 +37,7 @@ type streamConn struct {
 	pending []byte        // rest of the chunk Read is using up
 	readDL  deadline
 	writeDL atomic.Int64 // unix nanos; 0: none
+	writing atomic.Bool  // a Write is under way
 }
 
 func newStreamConn(r *http.Request, w http.ResponseWriter, rc *http.ResponseController) *streamConn {
@@ -101,6 +102,13 @@ func (s *streamConn) Read(p []byte) (int, error) {
 }
 
 func (s *streamConn) Write(p []byte) (int, error) {
+	s.writing.Store(true)
+	defer s.writing.Store(false)
+	select {
+	case <-s.done:
+		return 0, net.ErrClosed
+	default:
+	}
 	if dl := s.writeDL.Load(); dl != 0 {
 		t := time.Unix(0, dl)
 		if !time.Now().Before(t) {
@@ -121,6 +129,12 @@ func (s *streamConn) Close() error {
 		close(s.done)
 		s.body.Close()
 		s.readDL.set(time.Time{})
+		// A write blocked on a client that stopped reading must return
+		// too: a past deadline resets the stream (only then, so that a
+		// session that ends cleanly ends its stream cleanly).
+		if s.writing.Load() {
+			s.rc.SetWriteDeadline(time.Unix(1, 0))
+		}
 	})
 	return nil
 }

@@ -74,7 +74,7 @@ func (p *Provider) Connect(ctx context.Context, hs *Handshake, replace func(stri
 		return Result{Outcome: Outcome{Word: word, Kind: kind, Err: err}}
 	}
 
-	path, query, host := p.path, p.query, p.host
+	path, query, rawQuery, host := p.path, p.query, p.rawQuery, p.host
 	if p.Discover {
 		dpath, dquery, dhost, r := p.discover(actx, deadline, replace)
 		if r != nil {
@@ -83,9 +83,9 @@ func (p *Provider) Connect(ctx context.Context, hs *Handshake, replace func(stri
 			}
 			return *r
 		}
-		path, query, host = dpath, dquery, dhost
+		path, query, rawQuery, host = dpath, dquery, "", dhost
 	}
-	t := p.wsTarget(hs, path, query, host)
+	t := p.wsTarget(hs, path, query, rawQuery, host)
 
 	conn, err := p.dial(actx)
 	if err != nil {

@@ -155,28 +155,29 @@ type target struct {
 	requestURI string
 }
 
-// wsTarget is the provider URL's own host, path and query, with the client's
-// query merged in under pass_query (the provider's keys win).
-func (p *Provider) wsTarget(hs *Handshake, path string, query url.Values, host string) target {
-	q := query
+// wsTarget is where the upgrade goes: path and query (the provider URL's,
+// or the discovered ones), with the client's query merged in under
+// pass_query (the provider's keys win). rawQuery, when set, is query as
+// written, sent as is when nothing is merged.
+func (p *Provider) wsTarget(hs *Handshake, path string, query url.Values, rawQuery, host string) target {
+	uri := path
 	if p.PassQuery && hs.RawQuery != "" {
 		if cq, err := url.ParseQuery(hs.RawQuery); err == nil && len(cq) > 0 {
-			q = make(url.Values, len(query)+len(cq))
+			q := make(url.Values, len(query)+len(cq))
 			for k, v := range cq {
 				q[k] = v
 			}
 			for k, v := range query {
 				q[k] = v
 			}
+			return target{host: host, requestURI: uri + "?" + q.Encode()}
 		}
 	}
-	uri := path
-	if len(q) > 0 {
-		if len(q) == len(query) && q.Encode() == query.Encode() && p.rawQuery != "" && path == p.path {
-			uri += "?" + p.rawQuery
-		} else {
-			uri += "?" + q.Encode()
-		}
+	switch {
+	case rawQuery != "":
+		uri += "?" + rawQuery
+	case len(query) > 0:
+		uri += "?" + query.Encode()
 	}
 	return target{host: host, requestURI: uri}
 }

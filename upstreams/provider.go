@@ -28,7 +28,6 @@ type Options struct {
 	URL            string
 	Priority       int
 	Weight         int
-	MaxConcurrent  int
 	ConnectTimeout time.Duration
 	HeaderOps      []HeaderOp
 	PassQuery      bool
@@ -57,7 +56,6 @@ type Provider struct {
 	Name           string
 	Priority       int
 	Weight         int
-	MaxConcurrent  int
 	ConnectTimeout time.Duration
 	PassQuery      bool
 	Discover       bool
@@ -91,7 +89,6 @@ func New(o Options) (*Provider, error) {
 		Name:           o.Name,
 		Priority:       o.Priority,
 		Weight:         o.Weight,
-		MaxConcurrent:  o.MaxConcurrent,
 		ConnectTimeout: o.ConnectTimeout,
 		PassQuery:      o.PassQuery,
 		headerOps:      o.HeaderOps,
@@ -218,11 +215,6 @@ func Redact(u *url.URL) string {
 		c.User = url.User("REDACTED")
 	}
 	if c.RawQuery != "" {
-		q := c.Query()
-		keys := make([]string, 0, len(q))
-		for k := range q {
-			keys = append(keys, k)
-		}
 		var b strings.Builder
 		for _, part := range strings.Split(c.RawQuery, "&") {
 			if part == "" {

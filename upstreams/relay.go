@@ -16,6 +16,9 @@ const (
 	// relayBufSize is the size of the pooled read buffers. Idle sessions
 	// hold none: a buffer is taken only once bytes are ready to read.
 	relayBufSize = 32 << 10
+	// smallBufSize is the read buffer of a quiet source that is not plain
+	// TCP.
+	smallBufSize = 4 << 10
 	// spliceMin is the payload left in a frame from which the relay hands
 	// the rest of that frame to splice(2) when both sides are plain TCP.
 	spliceMin = 64 << 10
@@ -120,8 +123,8 @@ func (s *Session) idleTimer(idle time.Duration) *time.Timer {
 	}
 	var last int64
 	lastChange := time.Now()
-	var t *time.Timer
-	t = time.AfterFunc(tick, func() {
+	var tp atomic.Pointer[time.Timer]
+	t := time.AfterFunc(24*time.Hour, func() {
 		select {
 		case <-s.done:
 			return
@@ -135,8 +138,11 @@ func (s *Session) idleTimer(idle time.Duration) *time.Timer {
 			s.Close(CloseNormal, EndIdle)
 			return
 		}
-		t.Reset(tick)
+		tp.Load().Reset(tick)
 	})
+	// Armed only once the callback can see the timer.
+	tp.Store(t)
+	t.Reset(tick)
 	return t
 }
 
@@ -226,6 +232,13 @@ type direction struct {
 	src, dst net.Conn
 	raw      syscall.RawConn // src's, when it is plain TCP
 	rawFn    func(fd uintptr) bool
+	limited  io.LimitedReader // reused by spliceFrame
+	// small is the read buffer of a source that is not plain TCP (TLS, an
+	// HTTP/2 stream) while it trickles: a blocked read holds it, so an
+	// idle session holds 4 KiB there instead of a pooled 32 KiB; bulk is
+	// set while reads fill their buffer, and then pooled buffers serve.
+	small *[]byte
+	bulk  bool
 	// The result of the last raw read (owned by the direction's goroutine).
 	rbuf       *[]byte
 	rn         int
@@ -299,12 +312,12 @@ func (d *direction) run() {
 		bp, n, err := d.read()
 		if n > 0 {
 			ok := d.forward((*bp)[:n])
-			relayBufs.Put(bp)
+			d.release(bp)
 			if !ok {
 				return
 			}
 		} else if bp != nil {
-			relayBufs.Put(bp)
+			d.release(bp)
 		}
 		if err != nil {
 			if d.s.closing.Load() && isTimeout(err) {
@@ -323,8 +336,15 @@ func (d *direction) run() {
 // TCP the wait holds no buffer.
 func (d *direction) read() (*[]byte, int, error) {
 	if d.raw == nil {
-		bp := relayBufs.Get().(*[]byte)
+		bp := d.small
+		if d.bulk {
+			bp = relayBufs.Get().(*[]byte)
+		} else if bp == nil {
+			b := make([]byte, smallBufSize)
+			bp, d.small = &b, &b
+		}
 		n, err := d.src.Read(*bp)
+		d.bulk = n == len(*bp)
 		return bp, n, err
 	}
 	d.rbuf, d.rn, d.rerr = nil, 0, nil
@@ -333,7 +353,7 @@ func (d *direction) read() (*[]byte, int, error) {
 	d.rbuf = nil
 	if err != nil {
 		if bp != nil {
-			relayBufs.Put(bp)
+			d.release(bp)
 		}
 		return nil, 0, err
 	}
@@ -344,6 +364,13 @@ func (d *direction) read() (*[]byte, int, error) {
 		return bp, 0, io.EOF
 	}
 	return bp, n, nil
+}
+
+// release gives back a buffer read returned (the small one stays).
+func (d *direction) release(bp *[]byte) {
+	if bp != d.small {
+		relayBufs.Put(bp)
+	}
 }
 
 // rawRead reads src's socket into a pooled buffer taken only now that the
@@ -420,7 +447,8 @@ func (d *direction) spliceFrame() bool {
 	if n > spliceMax {
 		n = spliceMax
 	}
-	w, err := d.dst.(*net.TCPConn).ReadFrom(&io.LimitedReader{R: d.src, N: n})
+	d.limited.R, d.limited.N = d.src, n
+	w, err := d.dst.(*net.TCPConn).ReadFrom(&d.limited)
 	if w > 0 {
 		d.frames.remaining -= w
 		if d.frames.remaining == 0 && d.frames.opcode == opClose {
@@ -465,15 +493,17 @@ func (d *direction) closeStep() bool {
 // session is cut and extend reports false.
 func (d *direction) extend() bool {
 	d.s.closeMu.Lock()
-	defer d.s.closeMu.Unlock()
 	now := time.Now()
 	if now.After(d.s.closeBy) {
+		d.s.closeMu.Unlock()
+		// Closing a TLS connection may write: never under the lock.
 		d.s.abort()
 		return false
 	}
 	dl := now.Add(CloseWait)
 	d.src.SetReadDeadline(dl)
 	d.dst.SetWriteDeadline(dl)
+	d.s.closeMu.Unlock()
 	return true
 }
 
@@ -511,7 +541,7 @@ func (d *direction) sendClose(rest []byte) {
 			d.frames.advance((*bp)[:n], false)
 		}
 		if bp != nil {
-			relayBufs.Put(bp)
+			d.release(bp)
 		}
 		if err != nil || d.frames.sawClose {
 			return
@@ -549,6 +579,10 @@ func (d *direction) ended(err error) {
 		return
 	}
 	if errors.Is(err, net.ErrClosed) {
+		// Someone closed a socket under us (the session's own abort, or a
+		// client whose handshake answer failed): make sure the other
+		// direction stops too, whatever its peer does.
+		d.s.abort()
 		return
 	}
 	d.s.setReason(failed)
