@@ -522,3 +522,49 @@ func TestBurstCountsReturnToZero(t *testing.T) {
 		return pool.LiveSessions() == 0
 	})
 }
+
+// TestOnly428AnswersAtOnce: when every provider is a Playwright server of
+// another version (428), no provider could ever serve the client, so it is
+// answered at once instead of waiting in the queue.
+func TestOnly428AnswersAtOnce(t *testing.T) {
+	s428 := fakes.Status("pw-other", nil, 428, nil, "version mismatch")
+	defer s428.Close()
+	g := testgw.Start(t, handler(`"queue":{"size":10,"timeout":"20s"}`, provider("pw-other", s428.URL(), "")))
+	start := time.Now()
+	_, resp, err := dial(t, g.WS("/"), nil)
+	if err == nil || resp == nil || resp.StatusCode != 503 {
+		t.Fatalf("want 503, got %v %v", resp, err)
+	}
+	if waited := time.Since(start); waited > 10*time.Second {
+		t.Fatalf("the client waited %v in the queue", waited)
+	}
+	if s428.Hits.Load() != 1 {
+		t.Fatalf("provider contacted %d times", s428.Hits.Load())
+	}
+	p, _ := pool.Lookup("pw-other")
+	if snap := p.Health.Snapshot(); !snap.Healthy || snap.Failures != 0 {
+		t.Fatalf("a 428 counted against the provider: %+v", snap)
+	}
+}
+
+// TestTryDurationIsNotTheProvidersFault: an attempt cut by the pass's
+// try_duration, well inside the provider's own connect_timeout, is listed
+// as a timeout but not counted as the provider's failure.
+func TestTryDurationIsNotTheProvidersFault(t *testing.T) {
+	hang := fakes.Hang("slow", nil)
+	defer hang.Close()
+	g := testgw.Start(t, handler(`"queue":{"size":0},"try_duration":"200ms","cooldown":{"min_requests":1}`,
+		provider("slow", hang.URL(), `"connect_timeout":"10s"`)))
+	_, resp, err := dial(t, g.WS("/"), nil)
+	if err == nil || resp == nil || resp.StatusCode != 503 {
+		t.Fatalf("want 503, got %v %v", resp, err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	if !strings.Contains(string(body), `"outcome":"timeout"`) {
+		t.Fatalf("body %s", body)
+	}
+	p, _ := pool.Lookup("slow")
+	if snap := p.Health.Snapshot(); !snap.Healthy || snap.Failures != 0 || p.Reserved() != 0 {
+		t.Fatalf("try_duration counted against the provider: %+v reserved %d", snap, p.Reserved())
+	}
+}

@@ -22,7 +22,9 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"golang.org/x/net/http2"
 
+	"github.com/browserfailover/caddy-browser-failover/internal/fakes"
 	"github.com/browserfailover/caddy-browser-failover/internal/testgw"
+	"github.com/browserfailover/caddy-browser-failover/pool"
 )
 
 // h2Gateway runs Caddy in-process serving HTTPS (HTTP/2) on a loopback
@@ -345,4 +347,55 @@ func logEntries(path, msg string) []map[string]any {
 		}
 	}
 	return out
+}
+
+// TestHTTP2WaiterLeavesQueueWhenServed: an HTTP/2 client that waited in the
+// queue leaves it as soon as it is served, although its handler goroutine
+// runs for the whole session (the stream lives as long as the handler).
+func TestHTTP2WaiterLeavesQueueWhenServed(t *testing.T) {
+	a := fakes.Echo("h2q-a", nil)
+	defer a.Close()
+	b := fakes.Echo("h2q-b", nil)
+	defer b.Close()
+	g, tr := startH2(t, handler(`"queue":{"size":10,"timeout":"20s"}`,
+		provider("h2q-a", a.URL(), `"max_concurrent":1`),
+		provider("h2q-b", b.URL(), `"priority":2,"max_concurrent":1`)))
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	url := "https://" + g.addr + "/"
+	c1, err := dialH2(ctx, tr, url, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c1.close()
+	cx, err := dialH2(ctx, tr, url, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	waiting := func() int {
+		n := 0
+		for _, q := range pool.Queues() {
+			n += q.Waiting
+		}
+		return n
+	}
+	served := make(chan *h2WS, 1)
+	go func() {
+		c2, err := dialH2(ctx, tr, url, nil)
+		if err != nil {
+			t.Error(err)
+			served <- nil
+			return
+		}
+		served <- c2
+	}()
+	testgw.Eventually(t, 10*time.Second, "the third client to queue", func() bool { return waiting() == 1 })
+	cx.close()
+	c2 := <-served
+	if c2 == nil {
+		t.FailNow()
+	}
+	defer c2.close()
+	c2.echo(t, 0x2, []byte("served"))
+	testgw.Eventually(t, 5*time.Second, "the served client to leave the queue", func() bool { return waiting() == 0 })
 }

@@ -274,3 +274,26 @@ func TestSessionEndReasonIsCloseInitiator(t *testing.T) {
 		}
 	}
 }
+
+// TestSessionClientSocketClosedBeforeRun: when the gateway's own client
+// socket is closed before the relay starts (its handshake answer could not
+// be written), the session still ends at once although the provider stays
+// silent, and the provider's connection is closed.
+func TestSessionClientSocketClosedBeforeRun(t *testing.T) {
+	client, gwClient := tcpPair(t)
+	_ = client
+	gwUp, provider := tcpPair(t)
+	ended := make(chan struct{})
+	s := NewSession(gwClient, &Conn{Conn: gwUp}, SessionOptions{OnEnd: func(*Session) { close(ended) }})
+	gwClient.Close()
+	s.Run()
+	select {
+	case <-ended:
+	case <-time.After(3 * time.Second):
+		t.Fatal("the session never ended: its slot would leak")
+	}
+	provider.SetReadDeadline(time.Now().Add(3 * time.Second))
+	if _, err := provider.Read(make([]byte, 1)); err == nil {
+		t.Fatal("the provider's connection is still open")
+	}
+}
