@@ -53,18 +53,29 @@ type HeaderOpConfig struct {
 
 // TLSConfig holds a provider's TLS options.
 type TLSConfig struct {
-	InsecureSkipVerify bool     `json:"insecure_skip_verify,omitempty"`
-	ServerName         string   `json:"server_name,omitempty"`
+	// InsecureSkipVerify accepts any certificate (tls_insecure_skip_verify).
+	InsecureSkipVerify bool `json:"insecure_skip_verify,omitempty"`
+	// ServerName is sent in SNI and verified (tls_server_name).
+	ServerName string `json:"server_name,omitempty"`
+	// TrustedCACertFiles are PEM files of the CAs to trust
+	// (tls_trusted_ca_certs).
 	TrustedCACertFiles []string `json:"trusted_ca_certs,omitempty"`
 }
 
-// CooldownConfig is the cooldown block (SPEC section 5).
+// CooldownConfig is the cooldown block (SPEC section 5); zero fields take
+// the handler's value, then the defaults.
 type CooldownConfig struct {
-	Duration         caddy.Duration `json:"duration,omitempty"`
-	MaxDuration      caddy.Duration `json:"max_duration,omitempty"`
-	Window           caddy.Duration `json:"window,omitempty"`
-	FailureThreshold float64        `json:"failure_threshold,omitempty"`
-	MinRequests      int            `json:"min_requests,omitempty"`
+	// Duration is the first cooldown; default 30s.
+	Duration caddy.Duration `json:"duration,omitempty"`
+	// MaxDuration caps the doubling; default 5m.
+	MaxDuration caddy.Duration `json:"max_duration,omitempty"`
+	// Window is the failure-rate window; default 60s.
+	Window caddy.Duration `json:"window,omitempty"`
+	// FailureThreshold: cool down when failures/attempts exceed it, in
+	// (0,1]; default 0.5.
+	FailureThreshold float64 `json:"failure_threshold,omitempty"`
+	// MinRequests is the attempts in the window before judging; default 3.
+	MinRequests int `json:"min_requests,omitempty"`
 }
 
 func (c *CooldownConfig) toConfig() cooldown.Config {
@@ -91,7 +102,10 @@ type QueueConfig struct {
 
 // SessionConfig bounds sessions (SPEC section 7).
 type SessionConfig struct {
+	// IdleTimeout closes a session without bytes either way for this
+	// long; 0 is off.
 	IdleTimeout caddy.Duration `json:"idle_timeout,omitempty"`
+	// MaxDuration closes a session at this age; 0 is off.
 	MaxDuration caddy.Duration `json:"max_duration,omitempty"`
 }
 

@@ -178,8 +178,7 @@ func (e *sessionEnd) log(s *upstreams.Session) {
 func (c *connect) relayAnswer(res upstreams.Result) {
 	hd := c.w.Header()
 	for k, vs := range res.Answer.Header {
-		switch k {
-		case "Connection", "Keep-Alive", "Proxy-Connection", "Transfer-Encoding", "Upgrade", "Content-Length", "Te", "Trailer":
+		if upstreams.HopByHop(k) || k == "Content-Length" {
 			continue
 		}
 		hd[k] = vs

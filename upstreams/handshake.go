@@ -30,8 +30,10 @@ type Handshake struct {
 
 // CheckError is a malformed upgrade: the client gets Status and the message.
 type CheckError struct {
+	// Status is 400 or 426.
 	Status int
-	Msg    string
+	// Msg says what is wrong with the upgrade.
+	Msg string
 }
 
 func (e *CheckError) Error() string { return e.Msg }
@@ -126,8 +128,20 @@ func headerHasToken(h http.Header, field, token string) bool {
 	return false
 }
 
-// hopHeaders are never forwarded (RFC 9110 section 7.6.1), and neither are
-// the client's credentials for the gateway nor its Origin (SPEC 3.4).
+// HopByHop reports whether the canonical header name k belongs to one
+// connection only (RFC 9110 section 7.6.1) and is never passed on as is.
+func HopByHop(k string) bool {
+	switch k {
+	case "Connection", "Proxy-Connection", "Keep-Alive", "Proxy-Authenticate",
+		"Proxy-Authorization", "Te", "Trailer", "Transfer-Encoding", "Upgrade":
+		return true
+	}
+	return false
+}
+
+// notForwarded are the client headers the upstream handshake never carries:
+// hop-by-hop ones, the client's credentials for the gateway and its Origin
+// (SPEC 3.4), and those the gateway writes itself.
 var notForwarded = map[string]bool{
 	"Connection":          true,
 	"Proxy-Connection":    true,

@@ -24,13 +24,20 @@ const DefaultConnectTimeout = 10 * time.Second
 
 // Options describe one provider as configured, with secrets already resolved.
 type Options struct {
-	Name           string
-	URL            string
-	Priority       int
-	Weight         int
+	// Name keys the provider's state; it appears in logs and status.
+	Name string
+	// URL is ws://, wss://, http:// or https://, placeholders resolved.
+	URL string
+	// Priority orders candidates: lower first.
+	Priority int
+	// Weight is the share under the weighted strategy (0 means 1).
+	Weight int
+	// ConnectTimeout bounds one attempt (0: DefaultConnectTimeout).
 	ConnectTimeout time.Duration
-	HeaderOps      []HeaderOp
-	PassQuery      bool
+	// HeaderOps are the header_up operations, applied in order.
+	HeaderOps []HeaderOp
+	// PassQuery merges the client's query into the provider URL's.
+	PassQuery bool
 	// Discover is nil for the default (on for http(s) URLs, off for ws(s)).
 	Discover *bool
 	TLS      TLSOptions
@@ -38,27 +45,36 @@ type Options struct {
 
 // TLSOptions are the provider's TLS settings.
 type TLSOptions struct {
+	// InsecureSkipVerify accepts any certificate.
 	InsecureSkipVerify bool
-	ServerName         string
+	// ServerName overrides the name sent in SNI and verified.
+	ServerName string
+	// TrustedCACertFiles are PEM files of the CAs to trust instead of the
+	// system's.
 	TrustedCACertFiles []string
 }
 
 // HeaderOp is one header_up operation.
 type HeaderOp struct {
 	// Op is "set", "add" or "delete".
-	Op    string
+	Op string
+	// Field is the header's name.
 	Field string
+	// Value may hold request placeholders; unused by delete.
 	Value string
 }
 
 // Provider is one configured browser provider, ready to be dialed.
 type Provider struct {
+	// Name, Priority, Weight, ConnectTimeout and PassQuery are the
+	// options it was built from (defaults applied).
 	Name           string
 	Priority       int
 	Weight         int
 	ConnectTimeout time.Duration
 	PassQuery      bool
-	Discover       bool
+	// Discover tells whether each connect first reads /json/version.
+	Discover bool
 
 	headerOps []HeaderOp
 	setsAuth  bool
