@@ -568,3 +568,36 @@ func TestTryDurationIsNotTheProvidersFault(t *testing.T) {
 		t.Fatalf("try_duration counted against the provider: %+v reserved %d", snap, p.Reserved())
 	}
 }
+
+// TestRemovedProviderKeepsCounting: a provider that leaves the config keeps
+// its live session running, and when a later config brings the name back
+// that session still holds its slot.
+func TestRemovedProviderKeepsCounting(t *testing.T) {
+	echo := fakes.Echo("rm-echo", nil)
+	defer echo.Close()
+	other := fakes.Echo("rm-other", nil)
+	defer other.Close()
+	with := handler(`"queue":{"size":0}`, provider("rm-echo", echo.URL(), `"max_concurrent":1`))
+	g := testgw.Start(t, with)
+	c, _, err := dial(t, g.WS("/"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.CloseNow()
+	if err := g.Reload(handler(`"queue":{"size":0}`, provider("rm-other", other.URL(), ""))); err != nil {
+		t.Fatal(err)
+	}
+	echoOnce(t, c, []byte("still here"))
+	if err := g.Reload(with); err != nil {
+		t.Fatal(err)
+	}
+	if n := active("rm-echo"); n != 1 {
+		t.Fatalf("active %d after the provider came back, want 1", n)
+	}
+	_, resp, err := dial(t, g.WS("/"), nil)
+	if err == nil || resp == nil || resp.StatusCode != 503 {
+		t.Fatalf("a second session got past max_concurrent 1: %v %v", resp, err)
+	}
+	c.Close(websocket.StatusNormalClosure, "")
+	testgw.Eventually(t, 5*time.Second, "the slot to free", func() bool { return active("rm-echo") == 0 })
+}

@@ -72,6 +72,14 @@ var (
 // is an error; across loads the newest config wins.
 func Claim(name, urlKey, redacted string, gen any, cfg cooldown.Config, single bool, maxConcurrent int) (*Provider, error) {
 	v, _, err := providers.LoadOrNew(name, func() (caddy.Destructor, error) {
+		// A provider that left the config with sessions still live comes
+		// back with them (and its health): they still hold its slots.
+		retiredMu.Lock()
+		defer retiredMu.Unlock()
+		if p, ok := retired[name]; ok {
+			delete(retired, name)
+			return p, nil
+		}
 		return &Provider{name: name, Health: cooldown.New(cfg, Now), wakers: map[Waker]int{}}, nil
 	})
 	if err != nil {
@@ -142,9 +150,23 @@ func ReleaseClaim(name string, gen any) {
 	p.Notify() // the limit may have grown back
 }
 
-// Destruct implements caddy.Destructor; the entry's sessions, if any, keep
-// running until they end.
-func (p *Provider) Destruct() error { return nil }
+// Destruct implements caddy.Destructor: the provider left the config. Its
+// sessions, if any, keep running until they end; until then the entry is
+// kept aside, so a config that brings the name back counts them.
+func (p *Provider) Destruct() error {
+	retiredMu.Lock()
+	if p.live.Load() > 0 {
+		retired[p.name] = p
+	}
+	retiredMu.Unlock()
+	return nil
+}
+
+// Providers that left the config with live sessions, by name.
+var (
+	retiredMu sync.Mutex
+	retired   = map[string]*Provider{}
+)
 
 // Lookup finds the entry of a configured provider.
 func Lookup(name string) (*Provider, bool) {
@@ -222,8 +244,14 @@ func (p *Provider) Establish(s *upstreams.Session) {
 // End frees a live session's slot.
 func (p *Provider) End(s *upstreams.Session) {
 	untrack(s)
-	p.live.Add(-1)
 	p.used.Add(-1)
+	if p.live.Add(-1) == 0 {
+		retiredMu.Lock()
+		if retired[p.name] == p {
+			delete(retired, p.name)
+		}
+		retiredMu.Unlock()
+	}
 	p.Notify()
 }
 
