@@ -72,16 +72,7 @@ func newScripted(t testing.TB, name string, contacts *fakes.Contacts, behave fun
 		if err != nil {
 			return
 		}
-		ctx := context.Background()
-		for {
-			typ, msg, err := c.Read(ctx)
-			if err != nil {
-				return
-			}
-			if err := c.Write(ctx, typ, msg); err != nil {
-				return
-			}
-		}
+		fakes.EchoMessages(c)
 	})}
 	go srv.Serve(ln)
 	t.Cleanup(func() { srv.Close() })

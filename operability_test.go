@@ -717,14 +717,7 @@ func TestEventsApp(t *testing.T) {
 		if err != nil {
 			return
 		}
-		ctx := context.Background()
-		for {
-			typ, msg, err := c.Read(ctx)
-			if err != nil {
-				return
-			}
-			c.Write(ctx, typ, msg)
-		}
+		fakes.EchoMessages(c)
 	}))
 	defer flaky.Close()
 	echo := fakes.Echo("ev-echo", nil)

@@ -30,6 +30,7 @@ import (
 
 	"github.com/coder/websocket"
 
+	"github.com/browserfailover/caddy-browser-failover/internal/fakes"
 	"github.com/browserfailover/caddy-browser-failover/internal/testgw"
 	"github.com/browserfailover/caddy-browser-failover/pool"
 	"github.com/browserfailover/caddy-browser-failover/upstreams"
@@ -195,19 +196,7 @@ func (f *flapper) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		defer f.release(c)
-		c.SetReadLimit(-1)
-		ctx := context.Background()
-		for {
-			typ, msg, err := c.Read(ctx)
-			if err != nil {
-				c.CloseNow()
-				return
-			}
-			if err := c.Write(ctx, typ, msg); err != nil {
-				c.CloseNow()
-				return
-			}
-		}
+		fakes.EchoMessages(c)
 	}
 }
 

@@ -33,6 +33,7 @@ import (
 
 	"github.com/coder/websocket"
 
+	"github.com/browserfailover/caddy-browser-failover/internal/fakes"
 	"github.com/browserfailover/caddy-browser-failover/internal/testgw"
 	"github.com/browserfailover/caddy-browser-failover/pool"
 )
@@ -83,20 +84,7 @@ func echoProvider(b *testing.B) (url string, accepts chan *tracked) {
 		if err != nil {
 			return
 		}
-		// Like a browser, close the socket when the peer goes away
-		// (coder/websocket leaves a hijacked one open, and the gateway
-		// would hold the slot for its 1s close grace).
-		defer c.CloseNow()
-		ctx := context.Background()
-		for {
-			typ, msg, err := c.Read(ctx)
-			if err != nil {
-				return
-			}
-			if err := c.Write(ctx, typ, msg); err != nil {
-				return
-			}
-		}
+		fakes.EchoMessages(c)
 	})}
 	go srv.Serve(tl)
 	b.Cleanup(func() { srv.Close() })

@@ -105,19 +105,27 @@ func Echo(name string, contacts *Contacts, subprotocols ...string) *Server {
 		if err != nil {
 			return
 		}
-		defer c.CloseNow()
-		c.SetReadLimit(-1)
-		ctx := context.Background()
-		for {
-			typ, msg, err := c.Read(ctx)
-			if err != nil {
-				return
-			}
-			if err := c.Write(ctx, typ, msg); err != nil {
-				return
-			}
-		}
+		EchoMessages(c)
 	})
+}
+
+// EchoMessages sends every message it reads on c back, with no size limit,
+// until the peer goes away; then it closes c's socket, as a browser would
+// (an accepted coder/websocket connection is otherwise left open, and the
+// gateway would hold the session's slot for its close grace).
+func EchoMessages(c *websocket.Conn) {
+	defer c.CloseNow()
+	c.SetReadLimit(-1)
+	ctx := context.Background()
+	for {
+		typ, msg, err := c.Read(ctx)
+		if err != nil {
+			return
+		}
+		if err := c.Write(ctx, typ, msg); err != nil {
+			return
+		}
+	}
 }
 
 // Status answers every request with code and body.
