@@ -19,3 +19,7 @@ bench:
 
 clean:
 	rm -rf bin
+
+.PHONY: bench-hedge
+bench-hedge: ## connect time with and without hedged connects (go run ./bench/hedge -quick: ~20 s)
+	go run ./bench/hedge

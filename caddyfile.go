@@ -12,6 +12,7 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
 	"github.com/browserfailover/caddy-browser-failover/observe"
+	"github.com/browserfailover/caddy-browser-failover/upstreams"
 )
 
 func init() {
@@ -47,7 +48,13 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //			tls_server_name <name>
 //			tls_trusted_ca_certs <pem_file...>
 //			cooldown { ... }
+//			protocol        cdp|playwright|any
+//			playwright_version <major.minor>
 //		}
+//
+//		client_limit <placeholder> <n>
+//		hedge_after  <duration>
+//		hedge_max    <n>
 //
 //		cooldown {
 //			duration          <duration>
@@ -148,6 +155,31 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				return err
 			}
 			h.Discovery = &on
+		case "client_limit":
+			args := d.RemainingArgs()
+			if len(args) != 2 {
+				return d.Errf("client_limit takes a key placeholder and a number, like client_limit {http.auth.user.id} 3")
+			}
+			if !strings.Contains(args[0], "{") {
+				return d.Errf("client_limit key %q: want a placeholder such as {http.auth.user.id}", args[0])
+			}
+			n, err := strconv.Atoi(args[1])
+			if err != nil || n < 1 {
+				return d.Errf("client_limit: %q is not a number of sessions (at least 1)", args[1])
+			}
+			h.ClientLimit = &ClientLimitConfig{Key: args[0], Limit: n}
+		case "hedge_after":
+			v, err := durationArg(d, true)
+			if err != nil {
+				return err
+			}
+			h.HedgeAfter = v
+		case "hedge_max":
+			n, err := intArg(d, 2)
+			if err != nil {
+				return err
+			}
+			h.HedgeMax = n
 		case "webhook":
 			wh, err := parseWebhook(d)
 			if err != nil {
@@ -251,9 +283,30 @@ func parseProvider(d *caddyfile.Dispenser, seen map[string]bool) (*ProviderConfi
 				return nil, err
 			}
 			p.Cooldown = c
+		case "protocol":
+			v, err := oneArg(d)
+			if err != nil {
+				return nil, err
+			}
+			if _, err := upstreams.ParseProtocol(v); err != nil {
+				return nil, d.Errf("provider %q: %v", p.Name, err)
+			}
+			p.Protocol = strings.ToLower(v)
+		case "playwright_version":
+			v, err := oneArg(d)
+			if err != nil {
+				return nil, err
+			}
+			if _, err := upstreams.ParsePlaywrightVersion(v); err != nil {
+				return nil, d.Errf("provider %q: %v", p.Name, err)
+			}
+			p.PlaywrightVersion = v
 		default:
 			return nil, d.Errf("provider %q: unknown option %q", p.Name, opt)
 		}
+	}
+	if p.PlaywrightVersion != "" && p.Protocol != string(upstreams.ProtocolPlaywright) {
+		return nil, d.Errf("provider %q: playwright_version needs protocol playwright", p.Name)
 	}
 	if err := checkURL(p); err != nil {
 		return nil, d.Err(err.Error())

@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig"
@@ -48,6 +49,14 @@ func TestCaddyfileErrors(t *testing.T) {
 		{"header_up delete with value", "browser_failover {\n provider a ws://h:1 {\n  header_up -X-A b\n }\n}", "takes no value"},
 		{"tls on ws", "browser_failover {\n provider a ws://h:1 {\n  tls_insecure_skip_verify\n }\n}", "TLS options need a wss:// or https:// URL"},
 		{"discovery value", "browser_failover {\n provider a ws://h:1\n discovery maybe\n}", `want on or off, got "maybe"`},
+		{"bad protocol", "browser_failover {\n provider a ws://h:1 {\n  protocol bidi\n }\n}", `Caddyfile:3 - Error during parsing: provider "a": protocol "bidi": want cdp, playwright or any`},
+		{"bad playwright_version", "browser_failover {\n provider a ws://h:1 {\n  protocol playwright\n  playwright_version 1.65.1\n }\n}", `Caddyfile:4 - Error during parsing: provider "a": playwright_version "1.65.1": want <major>.<minor>`},
+		{"version without playwright", "browser_failover {\n provider a ws://h:1 {\n  playwright_version 1.65\n }\n}", `provider "a": playwright_version needs protocol playwright`},
+		{"client_limit not a placeholder", "browser_failover {\n provider a ws://h:1\n client_limit user 2\n}", `Caddyfile:3 - Error during parsing: client_limit key "user": want a placeholder`},
+		{"client_limit zero", "browser_failover {\n provider a ws://h:1\n client_limit {http.auth.user.id} 0\n}", `Caddyfile:3 - Error during parsing: client_limit: "0" is not a number of sessions`},
+		{"client_limit args", "browser_failover {\n provider a ws://h:1\n client_limit {http.auth.user.id}\n}", "client_limit takes a key placeholder and a number"},
+		{"hedge_max one", "browser_failover {\n provider a ws://h:1\n hedge_max 1\n}", "Caddyfile:3 - Error during parsing: hedge_max must be at least 2"},
+		{"hedge_after bad", "browser_failover {\n provider a ws://h:1\n hedge_after later\n}", `hedge_after: invalid duration "later"`},
 		{"max below duration", "browser_failover {\n provider a ws://h:1\n cooldown {\n  duration 1m\n  max_duration 10s\n }\n}", "max_duration (10s) is shorter than duration (1m0s)"},
 	}
 	for _, tc := range cases {
@@ -145,6 +154,18 @@ browser_failover /browser* {
 	}
 	affinity header X-Session
 	discovery off
+	client_limit {http.request.header.X-Api-Key} 3
+	hedge_after 250ms
+	hedge_max 3
+}
+browser_failover /pw* {
+	provider pw ws://127.0.0.1:3000/ {
+		protocol playwright
+		playwright_version 1.65
+	}
+	provider chrome http://127.0.0.1:9222 {
+		protocol CDP
+	}
 }`
 	out, err := adapt(t, body)
 	if err != nil {
@@ -168,7 +189,7 @@ browser_failover /browser* {
 	for _, s := range cfg.Apps.HTTP.Servers {
 		for _, r := range s.Routes {
 			for _, h := range r.Handle {
-				if strings.Contains(string(h), `"browser_failover"`) {
+				if strings.Contains(string(h), `"browser_failover"`) && raw == nil {
 					raw = h
 				}
 			}
@@ -189,8 +210,12 @@ browser_failover /browser* {
 		p.TLS.ServerName != "connect.example.com" || p.Cooldown == nil ||
 		h.Cooldown.FailureThreshold != 0.25 || h.Cooldown.MinRequests != 4 ||
 		*h.Queue.Size != 0 || h.Affinity.Source != "header" || *h.Discovery ||
-		*h.Providers[1].Discover {
+		*h.Providers[1].Discover || h.ClientLimit.Key != "{http.request.header.X-Api-Key}" || h.ClientLimit.Limit != 3 ||
+		h.HedgeAfter != caddy.Duration(250*time.Millisecond) || h.HedgeMax != 3 {
 		t.Fatalf("parsed %s", raw)
+	}
+	if !strings.Contains(string(out), `"playwright_version":"1.65","protocol":"playwright"`) || !strings.Contains(string(out), `"protocol":"cdp"`) {
+		t.Fatalf("protocol options not in %s", out)
 	}
 	if !strings.Contains(string(raw), `{env.API_KEY}`) {
 		t.Fatal("the env placeholder must stay unresolved in the adapted config")
@@ -210,6 +235,13 @@ func TestJSONValidation(t *testing.T) {
 		{"weight", `{"handler":"browser_failover","providers":[{"name":"a","url":"ws://h:1","weight":-1}]}`, "weight must be at least 1"},
 		{"discover ws", `{"handler":"browser_failover","providers":[{"name":"a","url":"wss://h:1","discover":true}]}`, "discover on needs an http:// or https:// URL"},
 		{"strategy", `{"handler":"browser_failover","strategy":"x","providers":[{"name":"a","url":"ws://h:1"}]}`, `unknown strategy "x"`},
+		{"protocol", `{"handler":"browser_failover","providers":[{"name":"a","url":"ws://h:1","protocol":"webdriver"}]}`, `provider "a": protocol "webdriver"`},
+		{"playwright_version", `{"handler":"browser_failover","providers":[{"name":"a","url":"ws://h:1","protocol":"playwright","playwright_version":"latest"}]}`, `playwright_version "latest"`},
+		{"version on cdp", `{"handler":"browser_failover","providers":[{"name":"a","url":"ws://h:1","protocol":"cdp","playwright_version":"1.65"}]}`, "playwright_version needs protocol playwright"},
+		{"client_limit", `{"handler":"browser_failover","providers":[{"name":"a","url":"ws://h:1"}],"client_limit":{"key":"{http.auth.user.id}","limit":0}}`, "client_limit must be at least 1"},
+		{"client_limit key", `{"handler":"browser_failover","providers":[{"name":"a","url":"ws://h:1"}],"client_limit":{"key":"","limit":2}}`, "client_limit key"},
+		{"hedge_max", `{"handler":"browser_failover","providers":[{"name":"a","url":"ws://h:1"}],"hedge_max":1}`, "hedge_max must be at least 2"},
+		{"hedge_after", `{"handler":"browser_failover","providers":[{"name":"a","url":"ws://h:1"}],"hedge_after":-5}`, "hedge_after must not be negative"},
 		{"unknown field", `{"handler":"browser_failover","providers":[{"name":"a","url":"ws://h:1"}],"colour":"blue"}`, "colour"},
 		{"two urls one name", `{"handler":"subroute","routes":[{"handle":[{"handler":"browser_failover","providers":[{"name":"same","url":"ws://h:1"}]},{"handler":"browser_failover","providers":[{"name":"same","url":"ws://h:2"}]}]}]}`, `provider "same" is declared with two different URLs`},
 	}

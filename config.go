@@ -41,6 +41,22 @@ type ProviderConfig struct {
 	TLS *TLSConfig `json:"tls,omitempty"`
 	// Cooldown overrides the handler's cooldown settings.
 	Cooldown *CooldownConfig `json:"cooldown,omitempty"`
+	// Protocol is what the provider serves: cdp, playwright or any
+	// (default). Clients are offered only providers that can serve them.
+	Protocol string `json:"protocol,omitempty"`
+	// PlaywrightVersion (major.minor) of a playwright provider; empty
+	// serves any Playwright client version.
+	PlaywrightVersion string `json:"playwright_version,omitempty"`
+}
+
+// ClientLimitConfig caps the live sessions of one client key (JSON key
+// "client_limit").
+type ClientLimitConfig struct {
+	// Key is a Caddy placeholder evaluated per request, typically
+	// {http.auth.user.id} or {http.request.header.X-Api-Key}.
+	Key string `json:"key"`
+	// Limit is the most live sessions one key value may hold, at least 1.
+	Limit int `json:"limit"`
 }
 
 // HeaderOpConfig is one header_up operation: op "set", "add" or "delete".
@@ -175,6 +191,20 @@ func (h *Handler) check() error {
 			errs = append(errs, fmt.Errorf("affinity needs a name"))
 		}
 	}
+	if cl := h.ClientLimit; cl != nil {
+		if !strings.Contains(cl.Key, "{") {
+			errs = append(errs, fmt.Errorf("client_limit key %q: want a placeholder such as {http.auth.user.id}", cl.Key))
+		}
+		if cl.Limit < 1 {
+			errs = append(errs, fmt.Errorf("client_limit must be at least 1, got %d", cl.Limit))
+		}
+	}
+	if h.HedgeAfter < 0 {
+		errs = append(errs, fmt.Errorf("hedge_after must not be negative"))
+	}
+	if h.HedgeMax < 0 || h.HedgeMax == 1 {
+		errs = append(errs, fmt.Errorf("hedge_max must be at least 2 (attempts in flight at once), got %d", h.HedgeMax))
+	}
 	for i, wh := range h.Webhooks {
 		if err := wh.Validate(); err != nil {
 			errs = append(errs, fmt.Errorf("webhook %d: %w", i+1, err))
@@ -218,6 +248,17 @@ func (h *Handler) check() error {
 		}
 		if err := checkCooldown(fmt.Sprintf("provider %q: cooldown", p.Name), p.Cooldown); err != nil {
 			errs = append(errs, err)
+		}
+		proto, err := upstreams.ParseProtocol(p.Protocol)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("provider %q: %w", p.Name, err))
+		}
+		if p.PlaywrightVersion != "" {
+			if _, err := upstreams.ParsePlaywrightVersion(p.PlaywrightVersion); err != nil {
+				errs = append(errs, fmt.Errorf("provider %q: %w", p.Name, err))
+			} else if proto != upstreams.ProtocolPlaywright {
+				errs = append(errs, fmt.Errorf("provider %q: playwright_version needs protocol playwright", p.Name))
+			}
 		}
 	}
 	return errors.Join(errs...)

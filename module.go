@@ -55,6 +55,14 @@ type Handler struct {
 	Discovery *bool `json:"discovery,omitempty"`
 	// Webhooks receive the handler's events as signed JSON POSTs.
 	Webhooks []*observe.WebhookConfig `json:"webhooks,omitempty"`
+	// ClientLimit caps the live sessions per client key.
+	ClientLimit *ClientLimitConfig `json:"client_limit,omitempty"`
+	// HedgeAfter starts the next candidate in parallel when the current
+	// attempt has not answered within it; 0 (default) is off.
+	HedgeAfter caddy.Duration `json:"hedge_after,omitempty"`
+	// HedgeMax is the most attempts in flight at once while hedging;
+	// default 2.
+	HedgeMax int `json:"hedge_max,omitempty"`
 
 	logger    *zap.Logger
 	members   []*member
@@ -66,14 +74,21 @@ type Handler struct {
 	gen       any // the config load this handler belongs to
 	single    bool
 	obs       *observe.Observer // metrics, events, webhooks
+	// routed: some provider declares a protocol, so clients are matched.
+	routed       bool
+	queueSize    int
+	queueTimeout time.Duration
+	*quotaState
 }
 
 // member is one provider of this handler: its dialer and its process-wide
 // state.
 type member struct {
-	up    *upstreams.Provider
-	state *pool.Provider
-	index int
+	up        *upstreams.Provider
+	state     *pool.Provider
+	index     int
+	proto     upstreams.Protocol
+	pwVersion string
 }
 
 // CaddyModule returns the Caddy module information.
@@ -115,6 +130,8 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if qsize > 0 {
 		h.queue = queue.New(qsize, qtimeout, queue.RealClock())
 	}
+	h.queueSize, h.queueTimeout = qsize, qtimeout
+	h.quotaState = &quotaState{keyQueues: map[string]*keyQueue{}}
 
 	// The config load's identity: one metrics registry per load.
 	gen := ctx.GetMetricsRegistry()
@@ -166,7 +183,15 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 				h.queue.WakeAt(until)
 			}
 		}
-		h.members = append(h.members, &member{up: up, state: state, index: i})
+		m := &member{up: up, state: state, index: i}
+		m.proto, _ = upstreams.ParseProtocol(pc.Protocol)
+		if pc.PlaywrightVersion != "" {
+			m.pwVersion, _ = upstreams.ParsePlaywrightVersion(pc.PlaywrightVersion)
+		}
+		if m.proto != upstreams.ProtocolAny {
+			h.routed = true
+		}
+		h.members = append(h.members, m)
 	}
 	h.names = make([]string, len(h.members))
 	for i, m := range h.members {
@@ -247,6 +272,17 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, _ caddyhttp.
 		c.replace = func(s string) string { return repl.ReplaceKnown(s, "") }
 	}
 	c.key = h.affinityKey(r)
+	c.proto, c.pwVersion = upstreams.ClientProtocol(r.Header)
+	if h.routed && !c.anyServes() {
+		c.unservable(c.noProviderServes())
+		return nil
+	}
+	if h.ClientLimit != nil {
+		if !c.quotaGate() {
+			return nil
+		}
+		defer c.releaseQuota()
+	}
 	return c.run()
 }
 
@@ -264,7 +300,28 @@ type connect struct {
 	waiter   *queue.Waiter
 	waited   time.Duration
 	order    []int
+	later    []int
 	cands    []upstreams.Candidate
+
+	// What the client speaks (SPEC 11).
+	proto     upstreams.Protocol
+	pwVersion string
+	// quota is the client_limit session the client holds (nil: none, or
+	// handed to its session); quotaWaited is the time it waited for it;
+	// deadline is that wait's deadline, which the provider queue keeps.
+	quota       *pool.QuotaKey
+	quotaWaited time.Duration
+	deadline    time.Time
+	// allIncompatible: the last pass found every provider it could use
+	// answering 428 (a Playwright server of another version).
+	allIncompatible bool
+	// Hedged attempts started, and attempts given up for another's 101.
+	hedgesStarted, hedgesWasted int
+}
+
+// sinceJoined is the client's whole wait: for its quota, then in the queue.
+func (c *connect) sinceJoined() time.Duration {
+	return c.quotaWaited + time.Since(c.waiter.Joined())
 }
 
 // passEnd is how one pass over the candidates ended.
@@ -299,11 +356,11 @@ func (c *connect) run() error {
 			switch {
 			case err == nil:
 			case errors.Is(err, queue.ErrTimeout), errors.Is(err, queue.ErrClosed):
-				c.waited = time.Since(c.waiter.Joined())
+				c.waited = c.sinceJoined()
 				c.reject(http.StatusServiceUnavailable, "queue timeout")
 				return nil
 			default: // the client went away while waiting
-				c.waited = time.Since(c.waiter.Joined())
+				c.waited = c.sinceJoined()
 				c.logGone()
 				return nil
 			}
@@ -324,13 +381,13 @@ func (c *connect) run() error {
 		switch end {
 		case passEstablished, passAnswered:
 			if c.waiter != nil {
-				c.waited = time.Since(c.waiter.Joined())
+				c.waited = c.sinceJoined()
 				c.waiter.Leave()
 			}
 			return nil
 		case passClientGone:
 			if c.waiter != nil {
-				c.waited = time.Since(c.waiter.Joined())
+				c.waited = c.sinceJoined()
 				if ctx.Err() == nil {
 					// Not the client: the waiter's deadline passed.
 					c.waiter.Leave()
@@ -342,10 +399,20 @@ func (c *connect) run() error {
 			c.logGone()
 			return nil
 		}
+		// A client that every provider it may use turned away with 428
+		// can never be served here.
+		if c.allIncompatible {
+			if c.waiter != nil {
+				c.waited = c.sinceJoined()
+				c.waiter.Leave()
+			}
+			c.unservable("no provider here serves " + c.clientKind() + " clients: every provider that may answered 428 (another Playwright version)")
+			return nil
+		}
 		// 7. Nothing available: wait in the queue, or 503.
 		if h.queue == nil || !couldWait {
 			if c.waiter != nil {
-				c.waited = time.Since(c.waiter.Joined())
+				c.waited = c.sinceJoined()
 				c.waiter.Leave()
 			}
 			c.reject(http.StatusServiceUnavailable, "no provider available")
@@ -381,13 +448,27 @@ func (h *Handler) wakeAtNextEnd() {
 
 // join puts the client in the queue; on a full queue it answers 503.
 func (c *connect) join(gen uint64) bool {
-	w, err := c.h.queue.Join(gen)
+	w, err := c.h.queue.JoinBy(gen, c.deadline)
 	if err != nil {
 		c.reject(http.StatusServiceUnavailable, "queue full")
 		return false
 	}
 	c.waiter = w
 	return true
+}
+
+// passState is one pass's way through the ordered candidates.
+type passState struct {
+	order    []int
+	next     int // index in order of the next candidate to look at
+	deadline time.Time
+	tried    int
+	// Providers that could serve this client later: not drained, and not
+	// a Playwright server of another version (428).
+	serveable, incompatible int
+	// retry: only providers that failed without cooling down stand in
+	// the way.
+	retry bool
 }
 
 // pass runs steps 2 to 6 once. couldWait tells whether some provider could
@@ -397,38 +478,73 @@ func (c *connect) join(gen uint64) bool {
 func (c *connect) pass(ctx context.Context, advance bool) (end passEnd, couldWait, retry bool) {
 	h := c.h
 	// 2. Order the candidates.
-	order := c.orderCandidates(advance)
-	var deadline time.Time
+	ps := &passState{order: c.orderCandidates(advance)}
 	if h.TryDuration > 0 {
-		deadline = time.Now().Add(time.Duration(h.TryDuration))
+		ps.deadline = time.Now().Add(time.Duration(h.TryDuration))
 		var cancel context.CancelFunc
-		ctx, cancel = context.WithDeadline(ctx, deadline)
+		ctx, cancel = context.WithDeadline(ctx, ps.deadline)
 		defer cancel()
 	}
-	tried := 0
-	// Providers that could serve this client later: not drained, and not
-	// a Playwright server of another version (428).
-	serveable, incompatible := 0, 0
-	defer func() { couldWait = serveable > incompatible }()
-	for _, idx := range order {
-		m := h.members[idx]
+	if h.HedgeAfter > 0 {
+		end = c.passHedged(ctx, ps)
+	} else {
+		end = c.passInTurn(ctx, ps)
+	}
+	c.allIncompatible = ps.serveable > 0 && ps.serveable == ps.incompatible
+	return end, ps.serveable > ps.incompatible, ps.retry
+}
+
+// passInTurn attempts the candidates one after the other (4.).
+func (c *connect) passInTurn(ctx context.Context, ps *passState) passEnd {
+	for {
+		m, permit := c.pick(ps)
+		if m == nil {
+			return passNothing
+		}
+		res := m.up.Connect(ctx, c.hs, c.replace)
+		switch end := c.conclude(ps, m, permit, res); end {
+		case passEstablished:
+			// 6. Relay.
+			if c.establish(m, res.Conn) {
+				return passEstablished
+			}
+			return passClientGone
+		case passNothing:
+		default:
+			return end
+		}
+		if ctx.Err() != nil && c.r.Context().Err() != nil {
+			return passClientGone
+		}
+	}
+}
+
+// pick returns the next candidate to attempt, its health permit taken and
+// a slot reserved, skipping (3.) providers drained, at max_concurrent or in
+// cooldown; nil when the pass has no candidate left.
+func (c *connect) pick(ps *passState) (*member, cooldown.Permit) {
+	h := c.h
+	for ps.next < len(ps.order) {
+		m := h.members[ps.order[ps.next]]
+		ps.next++
 		st := m.state
-		// 3. Skip providers drained, at max_concurrent or in cooldown.
 		if st.Draining() {
 			c.skip(m, upstreams.WordDrained)
 			continue
 		}
-		serveable++
+		ps.serveable++
 		if st.Full() {
 			st.SkippedFull()
 			c.skip(m, upstreams.WordFull)
 			continue
 		}
-		if h.MaxAttempts > 0 && tried >= h.MaxAttempts {
+		if h.MaxAttempts > 0 && ps.tried >= h.MaxAttempts {
+			ps.next = len(ps.order)
 			break
 		}
-		if !deadline.IsZero() && !time.Now().Before(deadline) {
-			retry = true
+		if !ps.deadline.IsZero() && !time.Now().Before(ps.deadline) {
+			ps.retry = true
+			ps.next = len(ps.order)
 			break
 		}
 		permit, ok := st.Health.Acquire()
@@ -442,76 +558,78 @@ func (c *connect) pass(ctx context.Context, advance bool) (end passEnd, couldWai
 			c.skip(m, upstreams.WordFull)
 			continue
 		}
-		tried++
-
-		// 4. Attempt.
-		res := m.up.Connect(ctx, c.hs, c.replace)
-		c.record(m, res.Outcome)
-
-		// 5. Classify and record.
-		switch res.Outcome.Kind {
-		case upstreams.Success:
-			c.settle(m, permit, cooldown.Success, 0)
-			st.ObserveHandshake(res.Outcome.Elapsed)
-			// 6. Relay.
-			if c.establish(m, res.Conn) {
-				return passEstablished, true, false
-			}
-			return passClientGone, true, false
-		case upstreams.Failure:
-			if res.Outcome.Word == upstreams.WordTimeout && !deadline.IsZero() &&
-				!time.Now().Before(deadline) && res.Outcome.Elapsed < m.up.ConnectTimeout {
-				// try_duration ran out, not the provider's own
-				// connect_timeout: not the provider's failure.
-				c.settle(m, permit, cooldown.Neutral, 0)
-				retry = true
-			} else if c.settle(m, permit, cooldown.Failure, 0) == cooldown.NoChange {
-				retry = true
-			}
-			st.UnreserveFailed()
-		case upstreams.Capacity:
-			c.settle(m, permit, cooldown.Capacity, res.Outcome.RetryAfter)
-			st.UnreserveFailed()
-		case upstreams.Incompatible:
-			c.settle(m, permit, cooldown.Neutral, 0)
-			st.UnreserveFailed()
-			incompatible++
-		case upstreams.Relay:
-			c.settle(m, permit, cooldown.Neutral, 0)
-			st.Unreserve()
-			c.relayAnswer(res)
-			return passAnswered, true, false
-		case upstreams.ClientGone:
-			st.Health.Done(permit, cooldown.Neutral, 0)
-			st.Unreserve()
-			return passClientGone, true, false
-		}
-		if ctx.Err() != nil && c.r.Context().Err() != nil {
-			return passClientGone, true, false
-		}
+		ps.tried++
+		return m, permit
 	}
-	return passNothing, couldWait, retry
+	return nil, cooldown.Permit{}
+}
+
+// conclude classifies and records one attempt's result (5.): how the pass
+// ends, passNothing to go on. On passEstablished the caller relays
+// res.Conn.
+func (c *connect) conclude(ps *passState, m *member, permit cooldown.Permit, res upstreams.Result) passEnd {
+	st := m.state
+	c.record(m, res.Outcome)
+	switch res.Outcome.Kind {
+	case upstreams.Success:
+		c.settle(m, permit, cooldown.Success, 0)
+		st.ObserveHandshake(res.Outcome.Elapsed)
+		return passEstablished
+	case upstreams.Failure:
+		if res.Outcome.Word == upstreams.WordTimeout && !ps.deadline.IsZero() &&
+			!time.Now().Before(ps.deadline) && res.Outcome.Elapsed < m.up.ConnectTimeout {
+			// try_duration ran out, not the provider's own
+			// connect_timeout: not the provider's failure.
+			c.settle(m, permit, cooldown.Neutral, 0)
+			ps.retry = true
+		} else if c.settle(m, permit, cooldown.Failure, 0) == cooldown.NoChange {
+			ps.retry = true
+		}
+		st.UnreserveFailed()
+	case upstreams.Capacity:
+		c.settle(m, permit, cooldown.Capacity, res.Outcome.RetryAfter)
+		st.UnreserveFailed()
+	case upstreams.Incompatible:
+		c.settle(m, permit, cooldown.Neutral, 0)
+		st.UnreserveFailed()
+		ps.incompatible++
+	case upstreams.Relay:
+		c.settle(m, permit, cooldown.Neutral, 0)
+		st.Unreserve()
+		c.relayAnswer(res)
+		return passAnswered
+	case upstreams.ClientGone:
+		st.Health.Done(permit, cooldown.Neutral, 0)
+		st.Unreserve()
+		return passClientGone
+	}
+	return passNothing
 }
 
 // settle records an attempt's result in the provider's health and reacts to
 // what changed.
 func (c *connect) settle(m *member, p cooldown.Permit, r cooldown.Result, retryAfter time.Duration) cooldown.Change {
-	st := m.state
+	return c.h.settle(m.state, p, r, retryAfter)
+}
+
+// settle records an attempt's result in st's health and reacts to what
+// changed: logs, events, queue wake-ups.
+func (h *Handler) settle(st *pool.Provider, p cooldown.Permit, r cooldown.Result, retryAfter time.Duration) cooldown.Change {
 	change := st.Health.Done(p, r, retryAfter)
 	switch change {
 	case cooldown.CooledDown, cooldown.Skipped:
 		until := st.Health.Until()
 		st.WakeAt(until)
-		c.h.logger.Info("provider cooling down",
+		h.logger.Info("provider cooling down",
 			zap.String("provider", st.Name()),
 			zap.Time("until", until),
 			zap.String("reason", st.LastError()))
-		c.h.obs.Cooldown(st.Name(), until, st.LastError())
+		h.obs.Cooldown(st.Name(), until, st.LastError())
 	case cooldown.Recovered:
-		c.h.logger.Info("provider recovered", zap.String("provider", st.Name()))
+		h.logger.Info("provider recovered", zap.String("provider", st.Name()))
 		// Waiters that skipped it while its trial was in flight can use it.
 		st.Notify()
-		c.h.obs.Recovered(st.Name())
+		h.obs.Recovered(st.Name())
 	}
 	return change
 }
@@ -523,7 +641,7 @@ func (c *connect) orderCandidates(advance bool) []int {
 	c.order = c.order[:0]
 	if c.key != "" {
 		c.order = upstreams.AffinityOrder(c.key, h.names, c.order)
-		return c.order
+		return c.fit(c.order)
 	}
 	c.cands = c.cands[:0]
 	for i, m := range h.members {
@@ -534,7 +652,7 @@ func (c *connect) orderCandidates(advance bool) []int {
 		})
 	}
 	c.order = h.strategy.Order(c.cands, advance, c.order)
-	return c.order
+	return c.fit(c.order)
 }
 
 // affinityKey extracts the affinity key of a request ("" when none).

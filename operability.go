@@ -1,8 +1,6 @@
 package browserfailover
 
 import (
-	"time"
-
 	"github.com/browserfailover/caddy-browser-failover/observe"
 )
 
@@ -10,7 +8,10 @@ import (
 // It is called once per client, where its wait ends: when its session
 // starts, when it is answered without one, or when it leaves.
 func (c *connect) observeWait() {
-	if c.waiter != nil {
-		observe.QueueWait(time.Since(c.waiter.Joined()))
+	switch {
+	case c.waiter != nil:
+		observe.QueueWait(c.sinceJoined())
+	case c.quotaWaited > 0:
+		observe.QueueWait(c.quotaWaited)
 	}
 }

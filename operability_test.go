@@ -73,6 +73,14 @@ type opQueue struct {
 type opStatusDoc struct {
 	Providers []opProvider `json:"providers"`
 	Queues    []opQueue    `json:"queues"`
+	Clients   []opClient   `json:"clients"`
+}
+
+// opClient is a client_limit key's entry (SPEC 11).
+type opClient struct {
+	Key     string `json:"key"`
+	Active  int    `json:"active"`
+	Waiting int    `json:"waiting"`
 }
 
 var (
@@ -119,7 +127,7 @@ func opStatus(t *testing.T, g *testgw.Gateway) (opStatusDoc, []byte) {
 		t.Fatalf("status: %d %s", code, body)
 	}
 	var doc opStatusDoc
-	opStrict(t, body, &doc, []string{"providers", "queues"})
+	opStrict(t, body, &doc, []string{"clients", "providers", "queues"})
 	var raw struct {
 		Providers []map[string]json.RawMessage `json:"providers"`
 		Queues    []map[string]json.RawMessage `json:"queues"`
@@ -402,7 +410,7 @@ func TestMetricsMove(t *testing.T) {
 	words := map[string]*regexp.Regexp{
 		"provider": regexp.MustCompile(`^[^/:@?=]+$`), // a name, nothing URL-like
 		"outcome":  regexp.MustCompile(`^(ok|refused|timeout|dns_error|tls_error|reset|bad_handshake|bad_discovery|client_gone|status_(\d{3}|4xx|5xx|other)|other)$`),
-		"reason":   regexp.MustCompile(`^(queue_full|queue_timeout|no_provider|relayed|other)$`),
+		"reason":   regexp.MustCompile(`^(queue_full|queue_timeout|no_provider|relayed|unservable|client_limit|other)$`),
 		"sink":     regexp.MustCompile(`^(events_app|webhook)$`),
 		"result":   regexp.MustCompile(`^(ok|failed)$`),
 		"le":       regexp.MustCompile(`.`),

@@ -12,6 +12,7 @@ import (
 	"go.uber.org/zap/zapcore"
 
 	"github.com/browserfailover/caddy-browser-failover/observe"
+	"github.com/browserfailover/caddy-browser-failover/pool"
 	"github.com/browserfailover/caddy-browser-failover/upstreams"
 )
 
@@ -121,15 +122,20 @@ func (c *connect) startSession(m *member, client netConn, up *upstreams.Conn, pe
 		provider: m.up.Name,
 		attempts: c.attempts,
 		waited:   c.waited,
+		hedges:   c.hedgesStarted,
+		wasted:   c.hedgesWasted,
 	}
 	if c.waiter != nil {
 		// Served: out of the queue before the client hears of it (an
 		// HTTP/2 session keeps this goroutine until it ends).
-		c.waited = time.Since(c.waiter.Joined())
+		c.waited = c.sinceJoined()
 		end.waited = c.waited
 		c.waiter.Leave()
 	}
 	c.observeWait()
+	// The client's quota session now lives as long as the session.
+	quota := c.quota
+	c.quota = nil
 	var idle, maxDur time.Duration
 	if s := c.h.Session; s != nil {
 		idle, maxDur = time.Duration(s.IdleTimeout), time.Duration(s.MaxDuration)
@@ -140,6 +146,9 @@ func (c *connect) startSession(m *member, client netConn, up *upstreams.Conn, pe
 		MaxDuration:   maxDur,
 		OnEnd: func(s *upstreams.Session) {
 			st.End(s)
+			if quota != nil {
+				pool.ReleaseQuota(*quota)
+			}
 			end.log(s)
 		},
 	})
@@ -158,6 +167,8 @@ type sessionEnd struct {
 	provider string
 	attempts attempts
 	waited   time.Duration
+	hedges   int
+	wasted   int
 }
 
 func (e *sessionEnd) log(s *upstreams.Session) {
@@ -170,6 +181,8 @@ func (e *sessionEnd) log(s *upstreams.Session) {
 		zap.Int64("bytes_up", s.BytesUp()),
 		zap.Int64("bytes_down", s.BytesDown()),
 		zap.String("close_reason", s.Reason()),
+		zap.Int("hedges_started", e.hedges),
+		zap.Int("hedges_wasted", e.wasted),
 	)
 }
 
@@ -205,6 +218,8 @@ func (c *connect) logRejected(status int, provider, why string) {
 		zap.Int64("bytes_down", 0),
 		zap.Int("status", status),
 		zap.String("close_reason", why),
+		zap.Int("hedges_started", c.hedgesStarted),
+		zap.Int("hedges_wasted", c.hedgesWasted),
 	)
 }
 

@@ -1,8 +1,10 @@
 #!/bin/sh
 # Installs what the real-browser e2e suite (go test ./e2e/) needs on a fresh
 # Debian/Ubuntu machine: Chromium from apt, Node.js when missing, and the npm
-# clients of this folder (puppeteer-core, playwright-core; neither downloads
-# a browser). Idempotent and quiet: a second run does nothing.
+# clients of this folder (puppeteer-core, playwright-core, and an older
+# playwright-core under the alias playwright-core-old for the version
+# mismatch test; none downloads a browser). Idempotent and quiet: a second
+# run does nothing.
 set -eu
 
 cd "$(dirname "$0")"
@@ -18,7 +20,7 @@ apt_install() {
 		$SUDO apt-get update -qq
 		apt_updated=1
 	fi
-	DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "$@" >/dev/null
+	$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$@" >/dev/null
 }
 
 if [ ! -x /usr/bin/chromium ]; then
@@ -37,7 +39,11 @@ fi
 
 # Never let an npm package fetch a browser: the suite uses /usr/bin/chromium.
 export PUPPETEER_SKIP_DOWNLOAD=1 PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1
-if [ ! -f node_modules/puppeteer-core/package.json ] || [ ! -f node_modules/playwright-core/package.json ] ||
+missing=""
+for m in puppeteer-core playwright-core playwright-core-old; do
+	[ -f "node_modules/$m/package.json" ] || missing=1
+done
+if [ -n "$missing" ] || [ ! -f node_modules/.package-lock.json ] ||
 	{ [ -f package-lock.json ] && [ package-lock.json -nt node_modules/.package-lock.json ]; }; then
 	echo "e2e setup: installing npm packages in e2e/"
 	if [ -f package-lock.json ]; then

@@ -62,6 +62,18 @@ var (
 		Buckets: []float64{1, 5, 15, 30, 60, 120, 300, 600, 1800, 3600, 7200, 14400},
 	}, []string{"provider"})
 
+	hedgesStarted = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: namespace, Subsystem: subsystem, Name: "hedges_started_total",
+		Help: "Hedged attempts started beside a slower one (hedge_after), by the provider they went to.",
+	}, []string{"provider"})
+	hedgesWon = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: namespace, Subsystem: subsystem, Name: "hedges_won_total",
+		Help: "Hedged attempts whose 101 came first, by provider.",
+	}, []string{"provider"})
+	hedgesWasted = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: namespace, Subsystem: subsystem, Name: "hedges_wasted_total",
+		Help: "Attempts given up because another provider answered 101 first (cancelled, or closed with 1000 \"hedge lost\"), by provider.",
+	}, []string{"provider"})
 	eventDrops = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: namespace, Subsystem: subsystem,
 		Name: "event_drops_total",
@@ -86,12 +98,21 @@ var (
 		"1 when the provider may be tried, 0 during a cooldown, a 408/429 skip or a trial.", []string{"provider"}, nil)
 	waitingDesc = prometheus.NewDesc(prometheus.BuildFQName(namespace, subsystem, "queue_waiting"),
 		"Clients waiting in the wait queues of every handler.", nil, nil)
+	clientKeysDesc = prometheus.NewDesc(prometheus.BuildFQName(namespace, subsystem, "client_keys_active"),
+		"client_limit key values holding live sessions.", nil, nil)
+	clientSessionsDesc = prometheus.NewDesc(prometheus.BuildFQName(namespace, subsystem, "client_sessions_active"),
+		"Live sessions counted under client_limit, over every key.", nil, nil)
+	clientWaitingDesc = prometheus.NewDesc(prometheus.BuildFQName(namespace, subsystem, "client_limit_waiting"),
+		"Clients waiting because their key is at its client_limit.", nil, nil)
 )
 
 func (poolCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- activeDesc
 	ch <- healthyDesc
 	ch <- waitingDesc
+	ch <- clientKeysDesc
+	ch <- clientSessionsDesc
+	ch <- clientWaitingDesc
 }
 
 func (poolCollector) Collect(ch chan<- prometheus.Metric) {
@@ -108,12 +129,23 @@ func (poolCollector) Collect(ch chan<- prometheus.Metric) {
 		waiting += q.Waiting
 	}
 	ch <- prometheus.MustNewConstMetric(waitingDesc, prometheus.GaugeValue, float64(waiting))
+	keys, live, keyWaiting := 0, 0, 0
+	for _, c := range pool.Clients() {
+		if c.Active > 0 {
+			keys++
+		}
+		live += c.Active
+		keyWaiting += c.Waiting
+	}
+	ch <- prometheus.MustNewConstMetric(clientKeysDesc, prometheus.GaugeValue, float64(keys))
+	ch <- prometheus.MustNewConstMetric(clientSessionsDesc, prometheus.GaugeValue, float64(live))
+	ch <- prometheus.MustNewConstMetric(clientWaitingDesc, prometheus.GaugeValue, float64(keyWaiting))
 }
 
 // collectors is everything Register puts in a registry.
 var collectors = []prometheus.Collector{
 	attempts, failovers, rejections, queueWait, handshake, sessionDuration,
-	eventDrops, webhookDeliveries, poolCollector{},
+	eventDrops, webhookDeliveries, hedgesStarted, hedgesWon, hedgesWasted, poolCollector{},
 }
 
 // Register adds the process-wide collectors to reg (a config load's
@@ -146,6 +178,15 @@ func Attempt(provider string, o upstreams.Outcome) {
 		handshake.WithLabelValues(provider).Observe(o.Elapsed.Seconds())
 	}
 }
+
+// HedgeStarted counts a hedged attempt started at provider.
+func HedgeStarted(provider string) { hedgesStarted.WithLabelValues(provider).Inc() }
+
+// HedgeWon counts a hedged attempt at provider that won its race.
+func HedgeWon(provider string) { hedgesWon.WithLabelValues(provider).Inc() }
+
+// HedgeWasted counts an attempt at provider given up for another's 101.
+func HedgeWasted(provider string) { hedgesWasted.WithLabelValues(provider).Inc() }
 
 // QueueWait measures one client's time in a wait queue.
 func QueueWait(d time.Duration) {
@@ -200,6 +241,8 @@ const (
 	ReasonQueueTimeout = "queue_timeout"
 	ReasonNoProvider   = "no_provider"
 	ReasonRelayed      = "relayed"
+	ReasonUnservable   = "unservable"
+	ReasonClientLimit  = "client_limit"
 	reasonOther        = "other"
 )
 
@@ -214,8 +257,8 @@ func ReasonWord(why string) string {
 		return ReasonQueueTimeout
 	case "no provider available", ReasonNoProvider:
 		return ReasonNoProvider
-	case ReasonRelayed:
-		return ReasonRelayed
+	case ReasonRelayed, ReasonUnservable, ReasonClientLimit:
+		return why
 	}
 	return reasonOther
 }

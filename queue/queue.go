@@ -109,6 +109,13 @@ func (q *Queue) Gen() uint64 {
 // before the client's pass. It fails with ErrClosed after Close and with
 // ErrFull when Len() == Size().
 func (q *Queue) Join(gen uint64) (*Waiter, error) {
+	return q.JoinBy(gen, time.Time{})
+}
+
+// JoinBy is Join for a client that has already waited elsewhere: its
+// deadline is by when that comes before the queue's own timeout (a zero by
+// changes nothing).
+func (q *Queue) JoinBy(gen uint64, by time.Time) (*Waiter, error) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	if q.closed {
@@ -123,6 +130,9 @@ func (q *Queue) Join(gen uint64) (*Waiter, error) {
 		joined:   now,
 		deadline: now.Add(q.timeout),
 		signal:   make(chan struct{}, 1),
+	}
+	if !by.IsZero() && by.Before(w.deadline) {
+		w.deadline = by
 	}
 	w.elem = q.waiters.PushBack(w)
 	if gen != q.gen {

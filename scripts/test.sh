@@ -1,12 +1,16 @@
 #!/usr/bin/env bash
 # Every test: installs what the suites need when it is missing (Debian's
-# chromium, the e2e npm packages), then vets and runs the Go tests,
+# chromium and redis-server, the e2e npm packages), then vets and runs the Go tests,
 # including the real-browser end-to-end suite and short fuzz runs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 if [ -x e2e/setup.sh ]; then
 	e2e/setup.sh
+fi
+# The shared-state tests start their own redis-server on 127.0.0.1.
+if [ -x scripts/redis-setup.sh ]; then
+	scripts/redis-setup.sh
 fi
 
 echo "== gofmt / go vet"

@@ -52,6 +52,9 @@ func (a Admin) Routes() []caddy.AdminRoute {
 type Status struct {
 	Providers []Provider         `json:"providers"`
 	Queues    []pool.QueueStatus `json:"queues"`
+	// Clients are the client_limit keys with live sessions or waiters,
+	// each shown hashed, never as its value.
+	Clients []pool.ClientStatus `json:"clients"`
 }
 
 // Provider is one provider's status object.
@@ -77,7 +80,7 @@ type Provider struct {
 
 // Snapshot returns the status of every provider (sorted by name) and queue.
 func Snapshot() Status {
-	st := Status{Providers: []Provider{}, Queues: pool.Queues()}
+	st := Status{Providers: []Provider{}, Queues: pool.Queues(), Clients: pool.Clients()}
 	for _, p := range pool.All() {
 		st.Providers = append(st.Providers, Of(p))
 	}

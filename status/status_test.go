@@ -6,6 +6,7 @@ import (
 	"errors"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"testing"
 	"time"
 
@@ -65,8 +66,9 @@ func TestAdminRoutes(t *testing.T) {
 		t.Fatal(err)
 	}
 	var st struct {
-		Providers []Provider         `json:"providers"`
-		Queues    []pool.QueueStatus `json:"queues"`
+		Providers []Provider          `json:"providers"`
+		Queues    []pool.QueueStatus  `json:"queues"`
+		Clients   []pool.ClientStatus `json:"clients"`
 	}
 	dec := json.NewDecoder(bytes.NewReader(rec.Body.Bytes()))
 	dec.DisallowUnknownFields()
@@ -127,5 +129,47 @@ func TestAdminRoutes(t *testing.T) {
 		if got := apiStatus(err); got != tc.status {
 			t.Errorf("%s %s: %d (%v), want %d", tc.method, tc.path, got, err, tc.status)
 		}
+	}
+}
+
+// TestStatusClients: client_limit keys show hashed, with their live and
+// waiting counts, and the raw key value appears nowhere in the answer.
+func TestStatusClients(t *testing.T) {
+	const secret = "sk-live-4f9a1c0ffee"
+	k := pool.QuotaKey{Template: "{http.request.header.X-Api-Key}", Value: secret}
+	if !pool.TakeQuota(k, 2) || !pool.TakeQuota(k, 2) {
+		t.Fatal("quota refused below its limit")
+	}
+	if pool.TakeQuota(k, 2) {
+		t.Fatal("quota granted over its limit")
+	}
+	pool.AddQuotaWaiting(k, 1)
+	rec, err := serve(t, http.MethodGet, StatusPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body := rec.Body.String()
+	if strings.Contains(body, secret) || strings.Contains(body, "4f9a1c") {
+		t.Fatalf("raw key in status: %s", body)
+	}
+	var st struct {
+		Clients []pool.ClientStatus `json:"clients"`
+	}
+	if err := json.Unmarshal(rec.Body.Bytes(), &st); err != nil {
+		t.Fatal(err)
+	}
+	want := pool.ClientStatus{Key: pool.ShownKey(secret), Active: 2, Waiting: 1}
+	if len(st.Clients) != 1 || st.Clients[0] != want {
+		t.Fatalf("clients %+v, want [%+v]", st.Clients, want)
+	}
+	pool.AddQuotaWaiting(k, -1)
+	pool.ReleaseQuota(k)
+	pool.ReleaseQuota(k)
+	pool.ReleaseQuota(k) // one too many: ignored
+	if n := pool.QuotaActive(k); n != 0 {
+		t.Fatalf("active %d after release", n)
+	}
+	if c := pool.Clients(); len(c) != 0 {
+		t.Fatalf("clients %+v after release", c)
 	}
 }

@@ -72,6 +72,9 @@ const (
 	WordCooldown = "cooldown"
 	WordFull     = "full"
 	WordDrained  = "drained"
+	// WordHedgeLost marks an attempt given up because a hedged attempt
+	// at another provider won the race.
+	WordHedgeLost = "hedge_lost"
 )
 
 // StatusWord is the outcome word of an HTTP status: status_<code>.

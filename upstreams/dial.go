@@ -330,3 +330,15 @@ func (p *Provider) discoveryGET(ctx context.Context, deadline time.Time, host st
 	}
 	return ans.Status, ans, body, remote, nil
 }
+
+// CloseLost ends a connection that won its handshake too late (another
+// provider's hedged attempt won the race): it sends close 1000 "hedge lost"
+// so the provider ends that browser at once, waits up to CloseWait for the
+// provider to close, then closes the socket.
+func (c *Conn) CloseLost() {
+	c.SetDeadline(time.Now().Add(CloseWait))
+	if _, err := c.Write(closeFrame(1000, EndHedgeLost, true)); err == nil {
+		io.Copy(io.Discard, c.Conn)
+	}
+	c.Close()
+}

@@ -6,6 +6,7 @@ package fakes
 import (
 	"bufio"
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"net/http"
@@ -219,4 +220,75 @@ func Raw(name string, contacts *Contacts, answer string) *Server {
 			}
 		}
 	})
+}
+
+// SlowServer is a provider that answers its upgrades late (a cloud
+// browser's cold start) and notes what became of each: given up by the
+// gateway before the answer, or closed with a close frame after it.
+type SlowServer struct {
+	*Server
+	// Cancelled counts handshakes the gateway gave up before the answer.
+	Cancelled atomic.Int64
+	// Answered counts 101 answers sent.
+	Answered atomic.Int64
+	// Dropped counts answered connections that ended without a close
+	// frame (the gateway gave up while the 101 was on its way).
+	Dropped atomic.Int64
+
+	mu     sync.Mutex
+	closes []string
+}
+
+// Closes lists "<code> <reason>" of every close frame the gateway sent.
+func (s *SlowServer) Closes() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]string(nil), s.closes...)
+}
+
+// Slow answers each upgrade with 101 once wait returns a closed channel
+// (or a timer's), then echoes; an upgrade whose client leaves first is
+// counted as cancelled.
+func Slow(name string, contacts *Contacts, wait func() <-chan time.Time) *SlowServer {
+	ss := &SlowServer{}
+	ss.Server = serveHTTP(name, contacts, func(s *Server, w http.ResponseWriter, r *http.Request) {
+		select {
+		case <-wait():
+		case <-r.Context().Done():
+			ss.Cancelled.Add(1)
+			return
+		}
+		c, err := websocket.Accept(w, r, &websocket.AcceptOptions{InsecureSkipVerify: true, CompressionMode: websocket.CompressionDisabled})
+		if err != nil {
+			ss.Cancelled.Add(1)
+			return
+		}
+		ss.Answered.Add(1)
+		defer c.CloseNow()
+		c.SetReadLimit(-1)
+		ctx := context.Background()
+		for {
+			typ, msg, err := c.Read(ctx)
+			if err != nil {
+				var ce websocket.CloseError
+				if errors.As(err, &ce) {
+					ss.mu.Lock()
+					ss.closes = append(ss.closes, fmt.Sprintf("%d %s", int(ce.Code), ce.Reason))
+					ss.mu.Unlock()
+				} else {
+					ss.Dropped.Add(1)
+				}
+				return
+			}
+			if err := c.Write(ctx, typ, msg); err != nil {
+				return
+			}
+		}
+	})
+	return ss
+}
+
+// After is a wait for Slow: every handshake waits d.
+func After(d time.Duration) func() <-chan time.Time {
+	return func() <-chan time.Time { return time.After(d) }
 }

@@ -1,0 +1,657 @@
+package cluster
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"errors"
+	"math/big"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"go.uber.org/zap/zaptest"
+)
+
+// open opens a Store on r for node and closes it when the test ends.
+func open(t *testing.T, r *redisServer, node string, tweak func(*Config)) *Store {
+	t.Helper()
+	cfg := Config{
+		Address:   r.Addr(),
+		LeaseTTL:  600 * time.Millisecond,
+		KeyPrefix: "test:" + t.Name() + ":",
+		Logger:    zaptest.NewLogger(t),
+	}
+	if tweak != nil {
+		tweak(&cfg)
+	}
+	s, err := Open(cfg, node)
+	if err != nil {
+		t.Fatalf("Open(%s): %v", node, err)
+	}
+	t.Cleanup(func() { _ = s.Close() })
+	return s
+}
+
+// eventually polls cond until it holds or the deadline passes.
+func eventually(t *testing.T, within time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("not within %v: %s", within, what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// recorder collects the events of a subscription.
+type recorder struct {
+	mu     sync.Mutex
+	events []Event
+}
+
+func (r *recorder) add(ev Event) {
+	r.mu.Lock()
+	r.events = append(r.events, ev)
+	r.mu.Unlock()
+}
+
+// find returns the first recorded event matching.
+func (r *recorder) find(match func(Event) bool) (Event, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, ev := range r.events {
+		if match(ev) {
+			return ev, true
+		}
+	}
+	return Event{}, false
+}
+
+// subscribe subscribes s and waits until the subscription delivers (a
+// probe "recovered" event of a provider no test uses).
+func subscribe(t *testing.T, s *Store) *recorder {
+	t.Helper()
+	rec := &recorder{}
+	cancel := s.Subscribe(rec.add)
+	t.Cleanup(cancel)
+	waitSubscribed(t, s, rec)
+	return rec
+}
+
+func waitSubscribed(t *testing.T, s *Store, rec *recorder) {
+	t.Helper()
+	probe := "probe-" + t.Name()
+	eventually(t, 10*time.Second, "subscription delivers", func() bool {
+		_ = s.ClearCooldown(context.Background(), probe)
+		time.Sleep(20 * time.Millisecond)
+		_, ok := rec.find(func(ev Event) bool { return ev.Provider == probe })
+		return ok
+	})
+}
+
+func share(t *testing.T, s *Store, provider string) Share {
+	t.Helper()
+	m, err := s.Snapshot(context.Background(), []string{provider})
+	if err != nil {
+		t.Fatalf("Snapshot: %v", err)
+	}
+	return m[provider]
+}
+
+func TestAcquireExactUnderContention(t *testing.T) {
+	r := startRedis(t)
+	const max = 5
+	var stores []*Store
+	for _, n := range []string{"a", "b", "c"} {
+		// A generous bound: 60 goroutines share the connections.
+		stores = append(stores, open(t, r, n, func(c *Config) { c.Timeout = 5 * time.Second }))
+	}
+	ctx := context.Background()
+	var held, peak, granted, full atomic.Int64
+	var wg sync.WaitGroup
+	errs := make(chan error, 60)
+	for g := range 60 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			s := stores[g%len(stores)]
+			for range 25 {
+				gr, err := s.Acquire(ctx, "p", max)
+				if err != nil {
+					errs <- err
+					return
+				}
+				if gr.Lease == nil {
+					if !gr.Full {
+						errs <- errors.New("no lease, not full, no cooldown")
+						return
+					}
+					full.Add(1)
+					continue
+				}
+				granted.Add(1)
+				n := held.Add(1)
+				for {
+					p := peak.Load()
+					if n <= p || peak.CompareAndSwap(p, n) {
+						break
+					}
+				}
+				time.Sleep(time.Millisecond)
+				held.Add(-1) // before Release: the slot is then still taken
+				gr.Lease.Release()
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	if p := peak.Load(); p > max {
+		t.Fatalf("%d leases held at once, max %d", p, max)
+	}
+	if granted.Load() == 0 || full.Load() == 0 {
+		t.Fatalf("no contention exercised: granted %d, full %d", granted.Load(), full.Load())
+	}
+	t.Logf("granted %d, full %d, peak %d", granted.Load(), full.Load(), peak.Load())
+	if sh := share(t, stores[0], "p"); sh.Active != 0 || len(sh.Nodes) != 0 {
+		t.Fatalf("after all releases: %+v", sh)
+	}
+}
+
+func TestUnlimitedIsCountedPerNode(t *testing.T) {
+	r := startRedis(t)
+	a, b := open(t, r, "a", nil), open(t, r, "node|b", nil)
+	ctx := context.Background()
+	var leases []*Lease
+	for i := range 7 {
+		s := a
+		if i%2 == 1 {
+			s = b
+		}
+		g, err := s.Acquire(ctx, "p", 0)
+		if err != nil || g.Lease == nil {
+			t.Fatalf("Acquire unlimited: %+v, %v", g, err)
+		}
+		leases = append(leases, g.Lease)
+	}
+	sh := share(t, a, "p")
+	if sh.Active != 7 || sh.Nodes["a"] != 4 || sh.Nodes["node|b"] != 3 {
+		t.Fatalf("Snapshot: %+v", sh)
+	}
+	// A max smaller than what is live: full.
+	if g, err := b.Acquire(ctx, "p", 7); err != nil || !g.Full {
+		t.Fatalf("Acquire at max: %+v, %v", g, err)
+	}
+	for _, l := range leases {
+		l.Release()
+		l.Release() // idempotent
+	}
+	if sh := share(t, b, "p"); sh.Active != 0 {
+		t.Fatalf("after release: %+v", sh)
+	}
+}
+
+func TestRenewalKeepsLeases(t *testing.T) {
+	r := startRedis(t)
+	a := open(t, r, "a", func(c *Config) { c.LeaseTTL = 900 * time.Millisecond })
+	g, err := a.Acquire(context.Background(), "p", 1)
+	if err != nil || g.Lease == nil {
+		t.Fatalf("Acquire: %+v, %v", g, err)
+	}
+	time.Sleep(3 * 900 * time.Millisecond)
+	if sh := share(t, a, "p"); sh.Active != 1 {
+		t.Fatalf("lease not kept alive by renewals: %+v", sh)
+	}
+	g.Lease.Release()
+	if sh := share(t, a, "p"); sh.Active != 0 {
+		t.Fatalf("after release: %+v", sh)
+	}
+}
+
+func TestDeadNodeSlotsExpire(t *testing.T) {
+	r := startRedis(t)
+	const ttl = 600 * time.Millisecond
+	a, b, c := open(t, r, "a", nil), open(t, r, "b", nil), open(t, r, "c", nil)
+	ctx := context.Background()
+	for range 2 {
+		if g, err := a.Acquire(ctx, "p", 2); err != nil || g.Lease == nil {
+			t.Fatalf("a.Acquire: %+v, %v", g, err)
+		}
+	}
+	if g, err := c.Acquire(ctx, "p", 2); err != nil || !g.Full {
+		t.Fatalf("c.Acquire: %+v, %v", g, err)
+	}
+	rec := subscribe(t, c)
+
+	// a dies: no more renewals, nothing released.
+	a.stopRenewals()
+	died := time.Now()
+	var freed time.Time
+	var got []*Lease
+	eventually(t, 5*time.Second, "a's slots free again", func() bool {
+		g, err := b.Acquire(ctx, "p", 2)
+		if err != nil {
+			t.Fatalf("b.Acquire: %v", err)
+		}
+		if g.Lease != nil {
+			if freed.IsZero() {
+				freed = time.Now()
+			}
+			got = append(got, g.Lease)
+		}
+		return len(got) == 2
+	})
+	// a's last renewal (or acquisition) was at most TTL/3 before it died,
+	// so its leases lived at least 2/3 TTL after.
+	if d := freed.Sub(died); d < ttl/2 {
+		t.Fatalf("a's slots freed %v after it died, before its leases expired", d)
+	}
+	sh := share(t, b, "p")
+	if sh.Active != 2 || sh.Nodes["a"] != 0 || sh.Nodes["b"] != 2 {
+		t.Fatalf("Snapshot after a died: %+v", sh)
+	}
+	// Some node told the others that slots were freed.
+	eventually(t, 5*time.Second, "released event after a died", func() bool {
+		_, ok := rec.find(func(ev Event) bool { return ev.Kind == EventReleased && ev.Provider == "p" })
+		return ok
+	})
+}
+
+func TestSharedCooldown(t *testing.T) {
+	r := startRedis(t)
+	a, b := open(t, r, "a", nil), open(t, r, "b", nil)
+	rec := subscribe(t, b)
+	ctx := context.Background()
+	ms := func(t time.Time) time.Time { return time.UnixMilli(t.UnixMilli()) }
+
+	until := time.Now().Add(time.Minute)
+	if err := a.PublishCooldown(ctx, "p", until, 2); err != nil {
+		t.Fatal(err)
+	}
+	g, err := b.Acquire(ctx, "p", 0)
+	if err != nil || g.Lease != nil || !g.CooldownUntil.Equal(ms(until)) || g.Streak != 2 || g.Full {
+		t.Fatalf("b.Acquire in a's cooldown: %+v, %v", g, err)
+	}
+	if u, n, err := b.Cooldown(ctx, "p"); err != nil || !u.Equal(ms(until)) || n != 2 {
+		t.Fatalf("b.Cooldown: %v %d %v", u, n, err)
+	}
+	if sh := share(t, b, "p"); !sh.CooldownUntil.Equal(ms(until)) || sh.Active != 0 {
+		t.Fatalf("Snapshot: %+v", sh)
+	}
+
+	// An earlier cooldown does not shorten it; a later one wins.
+	if err := b.PublishCooldown(ctx, "p", until.Add(-30*time.Second), 1); err != nil {
+		t.Fatal(err)
+	}
+	if u, n, _ := a.Cooldown(ctx, "p"); !u.Equal(ms(until)) || n != 2 {
+		t.Fatalf("earlier cooldown replaced the later one: %v %d", u, n)
+	}
+	later := until.Add(time.Minute)
+	if err := b.PublishCooldown(ctx, "p", later, 3); err != nil {
+		t.Fatal(err)
+	}
+	if u, n, _ := a.Cooldown(ctx, "p"); !u.Equal(ms(later)) || n != 3 {
+		t.Fatalf("later cooldown not applied: %v %d", u, n)
+	}
+
+	// Clearing ends it everywhere.
+	if err := a.ClearCooldown(ctx, "p"); err != nil {
+		t.Fatal(err)
+	}
+	if u, n, err := b.Cooldown(ctx, "p"); err != nil || !u.IsZero() || n != 0 {
+		t.Fatalf("after clear: %v %d %v", u, n, err)
+	}
+	g, err = b.Acquire(ctx, "p", 1)
+	if err != nil || g.Lease == nil {
+		t.Fatalf("Acquire after clear: %+v, %v", g, err)
+	}
+	g.Lease.Release()
+
+	// A cooldown ends by itself at until.
+	if err := a.PublishCooldown(ctx, "q", time.Now().Add(300*time.Millisecond), 1); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 5*time.Second, "short cooldown expires", func() bool {
+		u, _, err := b.Cooldown(ctx, "q")
+		return err == nil && u.IsZero()
+	})
+	// One already over changes nothing.
+	if err := a.PublishCooldown(ctx, "q", time.Now().Add(-time.Second), 1); err != nil {
+		t.Fatal(err)
+	}
+	if u, _, _ := b.Cooldown(ctx, "q"); !u.IsZero() {
+		t.Fatalf("past cooldown set: %v", u)
+	}
+
+	for _, want := range []Event{
+		{Kind: EventCooldown, Provider: "p", Until: ms(until), Node: "a"},
+		{Kind: EventCooldown, Provider: "p", Until: ms(later), Node: "b"},
+		{Kind: EventRecovered, Provider: "p", Node: "a"},
+		{Kind: EventReleased, Provider: "p", Node: "b"},
+	} {
+		eventually(t, 5*time.Second, "event "+want.Kind+" by "+want.Node, func() bool {
+			_, ok := rec.find(func(ev Event) bool {
+				return ev.Kind == want.Kind && ev.Provider == want.Provider && ev.Node == want.Node && ev.Until.Equal(want.Until)
+			})
+			return ok
+		})
+	}
+	if ev, ok := rec.find(func(ev Event) bool {
+		return ev.Kind == EventCooldown && ev.Until.Equal(ms(until.Add(-30*time.Second)))
+	}); ok {
+		t.Fatalf("a cooldown that was not applied was announced: %+v", ev)
+	}
+}
+
+func TestSubscribeCancel(t *testing.T) {
+	r := startRedis(t)
+	a := open(t, r, "a", nil)
+	rec := &recorder{}
+	cancel := a.Subscribe(rec.add)
+	waitSubscribed(t, a, rec)
+	cancel()
+	cancel()
+	rec.mu.Lock()
+	n := len(rec.events)
+	rec.mu.Unlock()
+	_ = a.ClearCooldown(context.Background(), "p")
+	time.Sleep(100 * time.Millisecond)
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
+	if len(rec.events) != n {
+		t.Fatalf("event delivered after cancel: %+v", rec.events[n:])
+	}
+}
+
+func TestRedisOutage(t *testing.T) {
+	r := startRedis(t)
+	a := open(t, r, "a", func(c *Config) { c.Timeout = 300 * time.Millisecond })
+	rec := subscribe(t, a)
+	ctx := context.Background()
+	kept, err := a.Acquire(ctx, "p", 3)
+	if err != nil || kept.Lease == nil {
+		t.Fatalf("Acquire: %+v, %v", kept, err)
+	}
+	dropped, err := a.Acquire(ctx, "p", 3)
+	if err != nil || dropped.Lease == nil {
+		t.Fatalf("Acquire: %+v, %v", dropped, err)
+	}
+
+	r.Stop()
+	bounded(t, "Acquire", func() error { _, err := a.Acquire(ctx, "p", 3); return err })
+	bounded(t, "PublishCooldown", func() error { return a.PublishCooldown(ctx, "p", time.Now().Add(time.Minute), 1) })
+	bounded(t, "ClearCooldown", func() error { return a.ClearCooldown(ctx, "p") })
+	bounded(t, "Cooldown", func() error { _, _, err := a.Cooldown(ctx, "p"); return err })
+	bounded(t, "Snapshot", func() error { _, err := a.Snapshot(ctx, []string{"p"}); return err })
+	releaseDone := make(chan struct{})
+	go func() { dropped.Lease.Release(); close(releaseDone) }()
+	select {
+	case <-releaseDone:
+	case <-time.After(5 * time.Second):
+		t.Fatal("Release with Redis down did not return")
+	}
+	time.Sleep(600 * time.Millisecond) // a renewal or two fail meanwhile
+
+	// Redis comes back empty: the live lease is put back, not the one
+	// released during the outage.
+	r.Start()
+	eventually(t, 10*time.Second, "renewal puts back the live lease", func() bool {
+		m, err := a.Snapshot(ctx, []string{"p"})
+		return err == nil && m["p"].Active == 1 && m["p"].Nodes["a"] == 1
+	})
+	g, err := a.Acquire(ctx, "p", 2)
+	if err != nil || g.Lease == nil {
+		t.Fatalf("Acquire after restart: %+v, %v", g, err)
+	}
+	if g, err := a.Acquire(ctx, "p", 2); err != nil || !g.Full {
+		t.Fatalf("Acquire at max after restart: %+v, %v", g, err)
+	}
+	g.Lease.Release()
+	kept.Lease.Release()
+	if sh := share(t, a, "p"); sh.Active != 0 {
+		t.Fatalf("after releases: %+v", sh)
+	}
+	// The subscription reconnected.
+	rec.mu.Lock()
+	rec.events = nil
+	rec.mu.Unlock()
+	waitSubscribed(t, a, rec)
+}
+
+// bounded fails the test unless call returns an error wrapping
+// ErrUnavailable within a generous bound.
+func bounded(t *testing.T, what string, call func() error) {
+	t.Helper()
+	done := make(chan error, 1)
+	go func() { done <- call() }()
+	select {
+	case err := <-done:
+		if !errors.Is(err, ErrUnavailable) {
+			t.Fatalf("%s with Redis down: %v, want ErrUnavailable", what, err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatalf("%s with Redis down did not return", what)
+	}
+}
+
+func TestRedisHangs(t *testing.T) {
+	r := startRedis(t)
+	a := open(t, r, "a", func(c *Config) { c.Timeout = 300 * time.Millisecond })
+	subscribe(t, a)
+	ctx := context.Background()
+	g, err := a.Acquire(ctx, "p", 1)
+	if err != nil || g.Lease == nil {
+		t.Fatalf("Acquire: %+v, %v", g, err)
+	}
+	r.Pause()
+	bounded(t, "Acquire", func() error { _, err := a.Acquire(ctx, "p", 3); return err })
+	bounded(t, "PublishCooldown", func() error { return a.PublishCooldown(ctx, "p", time.Now().Add(time.Minute), 1) })
+	bounded(t, "Snapshot", func() error { _, err := a.Snapshot(ctx, []string{"p"}); return err })
+	closed := make(chan struct{})
+	go func() { _ = a.Close(); close(closed) }()
+	select {
+	case <-closed:
+	case <-time.After(5 * time.Second):
+		t.Fatal("Close with Redis hung did not return")
+	}
+	r.Resume()
+}
+
+func TestPassword(t *testing.T) {
+	const secret = "s3cr3t-Pa55word"
+	r := startRedis(t, "--requirepass", secret)
+	const wrong = "wr0ng-Pa55word"
+	bad := open(t, r, "a", func(c *Config) { c.Password = wrong })
+	ctx := context.Background()
+	check := func(what string, err error) {
+		t.Helper()
+		if !errors.Is(err, ErrUnavailable) {
+			t.Fatalf("%s with a wrong password: %v, want ErrUnavailable", what, err)
+		}
+		if strings.Contains(err.Error(), wrong) || strings.Contains(err.Error(), secret) {
+			t.Fatalf("%s: error shows a password: %v", what, err)
+		}
+	}
+	_, err := bad.Acquire(ctx, "p", 1)
+	check("Acquire", err)
+	check("PublishCooldown", bad.PublishCooldown(ctx, "p", time.Now().Add(time.Minute), 1))
+	_, err = bad.Snapshot(ctx, []string{"p"})
+	check("Snapshot", err)
+	noPass := open(t, r, "a", nil)
+	_, err = noPass.Acquire(ctx, "p", 1)
+	check("Acquire without password", err)
+
+	good := open(t, r, "b", func(c *Config) { c.Password = secret })
+	g, err := good.Acquire(ctx, "p", 1)
+	if err != nil || g.Lease == nil {
+		t.Fatalf("Acquire with the password: %+v, %v", g, err)
+	}
+	g.Lease.Release()
+	acl := open(t, r, "c", func(c *Config) { c.Username, c.Password = "default", secret })
+	if _, err := acl.Snapshot(ctx, []string{"p"}); err != nil {
+		t.Fatalf("Snapshot as user default: %v", err)
+	}
+}
+
+func TestCloseReleasesLeases(t *testing.T) {
+	r := startRedis(t)
+	a, b := open(t, r, "a", nil), open(t, r, "b", nil)
+	rec := subscribe(t, b)
+	ctx := context.Background()
+	g, err := a.Acquire(ctx, "p", 1)
+	if err != nil || g.Lease == nil {
+		t.Fatalf("Acquire: %+v, %v", g, err)
+	}
+	if err := a.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Close(); err != nil {
+		t.Fatalf("second Close: %v", err)
+	}
+	g.Lease.Release() // no-op now
+	if sh := share(t, b, "p"); sh.Active != 0 {
+		t.Fatalf("Close left leases: %+v", sh)
+	}
+	eventually(t, 5*time.Second, "released event of Close", func() bool {
+		_, ok := rec.find(func(ev Event) bool { return ev.Kind == EventReleased && ev.Node == "a" })
+		return ok
+	})
+	if _, err := a.Acquire(ctx, "p", 1); !errors.Is(err, ErrUnavailable) {
+		t.Fatalf("Acquire after Close: %v", err)
+	}
+	if _, err := a.Snapshot(ctx, []string{"p"}); !errors.Is(err, ErrUnavailable) {
+		t.Fatalf("Snapshot after Close: %v", err)
+	}
+	a.Subscribe(func(Event) { t.Error("event after Close") })()
+
+	// Release racing Close: every lease is released by one or the other.
+	c := open(t, r, "c", nil)
+	var leases []*Lease
+	for range 20 {
+		g, err := c.Acquire(ctx, "q", 0)
+		if err != nil || g.Lease == nil {
+			t.Fatalf("Acquire: %+v, %v", g, err)
+		}
+		leases = append(leases, g.Lease)
+	}
+	var wg sync.WaitGroup
+	for _, l := range leases {
+		wg.Add(1)
+		go func() { defer wg.Done(); l.Release() }()
+	}
+	_ = c.Close()
+	wg.Wait()
+	if sh := share(t, b, "q"); sh.Active != 0 {
+		t.Fatalf("Release racing Close left leases: %+v", sh)
+	}
+}
+
+func TestOpenValidates(t *testing.T) {
+	dir := t.TempDir()
+	notPEM := filepath.Join(dir, "not.pem")
+	if err := os.WriteFile(notPEM, []byte("hello"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	ca := filepath.Join(dir, "ca.pem")
+	writeCA(t, ca)
+
+	for _, tc := range []struct {
+		name, node string
+		cfg        Config
+		want       string // in the error; "" for no error
+		secret     string // never in the error
+	}{
+		{name: "ok", node: "a", cfg: Config{Address: "127.0.0.1:6379"}},
+		{name: "tls", node: "a", cfg: Config{Address: "redis.internal:6380", TLS: &TLS{CAFiles: []string{ca}}}},
+		{name: "no node", cfg: Config{Address: "127.0.0.1:6379"}, want: "node name"},
+		{name: "no address", node: "a", want: "address is required"},
+		{name: "url", node: "a", cfg: Config{Address: "redis://user:hunter22@host:6379"}, want: "not a URL", secret: "hunter22"},
+		{name: "user info", node: "a", cfg: Config{Address: "user:hunter22@host:6379"}, want: "not a URL", secret: "hunter22"},
+		{name: "no port", node: "a", cfg: Config{Address: "hunter22"}, want: "host:port", secret: "hunter22"},
+		{name: "bad port", node: "a", cfg: Config{Address: "host:hunter22"}, want: "port", secret: "hunter22"},
+		{name: "db", node: "a", cfg: Config{Address: "h:1", DB: -1}, want: "db"},
+		{name: "ttl", node: "a", cfg: Config{Address: "h:1", LeaseTTL: -time.Second}, want: "lease_ttl"},
+		{name: "timeout", node: "a", cfg: Config{Address: "h:1", Timeout: -time.Second}, want: "timeout"},
+		{name: "ca missing", node: "a", cfg: Config{Address: "h:1", TLS: &TLS{CAFiles: []string{filepath.Join(dir, "none.pem")}}}, want: "none.pem"},
+		{name: "ca not pem", node: "a", cfg: Config{Address: "h:1", TLS: &TLS{CAFiles: []string{notPEM}}}, want: "no PEM"},
+		{name: "password", node: "a", cfg: Config{Address: "h", Password: "hunter22"}, want: "host:port", secret: "hunter22"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s, err := Open(tc.cfg, tc.node)
+			if tc.want == "" {
+				if err != nil {
+					t.Fatalf("Open: %v", err)
+				}
+				if s.Node() != tc.node {
+					t.Fatalf("Node() = %q", s.Node())
+				}
+				_ = s.Close()
+				return
+			}
+			if err == nil {
+				_ = s.Close()
+				t.Fatalf("Open accepted %+v", tc.cfg)
+			}
+			if !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("error %q does not mention %q", err, tc.want)
+			}
+			if tc.secret != "" && strings.Contains(err.Error(), tc.secret) {
+				t.Fatalf("error shows a secret: %q", err)
+			}
+		})
+	}
+}
+
+// writeCA writes a self-signed CA certificate as PEM.
+func writeCA(t *testing.T, path string) {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber:          big.NewInt(1),
+		Subject:               pkix.Name{CommonName: "test ca"},
+		NotBefore:             time.Now().Add(-time.Hour),
+		NotAfter:              time.Now().Add(time.Hour),
+		IsCA:                  true,
+		BasicConstraintsValid: true,
+		KeyUsage:              x509.KeyUsageCertSign,
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestEventCodec(t *testing.T) {
+	s := &Store{node: "n|1"}
+	until := time.UnixMilli(1_900_000_000_123)
+	ev, ok := decodeEvent(s.event(EventCooldown, "p \"x\"", until))
+	if !ok || ev.Kind != EventCooldown || ev.Provider != `p "x"` || !ev.Until.Equal(until) || ev.Node != "n|1" {
+		t.Fatalf("round trip: %+v %v", ev, ok)
+	}
+	for _, bad := range []string{"", "{", `{"kind":"released"}`, `{"provider":"p"}`} {
+		if _, ok := decodeEvent(bad); ok {
+			t.Fatalf("decoded %q", bad)
+		}
+	}
+	if got := memberNode("a|b|0123"); got != "a|b" {
+		t.Fatalf("memberNode = %q", got)
+	}
+}

@@ -1,0 +1,195 @@
+package cluster
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"go.uber.org/zap"
+)
+
+// The kinds of Event.
+const (
+	// EventReleased: slots of the provider were freed (a lease released,
+	// or dead leases dropped); a node waiting for room may try again.
+	EventReleased = "released"
+	// EventCooldown: a shared cooldown of the provider was set, until
+	// Event.Until.
+	EventCooldown = "cooldown"
+	// EventRecovered: the provider's shared cooldown was cleared.
+	EventRecovered = "recovered"
+)
+
+// Event is a change of the shared state, as announced by a node.
+type Event struct {
+	// Kind is EventReleased, EventCooldown or EventRecovered.
+	Kind string
+	// Provider is the provider's name.
+	Provider string
+	// Until is the end of the cooldown for EventCooldown; zero otherwise.
+	Until time.Time
+	// Node is the node that published the event.
+	Node string
+}
+
+// wireEvent is Event on the channel.
+type wireEvent struct {
+	Kind     string `json:"kind"`
+	Provider string `json:"provider"`
+	Until    int64  `json:"until,omitempty"` // Unix ms
+	Node     string `json:"node"`
+}
+
+// event encodes an event published by this node.
+func (s *Store) event(kind, provider string, until time.Time) string {
+	w := wireEvent{Kind: kind, Provider: provider, Node: s.node}
+	if !until.IsZero() {
+		w.Until = until.UnixMilli()
+	}
+	b, _ := json.Marshal(w)
+	return string(b)
+}
+
+// decodeEvent parses a message of the channel.
+func decodeEvent(payload string) (Event, bool) {
+	var w wireEvent
+	if err := json.Unmarshal([]byte(payload), &w); err != nil || w.Kind == "" || w.Provider == "" {
+		return Event{}, false
+	}
+	ev := Event{Kind: w.Kind, Provider: w.Provider, Node: w.Node}
+	if w.Until > 0 {
+		ev.Until = time.UnixMilli(w.Until)
+	}
+	return ev, true
+}
+
+// subscription is one Subscribe call.
+type subscription struct {
+	cancel  context.CancelFunc
+	stopped atomic.Bool
+}
+
+func (sub *subscription) stop() {
+	sub.stopped.Store(true)
+	sub.cancel()
+}
+
+// Subscribe calls fn with every Event published by any node, this one
+// included, through Redis pub/sub, in order, from one goroutine. It
+// reconnects after an outage, with backoff; events published while
+// disconnected are lost, so a consumer must not rely on them alone (for
+// instance, also retry on a timer). cancel stops the subscription: fn is
+// not called once cancel has returned, except for a call already running.
+// cancel is idempotent and may be called from fn. Close cancels every
+// subscription.
+func (s *Store) Subscribe(fn func(Event)) (cancel func()) {
+	ctx, stop := context.WithCancel(context.Background())
+	sub := &subscription{cancel: stop}
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		stop()
+		return func() {}
+	}
+	s.subs[sub] = struct{}{}
+	s.subWG.Add(1)
+	s.mu.Unlock()
+
+	go func() {
+		defer s.subWG.Done()
+		s.subscribeLoop(ctx, sub, fn)
+	}()
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			sub.stop()
+			s.mu.Lock()
+			delete(s.subs, sub)
+			s.mu.Unlock()
+		})
+	}
+}
+
+// Backoff between reconnections of a subscription.
+const (
+	minSubscribeBackoff = 100 * time.Millisecond
+	maxSubscribeBackoff = 5 * time.Second
+)
+
+// subscribeLoop (re)subscribes until ctx ends.
+func (s *Store) subscribeLoop(ctx context.Context, sub *subscription, fn func(Event)) {
+	backoff := minSubscribeBackoff
+	failing := false
+	for ctx.Err() == nil {
+		ps := s.rdb.Subscribe(ctx, s.channel())
+		subscribed, err := s.receive(ctx, ps, sub, fn)
+		_ = ps.Close()
+		if ctx.Err() != nil {
+			return
+		}
+		if subscribed {
+			// It worked, then broke: a new outage.
+			backoff = minSubscribeBackoff
+			failing = false
+		}
+		if !failing {
+			s.log.Warn("shared state: event subscription lost; reconnecting",
+				zap.Error(s.fail("receive events", err)))
+			failing = true
+		}
+		t := time.NewTimer(backoff)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return
+		case <-t.C:
+		}
+		backoff = min(2*backoff, maxSubscribeBackoff)
+	}
+}
+
+// receive delivers the messages of ps until an error. subscribed reports
+// whether Redis confirmed the subscription.
+func (s *Store) receive(ctx context.Context, ps *redis.PubSub, sub *subscription, fn func(Event)) (subscribed bool, err error) {
+	// Closing ps interrupts a blocked read when ctx ends.
+	stop := context.AfterFunc(ctx, func() { _ = ps.Close() })
+	defer stop()
+	// Idle this long and the connection is pinged; idle twice and it is
+	// taken for dead.
+	idle := max(s.cfg.LeaseTTL/3, time.Second)
+	pinged := false
+	for {
+		msg, err := ps.ReceiveTimeout(ctx, idle)
+		if err != nil {
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() && !pinged && ctx.Err() == nil {
+				pctx, cancel := s.ctx(ctx)
+				err = ps.Ping(pctx)
+				cancel()
+				if err != nil {
+					return subscribed, err
+				}
+				pinged = true
+				continue
+			}
+			return subscribed, err
+		}
+		pinged = false
+		switch m := msg.(type) {
+		case *redis.Subscription:
+			if m.Kind == "subscribe" {
+				subscribed = true
+			}
+		case *redis.Message:
+			ev, ok := decodeEvent(m.Payload)
+			if ok && !sub.stopped.Load() {
+				fn(ev)
+			}
+		}
+	}
+}

@@ -1,0 +1,151 @@
+package cluster
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"sync/atomic"
+	"time"
+
+	"go.uber.org/zap"
+)
+
+// Grant is the answer of Acquire.
+type Grant struct {
+	// Lease is non-nil when a slot was taken; Release it when the session
+	// ends.
+	Lease *Lease
+	// Full is true when the provider is at its max across the cluster.
+	Full bool
+	// CooldownUntil is non-zero when the provider is in a shared cooldown;
+	// then no lease is taken.
+	CooldownUntil time.Time
+	// Streak is the shared doubling count of that cooldown.
+	Streak int
+}
+
+// Lease is one live-session slot of a provider, held by this node. The
+// Store renews it until Release.
+type Lease struct {
+	s        *Store
+	provider string
+	member   string
+	released atomic.Bool
+}
+
+// Provider is the name of the provider the slot belongs to.
+func (l *Lease) Provider() string { return l.provider }
+
+// ID is the lease's member in the provider's lease set: node + "|" + a
+// random id.
+func (l *Lease) ID() string { return l.member }
+
+// Release gives the slot back and tells the other nodes. It is idempotent,
+// safe from any goroutine and on a nil Lease, and bounded by Timeout; if
+// Redis is down the lease simply expires within LeaseTTL.
+func (l *Lease) Release() {
+	if l == nil || l.released.Load() {
+		return
+	}
+	s := l.s
+	// Under mu, so that exactly one of Release and Close releases it.
+	s.mu.Lock()
+	if !l.released.CompareAndSwap(false, true) {
+		s.mu.Unlock()
+		return
+	}
+	delete(s.leases, l)
+	s.inflight.Add(1) // Close marks every lease released first: not closed yet
+	s.mu.Unlock()
+	defer s.inflight.Done()
+	ctx, cancel := s.ctx(context.Background())
+	defer cancel()
+	if err := s.releaseRemote(ctx, []*Lease{l}); err != nil {
+		s.log.Debug("shared state: lease not released; it expires on its own",
+			zap.String("provider", l.provider), zap.Error(err))
+	}
+}
+
+// releaseRemote removes leases from Redis in one round trip.
+func (s *Store) releaseRemote(ctx context.Context, ls []*Lease) error {
+	keys := make([]string, 0, len(ls))
+	args := make([]any, 0, 1+2*len(ls))
+	args = append(args, s.channel())
+	for _, l := range ls {
+		keys = append(keys, s.leaseKey(l.provider))
+		args = append(args, l.member, s.event(EventReleased, l.provider, time.Time{}))
+	}
+	if err := releaseScript.Run(ctx, s.rdb, keys, args...).Err(); err != nil {
+		return s.fail("release leases", err)
+	}
+	return nil
+}
+
+// newMember returns a fresh lease member of this node.
+func (s *Store) newMember() string {
+	var b [12]byte
+	_, _ = rand.Read(b[:])
+	return s.node + "|" + hex.EncodeToString(b[:])
+}
+
+// Acquire atomically, in one round trip, drops the expired leases of
+// provider, checks its shared cooldown, and takes one slot when fewer than
+// max are live. max 0 means unlimited: the slot is still recorded, so
+// counts are cluster-wide. In a cooldown the Grant has CooldownUntil and no
+// lease; at max it is Full. Errors wrap ErrUnavailable.
+func (s *Store) Acquire(ctx context.Context, provider string, max int) (Grant, error) {
+	if provider == "" {
+		return Grant{}, errors.New("acquire: empty provider name")
+	}
+	if max < 0 {
+		return Grant{}, fmt.Errorf("acquire %q: negative max %d", provider, max)
+	}
+	op := fmt.Sprintf("acquire a slot of provider %q", provider)
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return Grant{}, s.fail(op, errClosed)
+	}
+	s.watched[provider] = struct{}{}
+	s.inflight.Add(1)
+	s.mu.Unlock()
+	defer s.inflight.Done()
+
+	l := &Lease{s: s, provider: provider, member: s.newMember()}
+	ctx, cancel := s.ctx(ctx)
+	defer cancel()
+	res, err := acquireScript.Run(ctx, s.rdb,
+		[]string{s.leaseKey(provider), s.cooldownKey(provider)},
+		max, l.member, s.cfg.LeaseTTL.Milliseconds(), s.channel(),
+		s.event(EventReleased, provider, time.Time{}),
+	).Int64Slice()
+	if err != nil {
+		// The script may have run and its reply been lost: the lease then
+		// expires, unrenewed, within LeaseTTL.
+		return Grant{}, s.fail(op, err)
+	}
+	if len(res) != 4 {
+		return Grant{}, s.fail(op, fmt.Errorf("unexpected reply %v", res))
+	}
+	switch res[0] {
+	case 0:
+		return Grant{CooldownUntil: time.UnixMilli(res[1]), Streak: int(res[2])}, nil
+	case 2:
+		return Grant{Full: true}, nil
+	}
+	s.mu.Lock()
+	if s.closed {
+		// Closed while acquiring: Close could not release this one.
+		s.mu.Unlock()
+		l.released.Store(true)
+		rctx, rcancel := s.ctx(context.Background())
+		_ = s.releaseRemote(rctx, []*Lease{l})
+		rcancel()
+		return Grant{}, s.fail(op, errClosed)
+	}
+	s.leases[l] = struct{}{}
+	s.mu.Unlock()
+	return Grant{Lease: l}, nil
+}

@@ -1,0 +1,69 @@
+package cluster
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"time"
+)
+
+// Share is a provider's state across the cluster.
+type Share struct {
+	// Active is the number of live leases, all nodes together.
+	Active int
+	// Nodes maps each node holding live leases to their number.
+	Nodes map[string]int
+	// CooldownUntil is the end of the shared cooldown; zero when none.
+	CooldownUntil time.Time
+}
+
+// Snapshot returns the Share of each provider, read in one round trip.
+// Expired leases are not counted. Errors wrap ErrUnavailable.
+func (s *Store) Snapshot(ctx context.Context, providers []string) (map[string]Share, error) {
+	out := make(map[string]Share, len(providers))
+	if len(providers) == 0 {
+		return out, nil
+	}
+	const op = "read the shared state"
+	if s.isClosed() {
+		return nil, s.fail(op, errClosed)
+	}
+	keys := make([]string, 0, 2*len(providers))
+	for _, p := range providers {
+		keys = append(keys, s.leaseKey(p), s.cooldownKey(p))
+	}
+	ctx, cancel := s.ctx(ctx)
+	defer cancel()
+	res, err := snapshotScript.Run(ctx, s.rdb, keys).Slice()
+	if err != nil {
+		return nil, s.fail(op, err)
+	}
+	if len(res) != 2*len(providers) {
+		return nil, s.fail(op, fmt.Errorf("unexpected reply of %d elements", len(res)))
+	}
+	for i, p := range providers {
+		members, _ := res[2*i].([]any)
+		sh := Share{Nodes: map[string]int{}}
+		for _, m := range members {
+			str, ok := m.(string)
+			if !ok {
+				continue
+			}
+			sh.Active++
+			sh.Nodes[memberNode(str)]++
+		}
+		if ms, ok := parseInt(res[2*i+1]); ok && ms > 0 {
+			sh.CooldownUntil = time.UnixMilli(ms)
+		}
+		out[p] = sh
+	}
+	return out, nil
+}
+
+// memberNode returns the node of a lease member (node + "|" + id).
+func memberNode(member string) string {
+	if i := strings.LastIndexByte(member, '|'); i >= 0 {
+		return member[:i]
+	}
+	return member
+}

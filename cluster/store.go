@@ -1,0 +1,234 @@
+package cluster
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"go.uber.org/zap"
+)
+
+// Store is one node's handle on the shared state. It is safe for
+// concurrent use. Open it once per node and Close it when the node stops.
+type Store struct {
+	cfg  Config
+	node string
+	rdb  *redis.Client
+	log  *zap.Logger
+
+	mu      sync.Mutex
+	closed  bool
+	leases  map[*Lease]struct{}
+	watched map[string]struct{} // providers whose dead leases renewal sweeps
+	subs    map[*subscription]struct{}
+	// inflight counts the Acquire and Release calls talking to Redis, so
+	// that Close does not close the client under them.
+	inflight sync.WaitGroup
+
+	renewStop chan struct{}
+	renewOnce sync.Once
+	renewDone chan struct{}
+	renewOK   bool // last renewal succeeded; only the renew goroutine uses it
+
+	subWG sync.WaitGroup
+}
+
+// Open validates cfg and returns a Store for node, the name this gateway
+// node is known by in the cluster (it must be unique among the nodes). It
+// does no network I/O: the first call connects. It starts the background
+// renewal of the leases the Store will hold.
+func Open(cfg Config, node string) (*Store, error) {
+	cfg = cfg.withDefaults()
+	var errs []error
+	if node == "" {
+		errs = append(errs, errors.New("node name is required"))
+	}
+	if err := cfg.validate(); err != nil {
+		errs = append(errs, err)
+	}
+	tc, err := cfg.tlsConfig()
+	if err != nil {
+		errs = append(errs, err)
+	}
+	if err := errors.Join(errs...); err != nil {
+		return nil, fmt.Errorf("shared state config: %w", err)
+	}
+	s := &Store{
+		cfg:       cfg,
+		node:      node,
+		rdb:       redis.NewClient(cfg.options(tc)),
+		log:       cfg.Logger.With(zap.String("node", node)),
+		leases:    map[*Lease]struct{}{},
+		watched:   map[string]struct{}{},
+		subs:      map[*subscription]struct{}{},
+		renewStop: make(chan struct{}),
+		renewDone: make(chan struct{}),
+		renewOK:   true,
+	}
+	go s.renewLoop()
+	return s, nil
+}
+
+// Node returns the name of this node, as given to Open.
+func (s *Store) Node() string { return s.node }
+
+// Close stops the renewals and the subscriptions, releases every lease
+// still held (best effort, one round trip bounded by Timeout: if Redis is
+// down they simply expire) and closes the connections. Leases released
+// later are no-ops. Close is idempotent; it must not be called from a
+// Subscribe callback.
+func (s *Store) Close() error {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return nil
+	}
+	s.closed = true
+	held := make([]*Lease, 0, len(s.leases))
+	for l := range s.leases {
+		if l.released.CompareAndSwap(false, true) {
+			held = append(held, l)
+		}
+	}
+	s.leases = map[*Lease]struct{}{}
+	subs := s.subs
+	s.subs = map[*subscription]struct{}{}
+	s.mu.Unlock()
+
+	s.stopRenewals()
+	if len(held) > 0 {
+		ctx, cancel := context.WithTimeout(context.Background(), s.cfg.Timeout)
+		if err := s.releaseRemote(ctx, held); err != nil {
+			s.log.Warn("shared state: leases not released at close; they expire on their own",
+				zap.Int("leases", len(held)), zap.Error(err))
+		}
+		cancel()
+	}
+	s.inflight.Wait()
+	for sub := range subs {
+		sub.stop()
+	}
+	s.subWG.Wait()
+	return s.rdb.Close()
+}
+
+// stopRenewals stops the renewal goroutine and waits for it, without
+// releasing anything. Tests use it to play a node that died.
+func (s *Store) stopRenewals() {
+	s.renewOnce.Do(func() { close(s.renewStop) })
+	<-s.renewDone
+}
+
+// Keys and channel.
+
+func (s *Store) leaseKey(provider string) string    { return s.cfg.KeyPrefix + "lease:" + provider }
+func (s *Store) cooldownKey(provider string) string { return s.cfg.KeyPrefix + "cooldown:" + provider }
+func (s *Store) channel() string                    { return s.cfg.KeyPrefix + "events" }
+
+// ctx bounds a call by Timeout.
+func (s *Store) ctx(parent context.Context) (context.Context, context.CancelFunc) {
+	if parent == nil {
+		parent = context.Background()
+	}
+	return context.WithTimeout(parent, s.cfg.Timeout)
+}
+
+// errClosed is the cause of calls made after Close.
+var errClosed = errors.New("store closed")
+
+func (s *Store) isClosed() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.closed
+}
+
+// renewLoop renews the held leases about every LeaseTTL/3 until
+// stopRenewals.
+func (s *Store) renewLoop() {
+	defer close(s.renewDone)
+	t := time.NewTicker(s.cfg.LeaseTTL / 3)
+	defer t.Stop()
+	for {
+		select {
+		case <-s.renewStop:
+			return
+		case <-t.C:
+			s.renew()
+		}
+	}
+}
+
+// renew runs one renewal: every held lease is extended (or put back when
+// missing) and the dead leases of every provider this node has asked for
+// are dropped, in one round trip.
+func (s *Store) renew() {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return
+	}
+	byProvider := map[string][]*Lease{}
+	for p := range s.watched {
+		byProvider[p] = nil
+	}
+	for l := range s.leases {
+		byProvider[l.provider] = append(byProvider[l.provider], l)
+	}
+	s.mu.Unlock()
+	if len(byProvider) == 0 {
+		return
+	}
+	providers := make([]string, 0, len(byProvider))
+	for p := range byProvider {
+		providers = append(providers, p)
+	}
+	sort.Strings(providers)
+
+	keys := make([]string, 0, len(providers))
+	args := []any{s.cfg.LeaseTTL.Milliseconds(), s.channel()}
+	for _, p := range providers {
+		keys = append(keys, s.leaseKey(p))
+		ls := byProvider[p]
+		args = append(args, s.event(EventReleased, p, time.Time{}), len(ls))
+		for _, l := range ls {
+			args = append(args, l.member)
+		}
+	}
+	ctx, cancel := s.ctx(context.Background())
+	defer cancel()
+	restored, err := renewScript.Run(ctx, s.rdb, keys, args...).Int64()
+	if err != nil {
+		if s.renewOK {
+			s.log.Warn("shared state: lease renewal failed; retrying",
+				zap.Error(s.fail("renew leases", err)))
+		}
+		s.renewOK = false
+		return
+	}
+	if !s.renewOK {
+		s.log.Info("shared state: lease renewal works again")
+	}
+	s.renewOK = true
+	if restored > 0 {
+		s.log.Info("shared state: put back leases that went missing", zap.Int64("leases", restored))
+	}
+	// A lease released while this renewal ran may have been put back by
+	// it: release it again.
+	var again []*Lease
+	for _, ls := range byProvider {
+		for _, l := range ls {
+			if l.released.Load() {
+				again = append(again, l)
+			}
+		}
+	}
+	if len(again) > 0 {
+		rctx, rcancel := s.ctx(context.Background())
+		_ = s.releaseRemote(rctx, again)
+		rcancel()
+	}
+}

@@ -1,0 +1,79 @@
+package browserfailover
+
+import (
+	"context"
+	"encoding/binary"
+	"io"
+	"net"
+	"testing"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/browserfailover/caddy-browser-failover/cooldown"
+	"github.com/browserfailover/caddy-browser-failover/pool"
+	"github.com/browserfailover/caddy-browser-failover/upstreams"
+)
+
+// TestAbandonClosesLateWinner: an attempt that answered 101 after another
+// won gets a masked close 1000 "hedge lost", its slot back, and no change
+// to its provider's health; it is listed as hedge_lost.
+func TestAbandonClosesLateWinner(t *testing.T) {
+	gen := new(int)
+	st, err := pool.Claim("abandon-unit", "ws://127.0.0.1:1/", "ws://127.0.0.1:1/", gen, cooldown.Config{MinRequests: 1}, false, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.ReleaseClaim("abandon-unit", gen)
+	up, err := upstreams.New(upstreams.Options{Name: "abandon-unit", URL: "ws://127.0.0.1:1/"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	permit, ok := st.Health.Acquire()
+	if !ok || !st.TryReserve() {
+		t.Fatal("no permit or slot")
+	}
+	h := &Handler{logger: zap.NewNop()}
+	c := &connect{h: h}
+	f := &flight{m: &member{up: up, state: st}, permit: permit, cancel: func() {}, start: time.Now()}
+	results := make(chan landing, 1)
+	c.abandon(map[*flight]struct{}{f: {}}, results)
+	if c.hedgesWasted != 1 || len(c.attempts) != 1 || c.attempts[0].Outcome != upstreams.WordHedgeLost {
+		t.Fatalf("wasted %d attempts %+v", c.hedgesWasted, c.attempts)
+	}
+
+	gw, provider := net.Pipe()
+	results <- landing{f: f, res: upstreams.Result{Outcome: upstreams.Outcome{Word: upstreams.WordOK, Kind: upstreams.Success}, Conn: &upstreams.Conn{Conn: gw}}}
+	provider.SetDeadline(time.Now().Add(5 * time.Second))
+	hdr := make([]byte, 2)
+	if _, err := io.ReadFull(provider, hdr); err != nil {
+		t.Fatal(err)
+	}
+	if hdr[0] != 0x88 || hdr[1]&0x80 == 0 {
+		t.Fatalf("frame header % x: want a masked close frame", hdr)
+	}
+	n := int(hdr[1] & 0x7f)
+	rest := make([]byte, 4+n)
+	if _, err := io.ReadFull(provider, rest); err != nil {
+		t.Fatal(err)
+	}
+	key, payload := rest[:4], rest[4:]
+	for i := range payload {
+		payload[i] ^= key[i&3]
+	}
+	if code := binary.BigEndian.Uint16(payload); code != 1000 || string(payload[2:]) != "hedge lost" {
+		t.Fatalf("close %d %q", code, payload[2:])
+	}
+	provider.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	for st.Reserved() != 0 {
+		if ctx.Err() != nil {
+			t.Fatal("slot not given back")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	if snap := st.Health.Snapshot(); snap.Failures != 0 || !snap.Healthy {
+		t.Fatalf("health %+v", snap)
+	}
+}

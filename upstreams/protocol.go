@@ -1,0 +1,113 @@
+package upstreams
+
+import (
+	"fmt"
+	"net/http"
+	"strconv"
+	"strings"
+)
+
+// Protocol is what a client speaks over its WebSocket, and what a provider
+// serves.
+type Protocol string
+
+const (
+	// ProtocolAny is a provider that serves every client (the default).
+	ProtocolAny Protocol = "any"
+	// ProtocolCDP is the Chrome DevTools Protocol: Puppeteer, chromedp,
+	// Playwright's connectOverCDP.
+	ProtocolCDP Protocol = "cdp"
+	// ProtocolPlaywright is Playwright's own protocol: chromium.connect()
+	// to a launchServer / run-server endpoint.
+	ProtocolPlaywright Protocol = "playwright"
+)
+
+// ParseProtocol reads a provider's protocol option ("" is any).
+func ParseProtocol(s string) (Protocol, error) {
+	switch p := Protocol(strings.ToLower(strings.TrimSpace(s))); p {
+	case "":
+		return ProtocolAny, nil
+	case ProtocolAny, ProtocolCDP, ProtocolPlaywright:
+		return p, nil
+	}
+	return "", fmt.Errorf("protocol %q: want cdp, playwright or any", s)
+}
+
+// ParsePlaywrightVersion checks a playwright_version option: major.minor,
+// both non-negative integers ("1.65"). It returns the canonical form.
+func ParsePlaywrightVersion(s string) (string, error) {
+	v, ok := majorMinor(s)
+	if !ok || strings.Count(s, ".") != 1 {
+		return "", fmt.Errorf("playwright_version %q: want <major>.<minor>, like 1.65", s)
+	}
+	return v, nil
+}
+
+// majorMinor returns "x.y" from "x.y" or "x.y.z…" (the rest ignored), with
+// x and y decimal integers.
+func majorMinor(s string) (string, bool) {
+	parts := strings.SplitN(s, ".", 3)
+	if len(parts) < 2 {
+		return "", false
+	}
+	major, err1 := strconv.ParseUint(parts[0], 10, 32)
+	minor, err2 := strconv.ParseUint(parts[1], 10, 32)
+	if err1 != nil || err2 != nil {
+		return "", false
+	}
+	return strconv.FormatUint(major, 10) + "." + strconv.FormatUint(minor, 10), true
+}
+
+// ClientProtocol recognises what a client speaks from its upgrade request.
+//
+// A handshake that carries an x-playwright-browser header speaks
+// Playwright's protocol (chromium.connect() sends it; connectOverCDP does
+// not), and its version is the major.minor of the first
+// "Playwright/x.y.z" product in its User-Agent ("" when there is none).
+// Everything else speaks CDP: a Playwright User-Agent alone does not count,
+// because connectOverCDP sends it too.
+func ClientProtocol(h http.Header) (p Protocol, version string) {
+	if _, ok := h["X-Playwright-Browser"]; !ok {
+		return ProtocolCDP, ""
+	}
+	return ProtocolPlaywright, playwrightUAVersion(h.Get("User-Agent"))
+}
+
+// playwrightUAVersion finds "Playwright/x.y…" in a User-Agent.
+func playwrightUAVersion(ua string) string {
+	for _, product := range strings.Fields(ua) {
+		name, ver, ok := strings.Cut(product, "/")
+		if !ok || !strings.EqualFold(name, "Playwright") {
+			continue
+		}
+		if v, ok := majorMinor(ver); ok {
+			return v
+		}
+	}
+	return ""
+}
+
+// Serves tells whether a provider of protocol p (and, for playwright, of
+// version pv, "" for any version) can ever serve a client speaking cp at
+// version cv.
+func Serves(p Protocol, pv string, cp Protocol, cv string) bool {
+	switch p {
+	case ProtocolAny, "":
+		return true
+	case ProtocolCDP:
+		return cp == ProtocolCDP
+	case ProtocolPlaywright:
+		if cp != ProtocolPlaywright {
+			return false
+		}
+		return pv == "" || cv == "" || pv == cv
+	}
+	return false
+}
+
+// Prefers tells whether a provider is an exact version match for a
+// Playwright client (a playwright provider declaring the client's version):
+// such providers are tried before the others that may serve it.
+func Prefers(p Protocol, pv string, cp Protocol, cv string) bool {
+	return cp == ProtocolPlaywright && p == ProtocolPlaywright && pv != "" && pv == cv
+}
