@@ -55,6 +55,20 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //		client_limit <placeholder> <n>
 //		hedge_after  <duration>
 //		hedge_max    <n>
+//		state redis <host:port> {
+//			username <name>
+//			password <value>
+//			db <n>
+//			key_prefix <prefix>
+//			tls
+//			tls_server_name <name>
+//			tls_insecure_skip_verify
+//			tls_trusted_ca_certs <pem_file...>
+//			lease_ttl <duration>
+//			timeout <duration>
+//			node <name>
+//			on_unavailable local|reject
+//		}
 //
 //		cooldown {
 //			duration          <duration>
@@ -180,6 +194,12 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				return err
 			}
 			h.HedgeMax = n
+		case "state":
+			st, err := parseState(d)
+			if err != nil {
+				return err
+			}
+			h.State = st
 		case "webhook":
 			wh, err := parseWebhook(d)
 			if err != nil {
@@ -563,3 +583,68 @@ func onOff(d *caddyfile.Dispenser, bareOK bool) (bool, error) {
 
 // Interface guard.
 var _ caddyfile.Unmarshaler = (*Handler)(nil)
+
+// parseState reads "state redis <address> { ... }".
+func parseState(d *caddyfile.Dispenser) (*StateConfig, error) {
+	args := d.RemainingArgs()
+	if len(args) != 2 || args[0] != "redis" {
+		return nil, d.Errf("state takes a backend and its address: state redis <host:port>")
+	}
+	st := &StateConfig{Redis: &RedisConfig{Address: args[1]}}
+	r := st.Redis
+	tlsOn := func() *TLSConfig {
+		if r.TLS == nil {
+			r.TLS = &TLSConfig{}
+		}
+		return r.TLS
+	}
+	for nesting := d.Nesting(); d.NextBlock(nesting); {
+		opt := d.Val()
+		var err error
+		switch opt {
+		case "username":
+			r.Username, err = oneArg(d)
+		case "password":
+			r.Password, err = oneArg(d)
+		case "db":
+			r.DB, err = intArg(d, 0)
+		case "key_prefix":
+			r.KeyPrefix, err = oneArg(d)
+		case "tls":
+			if d.NextArg() {
+				return nil, d.ArgErr()
+			}
+			tlsOn()
+		case "tls_server_name":
+			tlsOn().ServerName, err = oneArg(d)
+		case "tls_insecure_skip_verify":
+			if d.NextArg() {
+				return nil, d.ArgErr()
+			}
+			tlsOn().InsecureSkipVerify = true
+		case "tls_trusted_ca_certs":
+			files := d.RemainingArgs()
+			if len(files) == 0 {
+				return nil, d.ArgErr()
+			}
+			tlsOn().TrustedCACertFiles = append(tlsOn().TrustedCACertFiles, files...)
+		case "lease_ttl":
+			r.LeaseTTL, err = durationArg(d, false)
+		case "timeout":
+			r.Timeout, err = durationArg(d, false)
+		case "node":
+			st.Node, err = oneArg(d)
+		case "on_unavailable":
+			st.OnUnavailable, err = oneArg(d)
+			if err == nil && st.OnUnavailable != "local" && st.OnUnavailable != "reject" {
+				return nil, d.Errf("on_unavailable %q: want local or reject", st.OnUnavailable)
+			}
+		default:
+			return nil, d.Errf("state: unknown option %q", opt)
+		}
+		if err != nil {
+			return nil, err
+		}
+	}
+	return st, nil
+}

@@ -57,6 +57,9 @@ func TestCaddyfileErrors(t *testing.T) {
 		{"client_limit args", "browser_failover {\n provider a ws://h:1\n client_limit {http.auth.user.id}\n}", "client_limit takes a key placeholder and a number"},
 		{"hedge_max one", "browser_failover {\n provider a ws://h:1\n hedge_max 1\n}", "Caddyfile:3 - Error during parsing: hedge_max must be at least 2"},
 		{"hedge_after bad", "browser_failover {\n provider a ws://h:1\n hedge_after later\n}", `hedge_after: invalid duration "later"`},
+		{"state backend", "browser_failover {\n provider a ws://h:1\n state etcd h:2379\n}", "Caddyfile:3 - Error during parsing: state takes a backend and its address"},
+		{"state option", "browser_failover {\n provider a ws://h:1\n state redis h:6379 {\n  colour red\n }\n}", `Caddyfile:4 - Error during parsing: state: unknown option "colour"`},
+		{"state on_unavailable", "browser_failover {\n provider a ws://h:1\n state redis h:6379 {\n  on_unavailable wait\n }\n}", `on_unavailable "wait": want local or reject`},
 		{"max below duration", "browser_failover {\n provider a ws://h:1\n cooldown {\n  duration 1m\n  max_duration 10s\n }\n}", "max_duration (10s) is shorter than duration (1m0s)"},
 	}
 	for _, tc := range cases {
@@ -157,6 +160,17 @@ browser_failover /browser* {
 	client_limit {http.request.header.X-Api-Key} 3
 	hedge_after 250ms
 	hedge_max 3
+	state redis 127.0.0.1:6379 {
+		username gw
+		password {env.REDIS_PASSWORD}
+		db 2
+		key_prefix bf:
+		tls_server_name redis.internal
+		lease_ttl 10s
+		timeout 250ms
+		node gw-1
+		on_unavailable reject
+	}
 }
 browser_failover /pw* {
 	provider pw ws://127.0.0.1:3000/ {
@@ -211,7 +225,10 @@ browser_failover /pw* {
 		h.Cooldown.FailureThreshold != 0.25 || h.Cooldown.MinRequests != 4 ||
 		*h.Queue.Size != 0 || h.Affinity.Source != "header" || *h.Discovery ||
 		*h.Providers[1].Discover || h.ClientLimit.Key != "{http.request.header.X-Api-Key}" || h.ClientLimit.Limit != 3 ||
-		h.HedgeAfter != caddy.Duration(250*time.Millisecond) || h.HedgeMax != 3 {
+		h.HedgeAfter != caddy.Duration(250*time.Millisecond) || h.HedgeMax != 3 ||
+		h.State == nil || h.State.Redis.Address != "127.0.0.1:6379" || h.State.Redis.Password != "{env.REDIS_PASSWORD}" ||
+		h.State.Redis.DB != 2 || h.State.Redis.TLS.ServerName != "redis.internal" || h.State.Node != "gw-1" ||
+		h.State.OnUnavailable != "reject" || h.State.Redis.LeaseTTL != caddy.Duration(10*time.Second) {
 		t.Fatalf("parsed %s", raw)
 	}
 	if !strings.Contains(string(out), `"playwright_version":"1.65","protocol":"playwright"`) || !strings.Contains(string(out), `"protocol":"cdp"`) {
@@ -242,6 +259,9 @@ func TestJSONValidation(t *testing.T) {
 		{"client_limit key", `{"handler":"browser_failover","providers":[{"name":"a","url":"ws://h:1"}],"client_limit":{"key":"","limit":2}}`, "client_limit key"},
 		{"hedge_max", `{"handler":"browser_failover","providers":[{"name":"a","url":"ws://h:1"}],"hedge_max":1}`, "hedge_max must be at least 2"},
 		{"hedge_after", `{"handler":"browser_failover","providers":[{"name":"a","url":"ws://h:1"}],"hedge_after":-5}`, "hedge_after must not be negative"},
+		{"state without backend", `{"handler":"browser_failover","providers":[{"name":"a","url":"ws://h:1"}],"state":{"node":"x"}}`, "state needs a backend: redis"},
+		{"state timeout", `{"handler":"browser_failover","providers":[{"name":"a","url":"ws://h:1"}],"state":{"redis":{"address":"h:1","lease_ttl":"1s","timeout":"2s"}}}`, "timeout must be shorter than lease_ttl"},
+		{"state mode", `{"handler":"browser_failover","providers":[{"name":"a","url":"ws://h:1"}],"state":{"redis":{"address":"h:1"},"on_unavailable":"maybe"}}`, `on_unavailable "maybe"`},
 		{"unknown field", `{"handler":"browser_failover","providers":[{"name":"a","url":"ws://h:1"}],"colour":"blue"}`, "colour"},
 		{"two urls one name", `{"handler":"subroute","routes":[{"handle":[{"handler":"browser_failover","providers":[{"name":"same","url":"ws://h:1"}]},{"handler":"browser_failover","providers":[{"name":"same","url":"ws://h:2"}]}]}]}`, `provider "same" is declared with two different URLs`},
 	}

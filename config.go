@@ -59,6 +59,41 @@ type ClientLimitConfig struct {
 	Limit int `json:"limit"`
 }
 
+// StateConfig makes several gateway nodes share provider state (JSON key
+// "state"): live-session slots and cooldowns.
+type StateConfig struct {
+	// Redis is the shared store.
+	Redis *RedisConfig `json:"redis,omitempty"`
+	// Node names this gateway in the shared state and status; default
+	// <hostname>-<pid>.
+	Node string `json:"node,omitempty"`
+	// OnUnavailable is what happens while the store cannot be reached:
+	// "local" (default) falls back to this node's own limits, "reject"
+	// refuses new sessions (503).
+	OnUnavailable string `json:"on_unavailable,omitempty"`
+}
+
+// RedisConfig is how to reach the Redis server of the shared state.
+type RedisConfig struct {
+	// Address is host:port.
+	Address string `json:"address"`
+	// Username is the ACL user; empty for the default user.
+	Username string `json:"username,omitempty"`
+	// Password may hold {env.X}; never logged or shown.
+	Password string `json:"password,omitempty"`
+	// DB is the database number.
+	DB int `json:"db,omitempty"`
+	// KeyPrefix goes before every key; nodes sharing state use the same.
+	// Default "browser_failover:".
+	KeyPrefix string `json:"key_prefix,omitempty"`
+	// TLS connects with TLS when set.
+	TLS *TLSConfig `json:"tls,omitempty"`
+	// LeaseTTL is how long a slot outlives a node that died; default 15s.
+	LeaseTTL caddy.Duration `json:"lease_ttl,omitempty"`
+	// Timeout bounds every Redis call; default 500ms.
+	Timeout caddy.Duration `json:"timeout,omitempty"`
+}
+
 // HeaderOpConfig is one header_up operation: op "set", "add" or "delete".
 // Values may hold request placeholders.
 type HeaderOpConfig struct {
@@ -197,6 +232,25 @@ func (h *Handler) check() error {
 		}
 		if cl.Limit < 1 {
 			errs = append(errs, fmt.Errorf("client_limit must be at least 1, got %d", cl.Limit))
+		}
+	}
+	if st := h.State; st != nil {
+		switch {
+		case st.Redis == nil:
+			errs = append(errs, errors.New("state needs a backend: redis"))
+		case st.Redis.Address == "":
+			errs = append(errs, errors.New("state redis needs an address (host:port)"))
+		case st.Redis.DB < 0:
+			errs = append(errs, fmt.Errorf("state redis db must not be negative, got %d", st.Redis.DB))
+		case st.Redis.LeaseTTL < 0 || st.Redis.Timeout < 0:
+			errs = append(errs, errors.New("state redis lease_ttl and timeout must not be negative"))
+		case st.Redis.LeaseTTL > 0 && st.Redis.Timeout > 0 && time.Duration(st.Redis.Timeout) >= time.Duration(st.Redis.LeaseTTL):
+			errs = append(errs, errors.New("state redis timeout must be shorter than lease_ttl"))
+		}
+		switch st.OnUnavailable {
+		case "", "local", "reject":
+		default:
+			errs = append(errs, fmt.Errorf("state on_unavailable %q: want local or reject", st.OnUnavailable))
 		}
 	}
 	if h.HedgeAfter < 0 {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"time"
 
+	"github.com/browserfailover/caddy-browser-failover/cluster"
 	"github.com/browserfailover/caddy-browser-failover/cooldown"
 	"github.com/browserfailover/caddy-browser-failover/observe"
 	"github.com/browserfailover/caddy-browser-failover/upstreams"
@@ -21,6 +22,7 @@ const defaultHedgeMax = 2
 type flight struct {
 	m      *member
 	permit cooldown.Permit
+	lease  *cluster.Lease
 	cancel context.CancelFunc
 	start  time.Time
 	hedge  bool // started beside another attempt
@@ -46,12 +48,12 @@ func (c *connect) passHedged(ctx context.Context, ps *passState) passEnd {
 	defer timer.Stop()
 
 	launch := func(hedge bool) bool {
-		m, permit := c.pick(ps)
+		m, permit, lease := c.pick(ps)
 		if m == nil {
 			return false
 		}
 		actx, cancel := context.WithCancel(ctx)
-		f := &flight{m: m, permit: permit, cancel: cancel, start: time.Now(), hedge: hedge}
+		f := &flight{m: m, permit: permit, lease: lease, cancel: cancel, start: time.Now(), hedge: hedge}
 		live[f] = struct{}{}
 		if hedge {
 			c.hedgesStarted++
@@ -84,17 +86,20 @@ func (c *connect) passHedged(ctx context.Context, ps *passState) passEnd {
 				}
 				c.abandon(live, results)
 				// 6. Relay.
+				c.lease = l.f.lease
 				if c.establish(l.f.m, l.res.Conn) {
 					return passEstablished
 				}
 				return passClientGone
 			case passNothing:
+				releaseLease(l.f.lease)
 				// Failed on its own: with nothing else in flight the
 				// next candidate starts at once, as without hedging.
 				if len(live) == 0 && !(ctx.Err() != nil && c.r.Context().Err() != nil) {
 					launch(false)
 				}
 			default:
+				releaseLease(l.f.lease)
 				c.abandon(live, results)
 				return end
 			}
@@ -126,6 +131,7 @@ func (c *connect) abandon(live map[*flight]struct{}, results <-chan landing) {
 	go func() {
 		for range n {
 			l := <-results
+			releaseLease(l.f.lease)
 			st := l.f.m.state
 			o := l.res.Outcome
 			switch o.Kind {

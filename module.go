@@ -16,6 +16,7 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"go.uber.org/zap"
 
+	"github.com/browserfailover/caddy-browser-failover/cluster"
 	"github.com/browserfailover/caddy-browser-failover/cooldown"
 	"github.com/browserfailover/caddy-browser-failover/observe"
 	"github.com/browserfailover/caddy-browser-failover/pool"
@@ -63,6 +64,8 @@ type Handler struct {
 	// HedgeMax is the most attempts in flight at once while hedging;
 	// default 2.
 	HedgeMax int `json:"hedge_max,omitempty"`
+	// State shares slots and cooldowns with other gateway nodes.
+	State *StateConfig `json:"state,omitempty"`
 
 	logger    *zap.Logger
 	members   []*member
@@ -79,6 +82,7 @@ type Handler struct {
 	queueSize    int
 	queueTimeout time.Duration
 	*quotaState
+	shared *shared // state redis; nil when state is per node
 }
 
 // member is one provider of this handler: its dialer and its process-wide
@@ -197,6 +201,9 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	for i, m := range h.members {
 		h.names[i] = m.up.Name
 	}
+	if err := h.provisionShared(); err != nil {
+		return err
+	}
 	var qi pool.QueueInfo = offQueue{}
 	if h.queue != nil {
 		qi = h.queue
@@ -222,6 +229,7 @@ func (h *Handler) Validate() error {
 // reload; when the process is exiting, every session gets close 1001.
 func (h *Handler) Cleanup() error {
 	h.obs.Close()
+	h.cleanupShared()
 	pool.UnregisterQueue(h)
 	if h.queue != nil {
 		h.queue.Close()
@@ -283,6 +291,11 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, _ caddyhttp.
 		}
 		defer c.releaseQuota()
 	}
+	defer func() {
+		// A session that never started gives its slot back.
+		releaseLease(c.lease)
+		c.lease = nil
+	}()
 	return c.run()
 }
 
@@ -317,6 +330,9 @@ type connect struct {
 	allIncompatible bool
 	// Hedged attempts started, and attempts given up for another's 101.
 	hedgesStarted, hedgesWasted int
+	// lease is the winning attempt's cluster-wide slot until its session
+	// takes it.
+	lease *cluster.Lease
 }
 
 // sinceJoined is the client's whole wait: for its quota, then in the queue.
@@ -497,7 +513,7 @@ func (c *connect) pass(ctx context.Context, advance bool) (end passEnd, couldWai
 // passInTurn attempts the candidates one after the other (4.).
 func (c *connect) passInTurn(ctx context.Context, ps *passState) passEnd {
 	for {
-		m, permit := c.pick(ps)
+		m, permit, lease := c.pick(ps)
 		if m == nil {
 			return passNothing
 		}
@@ -505,12 +521,15 @@ func (c *connect) passInTurn(ctx context.Context, ps *passState) passEnd {
 		switch end := c.conclude(ps, m, permit, res); end {
 		case passEstablished:
 			// 6. Relay.
+			c.lease = lease
 			if c.establish(m, res.Conn) {
 				return passEstablished
 			}
 			return passClientGone
 		case passNothing:
+			releaseLease(lease)
 		default:
+			releaseLease(lease)
 			return end
 		}
 		if ctx.Err() != nil && c.r.Context().Err() != nil {
@@ -522,7 +541,7 @@ func (c *connect) passInTurn(ctx context.Context, ps *passState) passEnd {
 // pick returns the next candidate to attempt, its health permit taken and
 // a slot reserved, skipping (3.) providers drained, at max_concurrent or in
 // cooldown; nil when the pass has no candidate left.
-func (c *connect) pick(ps *passState) (*member, cooldown.Permit) {
+func (c *connect) pick(ps *passState) (*member, cooldown.Permit, *cluster.Lease) {
 	h := c.h
 	for ps.next < len(ps.order) {
 		m := h.members[ps.order[ps.next]]
@@ -558,10 +577,17 @@ func (c *connect) pick(ps *passState) (*member, cooldown.Permit) {
 			c.skip(m, upstreams.WordFull)
 			continue
 		}
+		// The cluster-wide slot, with shared state.
+		lease, ok := c.claimShared(ps, m)
+		if !ok {
+			st.Health.Done(permit, cooldown.Neutral, 0)
+			st.UnreserveFailed()
+			continue
+		}
 		ps.tried++
-		return m, permit
+		return m, permit, lease
 	}
-	return nil, cooldown.Permit{}
+	return nil, cooldown.Permit{}, nil
 }
 
 // conclude classifies and records one attempt's result (5.): how the pass
@@ -620,6 +646,7 @@ func (h *Handler) settle(st *pool.Provider, p cooldown.Permit, r cooldown.Result
 	case cooldown.CooledDown, cooldown.Skipped:
 		until := st.Health.Until()
 		st.WakeAt(until)
+		h.publishCooldown(st.Name(), until, st.Health.Streak())
 		h.logger.Info("provider cooling down",
 			zap.String("provider", st.Name()),
 			zap.Time("until", until),

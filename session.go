@@ -133,9 +133,17 @@ func (c *connect) startSession(m *member, client netConn, up *upstreams.Conn, pe
 		c.waiter.Leave()
 	}
 	c.observeWait()
-	// The client's quota session now lives as long as the session.
+	// The client's quota session and the cluster-wide slot now live as
+	// long as the session (which keeps the store open for its renewals).
 	quota := c.quota
 	c.quota = nil
+	lease := c.lease
+	c.lease = nil
+	var store *sharedStore
+	if lease != nil && c.h.shared != nil {
+		store = c.h.shared.s
+		store.retain()
+	}
 	var idle, maxDur time.Duration
 	if s := c.h.Session; s != nil {
 		idle, maxDur = time.Duration(s.IdleTimeout), time.Duration(s.MaxDuration)
@@ -148,6 +156,12 @@ func (c *connect) startSession(m *member, client netConn, up *upstreams.Conn, pe
 			st.End(s)
 			if quota != nil {
 				pool.ReleaseQuota(*quota)
+			}
+			if lease != nil {
+				lease.Release()
+			}
+			if store != nil {
+				store.release()
 			}
 			end.log(s)
 		},

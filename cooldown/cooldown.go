@@ -625,3 +625,35 @@ func (h *Health) Reset() {
 	h.streak = 0
 	h.attempts, h.failures, h.cooldowns = 0, 0, 0
 }
+
+// Adopt takes on a cooldown that another gateway node started (shared
+// state): until it ends the provider is skipped, then a single trial runs
+// here as after a local cooldown. streak is that cooldown's doubling count;
+// the next local cooldown doubles from the larger of it and the local one.
+// A cooldown that ends no later than the one already running changes
+// nothing; Adopt reports whether it took.
+func (h *Health) Adopt(until time.Time, streak int) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	now := h.now()
+	if !until.After(now) || !until.After(h.cooldownUntil) {
+		return false
+	}
+	h.cooldownUntil = until
+	if streak > h.streak {
+		h.streak = streak
+	}
+	h.needTrial = true
+	h.trialInFlight = false
+	h.afterSkip = false
+	h.gen++ // permits out now report into the adopted cooldown's past
+	h.win.clear()
+	return true
+}
+
+// Streak is the number of back-to-back cooldowns so far.
+func (h *Health) Streak() int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.streak
+}

@@ -923,3 +923,50 @@ func TestConcurrent(t *testing.T) {
 	}
 	t.Logf("granted=%d trials=%d %+v", granted.Load(), trials.Load(), s)
 }
+
+// TestAdopt: a cooldown started on another node is honoured here: skipped
+// until its end, then a single trial; its streak carries into the next
+// local cooldown's doubling; an earlier or past end changes nothing.
+func TestAdopt(t *testing.T) {
+	h, c := newHealth(t, Config{Duration: 10 * time.Second, MaxDuration: 5 * time.Minute, MinRequests: 1})
+	p, _ := h.Acquire() // an attempt in flight when the news arrives
+	if h.Adopt(start.Add(-time.Second), 1) {
+		t.Fatal("adopted a cooldown that already ended")
+	}
+	if !h.Adopt(c.now().Add(20*time.Second), 2) {
+		t.Fatal("cooldown not adopted")
+	}
+	if h.Adopt(c.now().Add(15*time.Second), 3) {
+		t.Fatal("an earlier end replaced a later one")
+	}
+	if _, ok := h.Acquire(); ok || h.Available() {
+		t.Fatal("available during an adopted cooldown")
+	}
+	if got := h.Until(); !got.Equal(c.now().Add(20 * time.Second)) {
+		t.Fatalf("until %v", got)
+	}
+	// The attempt that was in flight fails: it is counted but does not
+	// start another cooldown on top.
+	if ch := h.Done(p, Failure, 0); ch != NoChange {
+		t.Fatalf("stale failure changed %v", ch)
+	}
+	c.advance(20 * time.Second)
+	trial, ok := h.Acquire()
+	if !ok || !trial.Trial() {
+		t.Fatal("no trial after the adopted cooldown")
+	}
+	if _, ok := h.Acquire(); ok {
+		t.Fatal("a second attempt beside the trial")
+	}
+	// The trial fails: the next cooldown doubles from the adopted streak
+	// (2 → 3: 10s × 2² = 40s).
+	if ch := h.Done(trial, Failure, 0); ch != CooledDown {
+		t.Fatalf("trial failure: %v", ch)
+	}
+	if got := h.Until().Sub(c.now()); got != 40*time.Second {
+		t.Fatalf("cooldown %v, want 40s", got)
+	}
+	if h.Streak() != 3 {
+		t.Fatalf("streak %d", h.Streak())
+	}
+}

@@ -74,6 +74,14 @@ var (
 		Namespace: namespace, Subsystem: subsystem, Name: "hedges_wasted_total",
 		Help: "Attempts given up because another provider answered 101 first (cancelled, or closed with 1000 \"hedge lost\"), by provider.",
 	}, []string{"provider"})
+	sharedUp = prometheus.NewGauge(prometheus.GaugeOpts{
+		Namespace: namespace, Subsystem: subsystem, Name: "shared_state_up",
+		Help: "1 while the shared state (state redis) answers, 0 after a call failed.",
+	})
+	sharedErrors = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: namespace, Subsystem: subsystem, Name: "shared_state_errors_total",
+		Help: "Calls to the shared state that failed, by operation.",
+	}, []string{"op"})
 	eventDrops = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: namespace, Subsystem: subsystem,
 		Name: "event_drops_total",
@@ -145,7 +153,7 @@ func (poolCollector) Collect(ch chan<- prometheus.Metric) {
 // collectors is everything Register puts in a registry.
 var collectors = []prometheus.Collector{
 	attempts, failovers, rejections, queueWait, handshake, sessionDuration,
-	eventDrops, webhookDeliveries, hedgesStarted, hedgesWon, hedgesWasted, poolCollector{},
+	eventDrops, webhookDeliveries, hedgesStarted, hedgesWon, hedgesWasted, sharedUp, sharedErrors, poolCollector{},
 }
 
 // Register adds the process-wide collectors to reg (a config load's
@@ -187,6 +195,19 @@ func HedgeWon(provider string) { hedgesWon.WithLabelValues(provider).Inc() }
 
 // HedgeWasted counts an attempt at provider given up for another's 101.
 func HedgeWasted(provider string) { hedgesWasted.WithLabelValues(provider).Inc() }
+
+// SharedStateUp records whether the shared state answered its last call.
+func SharedStateUp(up bool) {
+	if up {
+		sharedUp.Set(1)
+	} else {
+		sharedUp.Set(0)
+	}
+}
+
+// SharedStateError counts a failed call to the shared state; op is a fixed
+// word (acquire, publish, status).
+func SharedStateError(op string) { sharedErrors.WithLabelValues(op).Inc() }
 
 // QueueWait measures one client's time in a wait queue.
 func QueueWait(d time.Duration) {

@@ -8,6 +8,7 @@
 package pool
 
 import (
+	"context"
 	"fmt"
 	"sort"
 	"sync"
@@ -55,6 +56,7 @@ type Provider struct {
 	latencyMS  float64
 	hasLatency bool
 	wakers     map[Waker]int
+	cluster    ClusterView
 }
 
 // Name is the provider's name.
@@ -488,4 +490,26 @@ func Queues() []QueueStatus {
 		})
 	}
 	return out
+}
+
+// ClusterView reads a provider's cluster-wide state when several gateway
+// nodes share it; the status shows what it returns under "cluster".
+type ClusterView interface {
+	ClusterStatus(ctx context.Context, provider string) any
+}
+
+// SetCluster sets (nil: clears) where the provider's cluster-wide state is
+// read from.
+func (p *Provider) SetCluster(v ClusterView) {
+	p.mu.Lock()
+	p.cluster = v
+	p.mu.Unlock()
+}
+
+// Cluster returns the provider's ClusterView, nil when its state is not
+// shared.
+func (p *Provider) Cluster() ClusterView {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.cluster
 }

@@ -6,6 +6,7 @@
 package status
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"math"
@@ -76,6 +77,9 @@ type Provider struct {
 	// HandshakeMS is the moving average of handshake times (0: no sample).
 	HandshakeMS float64 `json:"handshake_ms"`
 	LastError   string  `json:"last_error"`
+	// Cluster is the provider's cluster-wide state when gateway nodes
+	// share it (state redis): live sessions over every node and per node.
+	Cluster any `json:"cluster,omitempty"`
 }
 
 // Snapshot returns the status of every provider (sorted by name) and queue.
@@ -115,6 +119,11 @@ func Of(p *pool.Provider) Provider {
 	}
 	if ms, ok := p.HandshakeMS(); ok {
 		out.HandshakeMS = math.Round(ms*10) / 10
+	}
+	if v := p.Cluster(); v != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		out.Cluster = v.ClusterStatus(ctx, p.Name())
+		cancel()
 	}
 	return out
 }
