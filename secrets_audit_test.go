@@ -23,6 +23,7 @@ import (
 	"github.com/coder/websocket"
 
 	"github.com/browserfailover/caddy-browser-failover/internal/testgw"
+	"github.com/browserfailover/caddy-browser-failover/internal/testredis"
 	"github.com/browserfailover/caddy-browser-failover/pool"
 )
 
@@ -37,10 +38,13 @@ func TestSecretsAudit(t *testing.T) {
 		hookKey   = "wHkS3cr3tKey"
 		hookToken = "wHkQuErYtOk"
 		hookPass  = "wHkPaSs4"
+		redisPass = "rEdIsPaSs6"
+		apiKey    = "cLiEnTaPiKeY3"
 	)
 	t.Setenv("AUDIT_QUERY_SECRET", envQuery)
 	t.Setenv("AUDIT_HEADER_SECRET", header)
-	secrets := []string{user, pass, query, envQuery, header, bearer, hookKey, hookToken, hookPass}
+	t.Setenv("AUDIT_REDIS_PASSWORD", redisPass)
+	secrets := []string{user, pass, query, envQuery, header, bearer, hookKey, hookToken, hookPass, redisPass, apiKey}
 
 	// Every form a secret could take on the way out.
 	var forms []string
@@ -64,6 +68,11 @@ func TestSecretsAudit(t *testing.T) {
 	defer rv.Close()
 	hookURL := strings.Replace(rv.URL, "http://", "http://hook:"+hookPass+"@", 1) + "/in?token=" + hookToken
 	hooks := fmt.Sprintf(`"webhooks":[{"url":%q,"secret":%q}]`, hookURL, hookKey)
+	// Shared state behind a password, and client quotas keyed by an API
+	// key: neither may show anywhere either.
+	rs := testredis.Start(t, "--requirepass", redisPass)
+	hooks += fmt.Sprintf(`,"state":{"redis":{"address":%q,"password":"{env.AUDIT_REDIS_PASSWORD}","key_prefix":"audit:"},"node":"audit"}`, rs.Addr())
+	hooks += `,"client_limit":{"key":"{http.request.header.X-Api-Key}","limit":50}`
 
 	var mu sync.Mutex
 	var outputs bytes.Buffer // everything the process said, tagged
@@ -93,6 +102,7 @@ func TestSecretsAudit(t *testing.T) {
 	}
 	g, st := runSoak(t, soakOpts{
 		prefix:   "au-",
+		fdSlack:  16, // the Redis connection pool of the shared state
 		duration: d,
 		workers:  8,
 		providerURL: func(i int, addr string) string {
@@ -186,6 +196,31 @@ func TestSecretsAudit(t *testing.T) {
 			}
 		}
 	}
+	// Sessions under a client key, shown in status while they live.
+	var keyed []*websocket.Conn
+	for range 2 {
+		c, _, err := dial(t, g.WS("/"), &websocket.DialOptions{HTTPHeader: http.Header{"X-Api-Key": {apiKey}}})
+		if err != nil {
+			t.Fatalf("keyed session: %v", err)
+		}
+		keyed = append(keyed, c)
+	}
+	code, stBody := opAdmin(t, g, http.MethodGet, "/browser_failover/status")
+	if code != http.StatusOK || !bytes.Contains(stBody, []byte(pool.ShownKey(apiKey))) || !bytes.Contains(stBody, []byte(`"cluster"`)) {
+		t.Fatalf("status without the hashed client key or the cluster: %s", stBody)
+	}
+	record("status with client keys", stBody)
+	for _, c := range keyed {
+		c.Close(websocket.StatusNormalClosure, "")
+	}
+	// Redis gone: what the gateway says about it is an output too.
+	rs.Stop()
+	if c, _, err := dial(t, g.WS("/"), nil); err == nil {
+		c.CloseNow()
+	}
+	scrape(g)
+	rs.Start()
+
 	// And one rejection for sure: every provider drained.
 	for _, n := range names {
 		admin(n, "drain")

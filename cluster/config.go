@@ -156,8 +156,12 @@ func (cfg Config) options(tc *tls.Config) *redis.Options {
 		WriteTimeout:          cfg.Timeout,
 		PoolTimeout:           cfg.Timeout,
 		ContextTimeoutEnabled: true,
-		MaxRetries:            -1,
-		DisableIdentity:       true,
+		// A handful of connections serve a gateway's decisions (one
+		// round trip each); idle ones go after a minute.
+		PoolSize:        16,
+		ConnMaxIdleTime: time.Minute,
+		MaxRetries:      -1,
+		DisableIdentity: true,
 		MaintNotificationsConfig: &maintnotifications.Config{
 			Mode: maintnotifications.ModeDisabled,
 		},
