@@ -161,7 +161,7 @@ func (h *Handler) provisionShared() error {
 	if r.TLS != nil {
 		cfg.TLS = &cluster.TLS{ServerName: r.TLS.ServerName, InsecureSkipVerify: r.TLS.InsecureSkipVerify, CAFiles: r.TLS.TrustedCACertFiles}
 	}
-	node := st.Node
+	node := repl.ReplaceKnown(st.Node, "")
 	if node == "" {
 		node = defaultNode()
 	}
