@@ -485,6 +485,9 @@ type passState struct {
 	// retry: only providers that failed without cooling down stand in
 	// the way.
 	retry bool
+	// stateDown: providers refused because the shared state is
+	// unreachable (on_unavailable reject); they cannot be waited for.
+	stateDown int
 }
 
 // pass runs steps 2 to 6 once. couldWait tells whether some provider could
@@ -507,7 +510,7 @@ func (c *connect) pass(ctx context.Context, advance bool) (end passEnd, couldWai
 		end = c.passInTurn(ctx, ps)
 	}
 	c.allIncompatible = ps.serveable > 0 && ps.serveable == ps.incompatible
-	return end, ps.serveable > ps.incompatible, ps.retry
+	return end, ps.serveable > ps.incompatible+ps.stateDown, ps.retry
 }
 
 // passInTurn attempts the candidates one after the other (4.).

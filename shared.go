@@ -112,19 +112,42 @@ func (s *sharedStore) usable() bool {
 	return time.Now().UnixNano() >= s.downUntil.Load()
 }
 
-// failed notes that the store could not be reached for op.
+// failed notes that the store could not be reached for op. While it is
+// down a watcher pings it every stateRetry, so its coming back shows (in
+// the log and shared_state_up) even on a node that serves nobody.
 func (s *sharedStore) failed(op string, err error) {
 	observe.SharedStateError(op)
 	s.downUntil.Store(time.Now().Add(stateRetry).UnixNano())
 	if s.down.CompareAndSwap(false, true) {
 		observe.SharedStateUp(false)
 		s.logger.Warn("shared state unavailable", zap.String("op", op), zap.Error(err))
+		go s.watch()
+	}
+}
+
+// watch pings the store until it answers again or is closed.
+func (s *sharedStore) watch() {
+	t := time.NewTicker(stateRetry)
+	defer t.Stop()
+	for range t.C {
+		if !s.down.Load() {
+			return
+		}
+		err := s.store.Ping(context.Background())
+		if err == nil {
+			s.worked()
+			return
+		}
+		if s.store.Closed() {
+			return
+		}
 	}
 }
 
 // worked notes a successful call.
 func (s *sharedStore) worked() {
 	if s.down.CompareAndSwap(true, false) {
+		s.downUntil.Store(0)
 		s.logger.Info("shared state available again")
 	}
 	observe.SharedStateUp(true)
@@ -285,8 +308,9 @@ func (c *connect) claimShared(ps *passState, m *member) (*cluster.Lease, bool) {
 // stateDown applies on_unavailable while the store cannot be reached.
 func (c *connect) stateDown(ps *passState, m *member) (*cluster.Lease, bool) {
 	if c.h.shared.reject {
+		// Refused now, and not worth waiting for: the client gets 503.
 		c.skip(m, WordStateUnavailable)
-		ps.retry = true
+		ps.stateDown++
 		return nil, false
 	}
 	return nil, true

@@ -389,7 +389,11 @@ func TestRedisOutage(t *testing.T) {
 		t.Fatalf("Acquire: %+v, %v", dropped, err)
 	}
 
+	if err := a.Ping(ctx); err != nil {
+		t.Fatalf("Ping: %v", err)
+	}
 	r.Stop()
+	bounded(t, "Ping", func() error { return a.Ping(ctx) })
 	bounded(t, "Acquire", func() error { _, err := a.Acquire(ctx, "p", 3); return err })
 	bounded(t, "PublishCooldown", func() error { return a.PublishCooldown(ctx, "p", time.Now().Add(time.Minute), 1) })
 	bounded(t, "ClearCooldown", func() error { return a.ClearCooldown(ctx, "p") })

@@ -232,3 +232,20 @@ func (s *Store) renew() {
 		rcancel()
 	}
 }
+
+// Ping checks that the Redis server answers. Errors wrap ErrUnavailable.
+func (s *Store) Ping(ctx context.Context) error {
+	const op = "ping the shared state"
+	if s.isClosed() {
+		return s.fail(op, errClosed)
+	}
+	ctx, cancel := s.ctx(ctx)
+	defer cancel()
+	if err := s.rdb.Ping(ctx).Err(); err != nil {
+		return s.fail(op, err)
+	}
+	return nil
+}
+
+// Closed reports whether Close was called.
+func (s *Store) Closed() bool { return s.isClosed() }
