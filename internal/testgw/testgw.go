@@ -76,6 +76,11 @@ func (g *Gateway) Reload(handlerJSON string) error {
 func (g *Gateway) Load(cfg []byte) error {
 	req, _ := http.NewRequest(http.MethodPost, "http://"+g.Admin+"/load", bytes.NewReader(cfg))
 	req.Header.Set("Content-Type", "application/json")
+	// A fresh connection: each load replaces Caddy's admin server, which
+	// closes the idle keep-alive connections of the one before, and a POST
+	// sent on such a connection fails with EOF (Go retries only idempotent
+	// requests on a reused connection).
+	req.Close = true
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		return err
