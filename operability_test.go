@@ -39,6 +39,7 @@ func opAdmin(t *testing.T, g *testgw.Gateway, method, path string) (int, []byte)
 	if err != nil {
 		t.Fatal(err)
 	}
+	req.Close = true // see testgw.Load: a reload may have closed a kept-alive connection
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		t.Fatal(err)
