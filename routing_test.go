@@ -259,6 +259,7 @@ func TestClientLimitWaitsPerKey(t *testing.T) {
 	if overLimit.Load() {
 		t.Error("the gateway counted more than 2 live sessions for a key")
 	}
+	t.Logf("sessions at once at the provider: %s %d, %s %d (limit 2)", keys[0], up.peakOf(keys[0]), keys[1], up.peakOf(keys[1]))
 	for _, k := range keys {
 		if p := up.peakOf(k); p > 2 || p < 1 {
 			t.Errorf("key %s: %d sessions at once at the provider", k, p)

@@ -1,9 +1,11 @@
 // Command compare measures browser_failover side by side with a direct
 // connection, a minimal raw TCP relay and Caddy's own reverse_proxy (the same
 // Caddy binary), on loopback, alternating the targets over several rounds
-// and printing medians and ratios.
+// and printing medians and ratios. It also measures what the shared state
+// (state redis, against a redis-server it starts) costs per connect; -redis=false
+// skips that (see state.go).
 //
-//	go run ./bench/compare [-rounds 3] [-held 2000] [-scale 10000]
+//	go run ./bench/compare [-rounds 3] [-held 2000] [-scale 10000] [-redis=false]
 //
 // Every load is bounded in count and time and stops by itself.
 package main
@@ -38,6 +40,8 @@ var (
 	rttN      = flag.Int("rtt", 2000, "round trips per target and round for the RTT figures")
 	tputMsgs  = flag.Int("tput", 200, "1 MiB messages per throughput measurement")
 	hsN       = flag.Int("handshakes", 2000, "handshakes per measurement")
+	connects  = flag.Int("connects", 300, "sequential connects per connect-time measurement")
+	redisOn   = flag.Bool("redis", true, "measure the shared state's cost per connect (needs redis-server)")
 	caddyBin  = flag.String("caddy", "", "Caddy binary with browser_failover (default: build ./cmd/caddy)")
 	cpuProf   = flag.String("cpuprofile", "", "write a CPU profile of browser_failover's process under round-trip load to this file, then exit")
 	heapProf  = flag.String("heapprofile", "", "write a heap profile of browser_failover's process holding -held idle sessions to this file, then exit")
@@ -189,6 +193,13 @@ http://%s {
 	if *cpuProf != "" || *heapProf != "" {
 		return profile(targets[3].url, bfAdmin)
 	}
+	var sb *stateBench
+	var sbSkip string
+	if *redisOn {
+		if sb, sbSkip, err = startStateBench(bin, tmp, echo, &procs); err != nil {
+			return err
+		}
+	}
 	fmt.Printf("machine: %d CPUs, %s/%s, %s; rounds %d\n\n", runtime.NumCPU(), runtime.GOOS, runtime.GOARCH, runtime.Version(), *rounds)
 
 	type series map[string][]float64
@@ -219,10 +230,13 @@ http://%s {
 		}
 		// Added connect time: first provider refused, first provider in
 		// cooldown, against the plain one-provider route.
-		base := connectTime("ws://"+bfAddr+"/", 300)
+		base := connectTime("ws://"+bfAddr+"/", *connects)
 		add("connect_ms", "one provider", base)
-		add("connect_ms", "first refused", connectTime("ws://"+bfAddr+"/refused", 300))
-		add("connect_ms", "first in cooldown", connectTime("ws://"+bfAddr+"/cooldown", 300))
+		add("connect_ms", "first refused", connectTime("ws://"+bfAddr+"/refused", *connects))
+		add("connect_ms", "first in cooldown", connectTime("ws://"+bfAddr+"/cooldown", *connects))
+		if sb != nil {
+			sb.round(r, *connects, *hsN)
+		}
 	}
 
 	metrics := []struct{ key, title string }{
@@ -242,6 +256,12 @@ http://%s {
 	fmt.Printf("\nconnect time through browser_failover (median ms): one provider %.3f, first refused %.3f (+%.3f), first in cooldown %.3f (+%.3f)\n",
 		median(c["one provider"]), median(c["first refused"]), median(c["first refused"])-median(c["one provider"]),
 		median(c["first in cooldown"]), median(c["first in cooldown"])-median(c["one provider"]))
+	switch {
+	case sb != nil:
+		sb.print(*connects)
+	case sbSkip != "":
+		fmt.Printf("\nshared state cost: skipped, %s\n", sbSkip)
+	}
 
 	if *scale > 0 {
 		n := *scale
