@@ -14,6 +14,8 @@ func FuzzCaddyfile(f *testing.F) {
 	f.Add("browser_failover {\n strategy weighted\n provider a http://h:1 {\n  weight 3\n  header_up +X-A b\n  cooldown {\n   duration 1s\n  }\n }\n queue {\n  size 0\n }\n affinity cookie s\n}")
 	f.Add("browser_failover {\n provider a ws://h:1 {\n  max_concurrent -1\n }\n}")
 	f.Add("browser_failover {\n session {\n  idle_timeout 1m\n }\n provider b wss://x/?k={env.K} {\n  tls_trusted_ca_certs /nonexistent\n }\n}")
+	f.Add("browser_failover {\n client_limit {http.auth.user.id} 2\n hedge_after 1s\n hedge_max 3\n provider a ws://h:1 {\n  protocol playwright\n  playwright_version 1.65\n }\n}")
+	f.Add("browser_failover {\n provider a ws://h:1\n state redis h:6379 {\n  password {env.P}\n  tls\n  lease_ttl 2s\n  timeout 1s\n  on_unavailable reject\n }\n}")
 	f.Fuzz(func(t *testing.T, in string) {
 		d := caddyfile.NewTestDispenser(in)
 		var h Handler

@@ -79,3 +79,33 @@ func TestParseProtocolOptions(t *testing.T) {
 		}
 	}
 }
+
+// FuzzClientProtocol: any handshake is recognised without panicking, as CDP
+// unless it carries x-playwright-browser, and a version is always a
+// canonical major.minor.
+func FuzzClientProtocol(f *testing.F) {
+	f.Add("Playwright/1.65.1 (x64; debian 12) node/20.20", true)
+	f.Add("Puppeteer 25.16.0", false)
+	f.Add("playwright/01.2-beta", true)
+	f.Fuzz(func(t *testing.T, ua string, pwHeader bool) {
+		h := http.Header{"User-Agent": {ua}}
+		if pwHeader {
+			h.Set("X-Playwright-Browser", "chromium")
+		}
+		p, v := ClientProtocol(h)
+		if !pwHeader {
+			if p != ProtocolCDP || v != "" {
+				t.Fatalf("%q without x-playwright-browser: %s %q", ua, p, v)
+			}
+			return
+		}
+		if p != ProtocolPlaywright {
+			t.Fatalf("%q with x-playwright-browser: %s", ua, p)
+		}
+		if v != "" {
+			if canon, err := ParsePlaywrightVersion(v); err != nil || canon != v {
+				t.Fatalf("version %q of %q is not a canonical major.minor", v, ua)
+			}
+		}
+	})
+}
