@@ -6,6 +6,8 @@ import (
 	"os/exec"
 	"path/filepath"
 	"testing"
+
+	"github.com/browserfailover/caddy-browser-failover/internal/caddybin"
 )
 
 // caddyPath is the Caddy binary built once per test run by TestMain; empty
@@ -41,13 +43,7 @@ func build(dir string) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	bin := filepath.Join(dir, "caddy")
-	cmd := exec.Command("go", "build", "-o", bin, "./cmd/caddy")
-	cmd.Dir = root
-	if out, err := cmd.CombinedOutput(); err != nil {
-		return "", fmt.Errorf("go build ./cmd/caddy: %v\n%s", err, out)
-	}
-	return bin, nil
+	return caddybin.Build(root, dir)
 }
 
 // caddyBin returns the Caddy binary, failing the test when it could not be

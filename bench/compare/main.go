@@ -31,6 +31,8 @@ import (
 	"time"
 
 	"github.com/coder/websocket"
+
+	"github.com/browserfailover/caddy-browser-failover/internal/caddybin"
 )
 
 var (
@@ -82,11 +84,8 @@ func run() error {
 	defer os.RemoveAll(tmp)
 	bin := *caddyBin
 	if bin == "" {
-		bin = filepath.Join(tmp, "caddy")
 		fmt.Println("building ./cmd/caddy …")
-		cmd := exec.Command("go", "build", "-o", bin, "./cmd/caddy")
-		cmd.Stdout, cmd.Stderr = os.Stdout, os.Stderr
-		if err := cmd.Run(); err != nil {
+		if bin, err = caddybin.Build("", tmp); err != nil {
 			return err
 		}
 	}

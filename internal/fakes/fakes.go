@@ -114,17 +114,20 @@ func Echo(name string, contacts *Contacts, subprotocols ...string) *Server {
 // until the peer goes away; then it closes c's socket, as a browser would
 // (an accepted coder/websocket connection is otherwise left open, and the
 // gateway would hold the session's slot for its close grace).
-func EchoMessages(c *websocket.Conn) {
+func EchoMessages(c *websocket.Conn) { echo(c) }
+
+// echo is EchoMessages; it returns the error that ended the echo.
+func echo(c *websocket.Conn) error {
 	defer c.CloseNow()
 	c.SetReadLimit(-1)
 	ctx := context.Background()
 	for {
 		typ, msg, err := c.Read(ctx)
 		if err != nil {
-			return
+			return err
 		}
 		if err := c.Write(ctx, typ, msg); err != nil {
-			return
+			return err
 		}
 	}
 }
@@ -264,25 +267,13 @@ func Slow(name string, contacts *Contacts, wait func() <-chan time.Time) *SlowSe
 			return
 		}
 		ss.Answered.Add(1)
-		defer c.CloseNow()
-		c.SetReadLimit(-1)
-		ctx := context.Background()
-		for {
-			typ, msg, err := c.Read(ctx)
-			if err != nil {
-				var ce websocket.CloseError
-				if errors.As(err, &ce) {
-					ss.mu.Lock()
-					ss.closes = append(ss.closes, fmt.Sprintf("%d %s", int(ce.Code), ce.Reason))
-					ss.mu.Unlock()
-				} else {
-					ss.Dropped.Add(1)
-				}
-				return
-			}
-			if err := c.Write(ctx, typ, msg); err != nil {
-				return
-			}
+		var ce websocket.CloseError
+		if err := echo(c); errors.As(err, &ce) {
+			ss.mu.Lock()
+			ss.closes = append(ss.closes, fmt.Sprintf("%d %s", int(ce.Code), ce.Reason))
+			ss.mu.Unlock()
+		} else {
+			ss.Dropped.Add(1)
 		}
 	})
 	return ss
