@@ -127,6 +127,7 @@ func TestClusterDeadNodeFreesSlots(t *testing.T) {
 	}
 
 	gw1.Kill()
+	killed := time.Now()
 	var held *websocket.Conn
 	eventually(t, 3*leaseTTL+5*time.Second, "a session through gw-2 after gw-1 died", func() (bool, string) {
 		ctx, cancel := withTimeout(5 * time.Second)
@@ -139,6 +140,7 @@ func TestClusterDeadNodeFreesSlots(t *testing.T) {
 		return true, ""
 	})
 	t.Cleanup(func() { held.CloseNow() })
+	t.Logf("gw-2 served again %v after gw-1 was killed (lease_ttl %v)", time.Since(killed).Round(time.Millisecond), leaseTTL)
 	eventually(t, 10*time.Second, "gw-2: gw-1 holds nothing", clusterIs(gw2, "echo", 1, map[string]int{"gw-2": 1}))
 	closeSession(held)
 	eventually(t, 10*time.Second, "gw-2: cluster active 0", clusterIs(gw2, "echo", 0, nil))
