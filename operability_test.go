@@ -414,7 +414,7 @@ func TestMetricsMove(t *testing.T) {
 		"reason":   regexp.MustCompile(`^(queue_full|queue_timeout|no_provider|relayed|unservable|client_limit|other)$`),
 		"sink":     regexp.MustCompile(`^(events_app|webhook)$`),
 		"result":   regexp.MustCompile(`^(ok|failed)$`),
-		"op":       regexp.MustCompile(`^(acquire|publish|status)$`),
+		"op":       regexp.MustCompile(`^(acquire|publish|status|ping|reset)$`),
 		"le":       regexp.MustCompile(`.`),
 	}
 	for _, line := range strings.Split(body, "\n") {

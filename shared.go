@@ -82,6 +82,14 @@ func openStore(cfg cluster.Config, node string, logger *zap.Logger) (*sharedStor
 	}
 	s := &sharedStore{key: key, store: st, refs: 1, logger: logger}
 	stores[key] = s
+	observe.SharedStateOpened()
+	// Up until a call says otherwise; a first check tells soon.
+	observe.SharedStateUp(true)
+	go func() {
+		if err := st.Ping(context.Background()); err != nil {
+			s.failed("ping", err)
+		}
+	}()
 	return s, nil
 }
 
@@ -102,6 +110,7 @@ func (s *sharedStore) release() {
 	}
 	storesMu.Unlock()
 	if last {
+		observe.SharedStateClosed()
 		go s.store.Close()
 	}
 }
@@ -212,6 +221,12 @@ func (h *Handler) provisionShared() error {
 		case cluster.EventCooldown:
 			if e.Node != s.store.Node() {
 				h.adoptCooldown(s.store, m, e.Until, -1)
+			}
+		case cluster.EventRecovered:
+			// An operator reset the provider through another node.
+			if e.Node != s.store.Node() {
+				m.state.Reset()
+				h.logger.Info("provider reset through another node", zap.String("provider", m.up.Name), zap.String("node", e.Node))
 			}
 		}
 	})
@@ -349,4 +364,14 @@ func (s *sharedStore) ClusterStatus(ctx context.Context, provider string) any {
 		out.CooldownUntil = &u
 	}
 	return out
+}
+
+// ResetShared ends provider's shared cooldown (an operator's reset); the
+// other nodes reset it too when they hear of it.
+func (s *sharedStore) ResetShared(ctx context.Context, provider string) {
+	if err := s.store.ClearCooldown(ctx, provider); err != nil {
+		s.failed("reset", err)
+		return
+	}
+	s.worked()
 }

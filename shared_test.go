@@ -140,6 +140,22 @@ func TestSharedCooldown(t *testing.T) {
 		u, _, err := other.Cooldown(ctx, "shc-b")
 		return err == nil && u.After(time.Now())
 	})
+
+	// An operator's reset through this node ends the shared cooldown for
+	// every node.
+	if code, body := opAdmin(t, g, http.MethodPost, "/browser_failover/providers/shc-b/reset"); code != http.StatusOK {
+		t.Fatalf("reset: %d %s", code, body)
+	}
+	if u, _, err := other.Cooldown(ctx, "shc-b"); err != nil || !u.IsZero() {
+		t.Fatalf("shared cooldown after a reset here: %v %v", u, err)
+	}
+	// And one through another node resets it here.
+	if err := other.ClearCooldown(ctx, "shc-a"); err != nil {
+		t.Fatal(err)
+	}
+	testgw.Eventually(t, 10*time.Second, "shc-a reset through the other node", func() bool {
+		return state(t, "shc-a").Health.Available()
+	})
 }
 
 // TestSharedStateDown: with Redis gone, on_unavailable local serves with

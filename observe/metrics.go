@@ -4,6 +4,7 @@ import (
 	"errors"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -74,10 +75,6 @@ var (
 		Namespace: namespace, Subsystem: subsystem, Name: "hedges_wasted_total",
 		Help: "Attempts given up because another provider answered 101 first (cancelled, or closed with 1000 \"hedge lost\"), by provider.",
 	}, []string{"provider"})
-	sharedUp = prometheus.NewGauge(prometheus.GaugeOpts{
-		Namespace: namespace, Subsystem: subsystem, Name: "shared_state_up",
-		Help: "1 while the shared state (state redis) answers, 0 after a call failed.",
-	})
 	sharedErrors = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: namespace, Subsystem: subsystem, Name: "shared_state_errors_total",
 		Help: "Calls to the shared state that failed, by operation.",
@@ -104,6 +101,8 @@ var (
 		"Live relayed sessions, by provider.", []string{"provider"}, nil)
 	healthyDesc = prometheus.NewDesc(prometheus.BuildFQName(namespace, subsystem, "provider_healthy"),
 		"1 when the provider may be tried, 0 during a cooldown, a 408/429 skip or a trial.", []string{"provider"}, nil)
+	sharedUpDesc = prometheus.NewDesc(prometheus.BuildFQName(namespace, subsystem, "shared_state_up"),
+		"1 while the shared state (state redis) answers, 0 after a call failed; absent without state.", nil, nil)
 	waitingDesc = prometheus.NewDesc(prometheus.BuildFQName(namespace, subsystem, "queue_waiting"),
 		"Clients waiting in the wait queues of every handler.", nil, nil)
 	clientKeysDesc = prometheus.NewDesc(prometheus.BuildFQName(namespace, subsystem, "client_keys_active"),
@@ -118,6 +117,7 @@ func (poolCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- activeDesc
 	ch <- healthyDesc
 	ch <- waitingDesc
+	ch <- sharedUpDesc
 	ch <- clientKeysDesc
 	ch <- clientSessionsDesc
 	ch <- clientWaitingDesc
@@ -148,12 +148,19 @@ func (poolCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(clientKeysDesc, prometheus.GaugeValue, float64(keys))
 	ch <- prometheus.MustNewConstMetric(clientSessionsDesc, prometheus.GaugeValue, float64(live))
 	ch <- prometheus.MustNewConstMetric(clientWaitingDesc, prometheus.GaugeValue, float64(keyWaiting))
+	if sharedStores.Load() > 0 {
+		up := 0.0
+		if sharedUp.Load() {
+			up = 1
+		}
+		ch <- prometheus.MustNewConstMetric(sharedUpDesc, prometheus.GaugeValue, up)
+	}
 }
 
 // collectors is everything Register puts in a registry.
 var collectors = []prometheus.Collector{
 	attempts, failovers, rejections, queueWait, handshake, sessionDuration,
-	eventDrops, webhookDeliveries, hedgesStarted, hedgesWon, hedgesWasted, sharedUp, sharedErrors, poolCollector{},
+	eventDrops, webhookDeliveries, hedgesStarted, hedgesWon, hedgesWasted, sharedErrors, poolCollector{},
 }
 
 // Register adds the process-wide collectors to reg (a config load's
@@ -196,17 +203,24 @@ func HedgeWon(provider string) { hedgesWon.WithLabelValues(provider).Inc() }
 // HedgeWasted counts an attempt at provider given up for another's 101.
 func HedgeWasted(provider string) { hedgesWasted.WithLabelValues(provider).Inc() }
 
+// The shared state's gauge: shown only while some handler uses a store.
+var (
+	sharedStores atomic.Int64
+	sharedUp     atomic.Bool
+)
+
+// SharedStateOpened and SharedStateClosed count the open shared-state
+// stores; shared_state_up is shown while there is one.
+func SharedStateOpened() { sharedStores.Add(1) }
+
+// SharedStateClosed undoes SharedStateOpened.
+func SharedStateClosed() { sharedStores.Add(-1) }
+
 // SharedStateUp records whether the shared state answered its last call.
-func SharedStateUp(up bool) {
-	if up {
-		sharedUp.Set(1)
-	} else {
-		sharedUp.Set(0)
-	}
-}
+func SharedStateUp(up bool) { sharedUp.Store(up) }
 
 // SharedStateError counts a failed call to the shared state; op is a fixed
-// word (acquire, publish, status).
+// word (acquire, publish, status, ping, reset).
 func SharedStateError(op string) { sharedErrors.WithLabelValues(op).Inc() }
 
 // QueueWait measures one client's time in a wait queue.

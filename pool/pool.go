@@ -496,6 +496,9 @@ func Queues() []QueueStatus {
 // nodes share it; the status shows what it returns under "cluster".
 type ClusterView interface {
 	ClusterStatus(ctx context.Context, provider string) any
+	// ResetShared ends the provider's shared cooldown, so that an
+	// operator's reset holds on every node.
+	ResetShared(ctx context.Context, provider string)
 }
 
 // SetCluster sets (nil: clears) where the provider's cluster-wide state is

@@ -139,7 +139,14 @@ func (Admin) handleStatus(w http.ResponseWriter, r *http.Request) error {
 var actions = map[string]func(*pool.Provider){
 	"drain":   func(p *pool.Provider) { p.SetDraining(true) },
 	"undrain": func(p *pool.Provider) { p.SetDraining(false) },
-	"reset":   func(p *pool.Provider) { p.Reset() },
+	"reset": func(p *pool.Provider) {
+		p.Reset()
+		if v := p.Cluster(); v != nil {
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+			v.ResetShared(ctx, p.Name())
+			cancel()
+		}
+	},
 }
 
 func (Admin) handleProvider(w http.ResponseWriter, r *http.Request) error {
