@@ -101,18 +101,18 @@ func run() error {
 	// each process stays within the open-file limit and the relay's memory
 	// can be read on its own.
 	self, _ := os.Executable()
-	echo := freeAddr()
+	echo := caddybin.FreeAddr()
 	echoProc := exec.Command(self, "-echo", echo)
 	echoProc.Stderr = os.Stderr
 	if err := echoProc.Start(); err != nil {
 		return err
 	}
 	procs = append(procs, echoProc)
-	if err := waitListening(echo); err != nil {
+	if err := caddybin.WaitListening(echo); err != nil {
 		return err
 	}
 
-	relayAddr := freeAddr()
+	relayAddr := caddybin.FreeAddr()
 	relay := exec.Command(self, "-relay", relayAddr, "-relay-to", echo)
 	relay.Stderr = os.Stderr
 	if err := relay.Start(); err != nil {
@@ -120,15 +120,15 @@ func run() error {
 	}
 	procs = append(procs, relay)
 
-	rpAddr, rpAdmin := freeAddr(), freeAddr()
+	rpAddr, rpAdmin := caddybin.FreeAddr(), caddybin.FreeAddr()
 	rp, err := startCaddy(bin, tmp, "rp", fmt.Sprintf("{\n\tadmin %s\n}\nhttp://%s {\n\treverse_proxy %s\n}\n", rpAdmin, rpAddr, echo))
 	if err != nil {
 		return err
 	}
 	procs = append(procs, rp)
 
-	bfAddr, bfAdmin := freeAddr(), freeAddr()
-	refused := freeAddr()
+	bfAddr, bfAdmin := caddybin.FreeAddr(), caddybin.FreeAddr()
+	refused := caddybin.FreeAddr()
 	failing := startStatus(500)
 	bfConf := fmt.Sprintf(`{
 	admin %s
@@ -178,7 +178,7 @@ http://%s {
 	}
 	procs = append(procs, bf)
 	for _, a := range []string{relayAddr, rpAddr, bfAddr} {
-		if err := waitListening(a); err != nil {
+		if err := caddybin.WaitListening(a); err != nil {
 			return err
 		}
 	}
@@ -600,26 +600,6 @@ func startCaddy(bin, dir, name, caddyfile string) (*exec.Cmd, error) {
 		return nil, err
 	}
 	return cmd, nil
-}
-
-func freeAddr() string {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		panic(err)
-	}
-	defer ln.Close()
-	return ln.Addr().String()
-}
-
-func waitListening(addr string) error {
-	for i := 0; i < 200; i++ {
-		if c, err := net.Dial("tcp", addr); err == nil {
-			c.Close()
-			return nil
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	return fmt.Errorf("nothing listens on %s", addr)
 }
 
 // profile fetches pprof profiles from browser_failover's Caddy process

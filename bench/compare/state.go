@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/browserfailover/caddy-browser-failover/internal/caddybin"
 )
 
 // The cost of the shared state (state redis) per connect: the same
@@ -51,7 +53,7 @@ func startStateBench(bin, dir, echo string, procs *[]*exec.Cmd) (b *stateBench, 
 	if err := os.Mkdir(rdir, 0o755); err != nil {
 		return nil, "", err
 	}
-	raddr := freeAddr()
+	raddr := caddybin.FreeAddr()
 	_, port, _ := strings.Cut(raddr, ":")
 	rs := exec.Command(rbin, "--port", port, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
 		"--dir", rdir, "--daemonize", "no", "--loglevel", "warning")
@@ -62,11 +64,11 @@ func startStateBench(bin, dir, echo string, procs *[]*exec.Cmd) (b *stateBench, 
 		return nil, "", fmt.Errorf("start redis-server: %w", err)
 	}
 	*procs = append(*procs, rs)
-	if err := waitListening(raddr); err != nil {
+	if err := caddybin.WaitListening(raddr); err != nil {
 		return nil, "", fmt.Errorf("redis-server: %w (log: %s)", err, filepath.Join(dir, "redis.log"))
 	}
 
-	addr, admin := freeAddr(), freeAddr()
+	addr, admin := caddybin.FreeAddr(), caddybin.FreeAddr()
 	// Distinct provider names: a provider's state is process-wide by name.
 	conf := fmt.Sprintf(`{
 	admin %s
@@ -92,7 +94,7 @@ http://%s {
 		return nil, "", err
 	}
 	*procs = append(*procs, c)
-	if err := waitListening(addr); err != nil {
+	if err := caddybin.WaitListening(addr); err != nil {
 		return nil, "", err
 	}
 	b = &stateBench{

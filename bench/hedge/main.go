@@ -228,7 +228,7 @@ func run() error {
 		provs[p] = pr
 	}
 
-	gwAddr, admin := freeAddr(), freeAddr()
+	gwAddr, admin := caddybin.FreeAddr(), caddybin.FreeAddr()
 	var b strings.Builder
 	fmt.Fprintf(&b, "{\n\tadmin %s\n}\nhttp://%s {\n", admin, gwAddr)
 	for _, cfg := range []string{"off", "on"} {
@@ -246,7 +246,7 @@ func run() error {
 	if err := startCaddy(bin, tmp, b.String(), logPath); err != nil {
 		return err
 	}
-	if err := waitListening(gwAddr); err != nil {
+	if err := caddybin.WaitListening(gwAddr); err != nil {
 		return fmt.Errorf("%w (Caddy's log: %s)", err, tail(logPath))
 	}
 	url := func(cfg string) string { return "ws://" + gwAddr + "/" + cfg }
@@ -698,26 +698,6 @@ func tail(path string) string {
 		b = b[len(b)-2000:]
 	}
 	return strings.TrimSpace(string(b))
-}
-
-func freeAddr() string {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		panic(err)
-	}
-	defer ln.Close()
-	return ln.Addr().String()
-}
-
-func waitListening(addr string) error {
-	for i := 0; i < 200; i++ {
-		if c, err := net.Dial("tcp", addr); err == nil {
-			c.Close()
-			return nil
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	return fmt.Errorf("nothing listens on %s", addr)
 }
 
 // percentile is the nearest-rank p quantile of d (p = 1: the maximum).
