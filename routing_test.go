@@ -144,7 +144,12 @@ func TestNoProviderCouldServe502(t *testing.T) {
 }
 
 // keyedEcho is a provider that echoes and tracks live sessions per
-// X-Api-Key value (the gateway forwards the client's headers).
+// X-Api-Key value (the gateway forwards the client's headers). A "bye"
+// message makes it drop the session from its count and then close with
+// 1000: the count falls before the close frame leaves, so a gateway that
+// frees the client's slot only once the upstream is closed can never make
+// it overlap a later session of the same key. (A close started by the
+// client would race: the provider answers the close before it returns.)
 type keyedEcho struct {
 	addr string
 	mu   sync.Mutex
@@ -166,18 +171,37 @@ func startKeyedEcho(t *testing.T) *keyedEcho {
 		if err != nil {
 			return
 		}
+		defer c.CloseNow()
 		k.mu.Lock()
 		k.live[key]++
 		if k.live[key] > k.peak[key] {
 			k.peak[key] = k.live[key]
 		}
 		k.mu.Unlock()
-		defer func() {
-			k.mu.Lock()
-			k.live[key]--
-			k.mu.Unlock()
-		}()
-		fakes.EchoMessages(c)
+		var once sync.Once
+		gone := func() {
+			once.Do(func() {
+				k.mu.Lock()
+				k.live[key]--
+				k.mu.Unlock()
+			})
+		}
+		defer gone()
+		ctx := r.Context()
+		for {
+			typ, msg, err := c.Read(ctx)
+			if err != nil {
+				return
+			}
+			if string(msg) == "bye" {
+				gone()
+				c.Close(websocket.StatusNormalClosure, "bye")
+				return
+			}
+			if err := c.Write(ctx, typ, msg); err != nil {
+				return
+			}
+		}
 	})}
 	go k.srv.Serve(ln)
 	t.Cleanup(func() { k.srv.Close() })
@@ -245,7 +269,13 @@ func TestClientLimitWaitsPerKey(t *testing.T) {
 				} else if _, _, err := c.Read(ctx); err != nil {
 					errs <- err
 				}
-				c.Close(websocket.StatusNormalClosure, "")
+				// The provider ends the session (see keyedEcho).
+				if err := c.Write(ctx, websocket.MessageText, []byte("bye")); err != nil {
+					errs <- err
+				} else if _, _, err := c.Read(ctx); websocket.CloseStatus(err) != websocket.StatusNormalClosure {
+					errs <- fmt.Errorf("%s #%d: want the provider's close 1000, got %v", key, i, err)
+				}
+				c.CloseNow()
 			}()
 		}
 	}

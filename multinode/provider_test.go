@@ -83,9 +83,15 @@ func (p *echoProvider) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	for {
 		typ, msg, err := c.Read(ctx)
 		if err != nil {
-			// Counted closed as soon as the close (or the connection's
-			// end) arrives, before the gateway can see the session end.
 			p.open.Add(-1)
+			return
+		}
+		if string(msg) == byeMessage {
+			// Counted closed before the close frame leaves, so the
+			// gateway cannot see the session end first. (A close the
+			// client starts is answered before Read returns: a race.)
+			p.open.Add(-1)
+			c.Close(websocket.StatusNormalClosure, "bye")
 			return
 		}
 		if err := c.Write(ctx, typ, msg); err != nil {
@@ -94,6 +100,9 @@ func (p *echoProvider) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 }
+
+// byeMessage asks the provider to end the session itself.
+const byeMessage = "bye"
 
 func (p *echoProvider) close() {
 	p.srv.Close()
@@ -164,10 +173,14 @@ func openSession(ctx context.Context, url string) (*websocket.Conn, error) {
 	return c, nil
 }
 
-// closeSession ends a client session with a normal close handshake.
+// closeSession ends a client session: the provider closes it with 1000
+// (see byeMessage) and the client answers.
 func closeSession(c *websocket.Conn) {
-	if c.Close(websocket.StatusNormalClosure, "") != nil {
-		c.CloseNow()
+	defer c.CloseNow()
+	ctx, cancel := withTimeout(5 * time.Second)
+	defer cancel()
+	if c.Write(ctx, websocket.MessageText, []byte(byeMessage)) == nil {
+		c.Read(ctx) // the provider's close
 	}
 }
 
