@@ -18,7 +18,9 @@ import (
 	"testing"
 	"time"
 
+	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest"
+	"go.uber.org/zap/zaptest/observer"
 )
 
 // open opens a Store on r for node and closes it when the test ends.
@@ -657,5 +659,37 @@ func TestEventCodec(t *testing.T) {
 	}
 	if got := memberNode("a|b|0123"); got != "a|b" {
 		t.Fatalf("memberNode = %q", got)
+	}
+}
+
+// TestLibraryLogRouted: the Redis library's own messages (a refused dial)
+// go to the Store's logger at debug level, not to stderr, and stop going
+// there once the Store is closed.
+func TestLibraryLogRouted(t *testing.T) {
+	r := startRedis(t)
+	addr := r.Addr()
+	r.Stop()
+	core, logs := observer.New(zap.DebugLevel)
+	s, err := Open(Config{Address: addr, Timeout: 300 * time.Millisecond, Logger: zap.New(core)}, "a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Ping(context.Background()); err == nil {
+		t.Fatal("Ping to a stopped server succeeded")
+	}
+	found := logs.FilterMessage("redis client").FilterLevelExact(zap.DebugLevel).All()
+	if len(found) == 0 {
+		t.Fatalf("no library message in the Store's log; got %d entries: %v", logs.Len(), logs.All())
+	}
+	if d, _ := found[0].ContextMap()["detail"].(string); !strings.Contains(d, "dial") {
+		t.Errorf("library message detail %q does not tell of the dial", d)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	n := logs.Len()
+	libLog{}.Printf(context.Background(), "after close")
+	if logs.Len() != n {
+		t.Error("a closed Store's logger still receives the library's messages")
 	}
 }

@@ -19,6 +19,8 @@ type Store struct {
 	node string
 	rdb  *redis.Client
 	log  *zap.Logger
+	// libLog receives the Redis library's own messages (see liblog.go).
+	libLog *zap.Logger
 
 	mu      sync.Mutex
 	closed  bool
@@ -69,6 +71,7 @@ func Open(cfg Config, node string) (*Store, error) {
 		renewDone: make(chan struct{}),
 		renewOK:   true,
 	}
+	s.libLog = routeLibraryLog(cfg.Logger)
 	go s.renewLoop()
 	return s, nil
 }
@@ -113,7 +116,9 @@ func (s *Store) Close() error {
 		sub.stop()
 	}
 	s.subWG.Wait()
-	return s.rdb.Close()
+	err := s.rdb.Close()
+	unrouteLibraryLog(s.libLog)
+	return err
 }
 
 // stopRenewals stops the renewal goroutine and waits for it, without
