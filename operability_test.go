@@ -581,7 +581,9 @@ func TestWebhookHangDoesNotSlowClients(t *testing.T) {
 		}
 		echoOnce(t, c, []byte("x"))
 		c.Close(websocket.StatusNormalClosure, "")
-		if d := time.Since(start); d > 2*time.Second {
+		// The receiver hangs until the test ends: a connect waiting on
+		// it would never come back.
+		if d := time.Since(start); d > 10*time.Second {
 			t.Fatalf("connect %d took %v while the webhook hangs", i, d)
 		}
 	}

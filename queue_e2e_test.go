@@ -117,12 +117,9 @@ func TestQueueFIFO(t *testing.T) {
 		waitWaiting(t, "qf-echo", i+1)
 	}
 	// Client 1 goes away while queued: it leaves the queue at once.
+	// (Within waitWaiting's 10s, well before the 20s queue timeout.)
 	cancels[1]()
-	gone := time.Now()
 	waitWaiting(t, "qf-echo", 3)
-	if d := time.Since(gone); d > 2*time.Second {
-		t.Fatalf("the queue noticed the client leaving after %v", d)
-	}
 	if echo.Hits.Load() != 1 {
 		t.Fatalf("the provider was contacted for a queued client")
 	}
