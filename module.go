@@ -195,6 +195,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		if m.proto != upstreams.ProtocolAny {
 			h.routed = true
 		}
+		state.OnReset(h, func() { h.resetRecovered(state) })
 		h.members = append(h.members, m)
 	}
 	h.names = make([]string, len(h.members))
@@ -228,6 +229,9 @@ func (h *Handler) Validate() error {
 // Cleanup gives back the handler's claims. Live sessions go on across a
 // reload; when the process is exiting, every session gets close 1001.
 func (h *Handler) Cleanup() error {
+	for _, m := range h.members {
+		m.state.RemoveOnReset(h)
+	}
 	h.obs.Close()
 	h.cleanupShared()
 	pool.UnregisterQueue(h)
@@ -662,6 +666,13 @@ func (h *Handler) settle(st *pool.Provider, p cooldown.Permit, r cooldown.Result
 		h.obs.Recovered(st.Name())
 	}
 	return change
+}
+
+// resetRecovered reports a provider that a reset (an operator's, here or
+// on another node) took out of cooldown.
+func (h *Handler) resetRecovered(st *pool.Provider) {
+	h.logger.Info("provider recovered", zap.String("provider", st.Name()), zap.String("by", "reset"))
+	h.obs.Recovered(st.Name())
 }
 
 // orderCandidates returns the indices of the handler's providers in the

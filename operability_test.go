@@ -545,6 +545,48 @@ func TestWebhookCooldownSigned(t *testing.T) {
 	}
 }
 
+// TestResetReportsRecovered: an operator's reset of a provider in cooldown
+// sends browser_failover.recovered (here to a webhook), once; a reset of a
+// healthy provider sends nothing.
+func TestResetReportsRecovered(t *testing.T) {
+	rv := newOpReceiver(t, nil)
+	defer rv.Close()
+	s500 := fakes.Status("rr-500", nil, 500, nil, "")
+	defer s500.Close()
+	echo := fakes.Echo("rr-echo", nil)
+	defer echo.Close()
+	hook := fmt.Sprintf(`"webhooks":[{"url":%q,"events":["cooldown","recovered"],"secret":"k"}]`, rv.URL)
+	g := testgw.Start(t, handler(`"queue":{"size":0},`+hook,
+		provider("rr-500", s500.URL(), `"priority":1,"cooldown":{"min_requests":1,"duration":"1m"}`),
+		provider("rr-echo", echo.URL(), `"priority":2`)))
+
+	c, _, err := dial(t, g.WS("/"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Close(websocket.StatusNormalClosure, "")
+	testgw.Eventually(t, 5*time.Second, "the cooldown webhook", func() bool { return rv.hits.Load() >= 1 })
+	if p := opAction(t, g, "rr-500", "reset"); !p.Healthy {
+		t.Fatalf("after reset %+v", p)
+	}
+	testgw.Eventually(t, 5*time.Second, "the recovered webhook", func() bool { return rv.hits.Load() >= 2 })
+	opAction(t, g, "rr-500", "reset")  // healthy already: no event
+	opAction(t, g, "rr-echo", "reset") // never cooled down: no event
+	time.Sleep(300 * time.Millisecond) // room for an unwanted delivery to show up
+	bodies, _ := rv.got()
+	var got []string
+	for _, b := range bodies {
+		var env opEnvelope
+		if err := json.Unmarshal(b, &env); err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, fmt.Sprintf("%s %v", env.Event, env.Data["provider"]))
+	}
+	if want := "browser_failover.cooldown rr-500,browser_failover.recovered rr-500"; strings.Join(got, ",") != want {
+		t.Fatalf("deliveries %q, want %q", got, want)
+	}
+}
+
 // TestWebhookHangDoesNotSlowClients: a receiver that never answers does
 // not delay connects.
 func TestWebhookHangDoesNotSlowClients(t *testing.T) {

@@ -610,10 +610,13 @@ func (h *Health) Config() Config {
 }
 
 // Reset ends any cooldown, skip or trial, and clears the window, the totals
-// and the doubling. Results of permits issued before Reset are ignored.
-func (h *Health) Reset() {
+// and the doubling. Results of permits issued before Reset are ignored. It
+// reports whether the provider was not healthy (in cooldown or skip, or
+// waiting for its trial) until then.
+func (h *Health) Reset() (wasDown bool) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	wasDown = h.blockedLocked(h.now()) || h.needTrial
 	h.gen++
 	h.resetGen = h.gen
 	h.win.clear()
@@ -624,6 +627,7 @@ func (h *Health) Reset() {
 	h.afterSkip = false
 	h.streak = 0
 	h.attempts, h.failures, h.cooldowns = 0, 0, 0
+	return wasDown
 }
 
 // Adopt takes on a cooldown that another gateway node started (shared

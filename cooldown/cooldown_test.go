@@ -691,7 +691,12 @@ func TestReset(t *testing.T) {
 	if !trial.Trial() {
 		t.Fatal("expected trial")
 	}
-	h.Reset()
+	if !h.Reset() {
+		t.Fatal("Reset during a trial: want wasDown")
+	}
+	if h.Reset() {
+		t.Fatal("Reset of a healthy provider: want !wasDown")
+	}
 	want := Snapshot{Healthy: true}
 	if s := h.Snapshot(); s != want {
 		t.Fatalf("after Reset: %+v", s)
@@ -716,11 +721,15 @@ func TestReset(t *testing.T) {
 		t.Fatalf("cooldown after Reset = %v", got)
 	}
 
-	// Reset also ends a capacity skip.
-	h.Reset()
+	// Reset also ends a cooldown and a capacity skip.
+	if !h.Reset() {
+		t.Fatal("Reset during a cooldown: want wasDown")
+	}
 	p, _ = h.Acquire()
 	h.Done(p, Capacity, time.Minute)
-	h.Reset()
+	if !h.Reset() {
+		t.Fatal("Reset during a skip: want wasDown")
+	}
 	if !h.Available() || !h.Until().IsZero() {
 		t.Fatal("Reset must end the skip")
 	}

@@ -57,6 +57,14 @@ type Provider struct {
 	hasLatency bool
 	wakers     map[Waker]int
 	cluster    ClusterView
+	// resetters are told when a Reset makes the provider healthy again;
+	// only the newest is told (the handler of the latest config load).
+	resetters []resetter
+}
+
+type resetter struct {
+	key any
+	fn  func()
 }
 
 // Name is the provider's name.
@@ -277,14 +285,43 @@ func (p *Provider) SetDraining(on bool) {
 	}
 }
 
-// Reset ends any cooldown and clears the counters and last error.
+// Reset ends any cooldown and clears the counters and last error. When
+// that makes the provider healthy again, the newest OnReset function is
+// called (once, whatever the number of handlers using the provider).
 func (p *Provider) Reset() {
-	p.Health.Reset()
+	wasDown := p.Health.Reset()
 	p.mu.Lock()
 	p.lastError = ""
 	p.latencyMS, p.hasLatency = 0, false
+	var tell func()
+	if wasDown && len(p.resetters) > 0 {
+		tell = p.resetters[len(p.resetters)-1].fn
+	}
 	p.mu.Unlock()
 	p.Notify()
+	if tell != nil {
+		tell()
+	}
+}
+
+// OnReset registers fn, under key, to be called when a Reset makes the
+// provider healthy again. A handler registers itself at Provision.
+func (p *Provider) OnReset(key any, fn func()) {
+	p.mu.Lock()
+	p.resetters = append(p.resetters, resetter{key, fn})
+	p.mu.Unlock()
+}
+
+// RemoveOnReset undoes OnReset for key.
+func (p *Provider) RemoveOnReset(key any) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for i, r := range p.resetters {
+		if r.key == key {
+			p.resetters = append(p.resetters[:i], p.resetters[i+1:]...)
+			return
+		}
+	}
 }
 
 // URL is the provider's URL, redacted.
