@@ -35,18 +35,11 @@ import (
 // opAdmin calls the admin API and returns the status and body.
 func opAdmin(t *testing.T, g *testgw.Gateway, method, path string) (int, []byte) {
 	t.Helper()
-	req, err := http.NewRequest(method, "http://"+g.Admin+path, nil)
+	code, body, err := g.AdminDo(method, path, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	req.Close = true // see testgw.Load: a reload may have closed a kept-alive connection
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	body, _ := io.ReadAll(resp.Body)
-	return resp.StatusCode, body
+	return code, body
 }
 
 // opProvider is a provider's status object as SPEC section 8 shows it.

@@ -290,12 +290,9 @@ func TestSecretsAudit(t *testing.T) {
 
 // opAdminQuiet is opAdmin for goroutines other than the test's.
 func opAdminQuiet(g *testgw.Gateway, path string) (int, []byte) {
-	resp, err := http.Get("http://" + g.Admin + path)
+	code, b, err := g.AdminDo(http.MethodGet, path, nil)
 	if err != nil {
 		return 0, nil
 	}
-	defer resp.Body.Close()
-	var b bytes.Buffer
-	b.ReadFrom(resp.Body)
-	return resp.StatusCode, b.Bytes()
+	return code, b
 }

@@ -112,16 +112,13 @@ func probe(t *testing.T, mode, u string) string {
 // providerStatus reads one provider's object from the admin API's status.
 func providerStatus(t *testing.T, g *testgw.Gateway, name string) status.Provider {
 	t.Helper()
-	c := http.Client{Timeout: 10 * time.Second}
-	resp, err := c.Get("http://" + g.Admin + status.StatusPath)
+	code, b, err := g.AdminDo(http.MethodGet, status.StatusPath, nil)
 	if err != nil {
 		t.Fatalf("status: %v", err)
 	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
 	var st status.Status
-	if resp.StatusCode != http.StatusOK || json.Unmarshal(b, &st) != nil {
-		t.Fatalf("status: %d %s", resp.StatusCode, b)
+	if code != http.StatusOK || json.Unmarshal(b, &st) != nil {
+		t.Fatalf("status: %d %s", code, b)
 	}
 	for _, p := range st.Providers {
 		if p.Name == name {

@@ -6,6 +6,7 @@ package testgw
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -13,6 +14,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -74,23 +76,67 @@ func (g *Gateway) Reload(handlerJSON string) error {
 
 // Load posts a whole config to /load and returns the admin API's error.
 func (g *Gateway) Load(cfg []byte) error {
-	req, _ := http.NewRequest(http.MethodPost, "http://"+g.Admin+"/load", bytes.NewReader(cfg))
-	req.Header.Set("Content-Type", "application/json")
-	// A fresh connection: each load replaces Caddy's admin server, which
-	// closes the idle keep-alive connections of the one before, and a POST
-	// sent on such a connection fails with EOF (Go retries only idempotent
-	// requests on a reused connection).
-	req.Close = true
-	resp, err := http.DefaultClient.Do(req)
+	code, body, err := g.AdminDo(http.MethodPost, "/load", cfg)
 	if err != nil {
 		return err
 	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		b, _ := io.ReadAll(resp.Body)
-		return fmt.Errorf("load: %d %s", resp.StatusCode, b)
+	if code != http.StatusOK {
+		return fmt.Errorf("load: %d %s", code, body)
 	}
 	return nil
+}
+
+// AdminDo sends one request to the admin API (a JSON body when body is
+// not nil) and returns the answer's status and body.
+//
+// Every load, even a rejected one, replaces Caddy's admin server, and the
+// one before shuts down in the background: a connection it had accepted
+// or that sat in its accept queue is closed without an answer (EOF or a
+// reset). So each try uses a fresh connection, and a try that got no
+// answer at all is made again. That is safe for what the tests send:
+// reads, drain/undrain/reset, and whole configs to /load.
+func (g *Gateway) AdminDo(method, path string, body []byte) (int, []byte, error) {
+	var err error
+	for try := range 5 {
+		if try > 0 {
+			time.Sleep(time.Duration(try) * 50 * time.Millisecond)
+		}
+		var rd io.Reader
+		if body != nil {
+			rd = bytes.NewReader(body)
+		}
+		req, rerr := http.NewRequest(method, "http://"+g.Admin+path, rd)
+		if rerr != nil {
+			return 0, nil, rerr
+		}
+		if body != nil {
+			req.Header.Set("Content-Type", "application/json")
+		}
+		req.Close = true
+		var resp *http.Response
+		resp, err = adminClient.Do(req)
+		if err != nil {
+			if noAnswer(err) {
+				continue
+			}
+			return 0, nil, err
+		}
+		b, rerr := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if rerr != nil {
+			return 0, nil, rerr
+		}
+		return resp.StatusCode, b, nil
+	}
+	return 0, nil, fmt.Errorf("%s %s: no answer after 5 tries: %w", method, path, err)
+}
+
+var adminClient = &http.Client{Timeout: 60 * time.Second}
+
+// noAnswer tells a connection closed or reset before any answer.
+func noAnswer(err error) bool {
+	return errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
+		errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.ECONNREFUSED)
 }
 
 // WS is the gateway's ws:// URL for path.
