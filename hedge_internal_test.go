@@ -33,7 +33,8 @@ func TestAbandonClosesLateWinner(t *testing.T) {
 	if !ok || !st.TryReserve() {
 		t.Fatal("no permit or slot")
 	}
-	h := &Handler{logger: zap.NewNop()}
+	h := &Handler{}
+	h.logger = zap.NewNop()
 	c := &connect{h: h}
 	f := &flight{m: &member{up: up, state: st}, permit: permit, cancel: func() {}, start: time.Now()}
 	results := make(chan landing, 1)

@@ -29,44 +29,8 @@ func init() {
 	caddy.RegisterModule(Handler{})
 }
 
-// Handler is the browser_failover HTTP handler. See SPEC section 2 and the
-// README for every option.
-type Handler struct {
-	// Strategy orders the providers: priority (default), round_robin,
-	// least_conn, weighted, random or latency.
-	Strategy string `json:"strategy,omitempty"`
-	// ConnectTimeout bounds one attempt: TCP, TLS and the upgrade answer.
-	// Default 10s.
-	ConnectTimeout caddy.Duration `json:"connect_timeout,omitempty"`
-	// TryDuration is the budget for all attempts of one pass; 0 is none.
-	TryDuration caddy.Duration `json:"try_duration,omitempty"`
-	// MaxAttempts is how many providers one pass tries; 0 is all.
-	MaxAttempts int `json:"max_attempts,omitempty"`
-	// Providers in config order.
-	Providers []*ProviderConfig `json:"providers,omitempty"`
-	// Cooldown is the handler's health settings.
-	Cooldown *CooldownConfig `json:"cooldown,omitempty"`
-	// Queue is the wait queue.
-	Queue *QueueConfig `json:"queue,omitempty"`
-	// Session bounds sessions.
-	Session *SessionConfig `json:"session,omitempty"`
-	// Affinity sends the same key to the same provider.
-	Affinity *AffinityConfig `json:"affinity,omitempty"`
-	// Discovery answers /json/version for CDP clients; default on.
-	Discovery *bool `json:"discovery,omitempty"`
-	// Webhooks receive the handler's events as signed JSON POSTs.
-	Webhooks []*observe.WebhookConfig `json:"webhooks,omitempty"`
-	// ClientLimit caps the live sessions per client key.
-	ClientLimit *ClientLimitConfig `json:"client_limit,omitempty"`
-	// HedgeAfter starts the next candidate in parallel when the current
-	// attempt has not answered within it; 0 (default) is off.
-	HedgeAfter caddy.Duration `json:"hedge_after,omitempty"`
-	// HedgeMax is the most attempts in flight at once while hedging;
-	// default 2.
-	HedgeMax int `json:"hedge_max,omitempty"`
-	// State shares slots and cooldowns with other gateway nodes.
-	State *StateConfig `json:"state,omitempty"`
-
+// handlerRuntime is the part of a Handler that Provision builds.
+type handlerRuntime struct {
 	logger    *zap.Logger
 	members   []*member
 	names     []string // the members' names, in config order
