@@ -11,6 +11,7 @@ import (
 	"context"
 	"fmt"
 	"sort"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -18,15 +19,9 @@ import (
 	"github.com/caddyserver/caddy/v2"
 
 	"github.com/browserfailover/caddy-browser-failover/cooldown"
+	"github.com/browserfailover/caddy-browser-failover/queue"
 	"github.com/browserfailover/caddy-browser-failover/upstreams"
 )
-
-// Waker is told when a provider may have room again: a slot freed (Notify)
-// or a cooldown ends at a known time (WakeAt). Handler queues implement it.
-type Waker interface {
-	Notify()
-	WakeAt(t time.Time)
-}
 
 // Provider is the process-wide state of one provider name.
 type Provider struct {
@@ -55,7 +50,6 @@ type Provider struct {
 	lastError  string
 	latencyMS  float64
 	hasLatency bool
-	wakers     map[Waker]int
 	cluster    ClusterView
 	// resetters are told when a Reset makes the provider healthy again;
 	// only the newest is told (the handler of the latest config load).
@@ -70,11 +64,45 @@ type resetter struct {
 // Name is the provider's name.
 func (p *Provider) Name() string { return p.name }
 
-var (
-	providers = caddy.NewUsagePool()
-	// Now is the clock of every provider's health; tests replace it.
-	Now = time.Now
-)
+var providers = caddy.NewUsagePool()
+
+// Clock is the clock of every provider's health and of the wait queue;
+// tests replace it before they claim providers.
+var Clock queue.Clock = queue.RealClock()
+
+// now reads Clock at call time, so a replaced Clock takes effect.
+func now() time.Time { return Clock.Now() }
+
+// clockNow is a queue.Clock that follows Clock.
+type clockNow struct{}
+
+func (clockNow) Now() time.Time                                  { return Clock.Now() }
+func (clockNow) AfterFunc(d time.Duration, f func()) queue.Timer { return Clock.AfterFunc(d, f) }
+
+// Waiting is the process's wait queue: clients of every handler waiting for
+// a provider or for their client_limit share, in arrival order. Providers
+// offer it their slots, cooldown ends and undrains; quotas offer it their
+// keys.
+var Waiting = queue.New(clockNow{})
+
+// resourcePrefix starts the queue resource of every provider.
+const resourcePrefix = "provider\x00"
+
+// Resource is the name under which waiters of the queue ask for the
+// provider called name.
+func Resource(name string) string { return resourcePrefix + name }
+
+// Resource is the provider's name in the queue.
+func (p *Provider) Resource() string { return Resource(p.name) }
+
+// ByResource finds the configured provider of a queue resource.
+func ByResource(r string) (*Provider, bool) {
+	name, ok := strings.CutPrefix(r, resourcePrefix)
+	if !ok {
+		return nil, false
+	}
+	return Lookup(name)
+}
 
 // Claim takes (or creates) the entry for name on behalf of one handler of a
 // config load identified by gen. urlKey is the provider's resolved URL and
@@ -90,7 +118,10 @@ func Claim(name, urlKey, redacted string, gen any, cfg cooldown.Config, single b
 			delete(retired, name)
 			return p, nil
 		}
-		return &Provider{name: name, Health: cooldown.New(cfg, Now), wakers: map[Waker]int{}}, nil
+		// A name that was drained before it left the config comes back
+		// undrained.
+		Waiting.Restore(Resource(name))
+		return &Provider{name: name, Health: cooldown.New(cfg, now)}, nil
 	})
 	if err != nil {
 		return nil, err
@@ -115,8 +146,13 @@ func Claim(name, urlKey, redacted string, gen any, cfg cooldown.Config, single b
 	p.gen, p.urlKey, p.url = gen, urlKey, redacted
 	p.cfg, p.single = cfg, single
 	p.Health.Configure(cfg, single)
-	p.max.Store(int64(maxConcurrent))
+	old := p.max.Swap(int64(maxConcurrent))
+	grew := old != 0 && (maxConcurrent == 0 || int64(maxConcurrent) > old)
 	p.mu.Unlock()
+	if grew {
+		// A reload that raised the limit serves waiters at once.
+		p.Notify()
+	}
 	return p, nil
 }
 
@@ -238,7 +274,7 @@ func (p *Provider) Unreserve() {
 func (p *Provider) UnreserveFailed() {
 	u := p.used.Add(-1)
 	if m := p.max.Load(); m > 0 && u+1 >= m && p.skippedFull.Swap(false) {
-		p.WakeAt(time.Now().Add(time.Second))
+		p.WakeAt(now().Add(time.Second))
 	}
 }
 
@@ -277,11 +313,15 @@ func (p *Provider) MaxConcurrent() int64 { return p.max.Load() }
 // Draining reports whether an operator drained the provider.
 func (p *Provider) Draining() bool { return p.draining.Load() }
 
-// SetDraining drains or undrains the provider; undraining wakes waiters.
+// SetDraining drains or undrains the provider. Draining ends the wait of
+// clients that could use no other provider; undraining offers the provider
+// to the waiters.
 func (p *Provider) SetDraining(on bool) {
 	p.draining.Store(on)
-	if !on {
-		p.Notify()
+	if on {
+		Waiting.Withdraw(p.Resource())
+	} else {
+		Waiting.Restore(p.Resource())
 	}
 }
 
@@ -370,51 +410,18 @@ func (p *Provider) HandshakeMS() (float64, bool) {
 	return p.latencyMS, p.hasLatency
 }
 
-// AddWaker registers a handler queue to be woken for this provider.
-func (p *Provider) AddWaker(w Waker) {
-	p.mu.Lock()
-	p.wakers[w]++
-	p.mu.Unlock()
-}
+// Notify offers the provider to the longest-waiting client that can use
+// it: a slot freed, a trial passed, or a limit grew.
+func (p *Provider) Notify() { Waiting.Offer(p.Resource()) }
 
-// RemoveWaker undoes AddWaker.
-func (p *Provider) RemoveWaker(w Waker) {
-	p.mu.Lock()
-	if p.wakers[w]--; p.wakers[w] <= 0 {
-		delete(p.wakers, w)
-	}
-	p.mu.Unlock()
-}
+// WakeAt offers the provider at t (the end of its cooldown or skip).
+func (p *Provider) WakeAt(t time.Time) { Waiting.OfferAt(p.Resource(), t) }
 
-// Notify wakes the queues that could use this provider.
-func (p *Provider) Notify() {
-	p.mu.Lock()
-	if len(p.wakers) == 0 {
-		p.mu.Unlock()
-		return
-	}
-	ws := make([]Waker, 0, len(p.wakers))
-	for w := range p.wakers {
-		ws = append(ws, w)
-	}
-	p.mu.Unlock()
-	for _, w := range ws {
-		w.Notify()
-	}
-}
-
-// WakeAt asks the queues that could use this provider to wake at t (the
-// end of its cooldown).
-func (p *Provider) WakeAt(t time.Time) {
-	p.mu.Lock()
-	ws := make([]Waker, 0, len(p.wakers))
-	for w := range p.wakers {
-		ws = append(ws, w)
-	}
-	p.mu.Unlock()
-	for _, w := range ws {
-		w.WakeAt(t)
-	}
+// HasRoom tells whether a client could be given the provider now: not
+// drained, below max_concurrent, and healthy (no cooldown, skip or trial in
+// flight).
+func (p *Provider) HasRoom() bool {
+	return !p.Draining() && !p.Full() && p.Health.Available()
 }
 
 // The live sessions of the process, for shutdown.

@@ -9,14 +9,15 @@ import (
 
 // Client quotas: the live sessions of each client key value (client_limit),
 // process-wide, so they survive reloads like the sessions they count. An
-// entry lives while it has live sessions, waiters watching it, or both.
+// entry lives while it has live sessions, waiting clients, or both. Clients
+// held back by their key's limit wait in the process queue for the key's
+// resource, which ReleaseQuota offers.
 
-// quotaEntry is one key value's count and the queues waiting on it.
+// quotaEntry is one key value's count.
 type quotaEntry struct {
 	shown   string // the hashed key for status
 	active  int
 	waiting int
-	wakers  map[Waker]int
 }
 
 var (
@@ -34,6 +35,10 @@ type QuotaKey struct {
 
 func (k QuotaKey) id() string { return k.Template + "\x00" + k.Value }
 
+// Resource is the name under which clients held back by k's limit wait in
+// the queue.
+func (k QuotaKey) Resource() string { return "client\x00" + k.id() }
+
 // ShownKey is how a key value appears in status: a short SHA-256 prefix,
 // never the value itself (it may be an API key).
 func ShownKey(value string) string {
@@ -48,14 +53,14 @@ func entryLocked(k QuotaKey) *quotaEntry {
 	id := k.id()
 	e := quotas[id]
 	if e == nil {
-		e = &quotaEntry{shown: ShownKey(k.Value), wakers: map[Waker]int{}}
+		e = &quotaEntry{shown: ShownKey(k.Value)}
 		quotas[id] = e
 	}
 	return e
 }
 
 func dropIfUnusedLocked(k QuotaKey, e *quotaEntry) {
-	if e.active == 0 && e.waiting == 0 && len(e.wakers) == 0 {
+	if e.active == 0 && e.waiting == 0 {
 		delete(quotas, k.id())
 	}
 }
@@ -74,8 +79,8 @@ func TakeQuota(k QuotaKey, limit int) bool {
 	return true
 }
 
-// ReleaseQuota gives back a session counted by TakeQuota and wakes the
-// queues waiting on k.
+// ReleaseQuota gives back a session counted by TakeQuota and offers k to
+// the longest-waiting client held back by it.
 func ReleaseQuota(k QuotaKey) {
 	quotaMu.Lock()
 	e := quotas[k.id()]
@@ -84,38 +89,9 @@ func ReleaseQuota(k QuotaKey) {
 		return
 	}
 	e.active--
-	ws := make([]Waker, 0, len(e.wakers))
-	for w := range e.wakers {
-		ws = append(ws, w)
-	}
 	dropIfUnusedLocked(k, e)
 	quotaMu.Unlock()
-	for _, w := range ws {
-		w.Notify()
-	}
-}
-
-// WatchQuota registers w to be woken when a session of k ends; the
-// returned func undoes it.
-func WatchQuota(k QuotaKey, w Waker) (unwatch func()) {
-	quotaMu.Lock()
-	entryLocked(k).wakers[w]++
-	quotaMu.Unlock()
-	var once sync.Once
-	return func() {
-		once.Do(func() {
-			quotaMu.Lock()
-			defer quotaMu.Unlock()
-			e := quotas[k.id()]
-			if e == nil {
-				return
-			}
-			if e.wakers[w]--; e.wakers[w] <= 0 {
-				delete(e.wakers, w)
-			}
-			dropIfUnusedLocked(k, e)
-		})
-	}
+	Waiting.Offer(k.Resource())
 }
 
 // AddQuotaWaiting counts clients waiting on k's limit (delta +1 or -1), for

@@ -1,267 +1,391 @@
-// Package queue owns the per-handler waiting line of clients that found no
-// usable provider: a bounded FIFO with a join deadline, wake-ups driven by
-// the handler (Notify when a slot frees, WakeAt when a cooldown ends) and an
-// injectable Clock. It knows nothing about WebSockets or providers; the
-// handler runs the "pass" over providers whenever Wait lets it.
+// Package queue owns the waiting policy of browser_failover: who waits, in
+// what order, and who is woken when capacity comes back. It is pure logic
+// over an injectable Clock and knows nothing of WebSockets or providers.
 //
-// Life of a waiter, as the handler drives it:
+// The model:
 //
-//	gen := q.Gen()              // before the first pass
-//	if q.Len() == 0 { run pass; if ok { done } }
-//	w, err := q.Join(gen)       // ErrFull / ErrClosed: answer 503
+//   - One Queue per process holds every waiting client in arrival order.
+//   - A client waits in a Line: its handler's share of the queue, with the
+//     handler's size and timeout. Lines only count and time; order is the
+//     queue's.
+//   - A waiter wants resources: opaque names the caller gives to whatever
+//     can end its wait (a provider it may use, the client_limit key it is
+//     held back by). It keeps its place while what it wants changes.
+//   - Capacity coming back is an offer of one resource (Offer, OfferAt).
+//     An offer wakes the longest-waiting sleeping waiter that wants that
+//     resource; waiters that do not want it keep their place and are not
+//     woken. An offer nobody takes is remembered, so a client that looked
+//     for capacity before the offer and joins after it (Mark, then Join)
+//     does not miss it, and neither does a waiter that was busy running its
+//     own pass when it came.
+//   - A resource can be withdrawn (an operator drained the provider): a
+//     waiter whose every resource is withdrawn is ended at once with
+//     ErrUnavailable, since nothing it waits for can come.
+//   - When a handler goes away (a config reload), Retire moves its waiters,
+//     in place and with their deadlines, to the live line whose resources
+//     overlap its own the most, and asks that line what each of them wants
+//     now. A waiter with no such line, or which wants nothing there, ends
+//     with ErrUnavailable.
+//   - Newcomers do not barge: Contended tells whether anyone waits for a
+//     resource, and a newcomer leaves such a resource to the waiters. One
+//     that no waiter wants is the newcomer's at once.
+//
+// Life of a client, as the handler drives it:
+//
+//	mark := q.Mark()             // before its first pass
+//	run a pass (skipping contended resources); served? done
+//	w, err := line.Join(mark, class, want, by)   // ErrFull, ErrUnavailable: answer
 //	for {
-//		if err := w.Wait(ctx, retryAt); err != nil { return err } // removed
-//		run pass
-//		if ok { w.Leave(); done }
-//		// nothing found: loop, Wait puts the waiter back to sleep in place
+//		if err := w.Wait(ctx, retryAt); err != nil { answer; return }
+//		run a pass; served? w.Leave(); done
 //	}
-//
-// Every joined waiter must end either with Wait returning an error or with
-// Leave; Wait and Leave of one waiter must not be called concurrently.
-//
-// Wake-ups: each Notify marks the first waiter that is neither woken nor
-// running its pass. A Notify that finds nobody advances a generation counter,
-// so a client that read Gen before its pass (or a waiter that was running its
-// pass) re-delivers the missed wake-up when it joins (or goes back to sleep).
-// Re-delivery wakes the first eligible waiter in line, which keeps FIFO; it
-// may cause a spurious wake-up, which only costs one extra pass.
 package queue
 
 import (
 	"container/list"
 	"context"
 	"errors"
+	"slices"
 	"sync"
 	"time"
 )
 
 var (
-	// ErrFull is returned by Join when the queue holds Size waiters, or
-	// always when Size is 0 (queue off).
+	// ErrFull is returned by Join when the line holds its size of waiters,
+	// or always when its size is 0 (queue off).
 	ErrFull = errors.New("queue full")
-	// ErrTimeout is returned by Wait once the waiter's deadline has passed;
-	// the waiter has been removed.
+	// ErrTimeout is returned by Wait once the waiter's deadline has passed.
 	ErrTimeout = errors.New("queue timeout")
-	// ErrClosed is returned by Join and Wait after Close.
-	ErrClosed = errors.New("queue closed")
+	// ErrUnavailable ends a wait that nothing can end any more: every
+	// resource the waiter wants is withdrawn, or its line was retired with
+	// no line to take it.
+	ErrUnavailable = errors.New("nothing left to wait for")
+	// ErrLeft is what Wait returns after Leave.
+	ErrLeft = errors.New("left the queue")
 )
 
-// Queue is a FIFO of clients waiting for a provider. It is safe for
+// Queue is the process-wide line of waiting clients. It is safe for
 // concurrent use.
 type Queue struct {
-	size    int
-	timeout time.Duration
-	clock   Clock
+	clock Clock
 
 	mu      sync.Mutex
-	waiters list.List // of *Waiter, join order
-	gen     uint64
-	closed  bool
-
-	// The single pending WakeAt timer (the earliest requested).
-	wakeTimer Timer
-	wakeWhen  time.Time
-	wakeSeq   uint64
+	waiters list.List // of *Waiter, arrival order
+	lines   []*Line   // live lines, oldest first
+	wanted  map[string]int
+	down    map[string]bool
+	// seq numbers offers; missed[r] is the seq of r's latest offer that
+	// found nobody to wake.
+	seq    uint64
+	missed map[string]uint64
+	timers map[string]*offerTimer
 }
 
-// New returns a queue holding at most size waiters, each for at most timeout
-// after it joins. size <= 0 turns the queue off (Join always fails with
-// ErrFull). A nil clock means RealClock().
-func New(size int, timeout time.Duration, clock Clock) *Queue {
+// offerTimer is a pending OfferAt of one resource.
+type offerTimer struct {
+	t    Timer
+	when time.Time
+}
+
+// New returns an empty queue; a nil clock means RealClock().
+func New(clock Clock) *Queue {
 	if clock == nil {
 		clock = RealClock()
 	}
-	if size < 0 {
-		size = 0
+	return &Queue{
+		clock:  clock,
+		wanted: map[string]int{},
+		down:   map[string]bool{},
+		missed: map[string]uint64{},
+		timers: map[string]*offerTimer{},
 	}
-	return &Queue{size: size, timeout: timeout, clock: clock}
 }
 
-// Size returns the maximum number of waiters.
-func (q *Queue) Size() int { return q.size }
+// Line is one handler's share of the queue: at most size waiters, each for
+// at most timeout.
+type Line struct {
+	q         *Queue
+	owner     any
+	size      int
+	timeout   time.Duration
+	resources []string
+	wants     WantsFunc
 
-// Timeout returns how long a waiter may wait after joining.
-func (q *Queue) Timeout() time.Duration { return q.timeout }
+	n       int // guarded by q.mu
+	retired bool
+}
 
-// Len returns the number of waiters, including woken ones still running
-// their pass. While it is non-zero, newcomers should join without running a
-// pass of their own.
+// WantsFunc tells what a waiter moved to a line wants there, from the class
+// it joined with and what it wanted before; wake asks that it be woken at
+// once (what it waited for does not exist in this line). The queue calls it, with its lock held, when it
+// moves a waiter to this line: it must not call back into the queue.
+type WantsFunc func(class any, before []string) (want []string, wake bool)
+
+// NewLine adds a line for owner. resources are every resource its waiters
+// may want (they decide where a retired line's waiters go); wants is used
+// for waiters moved here from a retired line. size <= 0 turns waiting off.
+func (q *Queue) NewLine(owner any, size int, timeout time.Duration, resources []string, wants WantsFunc) *Line {
+	l := &Line{q: q, owner: owner, size: max(size, 0), timeout: timeout, resources: slices.Clone(resources), wants: wants}
+	q.mu.Lock()
+	q.lines = append(q.lines, l)
+	q.mu.Unlock()
+	return l
+}
+
+// Owner is what the line was created for.
+func (l *Line) Owner() any { return l.owner }
+
+// Size is the most waiters the line takes.
+func (l *Line) Size() int { return l.size }
+
+// Timeout is how long a waiter may wait after it joined.
+func (l *Line) Timeout() time.Duration { return l.timeout }
+
+// Len is the number of the line's waiters, including those running a pass.
+func (l *Line) Len() int {
+	l.q.mu.Lock()
+	defer l.q.mu.Unlock()
+	return l.n
+}
+
+// Mark returns the queue's offer counter. A client reads it before its
+// first pass and hands it to Join: an offer of a resource it wants that
+// nobody took in between wakes it as it joins.
+func (q *Queue) Mark() uint64 {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.seq
+}
+
+// Contended reports whether some waiter wants r: a newcomer leaves r to it.
+func (q *Queue) Contended(r string) bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.wanted[r] > 0
+}
+
+// Len is the number of waiters in every line.
 func (q *Queue) Len() int {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	return q.waiters.Len()
 }
 
-// Gen returns a counter that Notify advances. A client reads it before its
-// pass and hands it to Join: if a Notify happened in between, the new waiter
-// starts woken.
-//
-// Only a Notify that found no waiter to wake advances the counter; when Join
-// sees a changed counter it wakes the first waiter in line that is not
-// already woken, which is the joiner itself unless an earlier waiter sleeps.
-func (q *Queue) Gen() uint64 {
+// Join adds a waiter at the back of the queue, in line l. class is the
+// caller's description of the client (handed to a line's WantsFunc after a
+// reload); want is what it waits for now. mark is Mark() read before the
+// client's pass. by, when not zero and before the line's own timeout, is
+// the waiter's deadline (a client that already waited elsewhere).
+func (l *Line) Join(mark uint64, class any, want []string, by time.Time) (*Waiter, error) {
+	q := l.q
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	return q.gen
-}
-
-// Join adds a waiter at the back of the queue. gen is the value of Gen read
-// before the client's pass. It fails with ErrClosed after Close and with
-// ErrFull when Len() == Size().
-func (q *Queue) Join(gen uint64) (*Waiter, error) {
-	return q.JoinBy(gen, time.Time{})
-}
-
-// JoinBy is Join for a client that has already waited elsewhere: its
-// deadline is by when that comes before the queue's own timeout (a zero by
-// changes nothing).
-func (q *Queue) JoinBy(gen uint64, by time.Time) (*Waiter, error) {
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	if q.closed {
-		return nil, ErrClosed
+	if l.retired {
+		return nil, ErrUnavailable
 	}
-	if q.size <= 0 || q.waiters.Len() >= q.size {
+	if l.size <= 0 || l.n >= l.size {
 		return nil, ErrFull
 	}
-	now := q.clock.Now()
-	w := &Waiter{
-		q:        q,
-		joined:   now,
-		deadline: now.Add(q.timeout),
-		signal:   make(chan struct{}, 1),
+	if q.allDownLocked(want) {
+		return nil, ErrUnavailable
 	}
+	now := q.clock.Now()
+	w := &Waiter{q: q, line: l, class: class, joined: now, deadline: now.Add(l.timeout), signal: make(chan struct{}, 1)}
 	if !by.IsZero() && by.Before(w.deadline) {
 		w.deadline = by
 	}
+	l.n++
 	w.elem = q.waiters.PushBack(w)
-	if gen != q.gen {
-		q.wakeFirstLocked()
+	w.setWantLocked(want)
+	if q.missedSinceLocked(want, mark) {
+		w.woken = true
+		w.kick()
 	}
 	return w, nil
 }
 
-// Notify wakes the first waiter not yet woken (or records the generation
-// bump when none). Waiters running their pass count as woken. It does
-// nothing after Close.
-func (q *Queue) Notify() {
+// Offer hands r to the longest-waiting sleeping waiter that wants it. An
+// offer nobody takes is remembered for Join and for waiters busy with a
+// pass.
+func (q *Queue) Offer(r string) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	q.notifyLocked()
+	q.offerLocked(r)
 }
 
-func (q *Queue) notifyLocked() {
-	if q.closed {
-		return
-	}
-	if !q.wakeFirstLocked() {
-		q.gen++
-	}
-}
-
-// wakeFirstLocked marks the first waiter that is neither woken nor running
-// and signals it. It reports whether there was one.
-func (q *Queue) wakeFirstLocked() bool {
+func (q *Queue) offerLocked(r string) {
 	for e := q.waiters.Front(); e != nil; e = e.Next() {
 		w := e.Value.(*Waiter)
-		if w.woken || w.running {
+		if w.woken || w.running || !slices.Contains(w.want, r) {
 			continue
 		}
 		w.woken = true
 		w.kick()
-		return true
-	}
-	return false
-}
-
-// WakeAt schedules a Notify at t; only the earliest pending one is kept; t
-// in the past notifies now.
-//
-// A later t than the pending one is dropped: the waiter woken at the
-// earlier time runs a pass and, if that finds nothing, the handler calls
-// WakeAt again with the next cooldown end. A t not after Now notifies at
-// once and leaves any pending timer alone. Does nothing after Close.
-func (q *Queue) WakeAt(t time.Time) {
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	if q.closed {
 		return
 	}
+	q.seq++
+	q.missed[r] = q.seq
+}
+
+// OfferAt offers r at t (at once when t is not after now). Of several
+// pending times for one resource only the earliest is kept: the waiter
+// woken then finds out whether the resource is back, and if not the caller
+// asks again for the new time.
+func (q *Queue) OfferAt(r string, t time.Time) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
 	now := q.clock.Now()
 	if !t.After(now) {
-		q.notifyLocked()
+		q.offerLocked(r)
 		return
 	}
-	if q.wakeTimer != nil {
-		if !t.Before(q.wakeWhen) {
+	if p := q.timers[r]; p != nil {
+		if !t.Before(p.when) {
 			return
 		}
-		q.wakeTimer.Stop()
+		p.t.Stop()
 	}
-	q.wakeSeq++
-	seq := q.wakeSeq
-	q.wakeWhen = t
-	q.wakeTimer = q.clock.AfterFunc(t.Sub(now), func() { q.fireWake(seq) })
+	p := &offerTimer{when: t}
+	p.t = q.clock.AfterFunc(t.Sub(now), func() {
+		q.mu.Lock()
+		defer q.mu.Unlock()
+		if q.timers[r] != p {
+			return // superseded by an earlier time
+		}
+		delete(q.timers, r)
+		q.offerLocked(r)
+	})
+	q.timers[r] = p
 }
 
-func (q *Queue) fireWake(seq uint64) {
+// Withdraw marks r as gone for now (a drained provider): every waiter that
+// wants nothing else ends with ErrUnavailable.
+func (q *Queue) Withdraw(r string) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	if seq != q.wakeSeq || q.wakeTimer == nil {
-		return // superseded or stopped after it had already fired
-	}
-	q.wakeTimer = nil
-	q.wakeWhen = time.Time{}
-	q.notifyLocked()
-}
-
-// Close is the handler's cleanup: every waiter is removed and its Wait (now
-// or later) returns ErrClosed; later Joins return ErrClosed; the pending
-// WakeAt timer is stopped. Close is idempotent.
-func (q *Queue) Close() {
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	if q.closed {
+	if q.down[r] {
 		return
 	}
-	q.closed = true
-	if q.wakeTimer != nil {
-		q.wakeTimer.Stop()
-		q.wakeTimer = nil
-		q.wakeSeq++
-	}
+	q.down[r] = true
 	for e := q.waiters.Front(); e != nil; {
 		next := e.Next()
 		w := e.Value.(*Waiter)
-		q.removeLocked(w, ErrClosed)
-		w.kick()
+		if len(w.want) > 0 && q.allDownLocked(w.want) {
+			w.removeLocked(ErrUnavailable)
+		}
 		e = next
 	}
 }
 
-// removeLocked takes w out of the line; err is what later Waits return.
-func (q *Queue) removeLocked(w *Waiter, err error) {
-	if w.elem == nil {
+// Restore undoes Withdraw and offers r.
+func (q *Queue) Restore(r string) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if !q.down[r] {
 		return
 	}
-	q.waiters.Remove(w.elem)
-	w.elem = nil
-	w.err = err
+	delete(q.down, r)
+	q.offerLocked(r)
 }
 
-// Waiter is one client's place in a Queue.
+// Retire ends line l (its handler is going away). Each of its waiters
+// keeps its place and deadline and moves to the live line sharing the most
+// resources with l (ties: a line newer than l, the config that replaces
+// it, then the oldest); that line's WantsFunc says what it wants there. Waiters with no line to go to, or that want nothing
+// there, end with ErrUnavailable. Retire returns every resource the moved
+// waiters now want, for the caller to offer those that have room: a reload
+// that added capacity serves them at once.
+func (q *Queue) Retire(l *Line) []string {
+	return q.retire(l, true)
+}
+
+// Close ends line l without moving its waiters: each ends with
+// ErrUnavailable (the process is exiting).
+func (l *Line) Close() { l.q.retire(l, false) }
+
+func (q *Queue) retire(l *Line, move bool) []string {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if l.retired {
+		return nil
+	}
+	l.retired = true
+	pos := slices.Index(q.lines, l)
+	if pos >= 0 {
+		q.lines = slices.Delete(q.lines, pos, pos+1)
+	}
+	var next *Line
+	best := 0
+	for i, c := range q.lines {
+		if !move {
+			break
+		}
+		n := 0
+		for _, r := range c.resources {
+			if slices.Contains(l.resources, r) {
+				n += 2
+			}
+		}
+		if n > 0 && i >= pos {
+			n++ // created after l: the config that replaces it
+		}
+		if n > best {
+			next, best = c, n
+		}
+	}
+	var offered []string
+	for e := q.waiters.Front(); e != nil; {
+		nextE := e.Next()
+		w := e.Value.(*Waiter)
+		e = nextE
+		if w.line != l {
+			continue
+		}
+		if next == nil || next.wants == nil {
+			w.removeLocked(ErrUnavailable)
+			continue
+		}
+		want, wake := next.wants(w.class, w.want)
+		if len(want) == 0 || q.allDownLocked(want) {
+			w.removeLocked(ErrUnavailable)
+			continue
+		}
+		l.n--
+		next.n++
+		w.line = next
+		w.setWantLocked(want)
+		if wake && !w.running {
+			w.woken = true
+			w.kick()
+		}
+		for _, r := range want {
+			if !slices.Contains(offered, r) {
+				offered = append(offered, r)
+			}
+		}
+	}
+	return offered
+}
+
+// Waiter is one client's place in the queue.
 type Waiter struct {
 	q        *Queue
+	class    any
 	joined   time.Time
 	deadline time.Time
 	signal   chan struct{} // buffered 1: "look at your state again"
 
 	// Guarded by q.mu.
+	line    *Line
 	elem    *list.Element // nil once removed
 	err     error         // why it was removed
-	woken   bool          // a wake-up is assigned and not yet consumed by Wait
-	running bool          // Wait returned nil; the pass is in progress
-	gen     uint64        // q.gen when Wait last returned nil
+	want    []string
+	woken   bool   // an offer was assigned to it and Wait has not taken it
+	running bool   // Wait returned nil; its pass is under way
+	ranAt   uint64 // q.seq when its pass began
+	// retrying: it waits with a retryAt, retrying resources that no offer
+	// will announce; leaving unserved, it hands that on.
+	retrying bool
 }
 
 func (w *Waiter) kick() {
@@ -271,45 +395,91 @@ func (w *Waiter) kick() {
 	}
 }
 
-// Wait blocks until it is this waiter's turn to run a pass (nil), its
-// retryAt passes (nil), ctx is done (ctx.Err(), waiter removed), the
-// deadline passes (ErrTimeout, removed) or the queue closes (ErrClosed,
-// removed).
+// Line is the line the waiter is in now (a reload may have moved it).
+func (w *Waiter) Line() *Line {
+	w.q.mu.Lock()
+	defer w.q.mu.Unlock()
+	return w.line
+}
+
+// Want replaces what the waiter waits for, keeping its place (a client
+// that got its client_limit share now waits for a provider). An offer of
+// one of the new resources that nobody took since its pass began wakes it.
+func (w *Waiter) Want(want []string) {
+	q := w.q
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if w.elem == nil {
+		return
+	}
+	w.setWantLocked(want)
+}
+
+func (w *Waiter) setWantLocked(want []string) {
+	q := w.q
+	for _, r := range w.want {
+		if q.wanted[r]--; q.wanted[r] <= 0 {
+			delete(q.wanted, r)
+		}
+	}
+	w.want = slices.Clone(want)
+	for _, r := range w.want {
+		q.wanted[r]++
+	}
+}
+
+func (q *Queue) allDownLocked(want []string) bool {
+	if len(want) == 0 {
+		return false
+	}
+	for _, r := range want {
+		if !q.down[r] {
+			return false
+		}
+	}
+	return true
+}
+
+func (q *Queue) missedSinceLocked(want []string, mark uint64) bool {
+	for _, r := range want {
+		if q.missed[r] > mark {
+			return true
+		}
+	}
+	return false
+}
+
+// Wait blocks until the waiter may run a pass (nil): an offer woke it, or
+// retryAt (zero: none) passed. Otherwise it returns the reason its wait
+// ended, having left the queue: ErrTimeout at its deadline, ctx.Err() when
+// the client went away, ErrUnavailable, or ErrLeft after Leave.
 //
-// Calling Wait after a pass that found nothing puts the waiter back to sleep
-// in its place (it keeps its position in line). If a Notify went unassigned
-// while it ran its pass, the wake-up is re-delivered to the first sleeping
-// waiter, usually itself.
+// Calling Wait after a pass that found nothing puts the waiter back to
+// sleep in its place; an offer of something it wants that nobody took
+// while it ran wakes it again at once.
 //
-// Precedence when several conditions hold at once: closed, then deadline,
-// then ctx, then wake-up, then retryAt. So Wait never returns nil at or
-// after the deadline, and a cancelled waiter is never served. A waiter
-// removed while holding an unconsumed wake-up, or while first in line,
-// wakes the next waiter.
+// retryAt lets the waiter run a pass without an offer: the handler's
+// once-a-second retry of providers that failed without cooling down, which
+// no event announces.
 //
-// retryAt (zero means none) lets the waiter run a pass at that time even if
-// it is not first in line and has not been woken. This is a deliberate,
-// simple FIFO exception for the handler's once-a-second retry of providers
-// that failed without cooling down: that pass only meets those providers.
-// The retrying waiter does not lose its place and, while it runs, counts as
-// woken (Notify skips it, as for any waiter running its pass).
-//
-// After the waiter has been removed (by an error or by Leave), Wait returns
-// the removal error at once (ErrClosed after Leave).
+// Precedence when several hold at once: removed, then deadline, then ctx,
+// then an offer, then retryAt. So Wait never returns nil at or after the
+// deadline, and a client that left is never served.
 func (w *Waiter) Wait(ctx context.Context, retryAt time.Time) error {
 	q := w.q
 	q.mu.Lock()
+	w.retrying = !retryAt.IsZero()
 	if w.running {
 		w.running = false
-		if q.gen != w.gen {
-			q.wakeFirstLocked()
+		if w.elem != nil && q.missedSinceLocked(w.want, w.ranAt) {
+			w.woken = true
 		}
 	}
-	if done, err := w.checkLocked(ctx, retryAt); done {
-		q.mu.Unlock()
+	done, err := w.checkLocked(ctx, retryAt)
+	q.mu.Unlock()
+	if done {
 		return err
 	}
-	q.mu.Unlock()
 
 	now := q.clock.Now()
 	if d := w.deadline.Sub(now); d > 0 {
@@ -342,63 +512,58 @@ func (w *Waiter) checkLocked(ctx context.Context, retryAt time.Time) (bool, erro
 	if w.elem == nil {
 		return true, w.err
 	}
-	if q.closed { // not reached: Close removes everyone
-		q.removeLocked(w, ErrClosed)
-		return true, ErrClosed
-	}
 	now := q.clock.Now()
 	if !now.Before(w.deadline) {
-		w.leaveLocked(ErrTimeout)
+		w.removeLocked(ErrTimeout)
 		return true, ErrTimeout
 	}
 	if err := ctx.Err(); err != nil {
-		w.leaveLocked(err)
+		w.removeLocked(err)
 		return true, err
 	}
 	if w.woken || (!retryAt.IsZero() && !now.Before(retryAt)) {
 		w.woken = false
 		w.running = true
-		w.gen = q.gen
+		w.ranAt = q.seq
 		return true, nil
 	}
 	return false, nil
 }
 
-// leaveLocked removes w and passes on a wake-up it had not consumed. The
-// first in line leaving unserved also wakes the next: waiters that joined
-// behind others never ran a pass of their own, so none of them holds the
-// once-a-second retry (retryAt) the leaver may have held.
-func (w *Waiter) leaveLocked(err error) {
-	wasWoken := w.woken
-	wasFirst := w.elem != nil && w.q.waiters.Front() == w.elem
-	w.woken = false
-	w.q.removeLocked(w, err)
-	if wasWoken || wasFirst {
-		w.q.wakeFirstLocked()
-	}
-}
-
-// Leave removes a served waiter and wakes the next one.
-//
-// The cascade is unconditional (a freed cooldown may have made room for
-// more than one client); if nobody is left to wake it is dropped, not
-// recorded in Gen. Leave on a waiter already removed does nothing.
-func (w *Waiter) Leave() {
+// removeLocked takes w out of the queue; err is what Wait returns from now
+// on. An offer it held and had not taken goes to the next waiter that
+// wants one of its resources; so do its retries, when it leaves unserved
+// while retrying.
+func (w *Waiter) removeLocked(err error) {
 	q := w.q
-	q.mu.Lock()
-	defer q.mu.Unlock()
 	if w.elem == nil {
 		return
 	}
-	w.running = false
-	w.woken = false
-	q.removeLocked(w, ErrClosed)
-	if !q.closed {
-		q.wakeFirstLocked()
+	q.waiters.Remove(w.elem)
+	w.elem = nil
+	w.err = err
+	w.line.n--
+	want := w.want
+	w.setWantLocked(nil)
+	if w.woken || (w.retrying && err != ErrLeft) {
+		w.woken = false
+		for _, r := range want {
+			q.offerLocked(r)
+		}
 	}
+	w.running = false
+	w.kick()
 }
 
-// Deadline is when this waiter times out (join time + the queue's timeout).
+// Leave removes a waiter that got what it waited for (or an answer). It
+// does nothing when the waiter was already removed.
+func (w *Waiter) Leave() {
+	w.q.mu.Lock()
+	defer w.q.mu.Unlock()
+	w.removeLocked(ErrLeft)
+}
+
+// Deadline is when this waiter times out.
 func (w *Waiter) Deadline() time.Time { return w.deadline }
 
 // Joined is when it joined (for the waiting-time log and metric).

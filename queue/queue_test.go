@@ -148,9 +148,9 @@ func sleeping(w *Waiter) bool {
 	return s.inQueue && !s.woken && !s.running
 }
 
-func mustJoin(t *testing.T, q *Queue) *Waiter {
+func mustJoin(t *testing.T, l *Line, want ...string) *Waiter {
 	t.Helper()
-	w, err := q.Join(q.Gen())
+	w, err := l.Join(l.q.Mark(), nil, want, time.Time{})
 	if err != nil {
 		t.Fatalf("Join: %v", err)
 	}
@@ -171,449 +171,464 @@ func expectErr(t *testing.T, what string, ch <-chan error, want error) {
 	}
 }
 
+// asleep starts w's Wait and waits until it sleeps.
+func asleep(t *testing.T, w *Waiter) <-chan error {
+	t.Helper()
+	ch := startWait(w, context.Background(), time.Time{})
+	waitFor(t, "waiter asleep", func() bool { return sleeping(w) })
+	return ch
+}
+
+// noResult checks that a Wait has not returned.
+func noResult(t *testing.T, what string, ch <-chan error) {
+	t.Helper()
+	select {
+	case err := <-ch:
+		t.Fatalf("%s: Wait returned %v, want still waiting", what, err)
+	case <-time.After(20 * time.Millisecond):
+	}
+}
+
 // ---- tests ----
 
-func TestFIFOOrder(t *testing.T) {
-	clk := newFakeClock()
-	q := New(100, time.Minute, clk)
-	const n = 50
-	type result struct {
-		i   int
-		err error
+// TestOfferGoesToLongestWaitingThatCanUseIt: an offer of a resource wakes
+// the first waiter that wants it; one ahead that wants something else keeps
+// its place, asleep.
+func TestOfferGoesToLongestWaitingThatCanUseIt(t *testing.T) {
+	q := New(newFakeClock())
+	l := q.NewLine("h", 10, time.Minute, []string{"cdp", "pw"}, nil)
+	cdp1 := mustJoin(t, l, "cdp")
+	pw1 := mustJoin(t, l, "pw")
+	cdp2 := mustJoin(t, l, "cdp")
+	pw2 := mustJoin(t, l, "pw")
+	chs := map[*Waiter]<-chan error{}
+	for _, w := range []*Waiter{cdp1, pw1, cdp2, pw2} {
+		chs[w] = asleep(t, w)
 	}
-	served := make(chan result, n)
-	ws := make([]*Waiter, n)
-	for i := range n {
-		ws[i] = mustJoin(t, q)
-		go func() { served <- result{i, ws[i].Wait(context.Background(), time.Time{})} }()
+	q.Offer("pw")
+	expectNil(t, "first pw waiter", chs[pw1])
+	if !sleeping(cdp1) || !sleeping(cdp2) || !sleeping(pw2) {
+		t.Fatal("a waiter that cannot use pw, or a later pw waiter, was woken")
 	}
-	for i := range n {
-		q.Notify()
-		select {
-		case r := <-served:
-			if r.err != nil || r.i != i {
-				t.Fatalf("Notify %d served waiter %d (err %v), want %d", i, r.i, r.err, i)
-			}
-		case <-time.After(syncLimit):
-			t.Fatalf("Notify %d woke nobody", i)
-		}
-		if got := q.Len(); got != n {
-			t.Fatalf("Len = %d while woken waiters run their pass, want %d", got, n)
-		}
+	pw1.Leave()
+	q.Offer("pw")
+	expectNil(t, "second pw waiter", chs[pw2])
+	q.Offer("cdp")
+	expectNil(t, "first cdp waiter", chs[cdp1])
+	if !sleeping(cdp2) {
+		t.Fatal("second cdp waiter woken by one offer")
 	}
-	for _, w := range ws {
-		w.Leave()
-	}
-	if q.Len() != 0 {
-		t.Fatalf("Len = %d after all left", q.Len())
-	}
-	if p := clk.Pending(); p != 0 {
-		t.Fatalf("%d timers leaked", p)
+	pw2.Leave()
+	cdp1.Leave()
+	cdp2.Leave()
+	expectErr(t, "left", chs[cdp2], ErrLeft)
+	if l.Len() != 0 || q.Len() != 0 {
+		t.Fatalf("Len %d/%d after everyone left", l.Len(), q.Len())
 	}
 }
 
-func TestNewcomerDoesNotOvertakeWokenWaiter(t *testing.T) {
-	clk := newFakeClock()
-	q := New(10, time.Minute, clk)
-	ctx := context.Background()
-	a := mustJoin(t, q)
-	chA := startWait(a, ctx, time.Time{})
-	q.Notify()
-	expectNil(t, "A woken", chA)
-
-	// A runs its pass: it still counts, so a newcomer must queue.
-	if q.Len() != 1 {
-		t.Fatalf("Len = %d while A runs its pass, want 1", q.Len())
+// TestWaiterWantingSeveral: a waiter that can use either of two resources
+// is woken by an offer of either, in its turn.
+func TestWaiterWantingSeveral(t *testing.T) {
+	q := New(newFakeClock())
+	l := q.NewLine("h", 10, time.Minute, []string{"a", "b"}, nil)
+	both := mustJoin(t, l, "a", "b")
+	onlyB := mustJoin(t, l, "b")
+	chBoth, chB := asleep(t, both), asleep(t, onlyB)
+	q.Offer("b")
+	expectNil(t, "the older waiter, which can use b too", chBoth)
+	if !sleeping(onlyB) {
+		t.Fatal("the younger waiter was woken too")
 	}
-	b := mustJoin(t, q)
-	chB := startWait(b, ctx, time.Time{})
-	waitFor(t, "B sleeping in Wait", func() bool { return clk.Pending() == 1 })
-
-	// A's pass found nothing: back to sleep, keeping first place.
-	chA = startWait(a, ctx, time.Time{})
-	waitFor(t, "A back to sleep", func() bool { return sleeping(a) })
-	q.Notify()
-	expectNil(t, "A woken again before B", chA)
-	if !sleeping(b) {
-		t.Fatalf("B was woken ahead of A: %+v", stateOf(b))
-	}
-	a.Leave() // served; cascade wakes B
-	expectNil(t, "B woken by A's Leave", chB)
-	b.Leave()
-	if q.Len() != 0 || clk.Pending() != 0 {
-		t.Fatalf("Len %d, pending timers %d", q.Len(), clk.Pending())
-	}
+	both.Leave()
+	q.Offer("b")
+	expectNil(t, "b-only waiter", chB)
+	onlyB.Leave()
 }
 
-func TestRunningWaiterDoesNotMissNotify(t *testing.T) {
-	q := New(10, time.Minute, newFakeClock())
-	ctx := context.Background()
-	a := mustJoin(t, q)
-	q.Notify()
-	if err := a.Wait(ctx, time.Time{}); err != nil {
+// TestMissedOfferWakesJoiner: an offer made between a client's Mark and
+// its Join, that nobody took, wakes it as it joins; an offer of something
+// it does not want does not.
+func TestMissedOfferWakesJoiner(t *testing.T) {
+	q := New(newFakeClock())
+	l := q.NewLine("h", 10, time.Minute, []string{"a", "b"}, nil)
+	mark := q.Mark()
+	q.Offer("b")
+	wa, err := l.Join(mark, nil, []string{"a"}, time.Time{})
+	if err != nil {
 		t.Fatal(err)
 	}
-	// While A runs its pass (which finds nothing), a slot frees.
-	q.Notify()
-	// Going back to sleep, A gets the wake-up re-delivered.
-	if err := a.Wait(ctx, time.Time{}); err != nil {
-		t.Fatalf("A missed a Notify during its pass: %v", err)
+	if stateOf(wa).woken {
+		t.Fatal("an offer of b woke a waiter that wants only a")
 	}
-	a.Leave()
+	wb, err := l.Join(mark, nil, []string{"b"}, time.Time{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !stateOf(wb).woken {
+		t.Fatal("the missed offer of b did not wake the joiner")
+	}
+	// An offer older than the mark is history.
+	wb2, _ := l.Join(q.Mark(), nil, []string{"b"}, time.Time{})
+	if stateOf(wb2).woken {
+		t.Fatal("an offer before the mark woke the joiner")
+	}
+	wa.Leave()
+	wb.Leave()
+	wb2.Leave()
 }
 
-func TestWakeAt(t *testing.T) {
+// TestRunningWaiterDoesNotMissOffer: an offer made while the only waiter
+// that wants it is running its pass wakes it again when it goes back to
+// sleep.
+func TestRunningWaiterDoesNotMissOffer(t *testing.T) {
+	q := New(newFakeClock())
+	l := q.NewLine("h", 10, time.Minute, []string{"a"}, nil)
+	w := mustJoin(t, l, "a")
+	ch := asleep(t, w)
+	q.Offer("a")
+	expectNil(t, "woken", ch)
+	q.Offer("a") // while it runs: nobody to take it
+	expectNil(t, "woken again at once", startWait(w, context.Background(), time.Time{}))
+	ch = startWait(w, context.Background(), time.Time{})
+	waitFor(t, "asleep", func() bool { return sleeping(w) })
+	w.Leave()
+	expectErr(t, "left", ch, ErrLeft)
+}
+
+// TestOfferAt: a timed offer fires at its time; only the earliest pending
+// time of a resource is kept; a time in the past offers at once.
+func TestOfferAt(t *testing.T) {
 	clk := newFakeClock()
-	q := New(10, time.Minute, clk)
-	ctx := context.Background()
-	t0 := clk.Now()
-	a := mustJoin(t, q)
-	b := mustJoin(t, q)
-	chA := startWait(a, ctx, time.Time{})
-	chB := startWait(b, ctx, time.Time{})
-	waitFor(t, "A and B in Wait", func() bool { return clk.Pending() == 2 })
-
-	q.WakeAt(t0.Add(10 * time.Second))
-	q.WakeAt(t0.Add(5 * time.Second))
-	q.WakeAt(t0.Add(20 * time.Second))
-	if clk.Pending() != 3 {
-		t.Fatalf("pending timers = %d, want 2 deadlines + 1 WakeAt", clk.Pending())
-	}
-	q.mu.Lock()
-	when := q.wakeWhen
-	q.mu.Unlock()
-	if !when.Equal(t0.Add(5 * time.Second)) {
-		t.Fatalf("kept WakeAt %v, want the earliest (t0+5s)", when.Sub(t0))
-	}
-
-	clk.Advance(5*time.Second - 1)
-	if !sleeping(a) {
-		t.Fatal("A woken before the WakeAt time")
-	}
-	clk.Advance(1)
-	expectNil(t, "A woken at cooldown end", chA)
-	clk.Advance(20 * time.Second)
-	if !sleeping(b) {
-		t.Fatalf("B woken by a dropped (later) WakeAt: %+v", stateOf(b))
-	}
-	if clk.Pending() != 1 { // B's deadline only
-		t.Fatalf("pending timers = %d, want 1", clk.Pending())
-	}
-
-	// A time in the past notifies at once; A runs its pass, so B is next.
-	q.WakeAt(t0)
-	expectNil(t, "B woken by past WakeAt", chB)
-	a.Leave()
-	b.Leave()
-
-	// With nobody waiting, a WakeAt firing is remembered in Gen.
-	g := q.Gen()
-	q.WakeAt(clk.Now().Add(time.Second))
+	q := New(clk)
+	l := q.NewLine("h", 10, time.Minute, []string{"a", "b"}, nil)
+	wa := mustJoin(t, l, "a")
+	wb := mustJoin(t, l, "b")
+	cha, chb := asleep(t, wa), asleep(t, wb)
+	now := clk.Now()
+	q.OfferAt("a", now.Add(10*time.Second))
+	q.OfferAt("a", now.Add(5*time.Second))  // earlier: replaces
+	q.OfferAt("a", now.Add(20*time.Second)) // later: dropped
+	q.OfferAt("b", now.Add(7*time.Second))
+	clk.Advance(4 * time.Second)
+	noResult(t, "a before 5s", cha)
 	clk.Advance(time.Second)
-	if q.Gen() == g {
-		t.Fatal("WakeAt with no waiter did not advance Gen")
+	expectNil(t, "a at 5s", cha)
+	if !sleeping(wb) {
+		t.Fatal("b woken by a's offer")
 	}
-	if clk.Pending() != 0 {
-		t.Fatalf("%d timers leaked", clk.Pending())
+	clk.Advance(2 * time.Second)
+	expectNil(t, "b at 7s", chb)
+	q.OfferAt("a", now) // in the past
+	if !stateOf(wa).woken && !stateOf(wa).running {
+		t.Fatal("an offer in the past did not count")
+	}
+	wa.Leave()
+	wb.Leave()
+	clk.Advance(time.Minute)
+	if p := clk.Pending(); p != 0 {
+		t.Fatalf("%d timers left", p)
 	}
 }
 
-func TestGenJoin(t *testing.T) {
-	clk := newFakeClock()
-	q := New(10, time.Minute, clk)
-	ctx := context.Background()
-
-	// No Notify in between: the joiner sleeps.
-	w, err := q.Join(q.Gen())
-	if err != nil {
-		t.Fatal(err)
+// TestWithdrawEndsWaitersWithNothingLeft: draining every resource a waiter
+// could use ends its wait at once; a waiter with another resource stays;
+// Restore offers the resource again.
+func TestWithdrawEndsWaitersWithNothingLeft(t *testing.T) {
+	q := New(newFakeClock())
+	l := q.NewLine("h", 10, time.Minute, []string{"a", "b"}, nil)
+	onlyA := mustJoin(t, l, "a")
+	ab := mustJoin(t, l, "a", "b")
+	chA, chAB := asleep(t, onlyA), asleep(t, ab)
+	q.Withdraw("a")
+	expectErr(t, "a-only waiter", chA, ErrUnavailable)
+	if !sleeping(ab) {
+		t.Fatal("a waiter that can still use b was ended or woken")
 	}
+	if _, err := l.Join(q.Mark(), nil, []string{"a"}, time.Time{}); !errors.Is(err, ErrUnavailable) {
+		t.Fatalf("Join wanting only a drained resource: %v", err)
+	}
+	q.Withdraw("b")
+	expectErr(t, "a+b waiter once b is drained too", chAB, ErrUnavailable)
+	w := mustJoin(t, l, "c")
+	ch := asleep(t, w)
+	q.Restore("a")
 	if !sleeping(w) {
-		t.Fatalf("joined woken without a Notify: %+v", stateOf(w))
+		t.Fatal("restoring a woke a waiter for c")
 	}
-	w.Leave()
-
-	// A Notify between Gen and Join: the joiner starts woken.
-	g := q.Gen()
-	q.Notify()
-	w, err = q.Join(g)
-	if err != nil {
-		t.Fatal(err)
+	w.Want([]string{"a"})
+	q.Restore("b")
+	q.Withdraw("a")
+	expectErr(t, "waiter moved to a, which was withdrawn", ch, ErrUnavailable)
+	if l.Len() != 0 {
+		t.Fatalf("Len %d", l.Len())
 	}
-	if !stateOf(w).woken {
-		t.Fatal("joiner missed the Notify that happened during its pass")
-	}
-	if err := w.Wait(ctx, time.Time{}); err != nil {
-		t.Fatalf("Wait = %v, want nil at once", err)
-	}
-	w.Leave()
-
-	// FIFO is kept: the missed wake-up goes to an earlier sleeping waiter.
-	g = q.Gen()
-	q.Notify()
-	a := mustJoin(t, q) // read Gen after the Notify
-	c, err := q.Join(g) // stale gen
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !stateOf(a).woken || stateOf(c).woken {
-		t.Fatalf("stale-gen join woke %+v / %+v, want the first waiter", stateOf(a), stateOf(c))
-	}
-	a.Leave()
-	c.Leave()
 }
 
+// TestRetireMovesWaitersInOrder: a reload moves the waiters of a retired
+// line to the line sharing most resources, in order, keeping deadlines; the
+// new line says what each wants; waiters with nowhere to go end.
+func TestRetireMovesWaitersInOrder(t *testing.T) {
+	clk := newFakeClock()
+	q := New(clk)
+	old := q.NewLine("old", 10, time.Minute, []string{"a", "b"}, nil)
+	w1 := mustJoin(t, old, "a")
+	clk.Advance(time.Second)
+	w2 := mustJoin(t, old, "b")
+	w3 := mustJoin(t, old, "a")
+	ch1, ch2, ch3 := asleep(t, w1), asleep(t, w2), asleep(t, w3)
+	deadline := w1.Deadline()
+
+	q.NewLine("other", 10, time.Minute, []string{"z"}, nil)
+	wants := func(class any, _ []string) ([]string, bool) {
+		if class == "gone" {
+			return nil, false
+		}
+		return []string{"a", "c"}, false
+	}
+	next := q.NewLine("next", 5, 2*time.Minute, []string{"a", "b", "c"}, wants)
+	offered := q.Retire(old)
+	if len(offered) != 2 {
+		t.Fatalf("offered %v, want a and c", offered)
+	}
+	if old.Len() != 0 || next.Len() != 3 {
+		t.Fatalf("old %d next %d", old.Len(), next.Len())
+	}
+	if w1.Line() != next || w1.Deadline() != deadline {
+		t.Fatal("moved waiter lost its line or deadline")
+	}
+	// Order is kept: the first offer of a goes to w1, then w2 (which now
+	// wants a and c), then w3.
+	q.Offer("c")
+	expectNil(t, "w1 first", ch1)
+	q.Offer("a")
+	expectNil(t, "w2 second", ch2)
+	if !sleeping(w3) {
+		t.Fatal("w3 woken out of turn")
+	}
+	w1.Leave()
+	w2.Leave()
+	q.Offer("a")
+	expectNil(t, "w3", ch3)
+	w3.Leave()
+	if _, err := old.Join(q.Mark(), nil, []string{"a"}, time.Time{}); !errors.Is(err, ErrUnavailable) {
+		t.Fatalf("Join on a retired line: %v", err)
+	}
+
+	// Nowhere to go, or nothing wanted there: ErrUnavailable.
+	w4 := mustJoin(t, next, "a")
+	w5, _ := next.Join(q.Mark(), "gone", []string{"a"}, time.Time{})
+	ch4, ch5 := asleep(t, w4), asleep(t, w5)
+	last := q.NewLine("last", 5, time.Minute, []string{"a"}, wants)
+	q.Retire(next)
+	expectErr(t, "class with nothing in the new line", ch5, ErrUnavailable)
+	if w4.Line() != last || !sleeping(w4) {
+		t.Fatal("w4 not moved")
+	}
+	q.Retire(last)
+	expectErr(t, "no line left", ch4, ErrUnavailable)
+}
+
+// TestRetirePrefersNewerLine: of two lines sharing as much with the retired
+// one, the newer (the replacing config) takes its waiters; Close moves
+// nobody.
+func TestRetirePrefersNewerLine(t *testing.T) {
+	q := New(newFakeClock())
+	keep := func(_ any, before []string) ([]string, bool) { return before, false }
+	older := q.NewLine("older", 10, time.Minute, []string{"a"}, keep)
+	old := q.NewLine("old", 10, time.Minute, []string{"a"}, keep)
+	newer := q.NewLine("newer", 10, time.Minute, []string{"a"}, keep)
+	w := mustJoin(t, old, "a")
+	ch := asleep(t, w)
+	q.Retire(old)
+	if w.Line() != newer {
+		t.Fatalf("moved to %v, want the newer line", w.Line().Owner())
+	}
+	_ = older
+	newer.Close()
+	expectErr(t, "closed line", ch, ErrUnavailable)
+}
+
+// TestRetireWake: a moved waiter whose line says wake runs a pass at once.
+func TestRetireWake(t *testing.T) {
+	q := New(newFakeClock())
+	old := q.NewLine("old", 10, time.Minute, []string{"a"}, nil)
+	w := mustJoin(t, old, "key")
+	ch := asleep(t, w)
+	q.NewLine("new", 10, time.Minute, []string{"a"}, func(any, []string) ([]string, bool) { return []string{"a"}, true })
+	q.Retire(old)
+	expectNil(t, "woken by the move", ch)
+	w.Leave()
+}
+
+// TestContended: newcomers leave a resource anyone waits for to them.
+func TestContended(t *testing.T) {
+	q := New(newFakeClock())
+	l := q.NewLine("h", 10, time.Minute, []string{"a", "b"}, nil)
+	if q.Contended("a") {
+		t.Fatal("contended with nobody waiting")
+	}
+	w := mustJoin(t, l, "a")
+	if !q.Contended("a") || q.Contended("b") {
+		t.Fatal("Contended wrong with one waiter for a")
+	}
+	w.Want([]string{"b"})
+	if q.Contended("a") || !q.Contended("b") {
+		t.Fatal("Contended wrong after Want")
+	}
+	w.Leave()
+	if q.Contended("b") {
+		t.Fatal("contended after the waiter left")
+	}
+}
+
+// TestTimeout: a waiter ends at its deadline, never served at or after it;
+// an offer it held goes to the next waiter that wants it.
 func TestTimeout(t *testing.T) {
 	clk := newFakeClock()
-	q := New(10, time.Minute, clk)
-	a := mustJoin(t, q)
-	if !a.Deadline().Equal(a.Joined().Add(time.Minute)) || !a.Joined().Equal(clk.Now()) {
-		t.Fatalf("Joined %v Deadline %v", a.Joined(), a.Deadline())
+	q := New(clk)
+	l := q.NewLine("h", 10, time.Second, []string{"a"}, nil)
+	w1 := mustJoin(t, l, "a")
+	clk.Advance(500 * time.Millisecond)
+	w2 := mustJoin(t, l, "a")
+	ch2 := asleep(t, w2)
+	// w1 is woken but does not run before its deadline.
+	q.Offer("a")
+	clk.Advance(500 * time.Millisecond)
+	expectErr(t, "woken but past its deadline", startWait(w1, context.Background(), time.Time{}), ErrTimeout)
+	expectNil(t, "its offer passed on", ch2)
+	w2.Leave()
+	if l.Len() != 0 {
+		t.Fatal("Len")
 	}
-	ch := startWait(a, context.Background(), time.Time{})
-	waitFor(t, "A in Wait", func() bool { return clk.Pending() == 1 })
-	clk.Advance(time.Minute - 1)
-	if !sleeping(a) {
-		t.Fatal("A left before its deadline")
+	// JoinBy deadline: an earlier one wins.
+	by := clk.Now().Add(100 * time.Millisecond)
+	w3, _ := l.Join(q.Mark(), nil, []string{"a"}, by)
+	if !w3.Deadline().Equal(by) {
+		t.Fatal("deadline by not kept")
 	}
-	clk.Advance(1)
-	expectErr(t, "A at deadline", ch, ErrTimeout)
-	if q.Len() != 0 || clk.Pending() != 0 {
-		t.Fatalf("Len %d, pending timers %d", q.Len(), clk.Pending())
-	}
-	if err := a.Wait(context.Background(), time.Time{}); !errors.Is(err, ErrTimeout) {
-		t.Fatalf("Wait after removal = %v", err)
-	}
+	ch3 := startWait(w3, context.Background(), time.Time{})
+	waitFor(t, "asleep", func() bool { return sleeping(w3) })
+	clk.Advance(100 * time.Millisecond)
+	expectErr(t, "deadline by", ch3, ErrTimeout)
 }
 
-func TestWokenAtDeadlineTimesOut(t *testing.T) {
-	clk := newFakeClock()
-	q := New(10, time.Minute, clk)
-	ctx := context.Background()
-
-	// A WakeAt due at the very deadline fires before the deadline timer.
-	a := mustJoin(t, q)
-	q.WakeAt(a.Deadline())
-	ch := startWait(a, ctx, time.Time{})
-	waitFor(t, "A in Wait", func() bool { return clk.Pending() == 2 })
-	clk.Advance(time.Minute)
-	expectErr(t, "A woken at its deadline", ch, ErrTimeout)
-
-	// Woken (unconsumed) before the deadline, Wait called after it: still
-	// ErrTimeout, and the wake-up passes to the next waiter.
-	a = mustJoin(t, q)
-	clk.Advance(30 * time.Second)
-	b := mustJoin(t, q)
-	q.Notify()
-	if !stateOf(a).woken {
-		t.Fatal("A not woken")
-	}
-	clk.Advance(30 * time.Second)
-	if err := a.Wait(ctx, time.Time{}); !errors.Is(err, ErrTimeout) {
-		t.Fatalf("Wait after deadline = %v, want ErrTimeout", err)
-	}
-	if err := b.Wait(ctx, time.Time{}); err != nil {
-		t.Fatalf("B did not inherit A's wake-up: %v", err)
-	}
-	// Also with a retryAt at/after the deadline.
-	clk.Advance(time.Minute)
-	if err := b.Wait(ctx, clk.Now()); !errors.Is(err, ErrTimeout) {
-		t.Fatalf("retry after deadline = %v, want ErrTimeout", err)
-	}
-	if q.Len() != 0 || clk.Pending() != 0 {
-		t.Fatalf("Len %d, pending timers %d", q.Len(), clk.Pending())
-	}
-}
-
-func TestSize(t *testing.T) {
-	clk := newFakeClock()
-	q := New(2, 3*time.Second, clk)
-	if q.Size() != 2 || q.Timeout() != 3*time.Second {
-		t.Fatalf("Size %d Timeout %v", q.Size(), q.Timeout())
-	}
-	a := mustJoin(t, q)
-	mustJoin(t, q)
-	if _, err := q.Join(q.Gen()); !errors.Is(err, ErrFull) {
-		t.Fatalf("third Join = %v, want ErrFull", err)
-	}
-	a.Leave()
-	mustJoin(t, q)
-
-	off := New(0, time.Second, clk)
-	if _, err := off.Join(off.Gen()); !errors.Is(err, ErrFull) {
-		t.Fatalf("size 0 Join = %v, want ErrFull", err)
-	}
-	if off.Len() != 0 {
-		t.Fatal("size 0 queue holds a waiter")
-	}
-}
-
+// TestCancel: a client that goes away leaves at once and passes on an
+// offer it held.
 func TestCancel(t *testing.T) {
-	clk := newFakeClock()
-	q := New(10, time.Minute, clk)
-	bg := context.Background()
-	a, b, c := mustJoin(t, q), mustJoin(t, q), mustJoin(t, q)
-	ctxB, cancelB := context.WithCancel(bg)
-	chA := startWait(a, bg, time.Time{})
-	chB := startWait(b, ctxB, time.Time{})
-	chC := startWait(c, bg, time.Time{})
-	waitFor(t, "all in Wait", func() bool { return clk.Pending() == 3 })
+	q := New(newFakeClock())
+	l := q.NewLine("h", 10, time.Minute, []string{"a"}, nil)
+	w1 := mustJoin(t, l, "a")
+	w2 := mustJoin(t, l, "a")
+	ctx, cancel := context.WithCancel(context.Background())
+	ch1 := startWait(w1, ctx, time.Time{})
+	waitFor(t, "asleep", func() bool { return sleeping(w1) })
+	ch2 := asleep(t, w2)
+	cancel()
+	expectErr(t, "cancelled", ch1, context.Canceled)
+	if !sleeping(w2) {
+		t.Fatal("a sleeping waiter leaving woke the next one")
+	}
+	// Woken, then cancelled before running: the offer passes on.
+	w3 := mustJoin(t, l, "a")
+	q.Offer("a")
+	if !stateOf(w2).woken && !stateOf(w2).running {
+		t.Fatal("w2 not woken")
+	}
+	<-ch2
+	// w2 runs; cancel w3 holding nothing: nobody else is woken.
+	ctx3, cancel3 := context.WithCancel(context.Background())
+	cancel3()
+	expectErr(t, "w3 cancelled", startWait(w3, ctx3, time.Time{}), context.Canceled)
+	w2.Leave()
+}
 
-	cancelB()
-	expectErr(t, "B cancelled", chB, context.Canceled)
-	if q.Len() != 2 {
-		t.Fatalf("Len = %d after cancel, want 2", q.Len())
+// TestSize: a line holds at most its size; size 0 is no queue; sizes are
+// per line.
+func TestSize(t *testing.T) {
+	q := New(newFakeClock())
+	l := q.NewLine("h", 2, time.Minute, nil, nil)
+	other := q.NewLine("o", 1, time.Minute, nil, nil)
+	a := mustJoin(t, l, "a")
+	b := mustJoin(t, l, "a")
+	if _, err := l.Join(q.Mark(), nil, []string{"a"}, time.Time{}); !errors.Is(err, ErrFull) {
+		t.Fatalf("third Join: %v", err)
 	}
-	if err := b.Wait(bg, time.Time{}); !errors.Is(err, context.Canceled) {
-		t.Fatalf("cancelled waiter Wait again = %v", err)
-	}
-	q.Notify()
-	expectNil(t, "A", chA)
-	q.Notify()
-	expectNil(t, "C (B skipped)", chC)
+	c := mustJoin(t, other, "a")
 	a.Leave()
-	c.Leave()
-
-	// A wake-up consumed by a waiter that is then cancelled passes on.
-	a, b = mustJoin(t, q), mustJoin(t, q)
-	ctxA, cancelA := context.WithCancel(bg)
-	q.Notify() // A woken, has not run its pass
-	cancelA()
-	if err := a.Wait(ctxA, time.Time{}); !errors.Is(err, context.Canceled) {
-		t.Fatalf("woken+cancelled Wait = %v, want Canceled (never served)", err)
+	d := mustJoin(t, l, "a")
+	off := q.NewLine("off", 0, time.Minute, nil, nil)
+	if _, err := off.Join(q.Mark(), nil, []string{"a"}, time.Time{}); !errors.Is(err, ErrFull) {
+		t.Fatalf("Join on a line of size 0: %v", err)
 	}
-	if q.Len() != 1 || !stateOf(b).woken {
-		t.Fatalf("wake-up not passed on: Len %d, B %+v", q.Len(), stateOf(b))
-	}
-	if err := b.Wait(bg, time.Time{}); err != nil {
-		t.Fatal(err)
-	}
-	b.Leave()
-	if q.Len() != 0 || clk.Pending() != 0 {
-		t.Fatalf("Len %d, pending timers %d", q.Len(), clk.Pending())
-	}
-}
-
-func TestLeaveCascades(t *testing.T) {
-	clk := newFakeClock()
-	q := New(10, time.Minute, clk)
-	ctx := context.Background()
-	ws := []*Waiter{mustJoin(t, q), mustJoin(t, q), mustJoin(t, q)}
-	chs := make([]<-chan error, len(ws))
-	for i, w := range ws {
-		chs[i] = startWait(w, ctx, time.Time{})
-	}
-	q.Notify()
-	for i, w := range ws {
-		expectNil(t, "cascade", chs[i])
-		for _, later := range ws[i+1:] {
-			if !sleeping(later) {
-				t.Fatalf("waiter after %d woken too early", i)
-			}
-		}
+	for _, w := range []*Waiter{b, c, d} {
 		w.Leave()
-		if q.Len() != len(ws)-i-1 {
-			t.Fatalf("Len = %d", q.Len())
-		}
 	}
-	g := q.Gen()
-	ws[0].Leave() // second Leave is a no-op
-	if q.Gen() != g {
-		t.Fatal("Leave with nobody left changed Gen")
-	}
-	if clk.Pending() != 0 {
-		t.Fatalf("%d timers leaked", clk.Pending())
+	if q.Len() != 0 {
+		t.Fatal("Len")
 	}
 }
 
+// TestRetryAt: retryAt lets a waiter run a pass without an offer, keeping
+// its place.
 func TestRetryAt(t *testing.T) {
 	clk := newFakeClock()
-	q := New(10, time.Minute, clk)
-	ctx := context.Background()
-	a, b := mustJoin(t, q), mustJoin(t, q)
-	chA := startWait(a, ctx, time.Time{})
-	chB := startWait(b, ctx, clk.Now().Add(time.Second))
-	waitFor(t, "A and B in Wait", func() bool { return clk.Pending() == 3 })
-	clk.Advance(time.Second)
-	// B may retry although A is ahead and nobody was notified.
-	expectNil(t, "B retry", chB)
-	if !sleeping(a) {
-		t.Fatal("retry woke A")
+	q := New(clk)
+	l := q.NewLine("h", 10, time.Minute, []string{"a"}, nil)
+	w := mustJoin(t, l, "a")
+	ch := startWait(w, context.Background(), clk.Now().Add(time.Second))
+	waitFor(t, "asleep", func() bool { return sleeping(w) })
+	clk.Advance(999 * time.Millisecond)
+	noResult(t, "before retryAt", ch)
+	clk.Advance(time.Millisecond)
+	expectNil(t, "at retryAt", ch)
+	if !q.Contended("a") {
+		t.Fatal("a retrying waiter lost its place")
 	}
-	// B's pass finds nothing; back to sleep in its place (behind A).
-	chB = startWait(b, ctx, time.Time{})
-	waitFor(t, "B back to sleep", func() bool { return sleeping(b) && clk.Pending() == 2 })
-	q.Notify()
-	expectNil(t, "A first", chA)
-	if !sleeping(b) {
-		t.Fatal("B overtook A")
-	}
-	a.Leave()
-	expectNil(t, "B after A", chB)
-	b.Leave()
-
-	// A retryAt already past returns at once.
-	c := mustJoin(t, q)
-	if err := c.Wait(ctx, clk.Now()); err != nil {
-		t.Fatal(err)
-	}
-	c.Leave()
-	if clk.Pending() != 0 {
-		t.Fatalf("%d timers leaked", clk.Pending())
-	}
+	w.Leave()
 }
 
-func TestClose(t *testing.T) {
-	clk := newFakeClock()
-	q := New(10, time.Minute, clk)
-	ctx := context.Background()
-	a, b := mustJoin(t, q), mustJoin(t, q)
-	q.Notify()
-	if err := a.Wait(ctx, time.Time{}); err != nil { // A runs its pass
-		t.Fatal(err)
+// TestWantKeepsPlace: a waiter that moves from waiting on its key to
+// waiting on providers keeps its place ahead of later ones.
+func TestWantKeepsPlace(t *testing.T) {
+	q := New(newFakeClock())
+	l := q.NewLine("h", 10, time.Minute, []string{"a"}, nil)
+	first := mustJoin(t, l, "key")
+	second := mustJoin(t, l, "a")
+	ch1, ch2 := asleep(t, first), asleep(t, second)
+	q.Offer("key")
+	expectNil(t, "key offer", ch1)
+	first.Want([]string{"a"})
+	ch1 = asleep(t, first)
+	q.Offer("a")
+	expectNil(t, "first, now waiting on a, goes first", ch1)
+	if !sleeping(second) {
+		t.Fatal("second woken")
 	}
-	chB := startWait(b, ctx, time.Time{})
-	q.WakeAt(clk.Now().Add(time.Second))
-	waitFor(t, "B in Wait", func() bool { return clk.Pending() == 2 })
-
-	q.Close()
-	expectErr(t, "sleeping waiter", chB, ErrClosed)
-	if err := a.Wait(ctx, time.Time{}); !errors.Is(err, ErrClosed) {
-		t.Fatalf("running waiter's next Wait = %v", err)
-	}
-	a.Leave() // no-op
-	if q.Len() != 0 {
-		t.Fatalf("Len = %d after Close", q.Len())
-	}
-	if _, err := q.Join(q.Gen()); !errors.Is(err, ErrClosed) {
-		t.Fatalf("Join after Close = %v", err)
-	}
-	q.Notify()
-	q.WakeAt(clk.Now().Add(time.Second))
-	q.Close()
-	if clk.Pending() != 0 {
-		t.Fatalf("%d timers leaked", clk.Pending())
-	}
+	first.Leave()
+	second.Leave()
+	expectErr(t, "left", ch2, ErrLeft)
 }
 
 func TestRealClockSmoke(t *testing.T) {
-	q := New(2, 20*time.Millisecond, nil)
-	w := mustJoin(t, q)
+	q := New(nil)
+	l := q.NewLine("h", 2, 20*time.Millisecond, []string{"a"}, nil)
+	w := mustJoin(t, l, "a")
 	if err := w.Wait(context.Background(), time.Time{}); !errors.Is(err, ErrTimeout) {
 		t.Fatalf("Wait = %v, want ErrTimeout", err)
 	}
-	q = New(2, time.Minute, RealClock())
-	w = mustJoin(t, q)
-	q.WakeAt(time.Now().Add(5 * time.Millisecond))
+	l2 := q.NewLine("h2", 2, time.Minute, []string{"a"}, nil)
+	w = mustJoin(t, l2, "a")
+	q.OfferAt("a", time.Now().Add(5*time.Millisecond))
 	if err := w.Wait(context.Background(), time.Time{}); err != nil {
 		t.Fatalf("Wait = %v, want nil", err)
 	}
 	w.Leave()
-	q.Close()
 }
 
-// TestStress runs 1,000 clients against a provider with 3 slots; a slot
-// release calls Notify. Run with -race.
+// TestStress runs 1,000 clients of two pools against 3 slots each; a slot
+// release offers its pool. Run with -race. Every client is served or ends
+// exactly once, and no pool's release ever wakes the other pool.
 func TestStress(t *testing.T) {
 	t.Run("no timeouts", func(t *testing.T) { stress(t, false) })
 	t.Run("timeouts and cancels", func(t *testing.T) { stress(t, true) })
@@ -623,54 +638,55 @@ func stress(t *testing.T, churn bool) {
 	const n, slots = 1000, 3
 	before := runtime.NumGoroutine()
 	clk := newFakeClock()
-	q := New(n, 2*time.Second, clk)
+	q := New(clk)
+	l := q.NewLine("h", n, 2*time.Second, []string{"p0", "p1"}, nil)
 
 	var mu sync.Mutex
-	free := slots
-	acquire := func() bool {
+	free := [2]int{slots, slots}
+	acquire := func(p int) bool {
 		mu.Lock()
 		defer mu.Unlock()
-		if free > 0 {
-			free--
+		if free[p] > 0 {
+			free[p]--
 			return true
 		}
 		return false
 	}
-	release := func() {
+	names := [2]string{"p0", "p1"}
+	release := func(p int) {
 		mu.Lock()
-		free++
+		free[p]++
 		mu.Unlock()
-		q.Notify()
+		q.Offer(names[p])
 	}
 
 	served := make([]atomic.Int32, n)
-	ended := make([]atomic.Int32, n) // timed out or cancelled
+	ended := make([]atomic.Int32, n)
 	var nServed, nTimeout, nCancel atomic.Int32
 	var wg sync.WaitGroup
 	for i := range n {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
+			p := i % 2
 			use := func() {
 				served[i].Add(1)
 				nServed.Add(1)
 				if !churn {
 					runtime.Gosched()
-					release()
+					release(p)
 					return
 				}
-				// Hold the slot for 10ms of fake time: 3 slots serve
-				// ~300 clients a second, so many of 1,000 time out.
 				released := make(chan struct{})
-				clk.AfterFunc(10*time.Millisecond, func() { release(); close(released) })
+				clk.AfterFunc(10*time.Millisecond, func() { release(p); close(released) })
 				<-released
 			}
-			gen := q.Gen()
-			if q.Len() == 0 && acquire() {
+			mark := q.Mark()
+			if !q.Contended(names[p]) && acquire(p) {
 				use()
 				return
 			}
-			w, err := q.Join(gen)
+			w, err := l.Join(mark, nil, []string{names[p]}, time.Time{})
 			if err != nil {
 				t.Errorf("client %d: Join: %v", i, err)
 				return
@@ -696,8 +712,15 @@ func stress(t *testing.T, churn bool) {
 					}
 					return
 				}
-				if acquire() {
+				if acquire(p) {
 					w.Leave()
+					// Room left: the next waiter of this pool may use it.
+					mu.Lock()
+					room := free[p] > 0
+					mu.Unlock()
+					if room {
+						q.Offer(names[p])
+					}
 					use()
 					return
 				}
@@ -735,11 +758,38 @@ loop:
 	if q.Len() != 0 {
 		t.Errorf("Len = %d at the end", q.Len())
 	}
-	if free != slots {
-		t.Errorf("free slots = %d, want %d", free, slots)
+	if free != [2]int{slots, slots} {
+		t.Errorf("free slots = %v", free)
 	}
 	if p := clk.Pending(); p != 0 {
 		t.Errorf("%d timers leaked", p)
 	}
 	waitFor(t, "goroutines to exit", func() bool { return runtime.NumGoroutine() <= before })
+}
+
+// TestRetryHandedOn: a waiter that was retrying (retryAt) and leaves
+// unserved wakes the next waiter for what it wanted, which takes over the
+// retries; a served one (Leave) does not.
+func TestRetryHandedOn(t *testing.T) {
+	clk := newFakeClock()
+	q := New(clk)
+	l := q.NewLine("h", 10, time.Minute, []string{"a"}, nil)
+	first := mustJoin(t, l, "a")
+	second := mustJoin(t, l, "a")
+	ctx, cancel := context.WithCancel(context.Background())
+	ch1 := startWait(first, ctx, clk.Now().Add(time.Second))
+	waitFor(t, "asleep", func() bool { return sleeping(first) })
+	ch2 := asleep(t, second)
+	cancel()
+	expectErr(t, "first left", ch1, context.Canceled)
+	expectNil(t, "second takes over", ch2)
+	third := mustJoin(t, l, "a")
+	ch3 := asleep(t, third)
+	expectNil(t, "second retries", startWait(second, context.Background(), clk.Now()))
+	second.Leave()
+	if !sleeping(third) {
+		t.Fatal("a served waiter's Leave woke the next")
+	}
+	third.Leave()
+	expectErr(t, "left", ch3, ErrLeft)
 }

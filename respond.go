@@ -1,0 +1,276 @@
+package browserfailover
+
+import (
+	"encoding/json"
+	"math"
+	"net"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+
+	"github.com/browserfailover/caddy-browser-failover/observe"
+	"github.com/browserfailover/caddy-browser-failover/upstreams"
+)
+
+// How a client's way ends. A client that gets a session is logged when the
+// session ends (sessionEnd). Every other client ends through finish, once:
+// it leaves the queue, gives back its holds, gets its answer (none when it
+// went away), and is counted, observed and logged.
+
+// reply is a terminal answer: a client that gets no session.
+type reply struct {
+	status int
+	// reason is the rejection reason of metrics, events and the log.
+	reason string
+	// provider is the one whose answer the client gets, if any.
+	provider string
+	write    func(w http.ResponseWriter, r *http.Request)
+}
+
+// finish ends the way of a client that got no session: rp is its answer,
+// nil when it went away. Only the first call does anything.
+func (c *connect) finish(rp *reply) {
+	if c.finished {
+		return
+	}
+	c.finished = true
+	if c.waiter != nil {
+		c.waiter.Leave()
+		c.waited = time.Since(c.joined)
+	}
+	c.releaseHolds()
+	c.observeWait()
+	if rp == nil {
+		if ce := c.h.logger.Check(zap.DebugLevel, "client went away"); ce != nil {
+			ce.Write(zap.Array("attempts", attempts(c.attempts)), zap.Float64("queue_wait_ms", roundMS(c.waited)))
+		}
+		return
+	}
+	rp.write(c.w, c.r)
+	c.h.obs.Rejected(rp.status, rp.reason, len(c.attempts))
+	c.h.logger.Info("rejected",
+		zap.String("provider", rp.provider),
+		zap.Array("attempts", attempts(c.attempts)),
+		zap.Float64("queue_wait_ms", roundMS(c.waited)),
+		zap.Float64("duration_ms", roundMS(time.Since(c.start))),
+		zap.Int64("bytes_up", 0),
+		zap.Int64("bytes_down", 0),
+		zap.Int("status", rp.status),
+		zap.String("close_reason", rp.reason),
+		zap.Int("hedges_started", c.hedgesStarted),
+		zap.Int("hedges_wasted", c.hedgesWasted),
+	)
+}
+
+// observeWait measures the client's time in the queue, if it queued.
+func (c *connect) observeWait() {
+	if c.waiter != nil {
+		observe.QueueWait(c.waited)
+	}
+}
+
+// rejectBody is the JSON of a 503: what each provider did, and when to
+// come back.
+type rejectBody struct {
+	Error       string    `json:"error"`
+	Attempts    []attempt `json:"attempts"`
+	RetryAfterS int       `json:"retry_after_s"`
+}
+
+// unavailable is the 503 of a client no provider could take.
+func (c *connect) unavailable(why string) *reply {
+	retry := c.h.retryAfter()
+	// An attempt cut short by the client's own queue deadline is no
+	// provider's outcome: the body lists what the providers did.
+	shown := make([]attempt, 0, len(c.attempts))
+	for _, a := range c.attempts {
+		if a.Outcome != upstreams.WordClientGone {
+			shown = append(shown, a)
+		}
+	}
+	c.attempts = shown
+	body := rejectBody{Error: "no browser provider available", Attempts: shown, RetryAfterS: retry}
+	return &reply{status: http.StatusServiceUnavailable, reason: why, write: func(w http.ResponseWriter, _ *http.Request) {
+		writeJSON(w, http.StatusServiceUnavailable, body, func(hd http.Header) {
+			hd.Set("Retry-After", strconv.Itoa(retry))
+		})
+	}}
+}
+
+// quotaRetryAfter is the Retry-After of a 429 for client_limit: sessions
+// are long and their end unknown, so a fixed, modest hint.
+const quotaRetryAfter = 5
+
+// overOrUnavailable is the answer of a wait that ended: 429 while the
+// client waited for its client_limit share, 503 while it waited for a
+// provider.
+func (c *connect) overOrUnavailable(why string) *reply {
+	if !c.inQuota {
+		return c.unavailable(why)
+	}
+	limit := 0
+	if c.h.ClientLimit != nil {
+		limit = c.h.ClientLimit.Limit
+	}
+	body := map[string]any{
+		"error":         "client limit reached: this key already holds " + strconv.Itoa(limit) + " live sessions",
+		"limit":         limit,
+		"retry_after_s": quotaRetryAfter,
+	}
+	return &reply{status: http.StatusTooManyRequests, reason: observe.ReasonClientLimit, write: func(w http.ResponseWriter, _ *http.Request) {
+		writeJSON(w, http.StatusTooManyRequests, body, func(hd http.Header) {
+			hd.Set("Retry-After", strconv.Itoa(quotaRetryAfter))
+		})
+	}}
+}
+
+// unservable is the 502 of a client no provider here could ever serve.
+func (c *connect) unservable(why string) *reply {
+	return &reply{status: http.StatusBadGateway, reason: observe.ReasonUnservable, write: func(w http.ResponseWriter, _ *http.Request) {
+		writeJSON(w, http.StatusBadGateway, map[string]string{"error": why}, nil)
+	}}
+}
+
+// relayed passes a provider's 4xx answer to the client as it is: status,
+// headers and up to 64 KiB of body.
+func (c *connect) relayed(res upstreams.Result) *reply {
+	status := res.Answer.Status
+	return &reply{
+		status:   status,
+		reason:   observe.ReasonRelayed,
+		provider: c.attempts[len(c.attempts)-1].Provider,
+		write: func(w http.ResponseWriter, r *http.Request) {
+			hd := w.Header()
+			for k, vs := range res.Answer.Header {
+				if upstreams.HopByHop(k) || k == "Content-Length" {
+					continue
+				}
+				hd[k] = vs
+			}
+			hd.Set("Content-Length", strconv.Itoa(len(res.Body)))
+			w.WriteHeader(status)
+			if r.Method != http.MethodHead {
+				w.Write(res.Body)
+			}
+		},
+	}
+}
+
+// noProviderServes is the 502 message when no configured provider speaks
+// the client's protocol.
+func (h *Handler) noProviderServes(cl *class) string {
+	kinds := ""
+	for i, m := range h.members {
+		if i > 0 {
+			kinds += ", "
+		}
+		k := string(m.proto)
+		if m.pwVersion != "" {
+			k += " " + m.pwVersion
+		}
+		kinds += m.up.Name + " (" + k + ")"
+	}
+	return "no provider here serves " + cl.kind() + " clients; providers: " + kinds
+}
+
+// retryAfter is the seconds until the earliest cooldown of the handler's
+// providers ends, at least 1.
+func (h *Handler) retryAfter() int {
+	now := time.Now()
+	best := time.Duration(0)
+	for _, m := range h.members {
+		if u := m.state.Health.Until(); u.After(now) {
+			if d := u.Sub(now); best == 0 || d < best {
+				best = d
+			}
+		}
+	}
+	return max(int(math.Ceil(best.Seconds())), 1)
+}
+
+// sessionEnd is what a session's end log needs; it keeps nothing of the
+// request alive.
+type sessionEnd struct {
+	logger   *zap.Logger
+	provider string
+	attempts attempts
+	waited   time.Duration
+	hedges   int
+	wasted   int
+}
+
+func (e *sessionEnd) log(s *upstreams.Session) {
+	observe.SessionEnded(e.provider, time.Since(s.Start()))
+	e.logger.Info("session ended",
+		zap.String("provider", e.provider),
+		zap.Array("attempts", e.attempts),
+		zap.Float64("queue_wait_ms", roundMS(e.waited)),
+		zap.Float64("duration_ms", roundMS(time.Since(s.Start()))),
+		zap.Int64("bytes_up", s.BytesUp()),
+		zap.Int64("bytes_down", s.BytesDown()),
+		zap.String("close_reason", s.Reason()),
+		zap.Int("hedges_started", e.hedges),
+		zap.Int("hedges_wasted", e.wasted),
+	)
+}
+
+// attempt is one line of a client's way through the chain: a provider tried
+// (or skipped) and how it went.
+type attempt struct {
+	Provider string  `json:"provider"`
+	Outcome  string  `json:"outcome"`
+	MS       float64 `json:"ms"`
+}
+
+// attempts renders as a zap array.
+type attempts []attempt
+
+func (as attempts) MarshalLogArray(enc zapcore.ArrayEncoder) error {
+	for _, a := range as {
+		enc.AppendObject(a)
+	}
+	return nil
+}
+
+func (a attempt) MarshalLogObject(enc zapcore.ObjectEncoder) error {
+	enc.AddString("provider", a.Provider)
+	enc.AddString("outcome", a.Outcome)
+	enc.AddFloat64("ms", a.MS)
+	return nil
+}
+
+func roundMS(d time.Duration) float64 {
+	return math.Round(float64(d)/float64(time.Millisecond)*10) / 10
+}
+
+// writeJSON writes v as JSON with status; set adjusts headers first.
+func writeJSON(w http.ResponseWriter, status int, v any, set func(http.Header)) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	b = append(b, '\n')
+	hd := w.Header()
+	hd.Set("Content-Type", "application/json")
+	hd.Set("Content-Length", strconv.Itoa(len(b)))
+	hd.Set("Cache-Control", "no-store")
+	if set != nil {
+		set(hd)
+	}
+	w.WriteHeader(status)
+	_, err = w.Write(b)
+	return err
+}
+
+// replacerOf is the request's placeholder replacer, nil outside Caddy.
+func replacerOf(r *http.Request) *caddy.Replacer {
+	repl, _ := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
+	return repl
+}
+
+// netConn is the client side of a session.
+type netConn = net.Conn
