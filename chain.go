@@ -66,11 +66,11 @@ type connect struct {
 	hedgesStarted, hedgesWasted int
 
 	// Waiting.
-	mark     uint64 // the queue's offer counter before the first pass
-	waiter   *queue.Waiter
-	joined   time.Time
-	waited   time.Duration
-	inQuota  bool // waiting for its client_limit share, not a provider
+	mark    uint64 // the queue's offer counter before the first pass
+	waiter  *queue.Waiter
+	joined  time.Time
+	waited  time.Duration
+	inQuota bool // waiting for its client_limit share, not a provider
 
 	// Held until the session takes them, or released by finish.
 	quota *pool.QuotaKey
