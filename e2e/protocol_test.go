@@ -27,9 +27,8 @@ import (
 )
 
 // The tests of this file check the provider options protocol and
-// playwright_version (SPEC section 11) with real clients and real servers:
-// which protocol each real client is recognised as, and where the gateway
-// sends it.
+// playwright_version with real clients and real servers: which protocol each
+// real client is recognised as, and where the gateway sends it.
 
 // oldPlaywright is the npm alias of package.json for a playwright-core of
 // another major.minor than the main one (its launchServer answers 428 to

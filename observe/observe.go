@@ -15,7 +15,7 @@ import (
 	"go.uber.org/zap"
 )
 
-// Event names (SPEC section 8).
+// Event names, emitted through Caddy's events app and to webhooks.
 const (
 	EventCooldown  = "browser_failover.cooldown"
 	EventRecovered = "browser_failover.recovered"

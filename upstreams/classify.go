@@ -13,8 +13,9 @@ import (
 	"time"
 )
 
-// Kind is what an attempt's outcome means for the failover chain and for the
-// provider's health (SPEC 3.5).
+// Kind is what an attempt's outcome means for the failover chain (go on to
+// the next provider or not) and for the provider's health (a success, a
+// failure, a capacity skip, or nothing at all).
 type Kind int
 
 const (
@@ -57,7 +58,8 @@ func (k Kind) String() string {
 // Next reports whether the chain goes on to the next provider.
 func (k Kind) Next() bool { return k == Failure || k == Capacity || k == Incompatible }
 
-// Outcome words for failures that are not an HTTP status (SPEC section 10).
+// Outcome words for failures that are not an HTTP status, as they appear in
+// 503 bodies, logs and metric labels.
 const (
 	WordOK           = "ok"
 	WordRefused      = "refused"
@@ -81,8 +83,8 @@ const (
 func StatusWord(code int) string { return "status_" + strconv.Itoa(code) }
 
 // ClassifyStatus maps a provider's HTTP answer status to its outcome, for an
-// answer other than a valid 101 (SPEC 3.5). A 101 that reached this function
-// failed validation.
+// answer other than a valid 101. A 101 that reached this function failed
+// validation.
 func ClassifyStatus(code int) (word string, kind Kind) {
 	switch {
 	case code < 400:

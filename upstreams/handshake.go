@@ -61,9 +61,9 @@ func isExtendedConnect(r *http.Request) bool {
 	return false
 }
 
-// Check validates an upgrade request (one for which IsUpgrade is true) as
-// SPEC section 10 says: not GET or no valid key gives 400, another version
-// than 13 gives 426.
+// Check validates an upgrade request (one for which IsUpgrade is true): not
+// GET or no valid key (base64 of 16 bytes) gives 400, another version than 13
+// gives 426.
 func Check(r *http.Request) (*Handshake, error) {
 	hs := &Handshake{Header: r.Header, RawQuery: r.URL.RawQuery}
 	if isExtendedConnect(r) {
@@ -141,7 +141,8 @@ func HopByHop(k string) bool {
 
 // notForwarded are the client headers the upstream handshake never carries:
 // hop-by-hop ones, the client's credentials for the gateway and its Origin
-// (SPEC 3.4), and those the gateway writes itself.
+// (Chrome refuses an Origin it was not told to allow), and those the gateway
+// writes itself.
 var notForwarded = map[string]bool{
 	"Connection":          true,
 	"Proxy-Connection":    true,

@@ -1,6 +1,6 @@
-// Command hedge measures what hedged connects (hedge_after, hedge_max; SPEC
-// section 11) do to the time a client waits for its session when providers'
-// upgrade handshakes have a heavy tail, such as cloud browsers' cold starts.
+// Command hedge measures what hedged connects (hedge_after, hedge_max) do to
+// the time a client waits for its session when providers' upgrade handshakes
+// have a heavy tail, such as cloud browsers' cold starts.
 //
 //	go run ./bench/hedge [-connects 300] [-rounds 3] [-seed 1] [-quick]
 //
