@@ -66,9 +66,9 @@ func TestAdminRoutes(t *testing.T) {
 		t.Fatal(err)
 	}
 	var st struct {
-		Providers []Provider          `json:"providers"`
-		Queues    []pool.QueueStatus  `json:"queues"`
-		Clients   []pool.ClientStatus `json:"clients"`
+		Providers []Provider         `json:"providers"`
+		Queues    []pool.QueueStatus `json:"queues"`
+		Clients   []Client           `json:"clients"`
 	}
 	dec := json.NewDecoder(bytes.NewReader(rec.Body.Bytes()))
 	dec.DisallowUnknownFields()
@@ -153,12 +153,12 @@ func TestStatusClients(t *testing.T) {
 		t.Fatalf("raw key in status: %s", body)
 	}
 	var st struct {
-		Clients []pool.ClientStatus `json:"clients"`
+		Clients []Client `json:"clients"`
 	}
 	if err := json.Unmarshal(rec.Body.Bytes(), &st); err != nil {
 		t.Fatal(err)
 	}
-	want := pool.ClientStatus{Key: pool.ShownKey(secret), Active: 2, Waiting: 1}
+	want := Client{Key: pool.ShownKey(secret), Active: 2, Waiting: 1}
 	if len(st.Clients) != 1 || st.Clients[0] != want {
 		t.Fatalf("clients %+v, want [%+v]", st.Clients, want)
 	}
@@ -171,5 +171,23 @@ func TestStatusClients(t *testing.T) {
 	}
 	if c := pool.Clients(); len(c) != 0 {
 		t.Fatalf("clients %+v after release", c)
+	}
+}
+
+// TestClusterJSON: the two forms of a provider's "cluster" object.
+func TestClusterJSON(t *testing.T) {
+	until := time.Date(2030, 1, 2, 3, 4, 5, 0, time.FixedZone("x", 3600))
+	for _, tc := range []struct {
+		v    any
+		want string
+	}{
+		{NewCluster("n1", 0, nil, time.Time{}), `{"node":"n1","active":0,"nodes":{},"cooldown_until":null}`},
+		{NewCluster("n1", 3, map[string]int{"n1": 1, "n2": 2}, until), `{"node":"n1","active":3,"nodes":{"n1":1,"n2":2},"cooldown_until":"2030-01-02T02:04:05Z"}`},
+		{NewClusterUnavailable("n1"), `{"error":"shared state unavailable","node":"n1"}`},
+	} {
+		b, err := json.Marshal(tc.v)
+		if err != nil || string(b) != tc.want {
+			t.Errorf("%+v: %s %v, want %s", tc.v, b, err, tc.want)
+		}
 	}
 }
