@@ -11,6 +11,7 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 
+	"github.com/browserfailover/caddy-browser-failover/cluster"
 	"github.com/browserfailover/caddy-browser-failover/observe"
 	"github.com/browserfailover/caddy-browser-failover/pool"
 	"github.com/browserfailover/caddy-browser-failover/upstreams"
@@ -139,10 +140,10 @@ func (c *connect) startSession(m *member, client netConn, up *upstreams.Conn, pe
 	c.quota = nil
 	lease := c.lease
 	c.lease = nil
-	var store *sharedStore
+	var store *cluster.Shared
 	if lease != nil && c.h.shared != nil {
 		store = c.h.shared.s
-		store.retain()
+		store.Retain()
 	}
 	var idle, maxDur time.Duration
 	if s := c.h.Session; s != nil {
@@ -161,7 +162,7 @@ func (c *connect) startSession(m *member, client netConn, up *upstreams.Conn, pe
 				lease.Release()
 			}
 			if store != nil {
-				store.release()
+				store.Release()
 			}
 			end.log(s)
 		},
