@@ -241,9 +241,10 @@ var outcomeWords = map[string]bool{
 	upstreams.WordClientGone: true,
 }
 
-// statusCodes are the answer statuses kept exact in labels: the ones SPEC
-// 3.5 names, the common 404 and the usual 5xx. Others become status_4xx,
-// status_5xx or status_other so the label set stays small.
+// statusCodes are the answer statuses kept exact in labels: the ones the
+// failover chain gives a meaning to (401, 403, 408, 428, 429), the common
+// 404 and the usual 5xx. Others become status_4xx, status_5xx or
+// status_other so the label set stays small.
 var statusCodes = map[int]bool{401: true, 403: true, 404: true, 408: true, 428: true, 429: true,
 	500: true, 501: true, 502: true, 503: true, 504: true}
 
@@ -297,3 +298,6 @@ func ReasonWord(why string) string {
 	}
 	return reasonOther
 }
+
+// Interface guards.
+var _ prometheus.Collector = poolCollector{}

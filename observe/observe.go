@@ -15,7 +15,8 @@ import (
 	"go.uber.org/zap"
 )
 
-// Event names (SPEC section 8).
+// Event names, as emitted through Caddy's events app and posted to
+// webhooks.
 const (
 	EventCooldown  = "browser_failover.cooldown"
 	EventRecovered = "browser_failover.recovered"
