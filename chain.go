@@ -774,10 +774,10 @@ func (c *connect) relay(m *member, client netConn, up *upstreams.Conn, pending [
 	}
 	quota, lease := c.quota, c.lease
 	c.quota, c.lease = nil, nil
-	var store *sharedStore
+	var store *cluster.Shared
 	if lease != nil && c.h.shared != nil {
 		store = c.h.shared.s
-		store.retain()
+		store.Retain()
 	}
 	var idle, maxDur time.Duration
 	if s := c.h.Session; s != nil {
@@ -796,7 +796,7 @@ func (c *connect) relay(m *member, client netConn, up *upstreams.Conn, pending [
 				lease.Release()
 			}
 			if store != nil {
-				store.release()
+				store.Release()
 			}
 			end.log(s)
 		},

@@ -23,6 +23,7 @@ import (
 	"github.com/browserfailover/caddy-browser-failover/internal/fakes"
 	"github.com/browserfailover/caddy-browser-failover/internal/testgw"
 	"github.com/browserfailover/caddy-browser-failover/pool"
+	"github.com/browserfailover/caddy-browser-failover/status"
 )
 
 // playwrightHeaders is what chromium.connect() of Playwright v sends
@@ -335,17 +336,17 @@ func TestClientLimit429(t *testing.T) {
 	defer cb.CloseNow()
 
 	_, st := opAdmin(t, g, http.MethodGet, "/browser_failover/status")
-	var status struct {
-		Clients []pool.ClientStatus `json:"clients"`
+	var doc struct {
+		Clients []status.Client `json:"clients"`
 	}
-	if err := json.Unmarshal(st, &status); err != nil {
+	if err := json.Unmarshal(st, &doc); err != nil {
 		t.Fatal(err)
 	}
 	want := map[string]int{pool.ShownKey("sk-team-a-secret-777"): 2, pool.ShownKey("sk-team-b-secret-888"): 1}
-	if len(status.Clients) != 2 {
+	if len(doc.Clients) != 2 {
 		t.Fatalf("clients %s", st)
 	}
-	for _, c := range status.Clients {
+	for _, c := range doc.Clients {
 		if want[c.Key] != c.Active {
 			t.Fatalf("clients %s", st)
 		}

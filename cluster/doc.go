@@ -5,6 +5,17 @@
 // honoured by all). It is the Redis side only; the handler decides when to
 // ask it and what to do when it is unavailable.
 //
+// # Sharing a Store
+//
+// A process opens one Store per distinct settings and node name, kept in a
+// caddy.UsagePool: Use adds a user (a handler, on Provision), Retain adds
+// another (a live session holding one of its leases), and Release gives a
+// use back; the last one closes the Store. So a config reload that keeps
+// the settings keeps the Store, its leases and their renewals. The Shared
+// value Use returns also tracks whether Redis answers, so that callers skip
+// it for a moment after a failure instead of each waiting for its timeout,
+// and it serves a provider's cluster-wide status (pool.ClusterView).
+//
 // # Data model
 //
 // Every key lives under Config.KeyPrefix (default "browser_failover:"):

@@ -298,3 +298,6 @@ func ReasonWord(why string) string {
 	}
 	return reasonOther
 }
+
+// Interface guards.
+var _ prometheus.Collector = poolCollector{}

@@ -299,3 +299,6 @@ type envelope struct {
 func encodeEvent(ev event) ([]byte, error) {
 	return json.Marshal(envelope{Event: ev.name, Time: ev.at.UTC().Format(time.RFC3339Nano), Data: ev.data})
 }
+
+// Interface guards.
+var _ caddy.Validator = (*WebhookConfig)(nil)

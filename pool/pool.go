@@ -479,12 +479,13 @@ type QueueInfo interface {
 	Timeout() time.Duration
 }
 
-// QueueStatus is one handler's queue as listed by the status.
-type QueueStatus struct {
-	Waiting   int      `json:"waiting"`
-	Size      int      `json:"size"`
-	TimeoutMS int64    `json:"timeout_ms"`
-	Providers []string `json:"providers"`
+// QueueCount is one handler's line in the wait queue: how many wait in it,
+// its size and timeout, and the providers of its handler.
+type QueueCount struct {
+	Waiting   int
+	Size      int
+	Timeout   time.Duration
+	Providers []string
 }
 
 type queueEntry struct {
@@ -516,7 +517,7 @@ func UnregisterQueue(owner any) {
 }
 
 // Queues lists the registered queues in registration order.
-func Queues() []QueueStatus {
+func Queues() []QueueCount {
 	queuesMu.Lock()
 	entries := make([]queueEntry, 0, len(queues))
 	for _, e := range queues {
@@ -524,12 +525,12 @@ func Queues() []QueueStatus {
 	}
 	queuesMu.Unlock()
 	sort.Slice(entries, func(i, j int) bool { return entries[i].order < entries[j].order })
-	out := make([]QueueStatus, 0, len(entries))
+	out := make([]QueueCount, 0, len(entries))
 	for _, e := range entries {
-		out = append(out, QueueStatus{
+		out = append(out, QueueCount{
 			Waiting:   e.q.Len(),
 			Size:      e.q.Size(),
-			TimeoutMS: e.q.Timeout().Milliseconds(),
+			Timeout:   e.q.Timeout(),
 			Providers: append([]string(nil), e.providers...),
 		})
 	}
@@ -560,3 +561,7 @@ func (p *Provider) Cluster() ClusterView {
 	defer p.mu.Unlock()
 	return p.cluster
 }
+
+// Interface guard: a Provider is a value of the process-wide UsagePool
+// (its Destruct runs when no config uses the name any more).
+var _ caddy.Destructor = (*Provider)(nil)

@@ -114,23 +114,24 @@ func QuotaActive(k QuotaKey) int {
 	return 0
 }
 
-// ClientStatus is one key value's entry in the status JSON's clients list.
-type ClientStatus struct {
-	Key     string `json:"key"`
-	Active  int    `json:"active"`
-	Waiting int    `json:"waiting"`
+// ClientCount is one key value's figures: its shown key (ShownKey), live
+// sessions and waiting clients.
+type ClientCount struct {
+	Key     string
+	Active  int
+	Waiting int
 }
 
 // Clients lists every key value with live sessions or waiters, by key.
 // Values under different templates that hash alike are listed apart.
-func Clients() []ClientStatus {
+func Clients() []ClientCount {
 	quotaMu.Lock()
-	out := make([]ClientStatus, 0, len(quotas))
+	out := make([]ClientCount, 0, len(quotas))
 	for _, e := range quotas {
 		if e.active == 0 && e.waiting == 0 {
 			continue
 		}
-		out = append(out, ClientStatus{Key: e.shown, Active: e.active, Waiting: e.waiting})
+		out = append(out, ClientCount{Key: e.shown, Active: e.active, Waiting: e.waiting})
 	}
 	quotaMu.Unlock()
 	sort.Slice(out, func(i, j int) bool {

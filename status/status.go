@@ -49,13 +49,62 @@ func (a Admin) Routes() []caddy.AdminRoute {
 	}
 }
 
-// Status is the whole status document (SPEC section 8).
+// Status is the whole status document served at StatusPath: every
+// configured provider, the wait queue of every handler, and the client_limit
+// keys in use.
 type Status struct {
-	Providers []Provider         `json:"providers"`
-	Queues    []pool.QueueStatus `json:"queues"`
+	Providers []Provider `json:"providers"`
+	Queues    []Queue    `json:"queues"`
 	// Clients are the client_limit keys with live sessions or waiters,
 	// each shown hashed, never as its value.
-	Clients []pool.ClientStatus `json:"clients"`
+	Clients []Client `json:"clients"`
+}
+
+// Client is one client_limit key value in use, counted over every handler
+// and config load.
+type Client struct {
+	// Key is a short SHA-256 prefix of the value (pool.ShownKey), never
+	// the value itself: it may be an API key.
+	Key string `json:"key"`
+	// Active is the value's live sessions.
+	Active int `json:"active"`
+	// Waiting is the value's clients queued because it is at its limit.
+	Waiting int `json:"waiting"`
+}
+
+// Clients lists the client_limit key values with live sessions or waiters,
+// ordered by key; never nil.
+func Clients() []Client {
+	rows := pool.Clients()
+	out := make([]Client, 0, len(rows))
+	for _, r := range rows {
+		out = append(out, Client{Key: r.Key, Active: r.Active, Waiting: r.Waiting})
+	}
+	return out
+}
+
+// Queue is one handler's line in the wait queue.
+type Queue struct {
+	// Waiting counts its clients waiting now (including those of an
+	// older config moved here by a reload).
+	Waiting int `json:"waiting"`
+	// Size is the most that may wait; 0 means the queue is off.
+	Size      int      `json:"size"`
+	TimeoutMS int64    `json:"timeout_ms"`
+	Providers []string `json:"providers"`
+}
+
+// Queues lists every handler's line, oldest handler first.
+func Queues() []Queue {
+	out := []Queue{}
+	for _, q := range pool.Queues() {
+		ps := q.Providers
+		if ps == nil {
+			ps = []string{}
+		}
+		out = append(out, Queue{Waiting: q.Waiting, Size: q.Size, TimeoutMS: q.Timeout.Milliseconds(), Providers: ps})
+	}
+	return out
 }
 
 // Provider is one provider's status object.
@@ -78,23 +127,65 @@ type Provider struct {
 	HandshakeMS float64 `json:"handshake_ms"`
 	LastError   string  `json:"last_error"`
 	// Cluster is the provider's cluster-wide state when gateway nodes
-	// share it (state redis): live sessions over every node and per node.
+	// share it (state redis): a Cluster, or a ClusterUnavailable when the
+	// shared state could not be read. It is what the provider's
+	// pool.ClusterView returns; absent when the state is not shared.
 	Cluster any `json:"cluster,omitempty"`
+}
+
+// Cluster is the "cluster" object of a provider whose state gateway nodes
+// share: its live sessions over every node and per node, and the cooldown
+// they all honour.
+type Cluster struct {
+	// Node is the name of the node that answered.
+	Node string `json:"node"`
+	// Active is the provider's live sessions, all nodes together.
+	Active int `json:"active"`
+	// Nodes maps each node holding live sessions of the provider to their
+	// number; {} when none does.
+	Nodes map[string]int `json:"nodes"`
+	// CooldownUntil is the end of the shared cooldown, in UTC; null when
+	// none runs.
+	CooldownUntil *time.Time `json:"cooldown_until"`
+}
+
+// NewCluster builds the Cluster object seen by node: a nil nodes map shows
+// as {}, a zero cooldownUntil as null.
+func NewCluster(node string, active int, nodes map[string]int, cooldownUntil time.Time) Cluster {
+	out := Cluster{Node: node, Active: active, Nodes: nodes}
+	if out.Nodes == nil {
+		out.Nodes = map[string]int{}
+	}
+	if !cooldownUntil.IsZero() {
+		u := cooldownUntil.UTC()
+		out.CooldownUntil = &u
+	}
+	return out
+}
+
+// ClusterUnavailable is the "cluster" object of a provider when node could
+// not read the shared state. Error comes first so the object reads as it
+// always has: {"error":...,"node":...}.
+type ClusterUnavailable struct {
+	// Error is always SharedStateUnavailable.
+	Error string `json:"error"`
+	// Node is the name of the node that answered.
+	Node string `json:"node"`
+}
+
+// SharedStateUnavailable is the Error of a ClusterUnavailable.
+const SharedStateUnavailable = "shared state unavailable"
+
+// NewClusterUnavailable builds the ClusterUnavailable object of node.
+func NewClusterUnavailable(node string) ClusterUnavailable {
+	return ClusterUnavailable{Error: SharedStateUnavailable, Node: node}
 }
 
 // Snapshot returns the status of every provider (sorted by name) and queue.
 func Snapshot() Status {
-	st := Status{Providers: []Provider{}, Queues: pool.Queues(), Clients: pool.Clients()}
+	st := Status{Providers: []Provider{}, Queues: Queues(), Clients: Clients()}
 	for _, p := range pool.All() {
 		st.Providers = append(st.Providers, Of(p))
-	}
-	if st.Queues == nil {
-		st.Queues = []pool.QueueStatus{}
-	}
-	for i := range st.Queues {
-		if st.Queues[i].Providers == nil {
-			st.Queues[i].Providers = []string{}
-		}
 	}
 	return st
 }
@@ -195,5 +286,8 @@ func writeJSON(w http.ResponseWriter, r *http.Request, v any) error {
 	return err
 }
 
-// Interface guard.
-var _ caddy.AdminRouter = Admin{}
+// Interface guards.
+var (
+	_ caddy.Module      = (*Admin)(nil)
+	_ caddy.AdminRouter = (*Admin)(nil)
+)

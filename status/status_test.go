@@ -14,6 +14,7 @@ import (
 
 	"github.com/browserfailover/caddy-browser-failover/cooldown"
 	"github.com/browserfailover/caddy-browser-failover/pool"
+	"github.com/browserfailover/caddy-browser-failover/queue"
 )
 
 // serve runs the admin route for path and returns the recorder and the
@@ -41,11 +42,19 @@ func apiStatus(err error) int {
 	return 0
 }
 
+// stoppedClock is a clock whose time stands still; its timers are real.
+type stoppedClock struct{ now time.Time }
+
+func (c stoppedClock) Now() time.Time { return c.now }
+func (stoppedClock) AfterFunc(d time.Duration, f func()) queue.Timer {
+	return time.AfterFunc(d, f)
+}
+
 func TestAdminRoutes(t *testing.T) {
 	now := time.Now()
-	old := pool.Now
-	pool.Now = func() time.Time { return now }
-	defer func() { pool.Now = old }()
+	old := pool.Clock
+	pool.Clock = stoppedClock{now}
+	defer func() { pool.Clock = old }()
 
 	cfg := cooldown.Config{Duration: time.Minute, MinRequests: 1}
 	p, err := pool.Claim("status-unit-a", "ws://u:pw@h/?k=secret", "ws://REDACTED@h/?k=REDACTED", t, cfg, false, 4)
@@ -66,9 +75,9 @@ func TestAdminRoutes(t *testing.T) {
 		t.Fatal(err)
 	}
 	var st struct {
-		Providers []Provider          `json:"providers"`
-		Queues    []pool.QueueStatus  `json:"queues"`
-		Clients   []pool.ClientStatus `json:"clients"`
+		Providers []Provider `json:"providers"`
+		Queues    []Queue    `json:"queues"`
+		Clients   []Client   `json:"clients"`
 	}
 	dec := json.NewDecoder(bytes.NewReader(rec.Body.Bytes()))
 	dec.DisallowUnknownFields()
@@ -153,12 +162,12 @@ func TestStatusClients(t *testing.T) {
 		t.Fatalf("raw key in status: %s", body)
 	}
 	var st struct {
-		Clients []pool.ClientStatus `json:"clients"`
+		Clients []Client `json:"clients"`
 	}
 	if err := json.Unmarshal(rec.Body.Bytes(), &st); err != nil {
 		t.Fatal(err)
 	}
-	want := pool.ClientStatus{Key: pool.ShownKey(secret), Active: 2, Waiting: 1}
+	want := Client{Key: pool.ShownKey(secret), Active: 2, Waiting: 1}
 	if len(st.Clients) != 1 || st.Clients[0] != want {
 		t.Fatalf("clients %+v, want [%+v]", st.Clients, want)
 	}
@@ -171,5 +180,23 @@ func TestStatusClients(t *testing.T) {
 	}
 	if c := pool.Clients(); len(c) != 0 {
 		t.Fatalf("clients %+v after release", c)
+	}
+}
+
+// TestClusterJSON: the two forms of a provider's "cluster" object.
+func TestClusterJSON(t *testing.T) {
+	until := time.Date(2030, 1, 2, 3, 4, 5, 0, time.FixedZone("x", 3600))
+	for _, tc := range []struct {
+		v    any
+		want string
+	}{
+		{NewCluster("n1", 0, nil, time.Time{}), `{"node":"n1","active":0,"nodes":{},"cooldown_until":null}`},
+		{NewCluster("n1", 3, map[string]int{"n1": 1, "n2": 2}, until), `{"node":"n1","active":3,"nodes":{"n1":1,"n2":2},"cooldown_until":"2030-01-02T02:04:05Z"}`},
+		{NewClusterUnavailable("n1"), `{"error":"shared state unavailable","node":"n1"}`},
+	} {
+		b, err := json.Marshal(tc.v)
+		if err != nil || string(b) != tc.want {
+			t.Errorf("%+v: %s %v, want %s", tc.v, b, err, tc.want)
+		}
 	}
 }
