@@ -532,7 +532,7 @@ func TestOnly428AnswersAtOnce(t *testing.T) {
 	g := testgw.Start(t, handler(`"queue":{"size":10,"timeout":"20s"}`, provider("pw-other", s428.URL(), "")))
 	start := time.Now()
 	_, resp, err := dial(t, g.WS("/"), nil)
-	// No provider could ever serve this client (SPEC 11): 502 at once.
+	// No provider could ever serve this client: 502 at once.
 	if err == nil || resp == nil || resp.StatusCode != http.StatusBadGateway {
 		t.Fatalf("want 502, got %v %v", resp, err)
 	}

@@ -1,9 +1,8 @@
 package browserfailover_test
 
 // End-to-end tests of provider health (cooldown, trials, capacity skips,
-// single provider protection), of the strategies and of operator drain
-// (SPEC sections 3.2, 3.3, 5 and 10), through an in-process Caddy, real time
-// and fake providers. Provider names are unique per test: their state is
+// single provider protection), of the strategies and of operator drain,
+// through an in-process Caddy, with real time and fake providers. Provider names are unique per test: their state is
 // process-wide.
 
 import (

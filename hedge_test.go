@@ -1,6 +1,6 @@
 package browserfailover_test
 
-// End-to-end tests of hedged connects (SPEC 11) with fake providers that
+// End-to-end tests of hedged connects with fake providers that
 // answer late: a slow first provider is raced by the next one, losers are
 // cancelled or closed with 1000 "hedge lost", nothing counts as a failure
 // that did not fail on its own, and every count returns to 0.

@@ -1,6 +1,6 @@
 package browserfailover_test
 
-// Integration tests of the operability surface (SPEC section 8): the admin
+// Integration tests of the operability surface : the admin
 // API's status JSON and provider actions, the metrics on the admin /metrics
 // endpoint, the events through Caddy's events app, the webhooks, and that no
 // credential reaches any of them or the logs. Provider names are unique per
@@ -42,7 +42,7 @@ func opAdmin(t *testing.T, g *testgw.Gateway, method, path string) (int, []byte)
 	return code, body
 }
 
-// opProvider is a provider's status object as SPEC section 8 shows it.
+// opProvider is a provider's status object as the admin API shows it.
 type opProvider struct {
 	Name          string     `json:"name"`
 	URL           string     `json:"url"`
@@ -70,7 +70,7 @@ type opStatusDoc struct {
 	Clients   []opClient   `json:"clients"`
 }
 
-// opClient is a client_limit key's entry (SPEC 11).
+// opClient is a client_limit key's entry.
 type opClient struct {
 	Key     string `json:"key"`
 	Active  int    `json:"active"`

@@ -1,6 +1,6 @@
 package browserfailover_test
 
-// End-to-end tests of the wait queue (SPEC sections 3.7, 6 and 10):
+// End-to-end tests of the wait queue:
 // FIFO admission, leaving while queued, timeout, full queue, waking on the
 // end of a cooldown or capacity skip, a storm of 1,000 waiters, and the
 // logged waiting time. Real time, fake providers, in-process Caddy.

@@ -1,6 +1,6 @@
 package browserfailover_test
 
-// End-to-end tests of SPEC 11's routing rules with fake providers:
+// End-to-end tests of the routing rules with fake providers:
 // protocol-aware pools (CDP clients never reach Playwright servers and the
 // other way round, exact Playwright versions first, 502 when nothing could
 // ever serve) and per-client quotas (client_limit, waiting per key or 429).
