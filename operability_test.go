@@ -1,6 +1,6 @@
 package browserfailover_test
 
-// Integration tests of the operability surface : the admin
+// Integration tests of the operability surface: the admin
 // API's status JSON and provider actions, the metrics on the admin /metrics
 // endpoint, the events through Caddy's events app, the webhooks, and that no
 // credential reaches any of them or the logs. Provider names are unique per
