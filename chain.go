@@ -393,7 +393,7 @@ func (c *connect) pick(ps *passState) (*member, cooldown.Permit, *cluster.Lease)
 			continue
 		}
 		if !st.TryReserve() {
-			st.Health.Done(permit, cooldown.Neutral, 0)
+			h.settle(st, permit, cooldown.Neutral, 0)
 			st.SkippedFull()
 			c.skip(m, upstreams.WordFull)
 			continue

@@ -1,9 +1,13 @@
 package pool
 
 import (
+	"context"
+	"errors"
 	"testing"
+	"time"
 
 	"github.com/browserfailover/caddy-browser-failover/cooldown"
+	"github.com/browserfailover/caddy-browser-failover/queue"
 )
 
 // TestReleaseClaimRestores: a config load that claims a running provider
@@ -47,5 +51,77 @@ func TestReleaseClaimRestores(t *testing.T) {
 	}
 	if q, ok := Lookup("pool-unit"); !ok || q != p {
 		t.Fatal("the entry went away while the new load holds it")
+	}
+}
+
+// wokenBy puts a waiter for want in the process queue, runs do, and
+// reports whether do woke it (or how its wait ended).
+func wokenBy(t *testing.T, want []string, do func()) (woken bool, err error) {
+	t.Helper()
+	line := Waiting.NewLine(t, 10, time.Minute, want, nil)
+	defer line.Close()
+	w, jerr := line.Join(Waiting.Mark(), nil, want, time.Time{})
+	if jerr != nil {
+		t.Fatal(jerr)
+	}
+	defer w.Leave()
+	do()
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	err = w.Wait(ctx, time.Time{})
+	return err == nil, err
+}
+
+// TestProviderEventsReachTheQueue: what a provider's state does is offered
+// to the waiters that want it: a freed slot, a limit raised by a reload,
+// an undrain; a drain ends the wait of a client that could use nothing
+// else; a provider that nobody waits for offers nothing to others.
+func TestProviderEventsReachTheQueue(t *testing.T) {
+	cfg := cooldown.Config{MinRequests: 3}
+	gen1, gen2 := new(int), new(int)
+	p, err := Claim("pool-q", "ws://h:1/", "ws://h:1/", gen1, cfg, false, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ReleaseClaim("pool-q", gen2)
+	want := []string{p.Resource()}
+	if !p.TryReserve() {
+		t.Fatal("no slot")
+	}
+	if woken, _ := wokenBy(t, want, func() {}); woken {
+		t.Fatal("woken with nothing offered")
+	}
+	if woken, _ := wokenBy(t, []string{Resource("other")}, p.Unreserve); woken {
+		t.Fatal("a waiter for another provider was woken by this one's slot")
+	}
+	p.TryReserve()
+	if woken, _ := wokenBy(t, want, p.Unreserve); !woken {
+		t.Fatal("a freed slot did not reach the waiter")
+	}
+	p.TryReserve()
+	if woken, _ := wokenBy(t, want, func() {
+		if _, err := Claim("pool-q", "ws://h:1/", "ws://h:1/", gen2, cfg, false, 2); err != nil {
+			t.Fatal(err)
+		}
+	}); !woken {
+		t.Fatal("a reload that raised max_concurrent did not reach the waiter")
+	}
+	ReleaseClaim("pool-q", gen1)
+	p.Unreserve()
+	if _, err := wokenBy(t, want, func() { p.SetDraining(true) }); !errors.Is(err, queue.ErrUnavailable) {
+		t.Fatalf("drain: waiter got %v, want ErrUnavailable", err)
+	}
+	if woken, _ := wokenBy(t, append(want, Resource("other")), func() { p.SetDraining(false) }); !woken {
+		t.Fatal("an undrain did not reach the waiter")
+	}
+	if !p.HasRoom() {
+		t.Fatal("HasRoom false for an idle, healthy, undrained provider")
+	}
+	k := QuotaKey{Template: "{x}", Value: "v"}
+	if !TakeQuota(k, 1) || TakeQuota(k, 1) {
+		t.Fatal("quota")
+	}
+	if woken, _ := wokenBy(t, []string{k.Resource()}, func() { ReleaseQuota(k) }); !woken {
+		t.Fatal("a released quota did not reach its key's waiter")
 	}
 }
