@@ -336,12 +336,19 @@ type Health struct {
 	cooldowns          int64
 }
 
+// Clock is the time source of a Health; tests use a fake one. The queue's
+// clocks (queue.Clock) are Clocks too, so one clock drives both.
+type Clock interface {
+	Now() time.Time
+}
+
 // New returns the health of a provider in the normal state. cfg is used
-// after WithDefaults; now is the clock (time.Now in production). The provider
-// is assumed not to be its handler's only one until Configure says so.
-func New(cfg Config, now func() time.Time) *Health {
-	if now == nil {
-		now = time.Now
+// after WithDefaults; a nil clock is the real one. The provider is assumed
+// not to be its handler's only one until Configure says so.
+func New(cfg Config, clock Clock) *Health {
+	now := time.Now
+	if clock != nil {
+		now = clock.Now
 	}
 	cfg = cfg.WithDefaults()
 	return &Health{

@@ -19,12 +19,13 @@ var start = time.Unix(1_700_000_000, 0)
 func newClock() *fakeClock { return &fakeClock{} }
 
 func (c *fakeClock) now() time.Time          { return start.Add(time.Duration(c.ns.Load())) }
+func (c *fakeClock) Now() time.Time          { return c.now() }
 func (c *fakeClock) advance(d time.Duration) { c.ns.Add(int64(d)) }
 
 func newHealth(t *testing.T, cfg Config) (*Health, *fakeClock) {
 	t.Helper()
 	c := newClock()
-	return New(cfg, c.now), c
+	return New(cfg, c), c
 }
 
 // attempt acquires a permit (which must be granted) and reports r.
@@ -401,7 +402,7 @@ func TestSingleProvider(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			c := newClock()
-			h := New(Config{}, c.now)
+			h := New(Config{}, c)
 			h.Configure(tt.cfg, true)
 			if got := run(t, h, tt.seq); got != tt.want {
 				t.Fatalf("tripped at %d, want %d", got, tt.want)
@@ -411,7 +412,7 @@ func TestSingleProvider(t *testing.T) {
 
 	t.Run("success slides out then failures trip", func(t *testing.T) {
 		c := newClock()
-		h := New(Config{}, c.now)
+		h := New(Config{}, c)
 		h.Configure(Config{}, true)
 		run(t, h, "S")
 		c.advance(30 * time.Second)
@@ -426,7 +427,7 @@ func TestSingleProvider(t *testing.T) {
 
 	t.Run("trial failure cools down again", func(t *testing.T) {
 		c := newClock()
-		h := New(Config{}, c.now)
+		h := New(Config{}, c)
 		h.Configure(Config{}, true)
 		run(t, h, "FFFFF")
 		c.advance(DefaultDuration)
@@ -438,7 +439,7 @@ func TestSingleProvider(t *testing.T) {
 
 	t.Run("configure keeps state", func(t *testing.T) {
 		c := newClock()
-		h := New(Config{}, c.now)
+		h := New(Config{}, c)
 		run(t, h, "FF")
 		h.Configure(Config{}, true)
 		if s := h.Snapshot(); s.WindowAttempts != 2 {
@@ -857,7 +858,7 @@ func TestStrings(t *testing.T) {
 
 func TestConcurrent(t *testing.T) {
 	c := newClock()
-	h := New(Config{Duration: time.Millisecond, MaxDuration: 4 * time.Millisecond, Window: 10 * time.Millisecond, MinRequests: 10}, c.now)
+	h := New(Config{Duration: time.Millisecond, MaxDuration: 4 * time.Millisecond, Window: 10 * time.Millisecond, MinRequests: 10}, c)
 	const workers, iterations = 32, 2000
 	var successes, failures, granted, trials atomic.Int64
 	var wg sync.WaitGroup

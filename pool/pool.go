@@ -73,7 +73,8 @@ var Clock queue.Clock = queue.RealClock()
 // now reads Clock at call time, so a replaced Clock takes effect.
 func now() time.Time { return Clock.Now() }
 
-// clockNow is a queue.Clock that follows Clock.
+// clockNow is a clock that follows Clock, for the health of every provider
+// and the queue.
 type clockNow struct{}
 
 func (clockNow) Now() time.Time                                  { return Clock.Now() }
@@ -121,7 +122,7 @@ func Claim(name, urlKey, redacted string, gen any, cfg cooldown.Config, single b
 		// A name that was drained before it left the config comes back
 		// undrained.
 		Waiting.Restore(Resource(name))
-		return &Provider{name: name, Health: cooldown.New(cfg, now)}, nil
+		return &Provider{name: name, Health: cooldown.New(cfg, clockNow{})}, nil
 	})
 	if err != nil {
 		return nil, err
@@ -565,3 +566,6 @@ func (p *Provider) Cluster() ClusterView {
 // Interface guard: a Provider is a value of the process-wide UsagePool
 // (its Destruct runs when no config uses the name any more).
 var _ caddy.Destructor = (*Provider)(nil)
+
+// A line of the queue is what the status shows of a handler's queue.
+var _ QueueInfo = (*queue.Line)(nil)
