@@ -5,7 +5,6 @@ import (
 	"errors"
 	"net/http"
 	"slices"
-	"strconv"
 	"time"
 
 	"go.uber.org/zap"
@@ -59,8 +58,8 @@ type connect struct {
 	replace func(string) string
 	start   time.Time
 
-	cls    *class
-	serves []int // the handler's members that can serve the client
+	cls  *class
+	pool *poolOf // the handler's members that can serve the client
 
 	attempts                    []attempt
 	hedgesStarted, hedgesWasted int
@@ -146,8 +145,8 @@ func (c *connect) join() bool {
 	h := c.h
 	proto, version := upstreams.ClientProtocol(c.r.Header)
 	c.cls = &class{proto: proto, pwVersion: version, affinity: h.affinityKey(c.r)}
-	c.serves = h.servers(c.cls)
-	if len(c.serves) == 0 {
+	c.pool = h.poolFor(c.cls)
+	if len(c.pool.members) == 0 {
 		c.finish(c.unservable(h.noProviderServes(c.cls)))
 		return false
 	}
@@ -175,14 +174,14 @@ func (c *connect) join() bool {
 		if cl == nil || cl.Key != k.Template {
 			// A reload dropped or changed the limit.
 			c.inQuota = false
-			c.waiter.Want(c.h.resources(c.serves))
+			c.waiter.Want(c.pool.resources)
 			return true
 		}
 		if pool.TakeQuota(k, cl.Limit) {
 			c.quota = &k
 			c.inQuota = false
 			// Its place in the queue is kept: now it waits for a provider.
-			c.waiter.Want(c.h.resources(c.serves))
+			c.waiter.Want(c.pool.resources)
 			if pool.QuotaActive(k) < cl.Limit {
 				pool.Waiting.Offer(k.Resource())
 			}
@@ -211,7 +210,7 @@ func (c *connect) enqueue(want []string) bool {
 // returned, when its wait ends otherwise.
 func (c *connect) wait(retryAt time.Time) bool {
 	if c.waiter == nil {
-		if !c.enqueue(c.h.resources(c.serves)) {
+		if !c.enqueue(c.pool.resources) {
 			return false
 		}
 	}
@@ -231,7 +230,7 @@ func (c *connect) wait(retryAt time.Time) bool {
 	// A reload may have handed the client to the new config's handler.
 	if h, ok := c.waiter.Line().Owner().(*Handler); ok && h != c.h {
 		c.h = h
-		c.serves = h.servers(c.cls)
+		c.pool = h.poolFor(c.cls)
 	}
 	return true
 }
@@ -240,7 +239,7 @@ func (c *connect) wait(retryAt time.Time) bool {
 // use at the end of its cooldown or skip. The queue keeps the earliest time
 // per provider, so a cooldown that was extended since is asked for again.
 func (c *connect) wakeAtCooldownEnds() {
-	for _, i := range c.serves {
+	for _, i := range c.pool.members {
 		st := c.h.members[i].state
 		if u := st.Health.Until(); !u.IsZero() {
 			st.WakeAt(u)
@@ -318,16 +317,16 @@ func (c *connect) order(advance bool) []int {
 	h := c.h
 	var order []int
 	if c.cls.affinity != "" {
-		names := make([]string, len(c.serves))
-		for j, i := range c.serves {
+		names := make([]string, len(c.pool.members))
+		for j, i := range c.pool.members {
 			names[j] = h.members[i].up.Name
 		}
 		for _, j := range upstreams.AffinityOrder(c.cls.affinity, names, nil) {
-			order = append(order, c.serves[j])
+			order = append(order, c.pool.members[j])
 		}
 	} else {
-		cands := make([]upstreams.Candidate, 0, len(c.serves))
-		for _, i := range c.serves {
+		cands := make([]upstreams.Candidate, 0, len(c.pool.members))
+		for _, i := range c.pool.members {
 			m := h.members[i]
 			ms, has := m.state.HandshakeMS()
 			cands = append(cands, upstreams.Candidate{
@@ -335,7 +334,7 @@ func (c *connect) order(advance bool) []int {
 				Active: m.state.Reserved(), LatencyMS: ms, HasLatency: has,
 			})
 		}
-		order = h.strategyFor(c.serves).Order(cands, advance, make([]int, 0, len(cands)))
+		order = c.pool.strategy.Order(cands, advance, make([]int, 0, len(cands)))
 	}
 	if !h.routed || c.cls.proto != upstreams.ProtocolPlaywright {
 		return order
@@ -817,7 +816,7 @@ func (c *connect) served(m *member) {
 	if c.waiter != nil {
 		c.waiter.Leave()
 		c.waited = time.Since(c.joined)
-		for _, i := range c.serves {
+		for _, i := range c.pool.members {
 			if st := c.h.members[i].state; st.HasRoom() {
 				st.Notify()
 			}
@@ -836,15 +835,37 @@ func (c *connect) releaseHolds() {
 	c.lease = nil
 }
 
-// servers lists the members that can ever serve a client of class cl.
-func (h *Handler) servers(cl *class) []int {
-	out := make([]int, 0, len(h.members))
+// poolOf is the part of a handler that can serve one class of client
+// (its protocol and Playwright version): its members in config order,
+// their names in the queue, and the strategy that rotates among them, so
+// each pool of a mixed handler keeps its own rotation. The slices are
+// shared and never changed.
+type poolOf struct {
+	members   []int
+	resources []string
+	strategy  upstreams.Strategy
+}
+
+// poolFor returns the pool of clients of class cl, made once per handler
+// and class.
+func (h *Handler) poolFor(cl *class) *poolOf {
+	key := ""
+	if h.routed {
+		key = string(cl.proto) + " " + cl.pwVersion
+	}
+	if p, ok := h.pools.Load(key); ok {
+		return p.(*poolOf)
+	}
+	p := &poolOf{}
 	for i, m := range h.members {
 		if !h.routed || upstreams.Serves(m.proto, m.pwVersion, cl.proto, cl.pwVersion) {
-			out = append(out, i)
+			p.members = append(p.members, i)
 		}
 	}
-	return out
+	p.resources = h.resources(p.members)
+	p.strategy, _ = upstreams.NewStrategy(h.Strategy)
+	actual, _ := h.pools.LoadOrStore(key, p)
+	return actual.(*poolOf)
 }
 
 // resources names members in the queue.
@@ -869,9 +890,9 @@ func (h *Handler) wants(cls any, before []string) ([]string, bool) {
 		if h.ClientLimit != nil && h.ClientLimit.Key == cl.quotaTemplate {
 			return before, false
 		}
-		return h.resources(h.servers(cl)), true
+		return h.poolFor(cl).resources, true
 	}
-	return h.resources(h.servers(cl)), false
+	return h.poolFor(cl).resources, false
 }
 
 // quotaKey is the client's client_limit key.
@@ -915,19 +936,4 @@ func (h *Handler) affinityKey(r *http.Request) string {
 		}
 	}
 	return ""
-}
-
-// strategyFor returns the strategy that rotates over exactly these members,
-// so each pool of a mixed handler keeps its own rotation.
-func (h *Handler) strategyFor(members []int) upstreams.Strategy {
-	key := ""
-	for _, i := range members {
-		key += strconv.Itoa(i) + ","
-	}
-	if s, ok := h.strategies.Load(key); ok {
-		return s.(upstreams.Strategy)
-	}
-	s, _ := upstreams.NewStrategy(h.Strategy)
-	actual, _ := h.strategies.LoadOrStore(key, s)
-	return actual.(upstreams.Strategy)
 }

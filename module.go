@@ -45,9 +45,9 @@ type handlerRuntime struct {
 	obs       *observe.Observer // metrics, events, webhooks
 	// routed: some provider declares a protocol, so clients are matched.
 	routed bool
-	// strategies holds one strategy per set of providers a client class
-	// can use, so each pool rotates on its own.
-	strategies *sync.Map
+	// pools holds, per class of client, the members that can serve it
+	// and their own strategy (poolOf).
+	pools *sync.Map
 	shared     *shared // state redis; nil when state is per node
 }
 
@@ -81,7 +81,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	}
 	closeOnExit(ctx)
 	h.discovery = h.Discovery == nil || *h.Discovery
-	h.strategies = new(sync.Map)
+	h.pools = new(sync.Map)
 	single := len(h.Providers) == 1
 
 	// The config load's identity: one metrics registry per load.

@@ -47,6 +47,7 @@ import (
 	"errors"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -68,6 +69,9 @@ var (
 // concurrent use.
 type Queue struct {
 	clock Clock
+
+	// total mirrors waiters.Len() for a lock-free look.
+	total atomic.Int64
 
 	mu      sync.Mutex
 	waiters list.List // of *Waiter, arrival order
@@ -159,6 +163,9 @@ func (q *Queue) Mark() uint64 {
 
 // Contended reports whether some waiter wants r: a newcomer leaves r to it.
 func (q *Queue) Contended(r string) bool {
+	if q.total.Load() == 0 {
+		return false // nobody waits: no lock on the way of every upgrade
+	}
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	return q.wanted[r] > 0
@@ -196,6 +203,7 @@ func (l *Line) Join(mark uint64, class any, want []string, by time.Time) (*Waite
 	}
 	l.n++
 	w.elem = q.waiters.PushBack(w)
+	q.total.Add(1)
 	w.setWantLocked(want)
 	if q.missedSinceLocked(want, mark) {
 		w.woken = true
@@ -540,6 +548,7 @@ func (w *Waiter) removeLocked(err error) {
 		return
 	}
 	q.waiters.Remove(w.elem)
+	q.total.Add(-1)
 	w.elem = nil
 	w.err = err
 	w.line.n--
