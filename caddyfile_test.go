@@ -2,8 +2,12 @@ package browserfailover_test
 
 import (
 	"encoding/json"
+	"go/ast"
+	"go/parser"
+	"go/token"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -93,6 +97,7 @@ func TestCaddyfileErrors(t *testing.T) {
 		{"provider cooldown", "browser_failover {\n provider a ws://h:1 {\n  cooldown {\n   failure_threshold 2\n  }\n }\n}", `provider "a": cooldown: failure_threshold must be in (0,1], got 2`, 4},
 		{"provider duration over the handler's max", "browser_failover {\n cooldown {\n  max_duration 1m\n }\n provider a ws://h:1 {\n  cooldown {\n   duration 10m\n  }\n }\n}", `provider "a": cooldown: duration (10m0s) is longer than the handler's cooldown max_duration (1m0s)`, 7},
 		{"handler max under a provider's duration", "browser_failover {\n provider a ws://h:1 {\n  cooldown {\n   duration 10m\n  }\n }\n cooldown {\n  window 1m\n  max_duration 1m\n }\n}", `provider "a": cooldown: duration (10m0s) is longer than the handler's cooldown max_duration (1m0s)`, 9},
+		{"provider max under the handler's duration", "browser_failover {\n cooldown {\n  duration 10m\n }\n provider a ws://h:1 {\n  cooldown {\n   window 1m\n   max_duration 1m\n  }\n }\n}", `provider "a": cooldown: max_duration (1m0s) is shorter than the handler's cooldown duration (10m0s)`, 8},
 		{"webhook scheme", "browser_failover {\n provider a ws://h:1\n webhook ftp://h/x {\n  secret s\n }\n}", `webhook URL scheme "ftp" is not http or https`, 3},
 		{"webhook event", "browser_failover {\n provider a ws://h:1\n webhook http://h/x {\n  events cooldown\n  secret s\n  events exploded\n }\n}", `webhook: unknown event "exploded"`, 6},
 
@@ -340,6 +345,74 @@ func TestExamplesAdapt(t *testing.T) {
 		}
 		if _, err := adapt(t, string(b)); err != nil {
 			t.Errorf("%s: %v", f, err)
+		}
+	}
+}
+
+// TestCaddyfileSyntaxDoc: the syntax in UnmarshalCaddyfile's doc comment
+// lists, block by block, exactly the options the parser reads.
+func TestCaddyfileSyntaxDoc(t *testing.T) {
+	fset := token.NewFileSet()
+	file, err := parser.ParseFile(fset, "caddyfile.go", nil, parser.ParseComments)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The function that reads each block.
+	readers := map[string]string{
+		"UnmarshalCaddyfile": "browser_failover", "parseProvider": "provider", "parseCooldown": "cooldown",
+		"parseQueue": "queue", "parseSession": "session", "parseState": "state", "parseWebhook": "webhook",
+	}
+	parsed := map[string][]string{}
+	var doc string
+	for _, decl := range file.Decls {
+		fd, ok := decl.(*ast.FuncDecl)
+		if !ok || readers[fd.Name.Name] == "" {
+			continue
+		}
+		if fd.Name.Name == "UnmarshalCaddyfile" {
+			doc = fd.Doc.Text()
+		}
+		ast.Inspect(fd.Body, func(n ast.Node) bool {
+			if cc, ok := n.(*ast.CaseClause); ok {
+				for _, e := range cc.List {
+					if lit, ok := e.(*ast.BasicLit); ok && lit.Kind == token.STRING {
+						s, _ := strconv.Unquote(lit.Value)
+						parsed[readers[fd.Name.Name]] = append(parsed[readers[fd.Name.Name]], s)
+					}
+				}
+			}
+			return true
+		})
+	}
+	documented := map[string][]string{}
+	var open []string
+	for _, line := range strings.Split(doc, "\n") {
+		if !strings.HasPrefix(line, "\t") {
+			continue
+		}
+		words := strings.Fields(line)
+		switch {
+		case len(words) == 0:
+		case words[0] == "}":
+			open = open[:len(open)-1]
+		default:
+			if len(open) > 0 {
+				documented[open[len(open)-1]] = append(documented[open[len(open)-1]], words[0])
+			}
+			if strings.HasSuffix(line, "{") {
+				open = append(open, words[0])
+			}
+		}
+	}
+	if len(open) != 0 || len(documented) != len(readers) {
+		t.Fatalf("the syntax block does not parse: blocks %v, still open %v", documented, open)
+	}
+	for block, opts := range parsed {
+		slices.Sort(opts)
+		want := slices.Clone(documented[block])
+		slices.Sort(want)
+		if !slices.Equal(opts, want) {
+			t.Errorf("%s: the parser reads %v, the doc lists %v", block, opts, want)
 		}
 	}
 }

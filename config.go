@@ -420,8 +420,7 @@ func problems(err error) []error {
 func within(prefix string, err error) error {
 	var out []error
 	for _, e := range problems(err) {
-		var oe *optionError
-		if errors.As(e, &oe) {
+		if oe, ok := e.(*optionError); ok {
 			c := *oe
 			c.msg = prefix + c.msg
 			out = append(out, &c)
