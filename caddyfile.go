@@ -1,10 +1,12 @@
 package browserfailover
 
 import (
-	"math"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
 	"strconv"
 	"strings"
-	"time"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
@@ -12,7 +14,6 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
 	"github.com/browserfailover/caddy-browser-failover/observe"
-	"github.com/browserfailover/caddy-browser-failover/upstreams"
 )
 
 func init() {
@@ -38,8 +39,8 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //
 //		provider <name> <url> {
 //			priority        <int>
-//			weight          <int>
-//			max_concurrent  <int>
+//			weight          <n>
+//			max_concurrent  <n>
 //			connect_timeout <duration>
 //			header_up [+|-]<field> [<value>]
 //			pass_query      [on|off]
@@ -50,24 +51,6 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //			cooldown { ... }
 //			protocol        cdp|playwright|any
 //			playwright_version <major.minor>
-//		}
-//
-//		client_limit <placeholder> <n>
-//		hedge_after  <duration>
-//		hedge_max    <n>
-//		state redis <host:port> {
-//			username <name>
-//			password <value>
-//			db <n>
-//			key_prefix <prefix>
-//			tls
-//			tls_server_name <name>
-//			tls_insecure_skip_verify
-//			tls_trusted_ca_certs <pem_file...>
-//			lease_ttl <duration>
-//			timeout <duration>
-//			node <name>
-//			on_unavailable local|reject
 //		}
 //
 //		cooldown {
@@ -87,258 +70,209 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //		}
 //		affinity header|query|cookie <name>
 //		discovery on|off
+//		client_limit <placeholder> <n>
+//		hedge_after  <duration>
+//		hedge_max    <n>
+//
+//		state redis <host:port> {
+//			username <name>
+//			password <value>
+//			db <n>
+//			key_prefix <prefix>
+//			tls
+//			tls_server_name <name>
+//			tls_insecure_skip_verify
+//			tls_trusted_ca_certs <pem_file...>
+//			lease_ttl <duration>
+//			timeout <duration>
+//			node <name>
+//			on_unavailable local|reject
+//		}
+//
 //		webhook <url> {
-//			events <name...>   # cooldown, recovered, rejected; default all
-//			secret <value>     # signs each body (HMAC-SHA256)
+//			events <name...>
+//			secret <value>
 //		}
 //	}
+//
+// Each option means what the JSON field of the same name means (see the
+// Handler's fields for effects and defaults) and accepts the same values;
+// the parser checks them with the same validation as a JSON config, and
+// an error names the line of the option at fault. The options provider,
+// webhook, header_up, tls_trusted_ca_certs and a webhook's events may be
+// repeated (a provider's name must still be unique); any other option
+// given twice in the same block is an error. A bare pass_query means on.
+// The cooldown block inside a provider overrides the handler's, option
+// by option.
 func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	d.Next() // the directive name
+	r := &reader{d: d}
+	top := r.open("provider", "webhook")
 	if d.NextArg() {
 		return d.ArgErr()
 	}
-	seen := map[string]bool{}
+	var handlerCooldown *block
+	providerCooldowns := map[*ProviderConfig]*block{}
 	for d.NextBlock(0) {
 		opt := d.Val()
+		if err := top.option(); err != nil {
+			return err
+		}
+		var err error
 		switch opt {
 		case "strategy":
-			v, err := oneArg(d)
-			if err != nil {
-				return err
-			}
-			if !contains(strategies, v) {
-				return d.Errf("unknown strategy %q (want one of %s)", v, strings.Join(strategies, ", "))
-			}
-			h.Strategy = v
+			h.Strategy, err = oneArg(d)
 		case "connect_timeout":
-			v, err := durationArg(d, false)
-			if err != nil {
-				return err
-			}
-			h.ConnectTimeout = v
+			h.ConnectTimeout, err = durationArg(d)
 		case "try_duration":
-			v, err := durationArg(d, true)
-			if err != nil {
-				return err
-			}
-			h.TryDuration = v
+			h.TryDuration, err = durationArg(d)
 		case "max_attempts":
-			n, err := intArg(d, 0)
-			if err != nil {
-				return err
-			}
-			h.MaxAttempts = n
+			h.MaxAttempts, err = intArg(d)
 		case "provider":
-			p, err := parseProvider(d, seen)
-			if err != nil {
-				return err
+			var p *ProviderConfig
+			var cb *block
+			if p, cb, err = r.parseProvider(); err == nil {
+				h.Providers = append(h.Providers, p)
+				providerCooldowns[p] = cb
 			}
-			h.Providers = append(h.Providers, p)
 		case "cooldown":
-			c, err := parseCooldown(d)
-			if err != nil {
-				return err
-			}
-			h.Cooldown = c
+			h.Cooldown, handlerCooldown, err = r.parseCooldown("cooldown: ")
 		case "queue":
-			q, err := parseQueue(d)
-			if err != nil {
-				return err
-			}
-			h.Queue = q
+			h.Queue, err = r.parseQueue()
 		case "session":
-			s, err := parseSession(d)
-			if err != nil {
-				return err
-			}
-			h.Session = s
+			h.Session, err = r.parseSession()
 		case "affinity":
-			args := d.RemainingArgs()
-			if len(args) != 2 {
-				return d.Errf("affinity takes a source (header, query or cookie) and a name")
-			}
-			switch args[0] {
-			case "header", "query", "cookie":
-			default:
-				return d.Errf("affinity source %q: want header, query or cookie", args[0])
-			}
-			h.Affinity = &AffinityConfig{Source: args[0], Name: args[1]}
+			h.Affinity, err = parseAffinity(d)
 		case "discovery":
-			on, err := onOff(d, false)
-			if err != nil {
-				return err
-			}
+			var on bool
+			on, err = onOff(d, false)
 			h.Discovery = &on
 		case "client_limit":
-			args := d.RemainingArgs()
-			if len(args) != 2 {
-				return d.Errf("client_limit takes a key placeholder and a number, like client_limit {http.auth.user.id} 3")
-			}
-			if !strings.Contains(args[0], "{") {
-				return d.Errf("client_limit key %q: want a placeholder such as {http.auth.user.id}", args[0])
-			}
-			n, err := strconv.Atoi(args[1])
-			if err != nil || n < 1 {
-				return d.Errf("client_limit: %q is not a number of sessions (at least 1)", args[1])
-			}
-			h.ClientLimit = &ClientLimitConfig{Key: args[0], Limit: n}
+			h.ClientLimit, err = parseClientLimit(d)
 		case "hedge_after":
-			v, err := durationArg(d, true)
-			if err != nil {
-				return err
-			}
-			h.HedgeAfter = v
+			h.HedgeAfter, err = durationArg(d)
 		case "hedge_max":
-			n, err := intArg(d, 2)
-			if err != nil {
-				return err
-			}
-			h.HedgeMax = n
+			h.HedgeMax, err = intArg(d)
 		case "state":
-			st, err := parseState(d)
-			if err != nil {
-				return err
-			}
-			h.State = st
+			h.State, err = r.parseState()
 		case "webhook":
-			wh, err := parseWebhook(d)
-			if err != nil {
-				return err
+			var wh *observe.WebhookConfig
+			if wh, err = r.parseWebhook(); err == nil {
+				h.Webhooks = append(h.Webhooks, wh)
 			}
-			h.Webhooks = append(h.Webhooks, wh)
 		default:
 			return d.Errf("unknown option %q", opt)
 		}
+		if err != nil {
+			return err
+		}
+		h.given.add(opt)
+		if err := top.check(errors.Join(h.validateOwn(), h.Affinity.validate(), h.ClientLimit.validate()), opt); err != nil {
+			return err
+		}
 	}
-	if len(h.Providers) == 0 {
-		return d.Errf("no providers: declare at least one provider")
+	if err := top.finish(h.validateOwn()); err != nil {
+		return err
+	}
+	// A provider's cooldown override against the handler's cooldown,
+	// which may come before or after it: the later of the two options.
+	for _, p := range h.Providers {
+		var clash *cooldownClash
+		if errors.As(h.Cooldown.clash(p), &clash) {
+			at := providerCooldowns[p].at[clash.ownOpt]
+			if m := handlerCooldown.at[clash.handlerOpt()]; m.seq > at.seq {
+				at = m
+			}
+			return errAt(at.tok, clash)
+		}
 	}
 	return nil
 }
 
-// parseProvider reads one provider; seen holds the names declared before
-// it, so a duplicate is reported at its own line.
-func parseProvider(d *caddyfile.Dispenser, seen map[string]bool) (*ProviderConfig, error) {
+// parseProvider reads `provider <name> <url> { ... }`; it returns the
+// provider and the block of its cooldown override (nil when none).
+func (r *reader) parseProvider() (*ProviderConfig, *block, error) {
+	d := r.d
+	b := r.open("header_up", "tls_trusted_ca_certs")
 	args := d.RemainingArgs()
 	if len(args) != 2 {
-		return nil, d.Errf("provider takes a name and a URL")
+		return nil, nil, d.Errf("provider takes a name and a URL")
 	}
-	if seen[args[0]] {
-		return nil, d.Errf("duplicate provider name %q", args[0])
-	}
-	seen[args[0]] = true
 	p := &ProviderConfig{Name: args[0], URL: args[1]}
-	if err := checkURL(p); err != nil {
-		return nil, d.Err(err.Error())
+	b.note("name", "url")
+	if err := b.check(p.validate(), "name", "url"); err != nil {
+		return nil, nil, err
 	}
+	var cooldownBlock *block
 	for nesting := d.Nesting(); d.NextBlock(nesting); {
 		opt := d.Val()
+		if err := b.option(); err != nil {
+			return nil, nil, err
+		}
+		var err error
 		switch opt {
 		case "priority":
-			v, err := oneArg(d)
-			if err != nil {
-				return nil, err
+			var n int
+			if n, err = intArg(d); err == nil {
+				p.Priority = &n
 			}
-			n, err := strconv.Atoi(v)
-			if err != nil {
-				return nil, d.Errf("provider %q: priority must be an integer, got %q", p.Name, v)
-			}
-			p.Priority = &n
 		case "weight":
-			n, err := intArg(d, 1)
-			if err != nil {
-				return nil, err
-			}
-			p.Weight = n
+			p.Weight, err = intArg(d)
 		case "max_concurrent":
-			n, err := intArg(d, 0)
-			if err != nil {
-				return nil, err
-			}
-			p.MaxConcurrent = n
+			p.MaxConcurrent, err = intArg(d)
 		case "connect_timeout":
-			v, err := durationArg(d, false)
-			if err != nil {
-				return nil, err
-			}
-			p.ConnectTimeout = v
+			p.ConnectTimeout, err = durationArg(d)
 		case "header_up":
-			op, err := parseHeaderUp(d)
-			if err != nil {
-				return nil, err
-			}
+			var op HeaderOpConfig
+			op, err = parseHeaderUp(d)
 			p.HeadersUp = append(p.HeadersUp, op)
 		case "pass_query":
-			on, err := onOff(d, true)
-			if err != nil {
-				return nil, err
-			}
-			p.PassQuery = on
+			p.PassQuery, err = onOff(d, true)
 		case "discover":
-			on, err := onOff(d, false)
-			if err != nil {
-				return nil, err
-			}
+			var on bool
+			on, err = onOff(d, false)
 			p.Discover = &on
 		case "tls_insecure_skip_verify":
-			if d.NextArg() {
-				return nil, d.ArgErr()
-			}
-			tlsOf(p).InsecureSkipVerify = true
+			err = noArgs(d)
+			tlsOf(&p.TLS).InsecureSkipVerify = true
 		case "tls_server_name":
-			v, err := oneArg(d)
-			if err != nil {
-				return nil, err
-			}
-			tlsOf(p).ServerName = v
+			tlsOf(&p.TLS).ServerName, err = oneArg(d)
 		case "tls_trusted_ca_certs":
-			files := d.RemainingArgs()
-			if len(files) == 0 {
-				return nil, d.ArgErr()
-			}
-			tlsOf(p).TrustedCACertFiles = append(tlsOf(p).TrustedCACertFiles, files...)
+			var files []string
+			files, err = someArgs(d)
+			t := tlsOf(&p.TLS)
+			t.TrustedCACertFiles = append(t.TrustedCACertFiles, files...)
 		case "cooldown":
-			c, err := parseCooldown(d)
-			if err != nil {
-				return nil, err
-			}
-			p.Cooldown = c
+			p.Cooldown, cooldownBlock, err = r.parseCooldown(fmt.Sprintf("provider %q: cooldown: ", p.Name))
 		case "protocol":
-			v, err := oneArg(d)
-			if err != nil {
-				return nil, err
-			}
-			if _, err := upstreams.ParseProtocol(v); err != nil {
-				return nil, d.Errf("provider %q: %v", p.Name, err)
-			}
+			var v string
+			v, err = oneArg(d)
 			p.Protocol = strings.ToLower(v)
 		case "playwright_version":
-			v, err := oneArg(d)
-			if err != nil {
-				return nil, err
-			}
-			if _, err := upstreams.ParsePlaywrightVersion(v); err != nil {
-				return nil, d.Errf("provider %q: %v", p.Name, err)
-			}
-			p.PlaywrightVersion = v
+			p.PlaywrightVersion, err = oneArg(d)
 		default:
-			return nil, d.Errf("provider %q: unknown option %q", p.Name, opt)
+			return nil, nil, d.Errf("provider %q: unknown option %q", p.Name, opt)
+		}
+		if err != nil {
+			return nil, nil, err
+		}
+		p.given.add(opt)
+		if err := b.check(p.validate(), opt); err != nil {
+			return nil, nil, err
 		}
 	}
-	if p.PlaywrightVersion != "" && p.Protocol != string(upstreams.ProtocolPlaywright) {
-		return nil, d.Errf("provider %q: playwright_version needs protocol playwright", p.Name)
+	if err := b.finish(p.validate()); err != nil {
+		return nil, nil, err
 	}
-	if err := checkURL(p); err != nil {
-		return nil, d.Err(err.Error())
-	}
-	return p, nil
+	return p, cooldownBlock, nil
 }
 
-func tlsOf(p *ProviderConfig) *TLSConfig {
-	if p.TLS == nil {
-		p.TLS = &TLSConfig{}
+// tlsOf returns *t, creating it when nil.
+func tlsOf(t **TLSConfig) *TLSConfig {
+	if *t == nil {
+		*t = &TLSConfig{}
 	}
-	return p.TLS
+	return *t
 }
 
 // parseHeaderUp reads `header_up [+|-]<field> [<value>]`.
@@ -355,128 +289,149 @@ func parseHeaderUp(d *caddyfile.Dispenser) (HeaderOpConfig, error) {
 	case strings.HasPrefix(field, "-"):
 		op.Op, op.Field = "delete", field[1:]
 	}
-	if op.Field == "" || strings.ContainsAny(op.Field, " \t:") {
-		return op, d.Errf("header_up: invalid field name %q", field)
-	}
-	if op.Op == "delete" {
-		if len(args) != 1 {
-			return op, d.Errf("header_up -%s takes no value", op.Field)
-		}
-		return op, nil
-	}
-	if len(args) != 2 {
+	if len(args) == 2 {
+		op.Value = args[1]
+	} else if op.Op != "delete" {
 		return op, d.Errf("header_up %s needs a value", op.Field)
 	}
-	op.Value = args[1]
 	return op, nil
 }
 
-func parseCooldown(d *caddyfile.Dispenser) (*CooldownConfig, error) {
+// parseCooldown reads a cooldown block; prefix starts its messages, to
+// say whose block it is. It returns the block's options too.
+func (r *reader) parseCooldown(prefix string) (*CooldownConfig, *block, error) {
+	d := r.d
 	if d.NextArg() {
-		return nil, d.ArgErr()
+		return nil, nil, d.ArgErr()
 	}
+	b := r.open()
 	c := &CooldownConfig{}
 	for nesting := d.Nesting(); d.NextBlock(nesting); {
-		switch opt := d.Val(); opt {
+		opt := d.Val()
+		if err := b.option(); err != nil {
+			return nil, nil, err
+		}
+		var err error
+		switch opt {
 		case "duration":
-			v, err := durationArg(d, false)
-			if err != nil {
-				return nil, err
-			}
-			c.Duration = v
+			c.Duration, err = durationArg(d)
 		case "max_duration":
-			v, err := durationArg(d, false)
-			if err != nil {
-				return nil, err
-			}
-			c.MaxDuration = v
+			c.MaxDuration, err = durationArg(d)
 		case "window":
-			v, err := durationArg(d, false)
-			if err != nil {
-				return nil, err
-			}
-			c.Window = v
+			c.Window, err = durationArg(d)
 		case "failure_threshold":
-			v, err := oneArg(d)
-			if err != nil {
-				return nil, err
-			}
-			f, err := strconv.ParseFloat(v, 64)
-			if err != nil || math.IsNaN(f) || f <= 0 || f > 1 {
-				return nil, d.Errf("failure_threshold must be a ratio in (0,1], got %q", v)
-			}
-			c.FailureThreshold = f
+			c.FailureThreshold, err = floatArg(d)
 		case "min_requests":
-			n, err := intArg(d, 0)
-			if err != nil {
-				return nil, err
-			}
-			c.MinRequests = n
+			c.MinRequests, err = intArg(d)
 		default:
-			return nil, d.Errf("cooldown: unknown option %q", opt)
+			return nil, nil, d.Errf("cooldown: unknown option %q", opt)
+		}
+		if err != nil {
+			return nil, nil, err
+		}
+		c.given.add(opt)
+		if err := b.check(within(prefix, c.validate()), opt); err != nil {
+			return nil, nil, err
 		}
 	}
-	if c.MaxDuration > 0 && c.Duration > 0 && c.MaxDuration < c.Duration {
-		return nil, d.Errf("cooldown: max_duration (%s) is shorter than duration (%s)",
-			time.Duration(c.MaxDuration), time.Duration(c.Duration))
+	if err := b.finish(within(prefix, c.validate())); err != nil {
+		return nil, nil, err
 	}
-	return c, nil
+	return c, b, nil
 }
 
-func parseQueue(d *caddyfile.Dispenser) (*QueueConfig, error) {
+func (r *reader) parseQueue() (*QueueConfig, error) {
+	d := r.d
 	if d.NextArg() {
 		return nil, d.ArgErr()
 	}
+	b := r.open()
 	q := &QueueConfig{}
 	for nesting := d.Nesting(); d.NextBlock(nesting); {
-		switch opt := d.Val(); opt {
+		opt := d.Val()
+		if err := b.option(); err != nil {
+			return nil, err
+		}
+		var err error
+		switch opt {
 		case "size":
-			n, err := intArg(d, 0)
-			if err != nil {
-				return nil, err
+			var n int
+			if n, err = intArg(d); err == nil {
+				q.Size = &n
 			}
-			q.Size = &n
 		case "timeout":
-			v, err := durationArg(d, false)
-			if err != nil {
-				return nil, err
-			}
-			q.Timeout = v
+			q.Timeout, err = durationArg(d)
 		default:
 			return nil, d.Errf("queue: unknown option %q", opt)
 		}
+		if err != nil {
+			return nil, err
+		}
+		q.given.add(opt)
+		if err := b.check(q.validate(), opt); err != nil {
+			return nil, err
+		}
 	}
-	return q, nil
+	return q, b.finish(q.validate())
 }
 
-func parseSession(d *caddyfile.Dispenser) (*SessionConfig, error) {
+func (r *reader) parseSession() (*SessionConfig, error) {
+	d := r.d
 	if d.NextArg() {
 		return nil, d.ArgErr()
 	}
+	b := r.open()
 	s := &SessionConfig{}
 	for nesting := d.Nesting(); d.NextBlock(nesting); {
-		switch opt := d.Val(); opt {
+		opt := d.Val()
+		if err := b.option(); err != nil {
+			return nil, err
+		}
+		var err error
+		switch opt {
 		case "idle_timeout":
-			v, err := durationArg(d, true)
-			if err != nil {
-				return nil, err
-			}
-			s.IdleTimeout = v
+			s.IdleTimeout, err = durationArg(d)
 		case "max_duration":
-			v, err := durationArg(d, true)
-			if err != nil {
-				return nil, err
-			}
-			s.MaxDuration = v
+			s.MaxDuration, err = durationArg(d)
 		default:
 			return nil, d.Errf("session: unknown option %q", opt)
 		}
+		if err != nil {
+			return nil, err
+		}
+		if err := b.check(s.validate(), opt); err != nil {
+			return nil, err
+		}
 	}
-	return s, nil
+	return s, b.finish(s.validate())
+}
+
+// parseAffinity reads `affinity header|query|cookie <name>`.
+func parseAffinity(d *caddyfile.Dispenser) (*AffinityConfig, error) {
+	args := d.RemainingArgs()
+	if len(args) != 2 {
+		return nil, d.Errf("affinity takes a source (header, query or cookie) and a name")
+	}
+	return &AffinityConfig{Source: args[0], Name: args[1]}, nil
+}
+
+// parseClientLimit reads `client_limit <placeholder> <n>`.
+func parseClientLimit(d *caddyfile.Dispenser) (*ClientLimitConfig, error) {
+	args := d.RemainingArgs()
+	if len(args) != 2 {
+		return nil, d.Errf("client_limit takes a key placeholder and a number, like client_limit {http.auth.user.id} 3")
+	}
+	n, err := strconv.Atoi(args[1])
+	if err != nil {
+		return nil, d.Errf("client_limit: %q is not a number of sessions", args[1])
+	}
+	return &ClientLimitConfig{Key: args[0], Limit: n}, nil
 }
 
 // parseWebhook reads `webhook <url> { events <names...>; secret <value> }`.
-func parseWebhook(d *caddyfile.Dispenser) (*observe.WebhookConfig, error) {
+func (r *reader) parseWebhook() (*observe.WebhookConfig, error) {
+	d := r.d
+	b := r.open("events")
 	wh := &observe.WebhookConfig{}
 	if !d.NextArg() {
 		return nil, d.Errf("webhook needs a URL")
@@ -485,8 +440,15 @@ func parseWebhook(d *caddyfile.Dispenser) (*observe.WebhookConfig, error) {
 	if d.NextArg() {
 		return nil, d.Errf("webhook takes one URL")
 	}
+	if err := wh.Validate(); err != nil {
+		return nil, errAt(b.start.tok, err)
+	}
 	for nesting := d.Nesting(); d.NextBlock(nesting); {
-		switch opt := d.Val(); opt {
+		opt := d.Val()
+		if err := b.option(); err != nil {
+			return nil, err
+		}
+		switch opt {
 		case "events":
 			names := d.RemainingArgs()
 			if len(names) == 0 {
@@ -502,11 +464,188 @@ func parseWebhook(d *caddyfile.Dispenser) (*observe.WebhookConfig, error) {
 		default:
 			return nil, d.Errf("webhook: unknown option %q", opt)
 		}
-	}
-	if err := wh.Validate(); err != nil {
-		return nil, d.Err(err.Error())
+		// The URL was checked above: what fails now is this option.
+		if err := wh.Validate(); err != nil {
+			return nil, errAt(b.at[opt].tok, err)
+		}
 	}
 	return wh, nil
+}
+
+// parseState reads `state redis <address> { ... }`.
+func (r *reader) parseState() (*StateConfig, error) {
+	d := r.d
+	b := r.open("tls_trusted_ca_certs")
+	args := d.RemainingArgs()
+	if len(args) != 2 || args[0] != "redis" {
+		return nil, d.Errf("state takes a backend and its address: state redis <host:port>")
+	}
+	st := &StateConfig{Redis: &RedisConfig{Address: args[1]}}
+	rc := st.Redis
+	b.note("state", "address")
+	if err := b.check(st.validate(), "state", "address"); err != nil {
+		return nil, err
+	}
+	for nesting := d.Nesting(); d.NextBlock(nesting); {
+		opt := d.Val()
+		if err := b.option(); err != nil {
+			return nil, err
+		}
+		var err error
+		switch opt {
+		case "username":
+			rc.Username, err = oneArg(d)
+		case "password":
+			rc.Password, err = oneArg(d)
+		case "db":
+			rc.DB, err = intArg(d)
+		case "key_prefix":
+			rc.KeyPrefix, err = oneArg(d)
+		case "tls":
+			err = noArgs(d)
+			tlsOf(&rc.TLS)
+		case "tls_server_name":
+			tlsOf(&rc.TLS).ServerName, err = oneArg(d)
+		case "tls_insecure_skip_verify":
+			err = noArgs(d)
+			tlsOf(&rc.TLS).InsecureSkipVerify = true
+		case "tls_trusted_ca_certs":
+			var files []string
+			files, err = someArgs(d)
+			t := tlsOf(&rc.TLS)
+			t.TrustedCACertFiles = append(t.TrustedCACertFiles, files...)
+		case "lease_ttl":
+			rc.LeaseTTL, err = durationArg(d)
+		case "timeout":
+			rc.Timeout, err = durationArg(d)
+		case "node":
+			st.Node, err = oneArg(d)
+		case "on_unavailable":
+			st.OnUnavailable, err = oneArg(d)
+		default:
+			return nil, d.Errf("state: unknown option %q", opt)
+		}
+		if err != nil {
+			return nil, err
+		}
+		rc.given.add(opt)
+		if err := b.check(st.validate(), opt); err != nil {
+			return nil, err
+		}
+	}
+	return st, b.finish(st.validate())
+}
+
+// reader reads one browser_failover directive and keeps where each option
+// was given, so that an error names the line of the option at fault.
+type reader struct {
+	d   *caddyfile.Dispenser
+	seq int // options read so far: orders marks across blocks
+}
+
+// mark is where an option was given: its token and its place in reading
+// order.
+type mark struct {
+	tok caddyfile.Token
+	seq int
+}
+
+// block is the options of one Caddyfile block (the directive's, a
+// provider's, a cooldown's...).
+type block struct {
+	r          *reader
+	start      mark            // the token that opened the block
+	at         map[string]mark // option -> where it was last given
+	repeatable map[string]bool
+}
+
+// open starts a block at the dispenser's current token; the options
+// named may be given more than once in it.
+func (r *reader) open(repeatable ...string) *block {
+	b := &block{r: r, at: map[string]mark{}, repeatable: map[string]bool{}}
+	for _, o := range repeatable {
+		b.repeatable[o] = true
+	}
+	b.start = r.here()
+	return b
+}
+
+func (r *reader) here() mark {
+	r.seq++
+	return mark{tok: r.d.Token(), seq: r.seq}
+}
+
+// option notes the option at the dispenser's current token. A
+// single-valued option given before in the same block is an error that
+// names both lines.
+func (b *block) option() error {
+	d := b.r.d
+	opt := d.Val()
+	if first, ok := b.at[opt]; ok && !b.repeatable[opt] {
+		return d.Errf("%s given twice in the same block (first at %s:%d)", opt, first.tok.File, first.tok.Line)
+	}
+	b.at[opt] = b.r.here()
+	return nil
+}
+
+// note records opts as given on the block's first line (a provider's name
+// and URL, the state's address).
+func (b *block) note(opts ...string) {
+	for _, o := range opts {
+		b.at[o] = b.start
+	}
+}
+
+// check reports the first problem in err with one of opts, the options
+// just read, at their line. Other problems wait: those of options still
+// to come, and those judged on the whole block.
+func (b *block) check(err error, opts ...string) error {
+	for _, e := range problems(err) {
+		var oe *optionError
+		if !errors.As(e, &oe) || oe.whole {
+			continue
+		}
+		for _, o := range opts {
+			if slices.Contains(oe.opts, o) {
+				return errAt(b.at[o].tok, e)
+			}
+		}
+	}
+	return nil
+}
+
+// finish reports, at the block's end, the problem in err that comes first
+// in the file: each at the line of the last given of its options, or at
+// the block's first line when it names none given.
+func (b *block) finish(err error) error {
+	var first error
+	var at mark
+	for _, e := range problems(err) {
+		m := b.start
+		var oe *optionError
+		if errors.As(e, &oe) {
+			for _, o := range oe.opts {
+				if g, ok := b.at[o]; ok && g.seq > m.seq {
+					m = g
+				}
+			}
+		}
+		if first == nil || m.seq < at.seq {
+			first, at = e, m
+		}
+	}
+	if first == nil {
+		return nil
+	}
+	return errAt(at.tok, first)
+}
+
+// errAt is err reported at tok's file and line, as Dispenser.Errf does at
+// the current token.
+func errAt(tok caddyfile.Token, err error) error {
+	d := caddyfile.NewDispenser([]caddyfile.Token{tok})
+	d.Next()
+	return d.WrapErr(err)
 }
 
 // oneArg reads exactly one argument of the current option.
@@ -522,8 +661,25 @@ func oneArg(d *caddyfile.Dispenser) (string, error) {
 	return v, nil
 }
 
-// intArg reads one integer of at least min.
-func intArg(d *caddyfile.Dispenser, min int) (int, error) {
+// someArgs reads the current option's arguments, at least one.
+func someArgs(d *caddyfile.Dispenser) ([]string, error) {
+	args := d.RemainingArgs()
+	if len(args) == 0 {
+		return nil, d.ArgErr()
+	}
+	return args, nil
+}
+
+// noArgs checks that the current option has no argument.
+func noArgs(d *caddyfile.Dispenser) error {
+	if d.NextArg() {
+		return d.ArgErr()
+	}
+	return nil
+}
+
+// intArg reads one integer; its range is for validate to judge.
+func intArg(d *caddyfile.Dispenser) (int, error) {
 	opt := d.Val()
 	v, err := oneArg(d)
 	if err != nil {
@@ -533,17 +689,26 @@ func intArg(d *caddyfile.Dispenser, min int) (int, error) {
 	if err != nil {
 		return 0, d.Errf("%s must be an integer, got %q", opt, v)
 	}
-	if n < min {
-		if min == 0 {
-			return 0, d.Errf("%s must not be negative, got %d", opt, n)
-		}
-		return 0, d.Errf("%s must be at least %d, got %d", opt, min, n)
-	}
 	return n, nil
 }
 
-// durationArg reads one Caddy duration; zero is allowed only when zeroOK.
-func durationArg(d *caddyfile.Dispenser, zeroOK bool) (caddy.Duration, error) {
+// floatArg reads one number; its range is for validate to judge.
+func floatArg(d *caddyfile.Dispenser) (float64, error) {
+	opt := d.Val()
+	v, err := oneArg(d)
+	if err != nil {
+		return 0, err
+	}
+	f, err := strconv.ParseFloat(v, 64)
+	if err != nil {
+		return 0, d.Errf("%s must be a number, got %q", opt, v)
+	}
+	return f, nil
+}
+
+// durationArg reads one Caddy duration; its range is for validate to
+// judge.
+func durationArg(d *caddyfile.Dispenser) (caddy.Duration, error) {
 	opt := d.Val()
 	v, err := oneArg(d)
 	if err != nil {
@@ -552,9 +717,6 @@ func durationArg(d *caddyfile.Dispenser, zeroOK bool) (caddy.Duration, error) {
 	dur, err := caddy.ParseDuration(v)
 	if err != nil {
 		return 0, d.Errf("%s: invalid duration %q", opt, v)
-	}
-	if dur < 0 || (dur == 0 && !zeroOK) {
-		return 0, d.Errf("%s must be a positive duration, got %q", opt, v)
 	}
 	return caddy.Duration(dur), nil
 }
@@ -581,70 +743,8 @@ func onOff(d *caddyfile.Dispenser, bareOK bool) (bool, error) {
 	return false, d.Errf("%s: want on or off, got %q", opt, v)
 }
 
-// Interface guard.
-var _ caddyfile.Unmarshaler = (*Handler)(nil)
-
-// parseState reads "state redis <address> { ... }".
-func parseState(d *caddyfile.Dispenser) (*StateConfig, error) {
-	args := d.RemainingArgs()
-	if len(args) != 2 || args[0] != "redis" {
-		return nil, d.Errf("state takes a backend and its address: state redis <host:port>")
-	}
-	st := &StateConfig{Redis: &RedisConfig{Address: args[1]}}
-	r := st.Redis
-	tlsOn := func() *TLSConfig {
-		if r.TLS == nil {
-			r.TLS = &TLSConfig{}
-		}
-		return r.TLS
-	}
-	for nesting := d.Nesting(); d.NextBlock(nesting); {
-		opt := d.Val()
-		var err error
-		switch opt {
-		case "username":
-			r.Username, err = oneArg(d)
-		case "password":
-			r.Password, err = oneArg(d)
-		case "db":
-			r.DB, err = intArg(d, 0)
-		case "key_prefix":
-			r.KeyPrefix, err = oneArg(d)
-		case "tls":
-			if d.NextArg() {
-				return nil, d.ArgErr()
-			}
-			tlsOn()
-		case "tls_server_name":
-			tlsOn().ServerName, err = oneArg(d)
-		case "tls_insecure_skip_verify":
-			if d.NextArg() {
-				return nil, d.ArgErr()
-			}
-			tlsOn().InsecureSkipVerify = true
-		case "tls_trusted_ca_certs":
-			files := d.RemainingArgs()
-			if len(files) == 0 {
-				return nil, d.ArgErr()
-			}
-			tlsOn().TrustedCACertFiles = append(tlsOn().TrustedCACertFiles, files...)
-		case "lease_ttl":
-			r.LeaseTTL, err = durationArg(d, false)
-		case "timeout":
-			r.Timeout, err = durationArg(d, false)
-		case "node":
-			st.Node, err = oneArg(d)
-		case "on_unavailable":
-			st.OnUnavailable, err = oneArg(d)
-			if err == nil && st.OnUnavailable != "local" && st.OnUnavailable != "reject" {
-				return nil, d.Errf("on_unavailable %q: want local or reject", st.OnUnavailable)
-			}
-		default:
-			return nil, d.Errf("state: unknown option %q", opt)
-		}
-		if err != nil {
-			return nil, err
-		}
-	}
-	return st, nil
-}
+// Interface guards.
+var (
+	_ caddyfile.Unmarshaler = (*Handler)(nil)
+	_ json.Unmarshaler      = (*Handler)(nil)
+)

@@ -2,8 +2,13 @@ package browserfailover_test
 
 import (
 	"encoding/json"
+	"go/ast"
+	"go/parser"
+	"go/token"
 	"os"
 	"path/filepath"
+	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -23,44 +28,99 @@ func adapt(t *testing.T, body string) ([]byte, error) {
 }
 
 // TestCaddyfileErrors: each bad input is rejected with a message naming the
-// problem and the line.
+// problem, at the line of the option at fault. line is the line in body;
+// the test puts a site address before it, so the file's line is line+1.
 func TestCaddyfileErrors(t *testing.T) {
 	cases := []struct {
 		name, body, want string
+		line             int
 	}{
-		{"unknown option", "browser_failover {\n provider a ws://h:1\n colour blue\n}", `Caddyfile:3 - Error during parsing: unknown option "colour"`},
-		{"no providers", "browser_failover {\n strategy priority\n}", "no providers"},
-		{"bad scheme", "browser_failover {\n provider a ftp://h:1\n}", `URL scheme "ftp" is not one of ws, wss, http, https`},
-		{"no scheme", "browser_failover {\n provider a h:1\n}", "must start with ws://"},
-		{"duplicate name", "browser_failover {\n provider a ws://h:1\n provider b ws://h:2\n provider a ws://h:3 {\n  priority 2\n }\n}", `Caddyfile:4 - Error during parsing: duplicate provider name "a"`},
-		{"negative max_concurrent", "browser_failover {\n provider a ws://h:1 {\n  max_concurrent -1\n }\n}", "Caddyfile:3 - Error during parsing: max_concurrent must not be negative"},
-		{"negative max_attempts", "browser_failover {\n max_attempts -2\n provider a ws://h:1\n}", "Caddyfile:2 - Error during parsing: max_attempts must not be negative"},
-		{"negative min_requests", "browser_failover {\n provider a ws://h:1\n cooldown {\n  min_requests -1\n }\n}", "Caddyfile:4 - Error during parsing: min_requests must not be negative"},
-		{"negative queue size", "browser_failover {\n provider a ws://h:1\n queue {\n  size -5\n }\n}", "Caddyfile:4 - Error during parsing: size must not be negative"},
-		{"ratio zero", "browser_failover {\n provider a ws://h:1\n cooldown {\n  failure_threshold 0\n }\n}", "Caddyfile:4 - Error during parsing: failure_threshold must be a ratio in (0,1]"},
-		{"ratio above one", "browser_failover {\n provider a ws://h:1\n cooldown {\n  failure_threshold 1.5\n }\n}", "failure_threshold must be a ratio in (0,1]"},
-		{"weight zero", "browser_failover {\n provider a ws://h:1 {\n  weight 0\n }\n}", "Caddyfile:3 - Error during parsing: weight must be at least 1"},
-		{"discover on ws", "browser_failover {\n provider a ws://h:1 {\n  discover on\n }\n}", "discover on needs an http:// or https:// URL"},
-		{"bad strategy", "browser_failover {\n strategy fastest\n provider a ws://h:1\n}", `Caddyfile:2 - Error during parsing: unknown strategy "fastest"`},
-		{"bad duration", "browser_failover {\n connect_timeout soon\n provider a ws://h:1\n}", `connect_timeout: invalid duration "soon"`},
-		{"bad affinity", "browser_failover {\n provider a ws://h:1\n affinity body x\n}", `affinity source "body"`},
-		{"provider args", "browser_failover {\n provider a\n}", "provider takes a name and a URL"},
-		{"unknown provider option", "browser_failover {\n provider a ws://h:1 {\n  speed 9\n }\n}", `provider "a": unknown option "speed"`},
-		{"header_up delete with value", "browser_failover {\n provider a ws://h:1 {\n  header_up -X-A b\n }\n}", "takes no value"},
-		{"tls on ws", "browser_failover {\n provider a ws://h:1 {\n  tls_insecure_skip_verify\n }\n}", "TLS options need a wss:// or https:// URL"},
-		{"discovery value", "browser_failover {\n provider a ws://h:1\n discovery maybe\n}", `want on or off, got "maybe"`},
-		{"bad protocol", "browser_failover {\n provider a ws://h:1 {\n  protocol bidi\n }\n}", `Caddyfile:3 - Error during parsing: provider "a": protocol "bidi": want cdp, playwright or any`},
-		{"bad playwright_version", "browser_failover {\n provider a ws://h:1 {\n  protocol playwright\n  playwright_version 1.65.1\n }\n}", `Caddyfile:4 - Error during parsing: provider "a": playwright_version "1.65.1": want <major>.<minor>`},
-		{"version without playwright", "browser_failover {\n provider a ws://h:1 {\n  playwright_version 1.65\n }\n}", `provider "a": playwright_version needs protocol playwright`},
-		{"client_limit not a placeholder", "browser_failover {\n provider a ws://h:1\n client_limit user 2\n}", `Caddyfile:3 - Error during parsing: client_limit key "user": want a placeholder`},
-		{"client_limit zero", "browser_failover {\n provider a ws://h:1\n client_limit {http.auth.user.id} 0\n}", `Caddyfile:3 - Error during parsing: client_limit: "0" is not a number of sessions`},
-		{"client_limit args", "browser_failover {\n provider a ws://h:1\n client_limit {http.auth.user.id}\n}", "client_limit takes a key placeholder and a number"},
-		{"hedge_max one", "browser_failover {\n provider a ws://h:1\n hedge_max 1\n}", "Caddyfile:3 - Error during parsing: hedge_max must be at least 2"},
-		{"hedge_after bad", "browser_failover {\n provider a ws://h:1\n hedge_after later\n}", `hedge_after: invalid duration "later"`},
-		{"state backend", "browser_failover {\n provider a ws://h:1\n state etcd h:2379\n}", "Caddyfile:3 - Error during parsing: state takes a backend and its address"},
-		{"state option", "browser_failover {\n provider a ws://h:1\n state redis h:6379 {\n  colour red\n }\n}", `Caddyfile:4 - Error during parsing: state: unknown option "colour"`},
-		{"state on_unavailable", "browser_failover {\n provider a ws://h:1\n state redis h:6379 {\n  on_unavailable wait\n }\n}", `on_unavailable "wait": want local or reject`},
-		{"max below duration", "browser_failover {\n provider a ws://h:1\n cooldown {\n  duration 1m\n  max_duration 10s\n }\n}", "max_duration (10s) is shorter than duration (1m0s)"},
+		{"unknown option", "browser_failover {\n provider a ws://h:1\n colour blue\n}", `unknown option "colour"`, 3},
+		{"no providers", "browser_failover {\n strategy priority\n}", "no providers", 1},
+		{"bad scheme", "browser_failover {\n provider a ftp://h:1\n}", `provider "a": URL scheme "ftp" is not one of ws, wss, http, https`, 2},
+		{"no scheme", "browser_failover {\n provider a h:1\n}", `provider "a": URL must start with ws://`, 2},
+		{"placeholder scheme", "browser_failover {\n provider a {env.SCHEME}://h:1\n}", `provider "a": URL must start with ws://`, 2},
+		{"no name", "browser_failover {\n provider \"\" ws://h:1\n}", "provider has no name", 2},
+		{"duplicate name", "browser_failover {\n provider a ws://h:1\n provider b ws://h:2\n provider a ws://h:3 {\n  priority 2\n }\n}", `duplicate provider name "a"`, 4},
+		{"negative max_concurrent", "browser_failover {\n provider a ws://h:1 {\n  max_concurrent -1\n }\n}", `provider "a": max_concurrent must not be negative`, 3},
+		{"negative max_attempts", "browser_failover {\n max_attempts -2\n provider a ws://h:1\n}", "max_attempts must not be negative", 2},
+		{"negative min_requests", "browser_failover {\n provider a ws://h:1\n cooldown {\n  min_requests -1\n }\n}", "cooldown: min_requests must not be negative", 4},
+		{"negative queue size", "browser_failover {\n provider a ws://h:1\n queue {\n  size -5\n }\n}", "queue size must not be negative", 4},
+		{"queue timeout zero", "browser_failover {\n provider a ws://h:1\n queue {\n  size 3\n  timeout 0\n }\n}", "queue timeout must be positive, got 0s", 5},
+		{"ratio zero", "browser_failover {\n provider a ws://h:1\n cooldown {\n  failure_threshold 0\n }\n}", "cooldown: failure_threshold must be in (0,1], got 0", 4},
+		{"ratio above one", "browser_failover {\n provider a ws://h:1\n cooldown {\n  failure_threshold 1.5\n }\n}", "failure_threshold must be in (0,1]", 4},
+		{"ratio NaN", "browser_failover {\n provider a ws://h:1\n cooldown {\n  failure_threshold NaN\n }\n}", "failure_threshold must be in (0,1]", 4},
+		{"ratio not a number", "browser_failover {\n provider a ws://h:1\n cooldown {\n  failure_threshold half\n }\n}", `failure_threshold must be a number, got "half"`, 4},
+		{"window zero", "browser_failover {\n provider a ws://h:1\n cooldown {\n  duration 1s\n  window 0s\n }\n}", "cooldown: window must be positive, got 0s", 5},
+		{"weight zero", "browser_failover {\n provider a ws://h:1 {\n  weight 0\n }\n}", `provider "a": weight must be at least 1, got 0`, 3},
+		{"weight not a number", "browser_failover {\n provider a ws://h:1 {\n  weight heavy\n }\n}", `weight must be an integer, got "heavy"`, 3},
+		{"priority not a number", "browser_failover {\n provider a ws://h:1 {\n  priority first\n }\n}", `priority must be an integer, got "first"`, 3},
+		{"provider connect_timeout zero", "browser_failover {\n provider a ws://h:1 {\n  connect_timeout 0s\n }\n}", `provider "a": connect_timeout must be positive, got 0s`, 3},
+		{"connect_timeout zero", "browser_failover {\n provider a ws://h:1\n connect_timeout 0\n}", "connect_timeout must be positive, got 0s", 3},
+		{"try_duration negative", "browser_failover {\n try_duration -1s\n provider a ws://h:1\n}", "try_duration must not be negative, got -1s", 2},
+		{"discover on ws", "browser_failover {\n provider a ws://h:1 {\n  discover on\n }\n}", `provider "a": discover on needs an http:// or https:// URL`, 3},
+		{"discover on ws after other options", "browser_failover {\n provider a wss://h:1 {\n  priority 2\n  weight 3\n  discover on\n  max_concurrent 2\n }\n}", "discover on needs an http:// or https:// URL", 5},
+		{"bad strategy", "browser_failover {\n strategy fastest\n provider a ws://h:1\n}", `unknown strategy "fastest" (want one of priority, round_robin, least_conn, weighted, random, latency)`, 2},
+		{"bad duration", "browser_failover {\n connect_timeout soon\n provider a ws://h:1\n}", `connect_timeout: invalid duration "soon"`, 2},
+		{"bad affinity", "browser_failover {\n provider a ws://h:1\n affinity body x\n}", `affinity source "body"`, 3},
+		{"provider args", "browser_failover {\n provider a\n}", "provider takes a name and a URL", 2},
+		{"unknown provider option", "browser_failover {\n provider a ws://h:1 {\n  speed 9\n }\n}", `provider "a": unknown option "speed"`, 3},
+		{"header_up delete with value", "browser_failover {\n provider a ws://h:1 {\n  header_up X-B c\n  header_up -X-A b\n }\n}", `provider "a": header_up -X-A takes no value`, 4},
+		{"header_up no field", "browser_failover {\n provider a ws://h:1 {\n  header_up + b\n }\n}", `header_up: invalid field name ""`, 3},
+		{"header_up bad field", "browser_failover {\n provider a ws://h:1 {\n  header_up X:Y b\n }\n}", `header_up: invalid field name "X:Y"`, 3},
+		{"tls on ws", "browser_failover {\n provider a ws://h:1 {\n  tls_insecure_skip_verify\n }\n}", `provider "a": TLS options need a wss:// or https:// URL`, 3},
+		{"tls on http", "browser_failover {\n provider a http://h:1 {\n  discover off\n  tls_server_name h\n }\n}", "TLS options need a wss:// or https:// URL", 4},
+		{"empty CA file", "browser_failover {\n provider a wss://h:1 {\n  tls_trusted_ca_certs /a.pem \"\"\n }\n}", "tls_trusted_ca_certs: empty file name", 3},
+		{"discovery value", "browser_failover {\n provider a ws://h:1\n discovery maybe\n}", `want on or off, got "maybe"`, 3},
+		{"bad protocol", "browser_failover {\n provider a ws://h:1 {\n  protocol bidi\n }\n}", `provider "a": protocol "bidi": want cdp, playwright or any`, 3},
+		{"bad playwright_version", "browser_failover {\n provider a ws://h:1 {\n  protocol playwright\n  playwright_version 1.65.1\n }\n}", `provider "a": playwright_version "1.65.1": want <major>.<minor>`, 4},
+		{"version without playwright", "browser_failover {\n provider a ws://h:1 {\n  playwright_version 1.65\n  weight 2\n }\n}", `provider "a": playwright_version needs protocol playwright`, 3},
+		{"version then another protocol", "browser_failover {\n provider a ws://h:1 {\n  playwright_version 1.65\n  protocol cdp\n }\n}", `provider "a": playwright_version needs protocol playwright`, 3},
+		{"client_limit not a placeholder", "browser_failover {\n provider a ws://h:1\n client_limit user 2\n}", `client_limit key "user": want a placeholder`, 3},
+		{"client_limit zero", "browser_failover {\n provider a ws://h:1\n client_limit {http.auth.user.id} 0\n}", "client_limit must be at least 1, got 0", 3},
+		{"client_limit not a number", "browser_failover {\n provider a ws://h:1\n client_limit {http.auth.user.id} many\n}", `client_limit: "many" is not a number of sessions`, 3},
+		{"client_limit args", "browser_failover {\n provider a ws://h:1\n client_limit {http.auth.user.id}\n}", "client_limit takes a key placeholder and a number", 3},
+		{"hedge_max one", "browser_failover {\n provider a ws://h:1\n hedge_max 1\n}", "hedge_max must be at least 2", 3},
+		{"hedge_max zero", "browser_failover {\n provider a ws://h:1\n hedge_max 0\n}", "hedge_max must be at least 2 (attempts in flight at once), got 0", 3},
+		{"hedge_after bad", "browser_failover {\n provider a ws://h:1\n hedge_after later\n}", `hedge_after: invalid duration "later"`, 3},
+		{"state backend", "browser_failover {\n provider a ws://h:1\n state etcd h:2379\n}", "state takes a backend and its address", 3},
+		{"state option", "browser_failover {\n provider a ws://h:1\n state redis h:6379 {\n  colour red\n }\n}", `state: unknown option "colour"`, 4},
+		{"state on_unavailable", "browser_failover {\n provider a ws://h:1\n state redis h:6379 {\n  on_unavailable wait\n }\n}", `state on_unavailable "wait": want local or reject`, 4},
+		{"state no address", "browser_failover {\n provider a ws://h:1\n state redis \"\" {\n  db 1\n }\n}", "state redis needs an address", 3},
+		{"state db", "browser_failover {\n provider a ws://h:1\n state redis h:6379 {\n  node n1\n  db -1\n }\n}", "state redis db must not be negative, got -1", 5},
+		{"state lease_ttl zero", "browser_failover {\n provider a ws://h:1\n state redis h:6379 {\n  lease_ttl 0s\n }\n}", "state redis lease_ttl must be positive, got 0s", 4},
+		{"state timeout after lease_ttl", "browser_failover {\n provider a ws://h:1\n state redis h:6379 {\n  lease_ttl 1s\n  timeout 2s\n }\n}", "state redis timeout must be shorter than lease_ttl, got 2s and 1s", 5},
+		{"state lease_ttl after timeout", "browser_failover {\n provider a ws://h:1\n state redis h:6379 {\n  timeout 2s\n  node n1\n  lease_ttl 1s\n }\n}", "timeout must be shorter than lease_ttl", 6},
+		{"session negative", "browser_failover {\n provider a ws://h:1\n session {\n  max_duration 1h\n  idle_timeout -1s\n }\n}", "session idle_timeout must not be negative, got -1s", 5},
+		{"max below duration", "browser_failover {\n provider a ws://h:1\n cooldown {\n  duration 1m\n  max_duration 10s\n }\n}", "cooldown: max_duration (10s) is shorter than duration (1m0s)", 5},
+		{"duration above max", "browser_failover {\n provider a ws://h:1\n cooldown {\n  max_duration 10s\n  window 1m\n  duration 1m\n }\n}", "max_duration (10s) is shorter than duration (1m0s)", 6},
+		{"provider cooldown", "browser_failover {\n provider a ws://h:1 {\n  cooldown {\n   failure_threshold 2\n  }\n }\n}", `provider "a": cooldown: failure_threshold must be in (0,1], got 2`, 4},
+		{"provider duration over the handler's max", "browser_failover {\n cooldown {\n  max_duration 1m\n }\n provider a ws://h:1 {\n  cooldown {\n   duration 10m\n  }\n }\n}", `provider "a": cooldown: duration (10m0s) is longer than the handler's cooldown max_duration (1m0s)`, 7},
+		{"handler max under a provider's duration", "browser_failover {\n provider a ws://h:1 {\n  cooldown {\n   duration 10m\n  }\n }\n cooldown {\n  window 1m\n  max_duration 1m\n }\n}", `provider "a": cooldown: duration (10m0s) is longer than the handler's cooldown max_duration (1m0s)`, 9},
+		{"provider max under the handler's duration", "browser_failover {\n cooldown {\n  duration 10m\n }\n provider a ws://h:1 {\n  cooldown {\n   window 1m\n   max_duration 1m\n  }\n }\n}", `provider "a": cooldown: max_duration (1m0s) is shorter than the handler's cooldown duration (10m0s)`, 8},
+		{"webhook scheme", "browser_failover {\n provider a ws://h:1\n webhook ftp://h/x {\n  secret s\n }\n}", `webhook URL scheme "ftp" is not http or https`, 3},
+		{"webhook event", "browser_failover {\n provider a ws://h:1\n webhook http://h/x {\n  events cooldown\n  secret s\n  events exploded\n }\n}", `webhook: unknown event "exploded"`, 6},
+
+		// A single-valued option or block given twice in one block: the
+		// second is wrong, and the first is named.
+		{"strategy twice", "browser_failover {\n strategy priority\n provider a ws://h:1\n strategy random\n}", "strategy given twice in the same block (first at Caddyfile:3)", 4},
+		{"connect_timeout twice", "browser_failover {\n connect_timeout 1s\n connect_timeout 2s\n provider a ws://h:1\n}", "connect_timeout given twice", 3},
+		{"cooldown twice", "browser_failover {\n provider a ws://h:1\n cooldown {\n  duration 1s\n }\n cooldown {\n  window 1m\n }\n}", "cooldown given twice in the same block (first at Caddyfile:4)", 6},
+		{"queue twice", "browser_failover {\n provider a ws://h:1\n queue {\n }\n queue {\n }\n}", "queue given twice", 5},
+		{"session twice", "browser_failover {\n provider a ws://h:1\n session {\n }\n session {\n }\n}", "session given twice", 5},
+		{"state twice", "browser_failover {\n provider a ws://h:1\n state redis h:1\n state redis h:2\n}", "state given twice", 4},
+		{"affinity twice", "browser_failover {\n provider a ws://h:1\n affinity header X\n affinity cookie Y\n}", "affinity given twice", 4},
+		{"client_limit twice", "browser_failover {\n provider a ws://h:1\n client_limit {http.auth.user.id} 1\n client_limit {http.auth.user.id} 2\n}", "client_limit given twice", 4},
+		{"discovery twice", "browser_failover {\n provider a ws://h:1\n discovery on\n discovery off\n}", "discovery given twice", 4},
+		{"hedge_max twice", "browser_failover {\n provider a ws://h:1\n hedge_max 2\n hedge_max 3\n}", "hedge_max given twice", 4},
+		{"priority twice", "browser_failover {\n provider a ws://h:1 {\n  priority 1\n  priority 2\n }\n}", "priority given twice in the same block (first at Caddyfile:4)", 4},
+		{"provider cooldown twice", "browser_failover {\n provider a ws://h:1 {\n  cooldown {\n  }\n  cooldown {\n  }\n }\n}", "cooldown given twice", 5},
+		{"protocol twice", "browser_failover {\n provider a ws://h:1 {\n  protocol cdp\n  protocol cdp\n }\n}", "protocol given twice", 4},
+		{"tls_server_name twice", "browser_failover {\n provider a wss://h:1 {\n  tls_server_name a\n  tls_server_name b\n }\n}", "tls_server_name given twice", 4},
+		{"duration twice", "browser_failover {\n provider a ws://h:1\n cooldown {\n  duration 1s\n  duration 2s\n }\n}", "duration given twice", 5},
+		{"queue size twice", "browser_failover {\n provider a ws://h:1\n queue {\n  size 1\n  size 2\n }\n}", "size given twice", 5},
+		{"state db twice", "browser_failover {\n provider a ws://h:1\n state redis h:1 {\n  db 1\n  db 2\n }\n}", "db given twice", 5},
+		{"webhook secret twice", "browser_failover {\n provider a ws://h:1\n webhook http://h/x {\n  secret a\n  secret b\n }\n}", "secret given twice", 5},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -68,54 +128,37 @@ func TestCaddyfileErrors(t *testing.T) {
 			if err == nil {
 				t.Fatalf("adapted without error, want %q", tc.want)
 			}
-			// A want of "Caddyfile:N - Error during parsing: msg" checks msg
-			// and the line; the site address takes line 1, so the block's
-			// lines are shifted by one.
-			msg, line := tc.want, ""
-			if rest, ok := strings.CutPrefix(tc.want, "Caddyfile:"); ok {
-				n, m, _ := strings.Cut(rest, " - Error during parsing: ")
-				msg, line = m, shiftLine("Caddyfile:"+n)
+			if !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("error %q does not contain %q", err, tc.want)
 			}
-			if !strings.Contains(err.Error(), msg) {
-				t.Fatalf("error %q does not contain %q", err, msg)
-			}
-			if line != "" && !strings.HasSuffix(err.Error(), "at "+line) {
-				t.Fatalf("error %q does not name %s", err, line)
+			if at := ", at Caddyfile:" + strconv.Itoa(tc.line+1); !strings.HasSuffix(err.Error(), at) {
+				t.Fatalf("error %q does not end with %q", err, at)
 			}
 		})
 	}
 }
 
-// shiftLine moves a "Caddyfile:N" reference down one line.
-func shiftLine(s string) string {
-	const p = "Caddyfile:"
-	i := strings.Index(s, p)
-	if i < 0 {
-		return s
+// TestCaddyfileAccepts: repeatable options repeat, the order of options in
+// a block does not matter, and a URL that is a placeholder as a whole
+// waits for provision to be checked.
+func TestCaddyfileAccepts(t *testing.T) {
+	for _, body := range []string{
+		"browser_failover {\n provider a {env.BROWSER_URL}\n}",
+		"browser_failover {\n provider a {env.BROWSER_URL} {\n  discover on\n  tls_server_name h\n }\n}",
+		"browser_failover {\n provider a wss://h/?key={env.K}\n}",
+		"browser_failover {\n provider a ws://h:1 {\n  playwright_version 1.65\n  protocol playwright\n }\n}",
+		"browser_failover {\n provider a ws://h:1 {\n  header_up X-A 1\n  header_up +X-A 2\n  header_up -Cookie\n }\n provider b wss://h:2 {\n  tls_trusted_ca_certs /a.pem\n  tls_trusted_ca_certs /b.pem\n }\n}",
+		"browser_failover {\n provider a ws://h:1\n webhook http://h/1 {\n  events cooldown\n  events rejected\n }\n webhook http://h/2\n}",
+		"browser_failover {\n provider a ws://h:1\n cooldown {\n  max_duration 10m\n  duration 1m\n  min_requests 0\n }\n queue {\n  size 0\n }\n session {\n  idle_timeout 0\n }\n max_attempts 0\n try_duration 0\n hedge_after 0\n}",
+		"browser_failover {\n cooldown {\n  max_duration 1m\n }\n provider a ws://h:1 {\n  cooldown {\n   duration 10m\n   max_duration 20m\n  }\n }\n}",
+	} {
+		if _, err := adapt(t, ":8080\n"+body); err != nil {
+			t.Errorf("%q: %v", body, err)
+		}
 	}
-	j := i + len(p)
-	n := 0
-	k := j
-	for k < len(s) && s[k] >= '0' && s[k] <= '9' {
-		n = n*10 + int(s[k]-'0')
-		k++
-	}
-	return s[:j] + itoa(n+1) + s[k:]
 }
 
-func itoa(n int) string {
-	if n == 0 {
-		return "0"
-	}
-	var b []byte
-	for n > 0 {
-		b = append([]byte{byte('0' + n%10)}, b...)
-		n /= 10
-	}
-	return string(b)
-}
-
-// TestCaddyfileFull: every option parses into the JSON of SPEC section 2.
+// TestCaddyfileFull: every option parses into its JSON field.
 func TestCaddyfileFull(t *testing.T) {
 	body := `:8080
 browser_failover /browser* {
@@ -212,9 +255,15 @@ browser_failover /pw* {
 	if raw == nil {
 		t.Fatalf("no browser_failover handler in %s", out)
 	}
+	// Caddy takes the module name out before decoding the rest strictly.
+	var fields map[string]json.RawMessage
+	if err := json.Unmarshal(raw, &fields); err != nil {
+		t.Fatal(err)
+	}
+	delete(fields, "handler")
+	config, _ := json.Marshal(fields)
 	var h browserfailover.Handler
-	dec := json.NewDecoder(strings.NewReader(string(raw)))
-	if err := dec.Decode(&h); err != nil {
+	if err := json.Unmarshal(config, &h); err != nil {
 		t.Fatal(err)
 	}
 	p := h.Providers[0]
@@ -296,6 +345,74 @@ func TestExamplesAdapt(t *testing.T) {
 		}
 		if _, err := adapt(t, string(b)); err != nil {
 			t.Errorf("%s: %v", f, err)
+		}
+	}
+}
+
+// TestCaddyfileSyntaxDoc: the syntax in UnmarshalCaddyfile's doc comment
+// lists, block by block, exactly the options the parser reads.
+func TestCaddyfileSyntaxDoc(t *testing.T) {
+	fset := token.NewFileSet()
+	file, err := parser.ParseFile(fset, "caddyfile.go", nil, parser.ParseComments)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The function that reads each block.
+	readers := map[string]string{
+		"UnmarshalCaddyfile": "browser_failover", "parseProvider": "provider", "parseCooldown": "cooldown",
+		"parseQueue": "queue", "parseSession": "session", "parseState": "state", "parseWebhook": "webhook",
+	}
+	parsed := map[string][]string{}
+	var doc string
+	for _, decl := range file.Decls {
+		fd, ok := decl.(*ast.FuncDecl)
+		if !ok || readers[fd.Name.Name] == "" {
+			continue
+		}
+		if fd.Name.Name == "UnmarshalCaddyfile" {
+			doc = fd.Doc.Text()
+		}
+		ast.Inspect(fd.Body, func(n ast.Node) bool {
+			if cc, ok := n.(*ast.CaseClause); ok {
+				for _, e := range cc.List {
+					if lit, ok := e.(*ast.BasicLit); ok && lit.Kind == token.STRING {
+						s, _ := strconv.Unquote(lit.Value)
+						parsed[readers[fd.Name.Name]] = append(parsed[readers[fd.Name.Name]], s)
+					}
+				}
+			}
+			return true
+		})
+	}
+	documented := map[string][]string{}
+	var open []string
+	for _, line := range strings.Split(doc, "\n") {
+		if !strings.HasPrefix(line, "\t") {
+			continue
+		}
+		words := strings.Fields(line)
+		switch {
+		case len(words) == 0:
+		case words[0] == "}":
+			open = open[:len(open)-1]
+		default:
+			if len(open) > 0 {
+				documented[open[len(open)-1]] = append(documented[open[len(open)-1]], words[0])
+			}
+			if strings.HasSuffix(line, "{") {
+				open = append(open, words[0])
+			}
+		}
+	}
+	if len(open) != 0 || len(documented) != len(readers) {
+		t.Fatalf("the syntax block does not parse: blocks %v, still open %v", documented, open)
+	}
+	for block, opts := range parsed {
+		slices.Sort(opts)
+		want := slices.Clone(documented[block])
+		slices.Sort(want)
+		if !slices.Equal(opts, want) {
+			t.Errorf("%s: the parser reads %v, the doc lists %v", block, opts, want)
 		}
 	}
 }

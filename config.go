@@ -1,10 +1,12 @@
 package browserfailover
 
 import (
+	"bytes"
+	"encoding/json"
 	"errors"
 	"fmt"
-	"math"
 	"net/url"
+	"slices"
 	"strings"
 	"time"
 
@@ -15,161 +17,227 @@ import (
 	"github.com/browserfailover/caddy-browser-failover/upstreams"
 )
 
-// Handler is the browser_failover HTTP handler. Its exported fields are the
-// configuration (JSON and Caddyfile); docs/reference.md lists every option.
+// Handler is the browser_failover HTTP handler: one WebSocket endpoint in
+// front of several remote-browser providers. Its exported fields are the
+// configuration, the same in JSON and in the Caddyfile (UnmarshalCaddyfile
+// documents the Caddyfile syntax).
+//
+// An option left out takes its default. An option that is given must hold
+// a valid value, in JSON as in the Caddyfile: where 0 is not a valid
+// setting (a weight, a timeout that bounds something, a ratio, hedge_max),
+// an explicit 0 is an error rather than a quiet default.
 type Handler struct {
-	// Strategy orders the providers: priority (default), round_robin,
-	// least_conn, weighted, random or latency.
+	// Strategy orders the providers for each upgrade: "priority" (lower
+	// priority first, ties in config order), "round_robin", "least_conn",
+	// "weighted", "random" or "latency". Default: "priority".
 	Strategy string `json:"strategy,omitempty"`
-	// ConnectTimeout bounds one attempt: TCP, TLS and the upgrade answer.
-	// Default 10s.
+	// ConnectTimeout bounds one attempt at a provider: TCP connect, TLS
+	// handshake, discovery and the upgrade answer. Must be positive.
+	// Default: 10s.
 	ConnectTimeout caddy.Duration `json:"connect_timeout,omitempty"`
-	// TryDuration is the budget for all attempts of one pass; 0 is none.
+	// TryDuration is the budget for all the attempts of one pass over the
+	// providers; a pass stops trying new providers once it is spent.
+	// Default: 0, no budget.
 	TryDuration caddy.Duration `json:"try_duration,omitempty"`
-	// MaxAttempts is how many providers one pass tries; 0 is all.
+	// MaxAttempts is how many providers one pass attempts at most
+	// (providers skipped without an attempt do not count). Default: 0,
+	// every provider.
 	MaxAttempts int `json:"max_attempts,omitempty"`
-	// Providers in config order.
+	// Providers are the remote-browser providers, in config order; at
+	// least one, with unique names. Required.
 	Providers []*ProviderConfig `json:"providers,omitempty"`
-	// Cooldown is the handler's health settings.
+	// Cooldown is when a failing provider is set aside, and for how long,
+	// for every provider (each may override any of it). Default: the
+	// defaults of each of its fields.
 	Cooldown *CooldownConfig `json:"cooldown,omitempty"`
-	// Queue is the wait queue.
+	// Queue is where clients wait while no provider can take them.
+	// Default: 100 places, 30s longest wait.
 	Queue *QueueConfig `json:"queue,omitempty"`
-	// Session bounds sessions.
+	// Session bounds how long a relayed session may last or stay idle.
+	// Default: no bound.
 	Session *SessionConfig `json:"session,omitempty"`
-	// Affinity sends the same key to the same provider.
+	// Affinity sends every upgrade carrying the same key to the same
+	// provider while that provider can take it. Default: off.
 	Affinity *AffinityConfig `json:"affinity,omitempty"`
-	// Discovery answers /json/version for CDP clients; default on.
+	// Discovery answers GET and HEAD of .../json/version for CDP clients,
+	// pointing them back at this endpoint. Default: true.
 	Discovery *bool `json:"discovery,omitempty"`
-	// Webhooks receive the handler's events as signed JSON POSTs.
+	// Webhooks receive the handler's events (cooldown, recovered,
+	// rejected) as signed JSON POSTs. Default: none.
 	Webhooks []*observe.WebhookConfig `json:"webhooks,omitempty"`
-	// ClientLimit caps the live sessions per client key.
+	// ClientLimit caps the live sessions of each client key. Default: no
+	// cap.
 	ClientLimit *ClientLimitConfig `json:"client_limit,omitempty"`
-	// HedgeAfter starts the next candidate in parallel when the current
-	// attempt has not answered within it; 0 (default) is off.
+	// HedgeAfter starts the next candidate beside the current attempt when
+	// that attempt has not answered within it; the first 101 wins.
+	// Default: 0, no hedging.
 	HedgeAfter caddy.Duration `json:"hedge_after,omitempty"`
-	// HedgeMax is the most attempts in flight at once while hedging;
-	// default 2.
+	// HedgeMax is the most attempts in flight at once while hedging; at
+	// least 2. Default: 2.
 	HedgeMax int `json:"hedge_max,omitempty"`
-	// State shares slots and cooldowns with other gateway nodes.
+	// State shares live-session slots and cooldowns with the other gateway
+	// nodes using the same store. Default: each node keeps its own.
 	State *StateConfig `json:"state,omitempty"`
+
+	// given holds the options stated explicitly (see explicit).
+	given explicit
 
 	// handlerRuntime is what Provision builds; nothing of it is config.
 	handlerRuntime
 }
 
-// ProviderConfig is one provider as configured (JSON key "providers").
+// ProviderConfig is one remote-browser provider (JSON key "providers").
 type ProviderConfig struct {
-	// Name is unique in the handler and keys the provider's state.
+	// Name identifies the provider in the handler (unique there), in
+	// status, metrics and logs, and keys its state across config reloads.
+	// Required.
 	Name string `json:"name"`
-	// URL is ws://, wss://, http:// or https://; it may hold {env.X}
-	// placeholders, resolved when the config is loaded.
+	// URL is where the provider is: ws://, wss://, http:// or https://
+	// (http(s) URLs are discovered, see Discover). It may hold {env.X}
+	// placeholders, resolved when the config is loaded; a URL that is a
+	// placeholder as a whole is checked once resolved. Required.
 	URL string `json:"url"`
-	// Priority: lower is tried first; default 1; ties keep config order.
+	// Priority orders the providers: lower is tried first, any integer;
+	// ties keep config order. Default: 1.
 	Priority *int `json:"priority,omitempty"`
-	// Weight for the weighted strategy; default 1.
+	// Weight is the provider's share of first picks under the weighted
+	// strategy; at least 1. Default: 1.
 	Weight int `json:"weight,omitempty"`
-	// MaxConcurrent live sessions; 0 is unlimited.
+	// MaxConcurrent is the most live sessions the provider takes; a full
+	// provider is skipped without an attempt. Default: 0, unlimited.
 	MaxConcurrent int `json:"max_concurrent,omitempty"`
-	// ConnectTimeout overrides the handler's for this provider.
+	// ConnectTimeout bounds one attempt at this provider; must be
+	// positive. Default: the handler's connect_timeout.
 	ConnectTimeout caddy.Duration `json:"connect_timeout,omitempty"`
-	// HeadersUp are header_up operations, applied in order.
+	// HeadersUp change the handshake sent to the provider, in order.
+	// Default: none.
 	HeadersUp []HeaderOpConfig `json:"headers_up,omitempty"`
 	// PassQuery merges the client's query into the provider URL's (the
-	// provider's keys win).
+	// provider's keys win). Default: false.
 	PassQuery bool `json:"pass_query,omitempty"`
-	// Discover reads <url>/json/version on each connect and dials its
-	// webSocketDebuggerUrl; default on for http(s) URLs.
+	// Discover reads <url>/json/version on each connect and dials the
+	// webSocketDebuggerUrl it gives; false dials an http(s) URL as ws(s).
+	// Only for http:// and https:// URLs. Default: true for http(s) URLs.
 	Discover *bool `json:"discover,omitempty"`
-	// TLS options for wss:// and https:// URLs.
+	// TLS options for a wss:// or https:// URL. Default: the system's
+	// roots, the URL's host as server name.
 	TLS *TLSConfig `json:"tls,omitempty"`
-	// Cooldown overrides the handler's cooldown settings.
+	// Cooldown overrides any of the handler's cooldown settings for this
+	// provider. Default: the handler's.
 	Cooldown *CooldownConfig `json:"cooldown,omitempty"`
-	// Protocol is what the provider serves: cdp, playwright or any
-	// (default). Clients are offered only providers that can serve them.
+	// Protocol is which clients the provider serves: "cdp", "playwright"
+	// or "any"; a client is offered only providers that serve what it
+	// speaks. Default: "any".
 	Protocol string `json:"protocol,omitempty"`
-	// PlaywrightVersion (major.minor) of a playwright provider; empty
-	// serves any Playwright client version.
+	// PlaywrightVersion is the <major>.<minor> Playwright version of a
+	// "playwright" provider; it then serves only clients of that version.
+	// Default: empty, any version.
 	PlaywrightVersion string `json:"playwright_version,omitempty"`
+
+	given explicit
 }
 
-// ClientLimitConfig caps the live sessions of one client key (JSON key
+// ClientLimitConfig caps the live sessions of each client key (JSON key
 // "client_limit").
 type ClientLimitConfig struct {
-	// Key is a Caddy placeholder evaluated per request, typically
-	// {http.auth.user.id} or {http.request.header.X-Api-Key}.
+	// Key is a placeholder evaluated per request whose value identifies
+	// the client, such as {http.auth.user.id} or
+	// {http.request.header.X-Api-Key}. Required.
 	Key string `json:"key"`
-	// Limit is the most live sessions one key value may hold, at least 1.
+	// Limit is the most live sessions one key value may hold; at least 1.
+	// Required.
 	Limit int `json:"limit"`
 }
 
 // StateConfig makes several gateway nodes share provider state (JSON key
 // "state"): live-session slots and cooldowns.
 type StateConfig struct {
-	// Redis is the shared store.
+	// Redis is the shared store. Required.
 	Redis *RedisConfig `json:"redis,omitempty"`
-	// Node names this gateway in the shared state and status; default
+	// Node names this gateway in the shared state and in status. Default:
 	// <hostname>-<pid>.
 	Node string `json:"node,omitempty"`
 	// OnUnavailable is what happens while the store cannot be reached:
-	// "local" (default) falls back to this node's own limits, "reject"
-	// refuses new sessions (503).
+	// "local" falls back to this node's own limits, "reject" refuses new
+	// sessions (503). Default: "local".
 	OnUnavailable string `json:"on_unavailable,omitempty"`
 }
 
 // RedisConfig is how to reach the Redis server of the shared state.
 type RedisConfig struct {
-	// Address is host:port.
+	// Address is host:port; it may hold {env.X} placeholders. Required.
 	Address string `json:"address"`
-	// Username is the ACL user; empty for the default user.
+	// Username is the ACL user. Default: Redis's default user.
 	Username string `json:"username,omitempty"`
-	// Password may hold {env.X}; never logged or shown.
+	// Password may hold {env.X} placeholders; it is never logged or shown.
+	// Default: none.
 	Password string `json:"password,omitempty"`
-	// DB is the database number.
+	// DB is the database number, not negative. Default: 0.
 	DB int `json:"db,omitempty"`
-	// KeyPrefix goes before every key; nodes sharing state use the same.
-	// Default "browser_failover:".
+	// KeyPrefix goes before every key and channel name; nodes sharing
+	// state use the same. Default: "browser_failover:".
 	KeyPrefix string `json:"key_prefix,omitempty"`
-	// TLS connects with TLS when set.
+	// TLS connects with TLS when set (empty: with the system's roots).
+	// Default: plain TCP.
 	TLS *TLSConfig `json:"tls,omitempty"`
-	// LeaseTTL is how long a slot outlives a node that died; default 15s.
+	// LeaseTTL is how long a slot outlives a node that stopped renewing
+	// it; must be positive. Default: 15s.
 	LeaseTTL caddy.Duration `json:"lease_ttl,omitempty"`
-	// Timeout bounds every Redis call; default 500ms.
+	// Timeout bounds every Redis call; must be positive and, when both are
+	// given, shorter than LeaseTTL. Default: 500ms.
 	Timeout caddy.Duration `json:"timeout,omitempty"`
+
+	given explicit
 }
 
-// HeaderOpConfig is one header_up operation: op "set", "add" or "delete".
-// Values may hold request placeholders.
+// HeaderOpConfig is one change to the handshake sent to a provider (the
+// Caddyfile's header_up).
 type HeaderOpConfig struct {
-	Op    string `json:"op"`
+	// Op is "set" (replace the field's values), "add" (add a value) or
+	// "delete" (remove the field). Required.
+	Op string `json:"op"`
+	// Field is the header field name. Required.
 	Field string `json:"field"`
+	// Value for set and add; it may hold request placeholders. A delete
+	// takes none. Default: empty.
 	Value string `json:"value,omitempty"`
 }
 
-// TLSConfig holds a provider's TLS options.
+// TLSConfig holds the TLS options of a provider or of the Redis store.
 type TLSConfig struct {
-	// InsecureSkipVerify accepts any certificate (tls_insecure_skip_verify).
+	// InsecureSkipVerify accepts any certificate
+	// (tls_insecure_skip_verify). Default: false.
 	InsecureSkipVerify bool `json:"insecure_skip_verify,omitempty"`
-	// ServerName is sent in SNI and verified (tls_server_name).
+	// ServerName is sent in SNI and verified against the certificate
+	// (tls_server_name). Default: the URL's host.
 	ServerName string `json:"server_name,omitempty"`
 	// TrustedCACertFiles are PEM files of the CAs to trust
-	// (tls_trusted_ca_certs).
+	// (tls_trusted_ca_certs). Default: the system's roots.
 	TrustedCACertFiles []string `json:"trusted_ca_certs,omitempty"`
 }
 
-// CooldownConfig is the cooldown block (SPEC section 5); zero fields take
-// the handler's value, then the defaults.
+// CooldownConfig is when a failing provider is set aside, and for how long
+// (JSON key "cooldown", at handler level and per provider). A field left
+// out takes the handler's value, then the default.
 type CooldownConfig struct {
-	// Duration is the first cooldown; default 30s.
+	// Duration is the first cooldown, and the skip after a 408/429 without
+	// Retry-After; must be positive. Default: 30s.
 	Duration caddy.Duration `json:"duration,omitempty"`
-	// MaxDuration caps the doubling; default 5m.
+	// MaxDuration caps the cooldown, which doubles for each one that
+	// follows the last without a success in between; must be positive and
+	// not shorter than Duration. Default: 5m.
 	MaxDuration caddy.Duration `json:"max_duration,omitempty"`
-	// Window is the failure-rate window; default 60s.
+	// Window is the sliding window over which the failure ratio is taken;
+	// must be positive. Default: 60s.
 	Window caddy.Duration `json:"window,omitempty"`
-	// FailureThreshold: cool down when failures/attempts exceed it, in
-	// (0,1]; default 0.5.
+	// FailureThreshold: a provider cools down when failures/attempts in
+	// the window is greater than this ratio, in (0,1]. Default: 0.5.
 	FailureThreshold float64 `json:"failure_threshold,omitempty"`
-	// MinRequests is the attempts in the window before judging; default 3.
+	// MinRequests is how many attempts the window must hold before the
+	// ratio is judged; not negative, and 0 means the default. Default: 3.
 	MinRequests int `json:"min_requests,omitempty"`
+
+	given explicit
 }
 
 func (c *CooldownConfig) toConfig() cooldown.Config {
@@ -185,30 +253,35 @@ func (c *CooldownConfig) toConfig() cooldown.Config {
 	}
 }
 
-// QueueConfig is the wait queue (SPEC section 6).
+// QueueConfig is the wait queue (JSON key "queue"): clients that no
+// provider can take now wait there, first come first served.
 type QueueConfig struct {
-	// Size is how many clients may wait; default 100; 0 turns the queue
-	// off (503 at once).
+	// Size is how many clients may wait; 0 turns the queue off (503 at
+	// once). Not negative. Default: 100.
 	Size *int `json:"size,omitempty"`
-	// Timeout is the longest wait; default 30s.
+	// Timeout is the longest wait, then 503; must be positive. Default:
+	// 30s.
 	Timeout caddy.Duration `json:"timeout,omitempty"`
+
+	given explicit
 }
 
-// SessionConfig bounds sessions (SPEC section 7).
+// SessionConfig bounds relayed sessions (JSON key "session").
 type SessionConfig struct {
-	// IdleTimeout closes a session without bytes either way for this
-	// long; 0 is off.
+	// IdleTimeout closes a session that carried no bytes either way for
+	// this long; 0 is off. Default: 0.
 	IdleTimeout caddy.Duration `json:"idle_timeout,omitempty"`
-	// MaxDuration closes a session at this age; 0 is off.
+	// MaxDuration closes a session at this age; 0 is off. Default: 0.
 	MaxDuration caddy.Duration `json:"max_duration,omitempty"`
 }
 
-// AffinityConfig sends the same key to the same provider while it can take
-// it.
+// AffinityConfig sends every upgrade carrying the same key to the same
+// provider while that provider can take it (JSON key "affinity").
 type AffinityConfig struct {
-	// Source is header, query or cookie.
+	// Source is where the key is read: "header", "query" or "cookie".
+	// Required.
 	Source string `json:"source"`
-	// Name of the header, query parameter or cookie.
+	// Name of the header, query parameter or cookie. Required.
 	Name string `json:"name"`
 }
 
@@ -219,199 +292,544 @@ const (
 	defaultPriority     = 1
 )
 
-var strategies = []string{
-	upstreams.StrategyPriority, upstreams.StrategyRoundRobin, upstreams.StrategyLeastConn,
-	upstreams.StrategyWeighted, upstreams.StrategyRandom, upstreams.StrategyLatency,
+// explicit is the set of options a config object states, by JSON key.
+//
+// For a number whose 0 is not a valid setting, JSON alone cannot tell
+// "weight": 0 from a weight left out. UnmarshalJSON (from the keys present)
+// and the Caddyfile parser (from the options read) both record what was
+// stated, so validate rejects a stated 0 the same way in both, where a
+// left-out option takes its default.
+type explicit map[string]bool
+
+func (e *explicit) add(key string) {
+	if *e == nil {
+		*e = explicit{}
+	}
+	(*e)[key] = true
 }
 
-// check validates the configuration as loaded (JSON or Caddyfile). Every
-// message names the provider and the problem, never a URL's secrets.
+// stated decodes the JSON object b into v, a plain copy of the type
+// named typ, strictly (an unknown field is an error, as Caddy decodes
+// module configs) and returns the keys b states with a value other than
+// null.
+func stated(b []byte, v any, typ string) (explicit, error) {
+	if err := caddy.StrictUnmarshalJSON(b, v); err != nil {
+		var te *json.UnmarshalTypeError
+		if errors.As(err, &te) {
+			te.Struct = typ // not the plain copy's name
+		}
+		return nil, err
+	}
+	var fields map[string]json.RawMessage
+	if err := json.Unmarshal(b, &fields); err != nil {
+		return nil, err
+	}
+	var e explicit
+	for k, raw := range fields {
+		if !bytes.Equal(bytes.TrimSpace(raw), []byte("null")) {
+			// Field names match case-insensitively, as encoding/json does.
+			e.add(strings.ToLower(k))
+		}
+	}
+	return e, nil
+}
+
+// UnmarshalJSON decodes the handler's config, noting which options it
+// states.
+func (h *Handler) UnmarshalJSON(b []byte) error {
+	type plain Handler
+	given, err := stated(b, (*plain)(h), "Handler")
+	h.given = given
+	return err
+}
+
+// UnmarshalJSON decodes a provider, noting which options it states.
+func (p *ProviderConfig) UnmarshalJSON(b []byte) error {
+	type plain ProviderConfig
+	given, err := stated(b, (*plain)(p), "ProviderConfig")
+	p.given = given
+	return err
+}
+
+// UnmarshalJSON decodes a cooldown block, noting which options it states.
+func (c *CooldownConfig) UnmarshalJSON(b []byte) error {
+	type plain CooldownConfig
+	given, err := stated(b, (*plain)(c), "CooldownConfig")
+	c.given = given
+	return err
+}
+
+// UnmarshalJSON decodes the queue block, noting which options it states.
+func (q *QueueConfig) UnmarshalJSON(b []byte) error {
+	type plain QueueConfig
+	given, err := stated(b, (*plain)(q), "QueueConfig")
+	q.given = given
+	return err
+}
+
+// UnmarshalJSON decodes the Redis settings, noting which options they
+// state.
+func (r *RedisConfig) UnmarshalJSON(b []byte) error {
+	type plain RedisConfig
+	given, err := stated(b, (*plain)(r), "RedisConfig")
+	r.given = given
+	return err
+}
+
+// optionError is a configuration problem and the options at fault, named
+// as the Caddyfile spells them. A JSON config gets the message; the
+// Caddyfile parser also reports it at the line of the option at fault (the
+// last given of them, when several are).
+type optionError struct {
+	msg  string
+	opts []string
+	// whole: the rule is judged on the whole block, since an option given
+	// later may still satisfy it; the parser checks it at the block's end.
+	whole bool
+}
+
+func (e *optionError) Error() string { return e.msg }
+
+// bad is a problem with the options opts (usually one).
+func bad(opts []string, format string, args ...any) *optionError {
+	return &optionError{msg: fmt.Sprintf(format, args...), opts: opts}
+}
+
+// badOpt is a problem with the option opt.
+func badOpt(opt, format string, args ...any) *optionError {
+	return bad([]string{opt}, format, args...)
+}
+
+// problems flattens err into its single problems (errors.Join nests).
+func problems(err error) []error {
+	if err == nil {
+		return nil
+	}
+	if j, ok := err.(interface{ Unwrap() []error }); ok {
+		var out []error
+		for _, e := range j.Unwrap() {
+			out = append(out, problems(e)...)
+		}
+		return out
+	}
+	return []error{err}
+}
+
+// within puts prefix before the message of each problem in err, keeping
+// which options are at fault.
+func within(prefix string, err error) error {
+	var out []error
+	for _, e := range problems(err) {
+		if oe, ok := e.(*optionError); ok {
+			c := *oe
+			c.msg = prefix + c.msg
+			out = append(out, &c)
+		} else {
+			out = append(out, fmt.Errorf("%s%w", prefix, e))
+		}
+	}
+	return errors.Join(out...)
+}
+
+// positive checks a duration that must be positive when given: negative
+// is always an error, and 0 is one when the option was stated.
+func positive(given explicit, key string, v caddy.Duration, what string) error {
+	if v < 0 || (v == 0 && given[key]) {
+		return badOpt(key, "%s must be positive, got %v", what, time.Duration(v))
+	}
+	return nil
+}
+
+// notNegative checks a duration whose 0 means off.
+func notNegative(key string, v caddy.Duration, what string) error {
+	if v < 0 {
+		return badOpt(key, "%s must not be negative, got %v", what, time.Duration(v))
+	}
+	return nil
+}
+
+// check validates the configuration as loaded (JSON or Caddyfile): the
+// handler's own options, then each part's. Every message names the
+// provider and the problem, never a URL's secrets.
 func (h *Handler) check() error {
-	var errs []error
-	if h.Strategy != "" && !contains(strategies, h.Strategy) {
-		errs = append(errs, fmt.Errorf("unknown strategy %q (want one of %s)", h.Strategy, strings.Join(strategies, ", ")))
-	}
-	if h.ConnectTimeout < 0 {
-		errs = append(errs, fmt.Errorf("connect_timeout must not be negative"))
-	}
-	if h.TryDuration < 0 {
-		errs = append(errs, fmt.Errorf("try_duration must not be negative"))
-	}
-	if h.MaxAttempts < 0 {
-		errs = append(errs, fmt.Errorf("max_attempts must not be negative, got %d", h.MaxAttempts))
-	}
-	if len(h.Providers) == 0 {
-		errs = append(errs, errors.New("no providers: declare at least one provider"))
-	}
-	if err := checkCooldown("cooldown", h.Cooldown); err != nil {
-		errs = append(errs, err)
-	}
-	if q := h.Queue; q != nil {
-		if q.Size != nil && *q.Size < 0 {
-			errs = append(errs, fmt.Errorf("queue size must not be negative, got %d", *q.Size))
-		}
-		if q.Timeout < 0 {
-			errs = append(errs, fmt.Errorf("queue timeout must not be negative"))
-		}
-	}
-	if s := h.Session; s != nil {
-		if s.IdleTimeout < 0 || s.MaxDuration < 0 {
-			errs = append(errs, fmt.Errorf("session idle_timeout and max_duration must not be negative"))
-		}
-	}
-	if a := h.Affinity; a != nil {
-		switch a.Source {
-		case "header", "query", "cookie":
-		default:
-			errs = append(errs, fmt.Errorf("affinity source %q: want header, query or cookie", a.Source))
-		}
-		if a.Name == "" {
-			errs = append(errs, fmt.Errorf("affinity needs a name"))
-		}
-	}
-	if cl := h.ClientLimit; cl != nil {
-		if !strings.Contains(cl.Key, "{") {
-			errs = append(errs, fmt.Errorf("client_limit key %q: want a placeholder such as {http.auth.user.id}", cl.Key))
-		}
-		if cl.Limit < 1 {
-			errs = append(errs, fmt.Errorf("client_limit must be at least 1, got %d", cl.Limit))
-		}
-	}
-	if st := h.State; st != nil {
+	errs := []error{h.validateOwn()}
+	for i, p := range h.Providers {
 		switch {
-		case st.Redis == nil:
-			errs = append(errs, errors.New("state needs a backend: redis"))
-		case st.Redis.Address == "":
-			errs = append(errs, errors.New("state redis needs an address (host:port)"))
-		case st.Redis.DB < 0:
-			errs = append(errs, fmt.Errorf("state redis db must not be negative, got %d", st.Redis.DB))
-		case st.Redis.LeaseTTL < 0 || st.Redis.Timeout < 0:
-			errs = append(errs, errors.New("state redis lease_ttl and timeout must not be negative"))
-		case st.Redis.LeaseTTL > 0 && st.Redis.Timeout > 0 && time.Duration(st.Redis.Timeout) >= time.Duration(st.Redis.LeaseTTL):
-			errs = append(errs, errors.New("state redis timeout must be shorter than lease_ttl"))
-		}
-		switch st.OnUnavailable {
-		case "", "local", "reject":
+		case p == nil:
+			errs = append(errs, fmt.Errorf("provider %d is empty", i+1))
+		case p.Name == "":
+			errs = append(errs, fmt.Errorf("provider %d has no name", i+1))
 		default:
-			errs = append(errs, fmt.Errorf("state on_unavailable %q: want local or reject", st.OnUnavailable))
+			errs = append(errs, p.validate(), h.Cooldown.clash(p))
 		}
 	}
-	if h.HedgeAfter < 0 {
-		errs = append(errs, fmt.Errorf("hedge_after must not be negative"))
-	}
-	if h.HedgeMax < 0 || h.HedgeMax == 1 {
-		errs = append(errs, fmt.Errorf("hedge_max must be at least 2 (attempts in flight at once), got %d", h.HedgeMax))
-	}
+	errs = append(errs,
+		within("cooldown: ", h.Cooldown.validate()),
+		h.Queue.validate(),
+		h.Session.validate(),
+		h.Affinity.validate(),
+		h.ClientLimit.validate(),
+		h.State.validate(),
+	)
 	for i, wh := range h.Webhooks {
 		if err := wh.Validate(); err != nil {
 			errs = append(errs, fmt.Errorf("webhook %d: %w", i+1, err))
 		}
 	}
+	return errors.Join(errs...)
+}
+
+// validateOwn checks the handler's own options (not those of its parts):
+// what the Caddyfile gives as one-line options at the handler's level, and
+// the provider list as a whole.
+func (h *Handler) validateOwn() error {
+	var errs []error
+	if h.Strategy != "" && !slices.Contains(upstreams.StrategyNames, h.Strategy) {
+		errs = append(errs, badOpt("strategy", "unknown strategy %q (want one of %s)",
+			h.Strategy, strings.Join(upstreams.StrategyNames, ", ")))
+	}
+	errs = append(errs,
+		positive(h.given, "connect_timeout", h.ConnectTimeout, "connect_timeout"),
+		notNegative("try_duration", h.TryDuration, "try_duration"),
+		notNegative("hedge_after", h.HedgeAfter, "hedge_after"),
+	)
+	if h.MaxAttempts < 0 {
+		errs = append(errs, badOpt("max_attempts", "max_attempts must not be negative, got %d", h.MaxAttempts))
+	}
+	if (h.HedgeMax != 0 || h.given["hedge_max"]) && h.HedgeMax < 2 {
+		errs = append(errs, badOpt("hedge_max", "hedge_max must be at least 2 (attempts in flight at once), got %d", h.HedgeMax))
+	}
+	if len(h.Providers) == 0 {
+		errs = append(errs, &optionError{msg: "no providers: declare at least one provider", whole: true})
+	}
 	seen := map[string]bool{}
-	for i, p := range h.Providers {
-		if p == nil {
-			errs = append(errs, fmt.Errorf("provider %d is empty", i))
-			continue
-		}
-		if p.Name == "" {
-			errs = append(errs, fmt.Errorf("provider %d has no name", i))
+	for _, p := range h.Providers {
+		if p == nil || p.Name == "" {
 			continue
 		}
 		if seen[p.Name] {
-			errs = append(errs, fmt.Errorf("duplicate provider name %q", p.Name))
+			errs = append(errs, badOpt("provider", "duplicate provider name %q", p.Name))
 		}
 		seen[p.Name] = true
-		if err := checkURL(p); err != nil {
-			errs = append(errs, err)
-		}
-		if p.Weight < 0 {
-			errs = append(errs, fmt.Errorf("provider %q: weight must be at least 1, got %d", p.Name, p.Weight))
-		}
-		if p.MaxConcurrent < 0 {
-			errs = append(errs, fmt.Errorf("provider %q: max_concurrent must not be negative, got %d", p.Name, p.MaxConcurrent))
-		}
-		if p.ConnectTimeout < 0 {
-			errs = append(errs, fmt.Errorf("provider %q: connect_timeout must not be negative", p.Name))
-		}
-		for _, op := range p.HeadersUp {
-			switch op.Op {
-			case "set", "add", "delete":
-			default:
-				errs = append(errs, fmt.Errorf("provider %q: header_up op %q: want set, add or delete", p.Name, op.Op))
-			}
-			if op.Field == "" {
-				errs = append(errs, fmt.Errorf("provider %q: header_up needs a field name", p.Name))
-			}
-		}
-		if err := checkCooldown(fmt.Sprintf("provider %q: cooldown", p.Name), p.Cooldown); err != nil {
-			errs = append(errs, err)
-		}
-		proto, err := upstreams.ParseProtocol(p.Protocol)
-		if err != nil {
-			errs = append(errs, fmt.Errorf("provider %q: %w", p.Name, err))
-		}
-		if p.PlaywrightVersion != "" {
-			if _, err := upstreams.ParsePlaywrightVersion(p.PlaywrightVersion); err != nil {
-				errs = append(errs, fmt.Errorf("provider %q: %w", p.Name, err))
-			} else if proto != upstreams.ProtocolPlaywright {
-				errs = append(errs, fmt.Errorf("provider %q: playwright_version needs protocol playwright", p.Name))
-			}
-		}
 	}
 	return errors.Join(errs...)
 }
 
-func checkCooldown(where string, c *CooldownConfig) error {
-	if c == nil {
-		return nil
+// validate checks a provider and its parts; every message starts with the
+// provider's name.
+func (p *ProviderConfig) validate() error {
+	if p.Name == "" {
+		return badOpt("name", "provider has no name")
 	}
-	if math.IsNaN(c.FailureThreshold) || c.FailureThreshold < 0 || c.FailureThreshold > 1 {
-		return fmt.Errorf("%s: failure_threshold must be in (0,1], got %v", where, c.FailureThreshold)
+	errs := []error{p.validateURL()}
+	if p.Weight < 0 || (p.Weight == 0 && p.given["weight"]) {
+		errs = append(errs, badOpt("weight", "weight must be at least 1, got %d", p.Weight))
 	}
-	if c.MinRequests < 0 {
-		return fmt.Errorf("%s: min_requests must not be negative, got %d", where, c.MinRequests)
+	if p.MaxConcurrent < 0 {
+		errs = append(errs, badOpt("max_concurrent", "max_concurrent must not be negative, got %d", p.MaxConcurrent))
 	}
-	if err := c.toConfig().Validate(); err != nil {
-		return fmt.Errorf("%s: %w", where, err)
+	errs = append(errs, positive(p.given, "connect_timeout", p.ConnectTimeout, "connect_timeout"))
+	for _, op := range p.HeadersUp {
+		errs = append(errs, op.validate())
 	}
-	return nil
+	errs = append(errs, p.TLS.validate())
+	proto, protoErr := upstreams.ParseProtocol(p.Protocol)
+	if protoErr != nil {
+		errs = append(errs, badOpt("protocol", "%v", protoErr))
+	}
+	if p.PlaywrightVersion != "" {
+		if _, err := upstreams.ParsePlaywrightVersion(p.PlaywrightVersion); err != nil {
+			errs = append(errs, badOpt("playwright_version", "%v", err))
+		} else if protoErr == nil && proto != upstreams.ProtocolPlaywright {
+			// A protocol option given after it may still settle it.
+			e := badOpt("playwright_version", "playwright_version needs protocol playwright")
+			e.whole = true
+			errs = append(errs, e)
+		}
+	}
+	errs = append(errs, within("cooldown: ", p.Cooldown.validate()))
+	return within(fmt.Sprintf("provider %q: ", p.Name), errors.Join(errs...))
 }
 
-// checkURL checks a provider URL's form without resolving placeholders.
-func checkURL(p *ProviderConfig) error {
+// validateURL checks the form of a provider's URL without resolving its
+// placeholders. A URL that is a placeholder as a whole is checked once
+// resolved, when the handler is provisioned.
+func (p *ProviderConfig) validateURL() error {
 	if p.URL == "" {
-		return fmt.Errorf("provider %q: no URL", p.Name)
+		return badOpt("url", "no URL")
+	}
+	if wholePlaceholder(p.URL) {
+		return nil
 	}
 	scheme, _, ok := strings.Cut(p.URL, "://")
-	if !ok {
-		return fmt.Errorf("provider %q: URL must start with ws://, wss://, http:// or https://", p.Name)
+	if !ok || !isScheme(scheme) {
+		return badOpt("url", "URL must start with ws://, wss://, http:// or https://")
 	}
+	var errs []error
+	var ws, secure bool
 	switch strings.ToLower(scheme) {
-	case "ws", "wss":
-		if p.Discover != nil && *p.Discover {
-			return fmt.Errorf("provider %q: discover on needs an http:// or https:// URL", p.Name)
-		}
-	case "http", "https":
+	case "ws":
+		ws = true
+	case "wss":
+		ws, secure = true, true
+	case "http":
+	case "https":
+		secure = true
 	default:
-		return fmt.Errorf("provider %q: URL scheme %q is not one of ws, wss, http, https", p.Name, scheme)
+		return badOpt("url", "URL scheme %q is not one of ws, wss, http, https", scheme)
+	}
+	if d := p.Discover; d != nil && *d && ws {
+		errs = append(errs, badOpt("discover", "discover on needs an http:// or https:// URL"))
 	}
 	if !strings.Contains(p.URL, "{") {
 		if _, err := url.Parse(p.URL); err != nil {
-			return fmt.Errorf("provider %q: invalid URL", p.Name)
+			errs = append(errs, badOpt("url", "invalid URL"))
 		}
 	}
-	if p.TLS != nil && (strings.EqualFold(scheme, "ws") || strings.EqualFold(scheme, "http")) &&
-		(p.TLS.InsecureSkipVerify || p.TLS.ServerName != "" || len(p.TLS.TrustedCACertFiles) > 0) {
-		return fmt.Errorf("provider %q: TLS options need a wss:// or https:// URL", p.Name)
+	if opts := p.TLS.options(); len(opts) > 0 && !secure {
+		errs = append(errs, bad(opts, "TLS options need a wss:// or https:// URL"))
+	}
+	return errors.Join(errs...)
+}
+
+// wholePlaceholder reports whether s is one placeholder and nothing else,
+// like {env.BROWSER_URL}.
+func wholePlaceholder(s string) bool {
+	return len(s) > 2 && s[0] == '{' && s[len(s)-1] == '}' && !strings.ContainsAny(s[1:len(s)-1], "{}")
+}
+
+// isScheme reports whether s has the form of a URL scheme (RFC 3986), so a
+// message may show it: anything else could be part of a secret.
+func isScheme(s string) bool {
+	if s == "" || len(s) > 16 {
+		return false
+	}
+	for i, c := range s {
+		switch {
+		case c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z':
+		case i > 0 && (c >= '0' && c <= '9' || c == '+' || c == '-' || c == '.'):
+		default:
+			return false
+		}
+	}
+	return true
+}
+
+// clash checks a provider's cooldown override against the handler's
+// cooldown c: the two merged must not cap the doubling below the first
+// cooldown. (Each block alone is checked by its validate.)
+func (c *CooldownConfig) clash(p *ProviderConfig) error {
+	o := p.Cooldown
+	if c == nil || o == nil {
+		return nil
+	}
+	d, dOwn := c.Duration, false
+	if o.Duration > 0 {
+		d, dOwn = o.Duration, true
+	}
+	m, mOwn := c.MaxDuration, false
+	if o.MaxDuration > 0 {
+		m, mOwn = o.MaxDuration, true
+	}
+	if d <= 0 || m <= 0 || m >= d || dOwn == mOwn {
+		return nil
+	}
+	e := &cooldownClash{ownOpt: "duration"}
+	if mOwn {
+		e.ownOpt = "max_duration"
+		e.msg = fmt.Sprintf("provider %q: cooldown: max_duration (%v) is shorter than the handler's cooldown duration (%v)",
+			p.Name, time.Duration(m), time.Duration(d))
+	} else {
+		e.msg = fmt.Sprintf("provider %q: cooldown: duration (%v) is longer than the handler's cooldown max_duration (%v)",
+			p.Name, time.Duration(d), time.Duration(m))
+	}
+	return e
+}
+
+// cooldownClash is a provider's cooldown option (ownOpt) that, merged with
+// the handler's cooldown, leaves max_duration shorter than duration.
+type cooldownClash struct {
+	ownOpt string // the provider's option; the handler's is the other one
+	msg    string
+}
+
+func (e *cooldownClash) Error() string { return e.msg }
+
+// handlerOpt is the handler's cooldown option in the clash.
+func (e *cooldownClash) handlerOpt() string {
+	if e.ownOpt == "duration" {
+		return "max_duration"
+	}
+	return "duration"
+}
+
+// validate checks a cooldown block; messages name the option, the caller
+// says whose block it is.
+func (c *CooldownConfig) validate() error {
+	if c == nil {
+		return nil
+	}
+	errs := []error{
+		positive(c.given, "duration", c.Duration, "duration"),
+		positive(c.given, "max_duration", c.MaxDuration, "max_duration"),
+		positive(c.given, "window", c.Window, "window"),
+	}
+	// The negated test also catches NaN.
+	if (c.FailureThreshold != 0 || c.given["failure_threshold"]) && !(c.FailureThreshold > 0 && c.FailureThreshold <= 1) {
+		errs = append(errs, badOpt("failure_threshold", "failure_threshold must be in (0,1], got %v", c.FailureThreshold))
+	}
+	if c.MinRequests < 0 {
+		errs = append(errs, badOpt("min_requests", "min_requests must not be negative, got %d", c.MinRequests))
+	}
+	if c.Duration > 0 && c.MaxDuration > 0 && c.MaxDuration < c.Duration {
+		errs = append(errs, bad([]string{"duration", "max_duration"}, "max_duration (%v) is shorter than duration (%v)",
+			time.Duration(c.MaxDuration), time.Duration(c.Duration)))
+	}
+	return errors.Join(errs...)
+}
+
+// validate checks the queue block.
+func (q *QueueConfig) validate() error {
+	if q == nil {
+		return nil
+	}
+	var errs []error
+	if q.Size != nil && *q.Size < 0 {
+		errs = append(errs, badOpt("size", "queue size must not be negative, got %d", *q.Size))
+	}
+	errs = append(errs, positive(q.given, "timeout", q.Timeout, "queue timeout"))
+	return errors.Join(errs...)
+}
+
+// validate checks the session block.
+func (s *SessionConfig) validate() error {
+	if s == nil {
+		return nil
+	}
+	return errors.Join(
+		notNegative("idle_timeout", s.IdleTimeout, "session idle_timeout"),
+		notNegative("max_duration", s.MaxDuration, "session max_duration"),
+	)
+}
+
+// validate checks the affinity option.
+func (a *AffinityConfig) validate() error {
+	if a == nil {
+		return nil
+	}
+	var errs []error
+	switch a.Source {
+	case "header", "query", "cookie":
+	default:
+		errs = append(errs, badOpt("affinity", "affinity source %q: want header, query or cookie", a.Source))
+	}
+	if a.Name == "" {
+		errs = append(errs, badOpt("affinity", "affinity needs a name"))
+	}
+	return errors.Join(errs...)
+}
+
+// validate checks the client_limit option.
+func (cl *ClientLimitConfig) validate() error {
+	if cl == nil {
+		return nil
+	}
+	var errs []error
+	if !strings.Contains(cl.Key, "{") {
+		errs = append(errs, badOpt("client_limit", "client_limit key %q: want a placeholder such as {http.auth.user.id}", cl.Key))
+	}
+	if cl.Limit < 1 {
+		errs = append(errs, badOpt("client_limit", "client_limit must be at least 1, got %d", cl.Limit))
+	}
+	return errors.Join(errs...)
+}
+
+// validate checks the state block and its store's settings.
+func (st *StateConfig) validate() error {
+	if st == nil {
+		return nil
+	}
+	var errs []error
+	if st.Redis == nil {
+		errs = append(errs, badOpt("state", "state needs a backend: redis"))
+	}
+	switch st.OnUnavailable {
+	case "", "local", "reject":
+	default:
+		errs = append(errs, badOpt("on_unavailable", "state on_unavailable %q: want local or reject", st.OnUnavailable))
+	}
+	errs = append(errs, within("state ", st.Redis.validate()))
+	return errors.Join(errs...)
+}
+
+// validate checks the Redis settings without resolving placeholders.
+func (r *RedisConfig) validate() error {
+	if r == nil {
+		return nil
+	}
+	var errs []error
+	if r.Address == "" {
+		errs = append(errs, badOpt("address", "redis needs an address (host:port)"))
+	}
+	if r.DB < 0 {
+		errs = append(errs, badOpt("db", "redis db must not be negative, got %d", r.DB))
+	}
+	errs = append(errs,
+		positive(r.given, "lease_ttl", r.LeaseTTL, "redis lease_ttl"),
+		positive(r.given, "timeout", r.Timeout, "redis timeout"),
+	)
+	if r.LeaseTTL > 0 && r.Timeout > 0 && r.Timeout >= r.LeaseTTL {
+		errs = append(errs, bad([]string{"lease_ttl", "timeout"}, "redis timeout must be shorter than lease_ttl, got %v and %v",
+			time.Duration(r.Timeout), time.Duration(r.LeaseTTL)))
+	}
+	errs = append(errs, r.TLS.validate())
+	return errors.Join(errs...)
+}
+
+// validate checks one header_up operation.
+func (op *HeaderOpConfig) validate() error {
+	switch op.Op {
+	case "set", "add", "delete":
+	default:
+		return badOpt("header_up", "header_up op %q: want set, add or delete", op.Op)
+	}
+	if op.Field == "" || strings.ContainsAny(op.Field, " \t\r\n:") {
+		return badOpt("header_up", "header_up: invalid field name %q", op.Field)
+	}
+	if strings.ContainsAny(op.Value, "\r\n") {
+		return badOpt("header_up", "header_up %s: the value must not hold a line break", op.Field)
+	}
+	if op.Op == "delete" && op.Value != "" {
+		return badOpt("header_up", "header_up -%s takes no value", op.Field)
 	}
 	return nil
 }
 
-func contains(list []string, s string) bool {
-	for _, v := range list {
-		if v == s {
-			return true
-		}
+// validate checks TLS options.
+func (t *TLSConfig) validate() error {
+	if t == nil {
+		return nil
 	}
-	return false
+	if slices.Contains(t.TrustedCACertFiles, "") {
+		return badOpt("tls_trusted_ca_certs", "tls_trusted_ca_certs: empty file name")
+	}
+	return nil
+}
+
+// options names the TLS options set, as the Caddyfile spells them.
+func (t *TLSConfig) options() []string {
+	if t == nil {
+		return nil
+	}
+	var opts []string
+	if t.InsecureSkipVerify {
+		opts = append(opts, "tls_insecure_skip_verify")
+	}
+	if t.ServerName != "" {
+		opts = append(opts, "tls_server_name")
+	}
+	if len(t.TrustedCACertFiles) > 0 {
+		opts = append(opts, "tls_trusted_ca_certs")
+	}
+	return opts
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 )
@@ -44,6 +45,13 @@ const (
 	StrategyLatency    = "latency"
 )
 
+// StrategyNames lists every strategy NewStrategy knows, the default
+// (priority) first. Config validation and the Caddyfile parser use it.
+var StrategyNames = []string{
+	StrategyPriority, StrategyRoundRobin, StrategyLeastConn,
+	StrategyWeighted, StrategyRandom, StrategyLatency,
+}
+
 // NewStrategy returns the strategy of that name ("" is priority). Each call
 // returns a fresh strategy with its own state.
 func NewStrategy(name string) (Strategy, error) {
@@ -61,7 +69,7 @@ func NewStrategy(name string) (Strategy, error) {
 	case StrategyLatency:
 		return latencyStrategy{}, nil
 	}
-	return nil, fmt.Errorf("unknown strategy %q (want priority, round_robin, least_conn, weighted, random or latency)", name)
+	return nil, fmt.Errorf("unknown strategy %q (want one of %s)", name, strings.Join(StrategyNames, ", "))
 }
 
 // cmpPriority orders by priority (lower first), ties in config order.

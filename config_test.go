@@ -1,0 +1,334 @@
+package browserfailover
+
+import (
+	"encoding/json"
+	"fmt"
+	"strings"
+	"testing"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig"
+)
+
+// parityCase is one option value written both ways: as Caddyfile lines and
+// as JSON members, placed in the same scope.
+type parityCase struct {
+	scope string // handler, provider, cooldown, provider_cooldown, queue, session, redis, state or raw
+	url   string // the provider's URL (provider scopes); default ws://h:1
+	cf    string // Caddyfile lines in the scope ("\n" between options)
+	js    string // the same as JSON members in the scope
+	ok    bool   // both accept (else both reject)
+}
+
+var parityCases = []parityCase{
+	// The handler's own options.
+	{scope: "handler", cf: "strategy weighted", js: `"strategy":"weighted"`, ok: true},
+	{scope: "handler", cf: "strategy fastest", js: `"strategy":"fastest"`},
+	{scope: "handler", cf: `strategy ""`, js: `"strategy":""`, ok: true}, // the default in both
+	{scope: "handler", cf: "connect_timeout 1s", js: `"connect_timeout":"1s"`, ok: true},
+	{scope: "handler", cf: "connect_timeout 0", js: `"connect_timeout":0`},
+	{scope: "handler", cf: "connect_timeout 0s", js: `"connect_timeout":"0s"`},
+	{scope: "handler", cf: "connect_timeout -1s", js: `"connect_timeout":"-1s"`},
+	{scope: "handler", cf: "try_duration 0", js: `"try_duration":0`, ok: true},
+	{scope: "handler", cf: "try_duration -1s", js: `"try_duration":"-1s"`},
+	{scope: "handler", cf: "max_attempts 0", js: `"max_attempts":0`, ok: true},
+	{scope: "handler", cf: "max_attempts 2", js: `"max_attempts":2`, ok: true},
+	{scope: "handler", cf: "max_attempts -1", js: `"max_attempts":-1`},
+	{scope: "handler", cf: "hedge_after 0", js: `"hedge_after":0`, ok: true},
+	{scope: "handler", cf: "hedge_after 250ms", js: `"hedge_after":"250ms"`, ok: true},
+	{scope: "handler", cf: "hedge_after -1ms", js: `"hedge_after":"-1ms"`},
+	{scope: "handler", cf: "hedge_max 0", js: `"hedge_max":0`},
+	{scope: "handler", cf: "hedge_max 1", js: `"hedge_max":1`},
+	{scope: "handler", cf: "hedge_max -1", js: `"hedge_max":-1`},
+	{scope: "handler", cf: "hedge_max 2", js: `"hedge_max":2`, ok: true},
+	{scope: "handler", cf: "discovery off", js: `"discovery":false`, ok: true},
+	{scope: "handler", cf: "affinity header X-S", js: `"affinity":{"source":"header","name":"X-S"}`, ok: true},
+	{scope: "handler", cf: "affinity body X-S", js: `"affinity":{"source":"body","name":"X-S"}`},
+	{scope: "handler", cf: `affinity cookie ""`, js: `"affinity":{"source":"cookie","name":""}`},
+	{scope: "handler", cf: "client_limit {http.auth.user.id} 1", js: `"client_limit":{"key":"{http.auth.user.id}","limit":1}`, ok: true},
+	{scope: "handler", cf: "client_limit {http.auth.user.id} 0", js: `"client_limit":{"key":"{http.auth.user.id}","limit":0}`},
+	{scope: "handler", cf: "client_limit user 1", js: `"client_limit":{"key":"user","limit":1}`},
+	{scope: "handler", cf: "webhook http://h/in {\nevents cooldown\n}", js: `"webhooks":[{"url":"http://h/in","events":["cooldown"]}]`, ok: true},
+	{scope: "handler", cf: "webhook http://h/in {\nevents exploded\n}", js: `"webhooks":[{"url":"http://h/in","events":["exploded"]}]`},
+
+	// A provider's options.
+	{scope: "provider", cf: "weight 1", js: `"weight":1`, ok: true},
+	{scope: "provider", cf: "weight 3", js: `"weight":3`, ok: true},
+	{scope: "provider", cf: "weight 0", js: `"weight":0`},
+	{scope: "provider", cf: "weight -1", js: `"weight":-1`},
+	{scope: "provider", cf: "priority 0", js: `"priority":0`, ok: true},
+	{scope: "provider", cf: "priority -5", js: `"priority":-5`, ok: true},
+	{scope: "provider", cf: "max_concurrent 0", js: `"max_concurrent":0`, ok: true},
+	{scope: "provider", cf: "max_concurrent -1", js: `"max_concurrent":-1`},
+	{scope: "provider", cf: "connect_timeout 2s", js: `"connect_timeout":"2s"`, ok: true},
+	{scope: "provider", cf: "connect_timeout 0", js: `"connect_timeout":0`},
+	{scope: "provider", cf: "header_up +X-A b", js: `"headers_up":[{"op":"add","field":"X-A","value":"b"}]`, ok: true},
+	{scope: "provider", cf: `header_up X-A ""`, js: `"headers_up":[{"op":"set","field":"X-A","value":""}]`, ok: true},
+	{scope: "provider", cf: "header_up -X-A b", js: `"headers_up":[{"op":"delete","field":"X-A","value":"b"}]`},
+	{scope: "provider", cf: "header_up X:Y b", js: `"headers_up":[{"op":"set","field":"X:Y","value":"b"}]`},
+	{scope: "provider", cf: "pass_query", js: `"pass_query":true`, ok: true},
+	{scope: "provider", cf: "discover off", js: `"discover":false`, ok: true},
+	{scope: "provider", cf: "discover on", js: `"discover":true`},
+	{scope: "provider", url: "http://h:1", cf: "discover on", js: `"discover":true`, ok: true},
+	{scope: "provider", cf: "protocol cdp", js: `"protocol":"cdp"`, ok: true},
+	{scope: "provider", cf: `protocol ""`, js: `"protocol":""`, ok: true}, // any, in both
+	{scope: "provider", cf: "protocol bidi", js: `"protocol":"bidi"`},
+	{scope: "provider", cf: "protocol playwright\nplaywright_version 1.65", js: `"protocol":"playwright","playwright_version":"1.65"`, ok: true},
+	{scope: "provider", cf: "playwright_version 1.65", js: `"playwright_version":"1.65"`},
+	{scope: "provider", cf: "protocol playwright\nplaywright_version 1.65.1", js: `"protocol":"playwright","playwright_version":"1.65.1"`},
+	{scope: "provider", cf: "tls_server_name h", js: `"tls":{"server_name":"h"}`},
+	{scope: "provider", url: "wss://h:1", cf: "tls_server_name h", js: `"tls":{"server_name":"h"}`, ok: true},
+	{scope: "provider", url: "wss://h:1", cf: `tls_trusted_ca_certs ""`, js: `"tls":{"trusted_ca_certs":[""]}`},
+	{scope: "provider", url: "{env.BROWSER_URL}", ok: true},
+	{scope: "provider", url: "{env.BROWSER_URL}", cf: "discover on", js: `"discover":true`, ok: true}, // judged once resolved
+	{scope: "provider", url: "wss://h/?key={env.KEY}", ok: true},
+	{scope: "provider", url: "{env.SCHEME}://h:1"},
+	{scope: "provider", url: "ftp://h:1"},
+	{scope: "provider", url: "h:1"},
+
+	// Cooldown, the handler's and a provider's.
+	{scope: "cooldown", cf: "duration 1s", js: `"duration":"1s"`, ok: true},
+	{scope: "cooldown", cf: "duration 0", js: `"duration":0`},
+	{scope: "cooldown", cf: "duration -1s", js: `"duration":"-1s"`},
+	{scope: "cooldown", cf: "max_duration 0", js: `"max_duration":0`},
+	{scope: "cooldown", cf: "window 30s", js: `"window":"30s"`, ok: true},
+	{scope: "cooldown", cf: "window 0", js: `"window":0`},
+	{scope: "cooldown", cf: "failure_threshold 0.25", js: `"failure_threshold":0.25`, ok: true},
+	{scope: "cooldown", cf: "failure_threshold 1", js: `"failure_threshold":1`, ok: true},
+	{scope: "cooldown", cf: "failure_threshold 0", js: `"failure_threshold":0`},
+	{scope: "cooldown", cf: "failure_threshold 1.5", js: `"failure_threshold":1.5`},
+	{scope: "cooldown", cf: "failure_threshold -0.1", js: `"failure_threshold":-0.1`},
+	{scope: "cooldown", cf: "min_requests 0", js: `"min_requests":0`, ok: true}, // the default, in both
+	{scope: "cooldown", cf: "min_requests 5", js: `"min_requests":5`, ok: true},
+	{scope: "cooldown", cf: "min_requests -1", js: `"min_requests":-1`},
+	{scope: "cooldown", cf: "duration 1m\nmax_duration 10s", js: `"duration":"1m","max_duration":"10s"`},
+	{scope: "provider_cooldown", cf: "duration 1s", js: `"duration":"1s"`, ok: true},
+	{scope: "provider_cooldown", cf: "failure_threshold 0", js: `"failure_threshold":0`},
+	{scope: "provider_cooldown", cf: "window 0", js: `"window":0`},
+
+	// Queue and session.
+	{scope: "queue", cf: "size 0", js: `"size":0`, ok: true}, // no queue, in both
+	{scope: "queue", cf: "size 5", js: `"size":5`, ok: true},
+	{scope: "queue", cf: "size -1", js: `"size":-1`},
+	{scope: "queue", cf: "timeout 5s", js: `"timeout":"5s"`, ok: true},
+	{scope: "queue", cf: "timeout 0", js: `"timeout":0`},
+	{scope: "queue", cf: "timeout -1s", js: `"timeout":"-1s"`},
+	{scope: "session", cf: "idle_timeout 0", js: `"idle_timeout":0`, ok: true},
+	{scope: "session", cf: "max_duration 1h", js: `"max_duration":"1h"`, ok: true},
+	{scope: "session", cf: "idle_timeout -1s", js: `"idle_timeout":"-1s"`},
+
+	// Shared state.
+	{scope: "redis", cf: "db 0", js: `"db":0`, ok: true},
+	{scope: "redis", cf: "db -1", js: `"db":-1`},
+	{scope: "redis", cf: "lease_ttl 1s", js: `"lease_ttl":"1s"`, ok: true},
+	{scope: "redis", cf: "lease_ttl 0", js: `"lease_ttl":0`},
+	{scope: "redis", cf: "timeout 0", js: `"timeout":0`},
+	{scope: "redis", cf: "lease_ttl 1s\ntimeout 2s", js: `"lease_ttl":"1s","timeout":"2s"`},
+	{scope: "redis", cf: "password {env.P}\nkey_prefix bf:", js: `"password":"{env.P}","key_prefix":"bf:"`, ok: true},
+	{scope: "redis", cf: "tls\ntls_server_name r", js: `"tls":{"server_name":"r"}`, ok: true},
+	{scope: "state", cf: "on_unavailable reject", js: `"on_unavailable":"reject"`, ok: true},
+	{scope: "state", cf: "on_unavailable wait", js: `"on_unavailable":"wait"`},
+
+	// Whole configs.
+	{scope: "raw", cf: "", js: `{}`}, // no providers
+	{scope: "raw", cf: "provider a ws://h:1\nprovider a ws://h:2",
+		js: `{"providers":[{"name":"a","url":"ws://h:1"},{"name":"a","url":"ws://h:2"}]}`},
+	{scope: "raw", cf: "cooldown {\nmax_duration 1m\n}\nprovider a ws://h:1 {\ncooldown {\nduration 10m\n}\n}",
+		js: `{"cooldown":{"max_duration":"1m"},"providers":[{"name":"a","url":"ws://h:1","cooldown":{"duration":"10m"}}]}`},
+	{scope: "raw", cf: "cooldown {\nmax_duration 1m\n}\nprovider a ws://h:1 {\ncooldown {\nduration 10m\nmax_duration 20m\n}\n}",
+		js: `{"cooldown":{"max_duration":"1m"},"providers":[{"name":"a","url":"ws://h:1","cooldown":{"duration":"10m","max_duration":"20m"}}]}`, ok: true},
+}
+
+// build returns the case as a Caddyfile directive and as a handler's JSON.
+func (tc parityCase) build() (cf, js string) {
+	url := tc.url
+	if url == "" {
+		url = "ws://h:1"
+	}
+	members := func(ms ...string) string {
+		var out []string
+		for _, m := range ms {
+			if m != "" {
+				out = append(out, m)
+			}
+		}
+		return "{" + strings.Join(out, ",") + "}"
+	}
+	const provider = `{"name":"a","url":"ws://h:1"}`
+	directive := func(lines string) string { return "browser_failover {\n" + lines + "\n}" }
+	switch tc.scope {
+	case "handler":
+		return directive("provider a ws://h:1\n" + tc.cf), members(`"providers":[`+provider+`]`, tc.js)
+	case "provider":
+		return directive(fmt.Sprintf("provider a %s {\n%s\n}", url, tc.cf)),
+			members(`"providers":[` + members(`"name":"a"`, fmt.Sprintf(`"url":%q`, url), tc.js) + `]`)
+	case "provider_cooldown":
+		return directive("provider a ws://h:1 {\ncooldown {\n" + tc.cf + "\n}\n}"),
+			members(`"providers":[` + members(`"name":"a","url":"ws://h:1"`, `"cooldown":`+members(tc.js)) + `]`)
+	case "cooldown", "queue", "session":
+		return directive("provider a ws://h:1\n" + tc.scope + " {\n" + tc.cf + "\n}"),
+			members(`"providers":[`+provider+`]`, fmt.Sprintf("%q:", tc.scope)+members(tc.js))
+	case "redis":
+		return directive("provider a ws://h:1\nstate redis h:6379 {\n" + tc.cf + "\n}"),
+			members(`"providers":[`+provider+`]`, `"state":{"redis":`+members(`"address":"h:6379"`, tc.js)+`}`)
+	case "state":
+		return directive("provider a ws://h:1\nstate redis h:6379 {\n" + tc.cf + "\n}"),
+			members(`"providers":[`+provider+`]`, `"state":`+members(`"redis":{"address":"h:6379"}`, tc.js))
+	case "raw":
+		return directive(tc.cf), tc.js
+	}
+	panic("unknown scope " + tc.scope)
+}
+
+// TestParity: every value is accepted by both the Caddyfile and JSON, or
+// rejected by both; an accepted value means the same in both; and what the
+// Caddyfile parser accepts also passes check() once adapted to JSON (the
+// parser misses no rule).
+func TestParity(t *testing.T) {
+	for _, tc := range parityCases {
+		cf, js := tc.build()
+		name := tc.scope + ": " + strings.ReplaceAll(tc.cf+tc.url, "\n", "; ")
+		t.Run(name, func(t *testing.T) {
+			fromCF, adaptErr, cfErr := fromCaddyfile(t, cf)
+			fromJS, jsErr := fromJSON([]byte(js))
+			if (cfErr == nil) != (jsErr == nil) || (cfErr == nil) != tc.ok {
+				t.Fatalf("want ok=%v in both\nCaddyfile: %v\n%s\nJSON: %v\n%s", tc.ok, cfErr, cf, jsErr, js)
+			}
+			if adaptErr == nil && cfErr != nil {
+				t.Fatalf("the Caddyfile parser accepted what check() rejects: %v", cfErr)
+			}
+			if tc.ok {
+				a, _ := json.Marshal(fromCF)
+				b, _ := json.Marshal(fromJS)
+				if string(a) != string(b) {
+					t.Fatalf("the same value means different things:\nCaddyfile: %s\nJSON:      %s", a, b)
+				}
+			}
+		})
+	}
+}
+
+// fromCaddyfile adapts a browser_failover directive as caddy adapt does
+// and loads the handler's JSON as Caddy does; adaptErr is the adapter's
+// error, err the first error of the two.
+func fromCaddyfile(t *testing.T, directive string) (h *Handler, adaptErr, err error) {
+	t.Helper()
+	out, _, adaptErr := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(":8080\n"+directive), map[string]any{"filename": "Caddyfile"})
+	if adaptErr != nil {
+		return nil, adaptErr, adaptErr
+	}
+	var doc any
+	if err := json.Unmarshal(out, &doc); err != nil {
+		t.Fatal(err)
+	}
+	raw := findHandler(doc)
+	if raw == nil {
+		t.Fatalf("no browser_failover handler in %s", out)
+	}
+	// Caddy takes the module name out before decoding the rest.
+	delete(raw, "handler")
+	b, _ := json.Marshal(raw)
+	h, err = fromJSON(b)
+	return h, nil, err
+}
+
+// fromJSON loads a handler's JSON as Caddy does (strictly) and checks it.
+func fromJSON(b []byte) (*Handler, error) {
+	h := new(Handler)
+	if err := caddy.StrictUnmarshalJSON(b, h); err != nil {
+		return nil, err
+	}
+	return h, h.check()
+}
+
+// findHandler returns the first browser_failover handler object in doc.
+func findHandler(doc any) map[string]any {
+	switch v := doc.(type) {
+	case map[string]any:
+		if v["handler"] == "browser_failover" {
+			return v
+		}
+		for _, c := range v {
+			if h := findHandler(c); h != nil {
+				return h
+			}
+		}
+	case []any:
+		for _, c := range v {
+			if h := findHandler(c); h != nil {
+				return h
+			}
+		}
+	}
+	return nil
+}
+
+// TestJSONStatedZero: an explicit 0 is told from a left-out option, however
+// JSON spells the key, and null is the same as left out.
+func TestJSONStatedZero(t *testing.T) {
+	for js, ok := range map[string]bool{
+		`{"providers":[{"name":"a","url":"ws://h:1"}]}`:                         true,
+		`{"providers":[{"name":"a","url":"ws://h:1","weight":null}]}`:           true,
+		`{"providers":[{"name":"a","url":"ws://h:1","weight":0}]}`:              false,
+		`{"providers":[{"name":"a","url":"ws://h:1","Weight":0}]}`:              false,
+		`{"providers":[{"name":"a","url":"ws://h:1"}],"HEDGE_MAX":0}`:           false,
+		`{"providers":[{"name":"a","url":"ws://h:1"}],"queue":{}}`:              true,
+		`{"providers":[{"name":"a","url":"ws://h:1"}],"queue":{"timeout":0}}`:   false,
+		`{"providers":[{"name":"a","url":"ws://h:1"}],"colour":"blue"}`:         false,
+		`{"providers":[{"name":"a","url":"ws://h:1","colour":"blue"}]}`:         false,
+		`{"providers":[{"name":"a","url":"ws://h:1","cooldown":{"colour":1}}]}`: false,
+	} {
+		h := new(Handler)
+		err := json.Unmarshal([]byte(js), h)
+		if err == nil {
+			err = h.check()
+		}
+		if (err == nil) != ok {
+			t.Errorf("%s: error %v, want ok=%v", js, err, ok)
+		}
+	}
+}
+
+// TestPlaceholderURLAtProvision: a provider URL that is a placeholder as a
+// whole passes the config check and is checked once resolved, when the
+// handler is provisioned, with an error naming the provider and never the
+// URL's secrets.
+func TestPlaceholderURLAtProvision(t *testing.T) {
+	const secret = "s3cr3tK3y"
+	cases := []struct {
+		url, extra, want string
+	}{
+		{"", "", `provider "a": URL scheme "" is not one of ws, wss, http, https`},
+		{"ftp://h:1/?key=" + secret, "", `provider "a": URL scheme "ftp" is not one of ws, wss, http, https`},
+		{"ws:///path?key=" + secret, "", `provider "a": URL has no host`},
+		{"ws://h:1/%zz?key=" + secret, "", `provider "a": invalid URL`},
+		{"wss://h:1/?key=" + secret, `,"discover":true`, `provider "a": discover on needs an http:// or https:// URL`},
+		{"ws://h:1/?key=" + secret, `,"tls":{"server_name":"h"}`, `provider "a": TLS options need a wss:// or https:// URL`},
+		{"ws://127.0.0.1:1/?key=" + secret, "", ""},
+	}
+	for _, tc := range cases {
+		t.Setenv("BF_TEST_BROWSER_URL", tc.url)
+		handler := `{"handler":"browser_failover","providers":[{"name":"a","url":"{env.BF_TEST_BROWSER_URL}"` + tc.extra + `}]}`
+		var h Handler
+		if err := json.Unmarshal([]byte(strings.Replace(handler, `"handler":"browser_failover",`, "", 1)), &h); err != nil {
+			t.Fatal(err)
+		}
+		if err := h.check(); err != nil {
+			t.Fatalf("%q: check() rejects a whole placeholder: %v", tc.url, err)
+		}
+		cfg := `{"admin":{"disabled":true},"apps":{"http":{"servers":{"s":{"listen":["127.0.0.1:0"],"routes":[{"handle":[` + handler + `]}]}}}}}`
+		var c caddy.Config
+		if err := json.Unmarshal([]byte(cfg), &c); err != nil {
+			t.Fatal(err)
+		}
+		err := caddy.Validate(&c)
+		switch {
+		case tc.want == "" && err != nil:
+			t.Errorf("%q: %v", tc.url, err)
+		case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)):
+			t.Errorf("%q: error %v, want %q", tc.url, err, tc.want)
+		case err != nil && strings.Contains(err.Error(), secret):
+			t.Errorf("%q: the error shows a secret: %v", tc.url, err)
+		}
+	}
+}
