@@ -97,6 +97,10 @@ func New(o Options) (*Provider, error) {
 	if o.Name == "" {
 		return nil, fmt.Errorf("provider without a name")
 	}
+	if strings.TrimSpace(o.URL) == "" {
+		// Typically a placeholder whose variable is unset.
+		return nil, fmt.Errorf("provider %q: the URL is empty (is its environment variable set?)", o.Name)
+	}
 	u, err := url.Parse(o.URL)
 	if err != nil {
 		return nil, fmt.Errorf("provider %q: invalid URL (%s)", o.Name, urlErrorCause(err))
@@ -126,7 +130,9 @@ func New(o Options) (*Provider, error) {
 	case "https":
 		p.scheme, p.httpScheme, p.Discover = "wss", "https", true
 	default:
-		return nil, fmt.Errorf("provider %q: URL scheme %q is not one of ws, wss, http, https", o.Name, u.Scheme)
+		// The "scheme" of a value like user:pass@host is the user name:
+		// it is not repeated.
+		return nil, fmt.Errorf("provider %q: URL must start with ws://, wss://, http:// or https://", o.Name)
 	}
 	if o.Discover != nil {
 		if *o.Discover && (p.scheme == "ws" || p.scheme == "wss") && (u.Scheme == "ws" || u.Scheme == "wss") {
