@@ -47,8 +47,8 @@ type handlerRuntime struct {
 	routed bool
 	// pools holds, per class of client, the members that can serve it
 	// and their own strategy (poolOf).
-	pools *sync.Map
-	shared     *shared // state redis; nil when state is per node
+	pools  *sync.Map
+	shared *shared // state redis; nil when state is per node
 }
 
 // member is one provider of this handler: its dialer and its process-wide
