@@ -141,7 +141,18 @@ func lastSessionAttempts(t *testing.T, g *testgw.Gateway, n int) (string, []stri
 // attempts words of the 503 body.
 func reject503(t *testing.T, g *testgw.Gateway) []string {
 	t.Helper()
-	resp, err := http.DefaultClient.Do(upgradeRequest(t, g.HTTP("/")))
+	// Like dial, it tries again when the connection is reset before any
+	// answer: right after a reload the old listener may still take it.
+	var resp *http.Response
+	var err error
+	for try := 0; ; try++ {
+		resp, err = http.DefaultClient.Do(upgradeRequest(t, g.HTTP("/")))
+		if err != nil && try < 2 && resetBeforeAnswer(err) {
+			time.Sleep(50 * time.Millisecond)
+			continue
+		}
+		break
+	}
 	if err != nil {
 		t.Fatal(err)
 	}
