@@ -419,7 +419,7 @@ func (c *connect) attemptInTurn(ctx context.Context, ps *passState) passEnd {
 		}
 		res := m.up.Connect(ctx, c.hs, c.replace)
 		c.record(m, res.Outcome)
-		switch c.conclude(ps, m, permit, res, false) {
+		switch c.h.conclude(ps, m, permit, res, false) {
 		case verdictSuccess:
 			c.lease = lease
 			return c.establish(m, res.Conn)
@@ -506,7 +506,7 @@ func (c *connect) attemptHedged(ctx context.Context, ps *passState) passEnd {
 			delete(live, l.f)
 			l.f.cancel()
 			c.record(l.f.m, l.res.Outcome)
-			switch c.conclude(ps, l.f.m, l.f.permit, l.res, false) {
+			switch c.h.conclude(ps, l.f.m, l.f.permit, l.res, false) {
 			case verdictSuccess:
 				if l.f.hedge {
 					observe.HedgeWon(l.f.m.up.Name)
@@ -574,14 +574,9 @@ const (
 	verdictGone                   // the client went away
 )
 
-// conclude is step 5 for one attempt of this client.
-func (c *connect) conclude(ps *passState, m *member, permit cooldown.Permit, res upstreams.Result, lost bool) verdict {
-	return c.h.conclude(ps, m, permit, res, lost)
-}
-
-// conclude classifies one attempt's outcome and settles it: the provider's
-// health, its slot and its last error, the same way for serial and hedged
-// attempts. lost marks a hedge loser, whose 101 (if any) nobody will use:
+// 5. Settle: conclude classifies one attempt's outcome and settles it: the
+// provider's health, its slot and its last error, the same way for serial
+// and hedged attempts. lost marks a hedge loser, whose 101 (if any) nobody will use:
 // it is closed and counts as neither success nor failure. ps, when not nil,
 // learns what the outcome means for the rest of the pass.
 func (h *Handler) conclude(ps *passState, m *member, permit cooldown.Permit, res upstreams.Result, lost bool) verdict {
