@@ -7,6 +7,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/caddyserver/caddy/v2"
 	"go.uber.org/zap"
 
 	"github.com/browserfailover/caddy-browser-failover/cluster"
@@ -20,10 +21,11 @@ import (
 // The failover chain: one client's way through the gateway, top to bottom.
 // ServeHTTP has already checked that the request is a WebSocket upgrade.
 //
-//  1. join       Recognise the client: what it speaks (CDP, or Playwright
-//                and its version), its affinity key and its client_limit
-//                key. Take its client_limit share, waiting in the queue
-//                while its key is at the limit.
+//  1. join       Name the client (its session ID) and recognise it: what
+//                it speaks (CDP, or Playwright and its version), its
+//                affinity key and its client_limit key. Take its
+//                client_limit share, waiting in the queue while its key is
+//                at the limit.
 //  2. order      The strategy orders the providers this client can use,
 //                rotating per pool.
 //  3. skip       Providers drained, full, in cooldown, left to clients that
@@ -33,8 +35,9 @@ import (
 //                starts beside a slow one.
 //  5. settle     Each attempt's outcome goes to its provider's health the
 //                same way on both paths, and says whether the pass goes on.
-//  6. establish  The provider's 101 goes to the client once the session
-//                counts as live.
+//  6. establish  The provider's 101, naming the session, goes to the
+//                client once the session counts as live and is listed in
+//                the session registry.
 //  7. relay      Bytes both ways until a side ends (upstreams.Session).
 //
 // A pass (steps 2–6) that finds nothing puts the client in the queue for a
@@ -56,13 +59,18 @@ type connect struct {
 	r       *http.Request
 	hs      *upstreams.Handshake
 	replace func(string) string
+	repl    *caddy.Replacer // nil outside Caddy
 	start   time.Time
+	// id names the client's session (session_id.go).
+	id string
 
 	cls  *class
 	pool *poolOf // the handler's members that can serve the client
 
 	attempts                    []attempt
 	hedgesStarted, hedgesWasted int
+	// tries counts the provider attempts made (skips are not attempts).
+	tries int
 
 	// Waiting.
 	mark    uint64 // the queue's offer counter before the first pass
@@ -95,9 +103,11 @@ type class struct {
 
 // chain runs the whole chain for one upgrade.
 func (h *Handler) chain(w http.ResponseWriter, r *http.Request, hs *upstreams.Handshake) {
-	c := &connect{h: h, w: w, r: r, hs: hs, start: time.Now(), mark: pool.Waiting.Mark()}
+	c := &connect{h: h, w: w, r: r, hs: hs, start: time.Now(), mark: pool.Waiting.Mark(), id: newSessionID()}
 	if repl := replacerOf(r); repl != nil {
+		c.repl = repl
 		c.replace = func(s string) string { return repl.ReplaceKnown(s, "") }
+		repl.Set(PlaceholderSessionID, c.id)
 	}
 	// 1. Join.
 	if !c.join() {
@@ -550,6 +560,7 @@ func (c *connect) abandon(live map[*flight]struct{}, results <-chan landing) {
 	for f := range live {
 		f.cancel()
 		c.add(attempt{Provider: f.m.up.Name, Outcome: upstreams.WordHedgeLost, MS: roundMS(time.Since(f.start))})
+		c.tries++
 		c.hedgesWasted++
 		observe.HedgeWasted(f.m.up.Name)
 	}
@@ -668,6 +679,7 @@ func (h *Handler) settle(st *pool.Provider, p cooldown.Permit, r cooldown.Result
 // the debug log.
 func (c *connect) record(m *member, o upstreams.Outcome) {
 	c.add(attempt{Provider: m.up.Name, Outcome: o.Word, MS: roundMS(o.Elapsed)})
+	c.tries++
 	observe.Attempt(m.up.Name, o)
 	if ce := c.h.logger.Check(zap.DebugLevel, "attempt"); ce != nil {
 		fields := []zap.Field{
@@ -719,9 +731,10 @@ func (c *connect) establish(m *member, up *upstreams.Conn) passEnd {
 	}
 	// The provider's 101 goes to the client only once the session counts
 	// as live, so a client never holds a session that status and
-	// max_concurrent do not see yet.
+	// max_concurrent do not see yet. It names the session.
+	answer := up.Answer.RawWithHeader(SessionHeader, c.id)
 	c.relay(m, conn, up, pending, func() {
-		if _, err := conn.Write(up.Answer.Raw); err != nil {
+		if _, err := conn.Write(answer); err != nil {
 			conn.Close() // the relay ends at once and frees the slot
 		}
 	})
@@ -738,6 +751,7 @@ func (c *connect) establishStream(m *member, up *upstreams.Conn) passEnd {
 			hd[k] = vs
 		}
 	}
+	hd.Set(SessionHeader, c.id)
 	rc := http.NewResponseController(c.w)
 	sc := newStreamConn(c.r, c.w, rc)
 	s := c.relay(m, sc, up, nil, func() {
@@ -752,14 +766,16 @@ func (c *connect) establishStream(m *member, up *upstreams.Conn) passEnd {
 	return passEstablished
 }
 
-// 7. Relay: relay registers the session with its provider, hands it what
-// the client held (its quota share, its cluster-wide slot), answers the
-// client (greet) and runs the relay.
+// 7. Relay: relay registers the session with its provider and in the
+// session registry, hands it what the client held (its quota share, its
+// cluster-wide slot), sets the placeholders of what the chain learnt,
+// answers the client (greet) and runs the relay.
 func (c *connect) relay(m *member, client netConn, up *upstreams.Conn, pending []byte, greet func()) *upstreams.Session {
 	st := m.state
 	c.served(m)
 	end := &sessionEnd{
 		logger:   c.h.logger,
+		id:       c.id,
 		provider: m.up.Name,
 		attempts: c.attempts,
 		waited:   c.waited,
@@ -795,7 +811,12 @@ func (c *connect) relay(m *member, client netConn, up *upstreams.Conn, pending [
 			end.log(s)
 		},
 	})
-	st.Establish(s)
+	info := pool.SessionInfo{ID: c.id, Protocol: string(c.cls.proto), RemoteIP: remoteIP(c.r), Attempts: c.tries}
+	if quota != nil {
+		info.Client = quota.Shown()
+	}
+	st.Establish(s, info)
+	c.learnt(m.up.Name)
 	if greet != nil {
 		greet()
 	}

@@ -45,14 +45,18 @@ func (c *connect) finish(rp *reply) {
 	c.releaseHolds()
 	c.observeWait()
 	if rp == nil {
+		c.learnt("")
 		if ce := c.h.logger.Check(zap.DebugLevel, "client went away"); ce != nil {
-			ce.Write(zap.Array("attempts", attempts(c.attempts)), zap.Float64("queue_wait_ms", roundMS(c.waited)))
+			ce.Write(zap.String("session_id", c.id), zap.Array("attempts", attempts(c.attempts)), zap.Float64("queue_wait_ms", roundMS(c.waited)))
 		}
 		return
 	}
+	c.learnt(rp.provider)
+	c.w.Header().Set(SessionHeader, c.id)
 	rp.write(c.w, c.r)
 	c.h.obs.Rejected(rp.status, rp.reason, len(c.attempts))
 	c.h.logger.Info("rejected",
+		zap.String("session_id", c.id),
 		zap.String("provider", rp.provider),
 		zap.Array("attempts", attempts(c.attempts)),
 		zap.Float64("queue_wait_ms", roundMS(c.waited)),
@@ -146,7 +150,7 @@ func (c *connect) relayed(res upstreams.Result) *reply {
 		write: func(w http.ResponseWriter, r *http.Request) {
 			hd := w.Header()
 			for k, vs := range res.Answer.Header {
-				if upstreams.HopByHop(k) || k == "Content-Length" {
+				if upstreams.HopByHop(k) || k == "Content-Length" || k == SessionHeader {
 					continue
 				}
 				hd[k] = vs
@@ -196,6 +200,7 @@ func (h *Handler) retryAfter() int {
 // request alive.
 type sessionEnd struct {
 	logger   *zap.Logger
+	id       string
 	provider string
 	attempts attempts
 	waited   time.Duration
@@ -206,6 +211,7 @@ type sessionEnd struct {
 func (e *sessionEnd) log(s *upstreams.Session) {
 	observe.SessionEnded(e.provider, time.Since(s.Start()))
 	e.logger.Info("session ended",
+		zap.String("session_id", e.id),
 		zap.String("provider", e.provider),
 		zap.Array("attempts", e.attempts),
 		zap.Float64("queue_wait_ms", roundMS(e.waited)),

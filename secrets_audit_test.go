@@ -4,7 +4,8 @@ package browserfailover_test
 // in header_up values, and a webhook's signing secret and URL token; a
 // short chaos soak; then every output of the process is searched for each
 // secret in raw, URL-encoded and base64 forms: the log file, the status
-// JSON, /metrics, the events, the webhook bodies, and every answer body
+// JSON, the sessions list, /metrics, the dashboard page and its JSON and
+// action answers, the events, the webhook bodies, and every answer body
 // clients got.
 
 import (
@@ -92,8 +93,18 @@ func TestSecretsAudit(t *testing.T) {
 		if code, b := opAdminQuiet(g, "/browser_failover/status"); code == http.StatusOK {
 			record("status", b)
 		}
+		if code, b := opAdminQuiet(g, "/browser_failover/sessions"); code == http.StatusOK {
+			record("sessions", b)
+		}
 		if code, b := opAdminQuiet(g, "/metrics"); code == http.StatusOK {
 			record("metrics", b)
+		}
+		for _, p := range []string{"/dash/", "/dash/status.json", "/dash/sessions.json"} {
+			if resp, err := http.Get(g.HTTP(p)); err == nil {
+				b, _ := io.ReadAll(resp.Body)
+				resp.Body.Close()
+				record("dashboard "+p, b)
+			}
 		}
 	}
 	d := soakDuration(t, 4*time.Second, 3*time.Second)
@@ -134,6 +145,12 @@ func TestSecretsAudit(t *testing.T) {
 			if err := json.Unmarshal(g.Config(h), &cfg); err != nil {
 				t.Fatal(err)
 			}
+			// The dashboard beside the gateway, with its controls.
+			srv := cfg["apps"].(map[string]any)["http"].(map[string]any)["servers"].(map[string]any)["gw"].(map[string]any)
+			srv["routes"] = append([]any{map[string]any{
+				"match":  []any{map[string]any{"path": []string{"/dash/*"}}},
+				"handle": []any{map[string]any{"handler": "browser_failover_dashboard", "controls": true}},
+			}}, srv["routes"].([]any)...)
 			cfg["apps"].(map[string]any)["events"] = map[string]any{"subscriptions": []any{map[string]any{
 				"events":   []string{"browser_failover.cooldown", "browser_failover.recovered", "browser_failover.rejected"},
 				"handlers": []any{map[string]any{"handler": "op_capture"}},
@@ -210,8 +227,49 @@ func TestSecretsAudit(t *testing.T) {
 		t.Fatalf("status without the hashed client key or the cluster: %s", stBody)
 	}
 	record("status with client keys", stBody)
+	code, ssBody := opAdmin(t, g, http.MethodGet, "/browser_failover/sessions")
+	if code != http.StatusOK || !bytes.Contains(ssBody, []byte(pool.ShownKey(apiKey))) {
+		t.Fatalf("sessions list without the hashed client key: %s", ssBody)
+	}
+	record("sessions with client keys", ssBody)
+	scrape(g)
+	// Ending them answers their objects: once from the admin API, once
+	// from the dashboard.
+	var live struct {
+		Sessions []struct {
+			ID     string `json:"id"`
+			Client string `json:"client"`
+		} `json:"sessions"`
+	}
+	json.Unmarshal(ssBody, &live)
+	var ends []string
+	for _, s := range live.Sessions {
+		if s.Client == pool.ShownKey(apiKey) {
+			ends = append(ends, s.ID)
+		}
+	}
+	if len(ends) != 2 {
+		t.Fatalf("%d keyed sessions listed, want 2: %s", len(ends), ssBody)
+	}
+	code, endBody := opAdmin(t, g, http.MethodDelete, "/browser_failover/sessions/"+ends[0])
+	if code != http.StatusOK {
+		t.Fatalf("DELETE: %d %s", code, endBody)
+	}
+	record("admin end session", endBody)
+	req, _ := http.NewRequest(http.MethodPost, g.HTTP("/dash/sessions/"+ends[1]+"/end"), nil)
+	req.Header.Set("X-Browser-Failover-Dashboard", "1")
+	dresp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	endBody, _ = io.ReadAll(dresp.Body)
+	dresp.Body.Close()
+	if dresp.StatusCode != http.StatusOK {
+		t.Fatalf("dashboard end: %d %s", dresp.StatusCode, endBody)
+	}
+	record("dashboard end session", endBody)
 	for _, c := range keyed {
-		c.Close(websocket.StatusNormalClosure, "")
+		c.CloseNow()
 	}
 	// Redis gone: what the gateway says about it is an output too.
 	rs.Stop()
@@ -270,6 +328,9 @@ func TestSecretsAudit(t *testing.T) {
 	}
 	out := outputs.String()
 	mu.Unlock()
+	if !strings.Contains(out, "=== dashboard /dash/\n<!DOCTYPE html>") || !strings.Contains(out, "=== dashboard /dash/status.json\n{\"providers\":[{") {
+		t.Fatal("the audit did not read the dashboard's page and JSON")
+	}
 	if !strings.Contains(out, "REDACTED@") || !strings.Contains(out, "apiKey=REDACTED") || !strings.Contains(out, "token=REDACTED") {
 		t.Fatal("the status does not show the redacted URLs")
 	}

@@ -282,10 +282,12 @@ func (p *Provider) UnreserveFailed() {
 // SkippedFull notes that a client passed the provider over as full.
 func (p *Provider) SkippedFull() { p.skippedFull.Store(true) }
 
-// Establish turns a reserved slot into a live session.
-func (p *Provider) Establish(s *upstreams.Session) {
+// Establish turns a reserved slot into a live session, listed in the
+// session registry under info (its Provider is set here).
+func (p *Provider) Establish(s *upstreams.Session, info SessionInfo) {
 	p.live.Add(1)
-	track(s)
+	info.Provider = p.name
+	track(s, info)
 }
 
 // End frees a live session's slot.
@@ -423,54 +425,6 @@ func (p *Provider) WakeAt(t time.Time) { Waiting.OfferAt(p.Resource(), t) }
 // flight).
 func (p *Provider) HasRoom() bool {
 	return !p.Draining() && !p.Full() && p.Health.Available()
-}
-
-// The live sessions of the process, for shutdown.
-var (
-	sessionsMu sync.Mutex
-	sessions   = map[*upstreams.Session]struct{}{}
-)
-
-func track(s *upstreams.Session) {
-	sessionsMu.Lock()
-	sessions[s] = struct{}{}
-	sessionsMu.Unlock()
-}
-
-func untrack(s *upstreams.Session) {
-	sessionsMu.Lock()
-	delete(sessions, s)
-	sessionsMu.Unlock()
-}
-
-// LiveSessions counts the live sessions of the process.
-func LiveSessions() int {
-	sessionsMu.Lock()
-	defer sessionsMu.Unlock()
-	return len(sessions)
-}
-
-// CloseAll ends every live session with a close frame (code, reason) and
-// waits until they have ended or the deadline passes.
-func CloseAll(code int, reason string, deadline time.Time) {
-	sessionsMu.Lock()
-	all := make([]*upstreams.Session, 0, len(sessions))
-	for s := range sessions {
-		all = append(all, s)
-	}
-	sessionsMu.Unlock()
-	for _, s := range all {
-		s.Close(code, reason)
-	}
-	timer := time.NewTimer(time.Until(deadline))
-	defer timer.Stop()
-	for _, s := range all {
-		select {
-		case <-s.Done():
-		case <-timer.C:
-			return
-		}
-	}
 }
 
 // QueueInfo is what the status shows of one handler's wait queue.

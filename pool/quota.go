@@ -142,3 +142,6 @@ func Clients() []ClientCount {
 	})
 	return out
 }
+
+// Shown is how k's value appears in status and the session list.
+func (k QuotaKey) Shown() string { return ShownKey(k.Value) }

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Quick start: build Caddy with browser_failover (versions pinned in
 # xcaddy.json), start two local headless Chromium providers on 9222 and
-# 9223, and run the gateway in front of them on 127.0.0.1:8080.
+# 9223, and run the gateway in front of them on 127.0.0.1:8080, with its
+# dashboard on 127.0.0.1:8081.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -47,7 +48,11 @@ cat <<'MSG'
                 puppeteer.connect({ browserURL: 'http://127.0.0.1:8080' })
    Playwright:  chromium.connectOverCDP('http://127.0.0.1:8080')
    chromedp:    remote.NewAllocator(ctx, "ws://127.0.0.1:8080/")
+   Dashboard:   http://127.0.0.1:8081/   (this machine only; drain, undrain, reset, end sessions)
    Status:      curl -s http://127.0.0.1:2019/browser_failover/status
+   Sessions:    curl -s http://127.0.0.1:2019/browser_failover/sessions
+   End one:     curl -s -X DELETE http://127.0.0.1:2019/browser_failover/sessions/<id>
+   Caddy's access log lines below name each client's session_id and provider.
    Stop with Ctrl-C.
 MSG
 bin/caddy run --config examples/quickstart.Caddyfile --adapter caddyfile &

@@ -1,13 +1,18 @@
-// Package status owns the admin API of browser_failover (module
-// admin.api.browser_failover on Caddy's admin endpoint): the status JSON of
-// every provider and queue, and the operator's drain, undrain and reset.
-// It reads and changes only the process-wide pool, never a handler: the
-// admin server is rebuilt before the apps of a new config are provisioned.
+// Package status owns what operators see and do: the admin API of
+// browser_failover (module admin.api.browser_failover on Caddy's admin
+// endpoint) with the status JSON of every provider and queue, the
+// operator's drain, undrain and reset, the live sessions list and ending a
+// session; and the dashboard page (module
+// http.handlers.browser_failover_dashboard), which serves the same JSON and
+// actions on a site. It reads and changes only the process-wide pool, never
+// a handler: the admin server is rebuilt before the apps of a new config
+// are provisioned.
 package status
 
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"math"
 	"net/http"
@@ -38,14 +43,19 @@ func (Admin) CaddyModule() caddy.ModuleInfo {
 const (
 	StatusPath    = "/browser_failover/status"
 	ProvidersPath = "/browser_failover/providers/"
+	// SessionsPath lists the live sessions; SessionsPath + "/<id>" is one.
+	SessionsPath = "/browser_failover/sessions"
 )
 
-// Routes serves GET /browser_failover/status and
-// POST /browser_failover/providers/<name>/{drain,undrain,reset}.
+// Routes serves GET /browser_failover/status,
+// POST /browser_failover/providers/<name>/{drain,undrain,reset},
+// GET /browser_failover/sessions and DELETE /browser_failover/sessions/<id>.
 func (a Admin) Routes() []caddy.AdminRoute {
 	return []caddy.AdminRoute{
 		{Pattern: StatusPath, Handler: caddy.AdminHandlerFunc(a.handleStatus)},
 		{Pattern: ProvidersPath, Handler: caddy.AdminHandlerFunc(a.handleProvider)},
+		{Pattern: SessionsPath, Handler: caddy.AdminHandlerFunc(a.handleSessions)},
+		{Pattern: SessionsPath + "/", Handler: caddy.AdminHandlerFunc(a.handleSession)},
 	}
 }
 
@@ -247,22 +257,51 @@ func (Admin) handleProvider(w http.ResponseWriter, r *http.Request) error {
 		return notFound("want /browser_failover/providers/<name>/drain, undrain or reset")
 	}
 	name, action := rest[:i], rest[i+1:]
-	do, ok := actions[action]
-	if !ok {
-		return notFound(fmt.Sprintf("unknown action %q: want drain, undrain or reset", action))
+	if !IsAction(action) {
+		return notFound(unknownAction(action))
 	}
 	if r.Method != http.MethodPost {
 		return methodNotAllowed(w, "POST")
 	}
-	p, ok := pool.Lookup(name)
-	if !ok {
-		return notFound(fmt.Sprintf("no provider named %q", name))
+	out, err := Act(name, action)
+	if err != nil {
+		return notFound(err.Error())
 	}
-	do(p)
-	return writeJSON(w, r, Of(p))
+	return writeJSON(w, r, out)
 }
 
+// ErrNotFound marks an unknown provider, action or session.
+var ErrNotFound = errors.New("not found")
+
+// IsAction tells whether action is one of drain, undrain and reset.
+func IsAction(action string) bool {
+	_, ok := actions[action]
+	return ok
+}
+
+func unknownAction(action string) string {
+	return fmt.Sprintf("unknown action %q: want drain, undrain or reset", action)
+}
+
+// Act runs an operator's action (drain, undrain or reset) on the provider
+// called name and returns the provider's status object after it. An
+// unknown action or provider is an ErrNotFound.
+func Act(name, action string) (Provider, error) {
+	do, ok := actions[action]
+	if !ok {
+		return Provider{}, fmt.Errorf("%w: %s", ErrNotFound, unknownAction(action))
+	}
+	p, ok := pool.Lookup(name)
+	if !ok {
+		return Provider{}, fmt.Errorf("%w: no provider named %q", ErrNotFound, name)
+	}
+	do(p)
+	return Of(p), nil
+}
+
+// notFound is the admin API's 404; msg drops a leading "not found: ".
 func notFound(msg string) error {
+	msg = strings.TrimPrefix(msg, ErrNotFound.Error()+": ")
 	return caddy.APIError{HTTPStatus: http.StatusNotFound, Err: fmt.Errorf("%s", msg)}
 }
 

@@ -23,7 +23,9 @@ func serve(t *testing.T, method, path string) (*httptest.ResponseRecorder, error
 	t.Helper()
 	var h caddy.AdminHandler
 	for _, r := range (Admin{}).Routes() {
-		if r.Pattern == path || (r.Pattern == ProvidersPath && len(path) > len(ProvidersPath) && path[:len(ProvidersPath)] == ProvidersPath) {
+		// Like the admin server's mux: exact patterns, and patterns ending
+		// in "/" for their subtree.
+		if r.Pattern == path || (strings.HasSuffix(r.Pattern, "/") && len(path) > len(r.Pattern) && strings.HasPrefix(path, r.Pattern)) {
 			h = r.Handler
 		}
 	}

@@ -92,3 +92,43 @@ func FuzzReadAnswer(f *testing.F) {
 		ParseRetryAfter(a.Header.Get("Retry-After"), time.Now())
 	})
 }
+
+// TestRawWithHeader: the gateway's header goes in as the last header line
+// with the answer's own line ending, replaces a provider's line of the
+// same field, and the result parses back to the same answer plus it.
+func TestRawWithHeader(t *testing.T) {
+	cases := []struct{ name, in, want string }{
+		{"crlf",
+			"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n",
+			"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nBrowser-Failover-Session: abc\r\n\r\n"},
+		{"lf",
+			"HTTP/1.1 101 Switching Protocols\nUpgrade: websocket\n\n",
+			"HTTP/1.1 101 Switching Protocols\nUpgrade: websocket\nBrowser-Failover-Session: abc\n\n"},
+		{"replaces the provider's",
+			"HTTP/1.1 101 Switching Protocols\r\nbrowser-failover-session: theirs\r\nUpgrade: websocket\r\nBROWSER-FAILOVER-SESSION:x\r\n\r\n",
+			"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nBrowser-Failover-Session: abc\r\n\r\n"},
+		{"no headers", "HTTP/1.1 101 OK\r\n\r\n", "HTTP/1.1 101 OK\r\nBrowser-Failover-Session: abc\r\n\r\n"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			a, err := ReadAnswer(bufio.NewReader(strings.NewReader(tc.in)), MaxAnswerHeader)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := a.RawWithHeader("Browser-Failover-Session", "abc")
+			if string(got) != tc.want {
+				t.Fatalf("got %q\nwant %q", got, tc.want)
+			}
+			if string(a.Raw) != tc.in {
+				t.Fatal("Raw was changed")
+			}
+			b, err := ReadAnswer(bufio.NewReader(strings.NewReader(string(got)+"rest")), MaxAnswerHeader)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if v := b.Header.Values("Browser-Failover-Session"); len(v) != 1 || v[0] != "abc" || b.Status != a.Status {
+				t.Fatalf("parsed back: %d %v", b.Status, b.Header)
+			}
+		})
+	}
+}

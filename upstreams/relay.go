@@ -49,6 +49,9 @@ const (
 	EndMaxDuration    = "session time limit"
 	EndShutdown       = "server shutting down"
 	EndHedgeLost      = "hedge lost"
+	// EndOperator: an operator ended the session (the admin API's DELETE
+	// of the session, or the dashboard's end button).
+	EndOperator = "closed by operator"
 )
 
 // Session relays one established WebSocket session byte for byte between a

@@ -1,0 +1,188 @@
+// The dashboard page in a real headless Chromium, driven by Puppeteer:
+//
+//   node dashboard.mjs '<json>'
+//
+// with a JSON argument of:
+//   authURL      the page behind basic_auth (controls off)
+//   user, pass   its credentials
+//   controlsURL  the page on a localhost-only site (controls on)
+//   providers    every provider name the page must show
+//   session      the ID of a live session the page must show
+//   drain        the provider to drain from the page
+//   screenshot   where to save a PNG of the page
+//   bodies       where to write everything the browser loaded (the page's
+//                HTML and every JSON answer), for the caller's secret search
+//
+// It checks, and prints a line for each step:
+//   1. without credentials the page is refused (401);
+//   2. with them the page shows every provider and the session, no button,
+//      and an action from the page is refused (403: controls off);
+//   3. on the controls site the page shows the same; "Drain" on the
+//      provider (confirmed) makes status.json say it is draining and the row
+//      say so; the screenshot is taken; "End" on the session (confirmed)
+//      removes it from the page.
+// Exit 0 when every check held; 1 otherwise, with the reason on stderr.
+import puppeteer from 'puppeteer-core';
+import { writeFileSync } from 'node:fs';
+
+const cfg = JSON.parse(process.argv[2] || '{}');
+for (const k of ['authURL', 'user', 'pass', 'controlsURL', 'providers', 'session', 'drain', 'screenshot', 'bodies']) {
+  if (cfg[k] === undefined) {
+    console.error(`usage: node dashboard.mjs '<json>' (missing ${k})`);
+    process.exit(2);
+  }
+}
+const timeout = 20_000;
+const t0 = Date.now();
+const el = () => `[${((Date.now() - t0) / 1000).toFixed(1)}s]`;
+const guard = setTimeout(() => {
+  console.error('dashboard: gave up after 90s');
+  process.exit(1);
+}, 90_000);
+
+const loaded = []; // [url, status, body] of everything the pages loaded
+const pending = [];
+const tags = [];
+const dialogs = [];
+const external = [];
+
+function watch(page, origin) {
+  page.on('request', (req) => {
+    const u = req.url();
+    if (!u.startsWith(origin) && !u.startsWith('data:')) external.push(u);
+  });
+  page.on('response', (resp) => {
+    const tag = { url: resp.url(), done: false };
+    const pr = resp.text().finally(() => { tag.done = true; });
+    tags.push(tag);
+    pending.push(pr.then(
+      (body) => loaded.push([resp.url(), resp.status(), body]),
+      () => loaded.push([resp.url(), resp.status(), ''])));
+  });
+  page.on('dialog', async (d) => {
+    dialogs.push(d.message());
+    console.log(`DIALOG ${d.message()}`);
+    await d.accept();
+  });
+  page.on('pageerror', (err) => {
+    console.error(`page error: ${err}`);
+    process.exitCode = 1;
+  });
+  page.on('console', (m) => {
+    // A refused action is logged by Chromium as a failed load: expected
+    // where the script provokes one. Anything else (a blocked script, a
+    // policy violation) is a failure.
+    if (m.type() === 'error' && !m.text().startsWith('Failed to load resource')) {
+      console.error(`page console error: ${m.text()}`);
+      process.exitCode = 1;
+    }
+  });
+}
+
+// settle waits until every answer seen so far has been read, so that the
+// caller's secret search covers it; one not read within 10 s fails.
+async function settle() {
+  const all = pending.splice(0);
+  const late = new Promise((r) => setTimeout(r, 10_000, 'late'));
+  if (await Promise.race([Promise.all(all), late]) === 'late') {
+    throw new Error(`answers not read within 10s: ${tags.filter((t) => !t.done).map((t) => t.url).join(', ')}`);
+  }
+}
+
+// shows waits until the page lists every provider and the session.
+async function shows(page) {
+  for (const name of cfg.providers) {
+    await page.waitForSelector(`tr[data-provider=${JSON.stringify(name)}]`, { timeout });
+  }
+  await page.waitForSelector(`tr[data-session=${JSON.stringify(cfg.session)}]`, { timeout });
+}
+
+const browser = await puppeteer.launch({
+  executablePath: process.env.E2E_CHROMIUM || '/usr/bin/chromium',
+  headless: true,
+  args: ['--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run',
+    '--disable-background-networking', '--disable-component-update', '--disable-sync',
+    '--disable-dev-shm-usage'],
+  defaultViewport: { width: 1440, height: 900 },
+});
+try {
+  // 1 and 2: behind basic_auth, controls off.
+  {
+    const page = await browser.newPage();
+    watch(page, new URL(cfg.authURL).origin);
+    // (Chromium itself would stop at the 401 with an error page.)
+    for (const p of ['', 'status.json', 'sessions.json']) {
+      const refused = await fetch(cfg.authURL + p);
+      if (refused.status !== 401) throw new Error(`${p || 'the page'} without credentials: HTTP ${refused.status}, want 401`);
+    }
+    console.log(`${el()} STEP refused without credentials`);
+    await page.authenticate({ username: cfg.user, password: cfg.pass });
+    const ok = await page.goto(cfg.authURL, { timeout });
+    if (ok.status() !== 200) throw new Error(`with credentials: HTTP ${ok.status()}`);
+    await shows(page);
+    const buttons = await page.$$eval('button[data-action]', (bs) => bs.filter((b) => b.offsetParent !== null).length);
+    if (buttons !== 0) throw new Error(`${buttons} action buttons with controls off`);
+    const badge = await page.$eval('#controls', (e) => e.textContent);
+    if (badge !== 'off') throw new Error(`controls badge says ${badge}`);
+    // The page's own fetch, as a button would send it: refused.
+    const status = await page.evaluate(async (name) => {
+      const r = await fetch(`providers/${encodeURIComponent(name)}/drain`, { method: 'POST', headers: { 'X-Browser-Failover-Dashboard': '1' } });
+      await r.text();
+      return r.status;
+    }, cfg.drain);
+    if (status !== 403) throw new Error(`an action with controls off: HTTP ${status}, want 403`);
+    console.log(`${el()} STEP basic_auth page shows every provider and the session, no controls`);
+    await settle();
+    await page.close();
+  }
+
+  // 3: the localhost-only site, controls on, under a stripped prefix.
+  const page = await browser.newPage();
+  watch(page, new URL(cfg.controlsURL).origin);
+  const resp = await page.goto(cfg.controlsURL, { timeout });
+  if (resp.status() !== 200) throw new Error(`controls page: HTTP ${resp.status()}`);
+  await shows(page);
+  console.log(`${el()} STEP controls page shows every provider and the session`);
+
+  const drained = page.waitForResponse(async (r) => {
+    if (!r.url().endsWith('/status.json')) return false;
+    const st = await r.json().catch(() => null);
+    return !!st && st.providers.some((p) => p.name === cfg.drain && p.draining === true);
+  }, { timeout });
+  await page.click(`tr[data-provider=${JSON.stringify(cfg.drain)}] button[data-action="drain"]`);
+  await drained;
+  await page.waitForFunction((name) => {
+    const b = document.querySelector(`tr[data-provider=${JSON.stringify(name)}] .badge`);
+    return b && b.textContent === 'draining';
+  }, { timeout }, cfg.drain);
+  if (!dialogs.some((d) => d.includes(cfg.drain))) throw new Error('drain did not ask for confirmation');
+  console.log(`${el()} STEP drained ${cfg.drain}: status.json says draining`);
+
+  // Let a countdown tick once, then take the picture.
+  await new Promise((r) => setTimeout(r, 1200));
+  await page.screenshot({ path: cfg.screenshot, fullPage: true });
+  console.log(`${el()} STEP screenshot ${cfg.screenshot}`);
+
+  const before = dialogs.length;
+  await page.click(`tr[data-session=${JSON.stringify(cfg.session)}] button[data-action="end"]`);
+  await page.waitForFunction((id) => !document.querySelector(`tr[data-session=${JSON.stringify(id)}]`), { timeout }, cfg.session);
+  if (dialogs.length !== before + 1 || !dialogs[dialogs.length - 1].includes(cfg.session)) {
+    throw new Error('ending the session did not ask for confirmation');
+  }
+  console.log(`${el()} STEP ended ${cfg.session} from the page`);
+  const banner = await page.$eval('#banner', (e) => e.textContent);
+  if (banner) throw new Error(`the page shows an error: ${banner}`);
+  await settle();
+  await page.close();
+
+  if (external.length) throw new Error(`the page loaded from elsewhere: ${external.join(', ')}`);
+  writeFileSync(cfg.bodies, loaded.map(([u, s, b]) => `=== ${s} ${u}\n${b}\n`).join(''));
+  console.log(`${el()} STEP ${loaded.length} answers written`);
+} catch (err) {
+  console.error(`dashboard: ${err && err.stack ? err.stack : err}`);
+  process.exitCode = 1;
+} finally {
+  await browser.close().catch(() => {});
+  clearTimeout(guard);
+}
+process.exit(process.exitCode || 0);

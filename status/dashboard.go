@@ -1,0 +1,239 @@
+package status
+
+import (
+	"bytes"
+	"crypto/sha256"
+	_ "embed"
+	"encoding/base64"
+	"encoding/json"
+	"net/http"
+	"net/url"
+	"regexp"
+	"strconv"
+	"strings"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+)
+
+func init() {
+	caddy.RegisterModule(Dashboard{})
+}
+
+// Dashboard is the handler module http.handlers.browser_failover_dashboard:
+// a page for people, with the status of every provider and queue, the
+// client quotas and the live sessions, refreshed every 2 s, and (with
+// Controls) buttons for the operator's actions. Caddy's admin API refuses
+// a browser's navigation, so the page is served on a site, behind whatever
+// guards the site sets (basic_auth, forward_auth, a localhost-only
+// listener).
+//
+// It answers, at the path it is routed on (any prefix; handle_path too):
+//
+//	GET  <path>                              the page (one HTML document, nothing external)
+//	GET  <path>/status.json                  the status document, as the admin API's
+//	GET  <path>/sessions.json                the live sessions, as the admin API's
+//	POST <path>/providers/<name>/<action>    drain, undrain or reset (Controls)
+//	POST <path>/sessions/<id>/end            end a session (Controls)
+//
+// The JSON and the actions are recognised by the end of the path; every
+// other GET is the page. The actions answer 403 while Controls is off, and
+// to any request that is not the page's own: it must carry the header
+// X-Browser-Failover-Dashboard, which a cross-site form cannot send and a
+// cross-site script cannot send without the site's consent, and its Origin
+// and Sec-Fetch-Site, when present, must say same origin.
+type Dashboard struct {
+	// Controls shows the action buttons and allows the actions; default
+	// off (a read-only page).
+	Controls bool `json:"controls,omitempty"`
+
+	page []byte
+}
+
+// CaddyModule returns the Caddy module information.
+func (Dashboard) CaddyModule() caddy.ModuleInfo {
+	return caddy.ModuleInfo{
+		ID:  "http.handlers.browser_failover_dashboard",
+		New: func() caddy.Module { return new(Dashboard) },
+	}
+}
+
+// DashboardHeader is the header the page's own actions carry.
+const DashboardHeader = "X-Browser-Failover-Dashboard"
+
+//go:embed dashboard.html
+var dashboardHTML []byte
+
+// dashboardCSP lets the page run only its own inline script and style
+// (by their hashes) and talk only to its own origin: no external script,
+// style, font or image could load even if one slipped into the page, and
+// no other site may frame it.
+var dashboardCSP = func() string {
+	hash := func(tag string) string {
+		m := regexp.MustCompile(`(?s)<` + tag + `>(.*?)</` + tag + `>`).FindSubmatch(dashboardHTML)
+		if m == nil {
+			panic("dashboard.html has no <" + tag + ">")
+		}
+		sum := sha256.Sum256(m[1])
+		return "'sha256-" + base64.StdEncoding.EncodeToString(sum[:]) + "'"
+	}
+	return "default-src 'none'; script-src " + hash("script") + "; style-src " + hash("style") +
+		"; connect-src 'self'; img-src data:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
+}()
+
+// Provision renders the page for this handler's Controls setting.
+func (d *Dashboard) Provision(caddy.Context) error {
+	on := "off"
+	if d.Controls {
+		on = "on"
+	}
+	d.page = bytes.Replace(dashboardHTML, []byte("{{controls}}"), []byte(on), 1)
+	return nil
+}
+
+// ServeHTTP serves the page, its JSON and its actions; it never calls
+// next.
+func (d *Dashboard) ServeHTTP(w http.ResponseWriter, r *http.Request, _ caddyhttp.Handler) error {
+	segs := strings.Split(r.URL.EscapedPath(), "/")
+	n := len(segs)
+	switch {
+	case segs[n-1] == "status.json":
+		return d.serveJSON(w, r, func() any { return Snapshot() })
+	case segs[n-1] == "sessions.json":
+		return d.serveJSON(w, r, func() any { return ListSessions() })
+	case n >= 3 && segs[n-3] == "providers":
+		name, err := url.PathUnescape(segs[n-2])
+		if err != nil || name == "" {
+			return dashError(w, http.StatusNotFound, "bad provider name in the path")
+		}
+		action := segs[n-1]
+		if !IsAction(action) {
+			return dashError(w, http.StatusNotFound, unknownAction(action))
+		}
+		if !d.allowed(w, r) {
+			return nil
+		}
+		out, err := Act(name, action)
+		if err != nil {
+			return dashError(w, http.StatusNotFound, strings.TrimPrefix(err.Error(), ErrNotFound.Error()+": "))
+		}
+		return dashJSON(w, r, http.StatusOK, out)
+	case n >= 3 && segs[n-3] == "sessions" && segs[n-1] == "end":
+		if !d.allowed(w, r) {
+			return nil
+		}
+		id, err := url.PathUnescape(segs[n-2])
+		if err != nil {
+			return dashError(w, http.StatusNotFound, "bad session ID in the path")
+		}
+		out, err := EndSession(id)
+		if err != nil {
+			return dashError(w, http.StatusNotFound, strings.TrimPrefix(err.Error(), ErrNotFound.Error()+": "))
+		}
+		return dashJSON(w, r, http.StatusOK, out)
+	}
+	if r.Method != http.MethodGet && r.Method != http.MethodHead {
+		w.Header().Set("Allow", "GET, HEAD")
+		return dashError(w, http.StatusMethodNotAllowed, "the dashboard page answers GET")
+	}
+	hd := w.Header()
+	hd.Set("Content-Type", "text/html; charset=utf-8")
+	hd.Set("Content-Length", strconv.Itoa(len(d.page)))
+	hd.Set("Content-Security-Policy", dashboardCSP)
+	setPrivate(hd)
+	w.WriteHeader(http.StatusOK)
+	if r.Method != http.MethodHead {
+		w.Write(d.page)
+	}
+	return nil
+}
+
+// serveJSON answers a GET or HEAD of one of the page's JSON documents.
+func (d *Dashboard) serveJSON(w http.ResponseWriter, r *http.Request, v func() any) error {
+	if r.Method != http.MethodGet && r.Method != http.MethodHead {
+		w.Header().Set("Allow", "GET, HEAD")
+		return dashError(w, http.StatusMethodNotAllowed, "this document answers GET")
+	}
+	return dashJSON(w, r, http.StatusOK, v())
+}
+
+// allowed checks an action request, answering it when it may not act: a
+// POST (405 otherwise), with Controls on, from the page itself.
+// (A failed write of the refusal has nobody to tell.)
+func (d *Dashboard) allowed(w http.ResponseWriter, r *http.Request) bool {
+	switch {
+	case r.Method != http.MethodPost:
+		w.Header().Set("Allow", "POST")
+		dashError(w, http.StatusMethodNotAllowed, "actions are POSTs")
+	case !d.Controls:
+		dashError(w, http.StatusForbidden, "controls are off on this dashboard (browser_failover_dashboard { controls on } turns them on)")
+	case !sameOrigin(r):
+		dashError(w, http.StatusForbidden, "refused: an action must come from the dashboard page itself")
+	default:
+		return true
+	}
+	return false
+}
+
+// sameOrigin tells whether an action request comes from the page: it
+// carries DashboardHeader, and its Origin and Sec-Fetch-Site, when the
+// browser sent them, say same origin.
+func sameOrigin(r *http.Request) bool {
+	if r.Header.Get(DashboardHeader) == "" {
+		return false
+	}
+	if site := r.Header.Get("Sec-Fetch-Site"); site != "" && site != "same-origin" {
+		return false
+	}
+	if o := r.Header.Get("Origin"); o != "" {
+		u, err := url.Parse(o)
+		if err != nil || !strings.EqualFold(u.Host, r.Host) {
+			return false
+		}
+	}
+	return true
+}
+
+// setPrivate marks an answer as not to be stored, sniffed or referred.
+func setPrivate(hd http.Header) {
+	hd.Set("Cache-Control", "no-store")
+	hd.Set("X-Content-Type-Options", "nosniff")
+	hd.Set("Referrer-Policy", "no-referrer")
+	hd.Set("X-Frame-Options", "DENY")
+}
+
+func dashJSON(w http.ResponseWriter, r *http.Request, status int, v any) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return caddyhttp.Error(http.StatusInternalServerError, err)
+	}
+	b = append(b, '\n')
+	hd := w.Header()
+	hd.Set("Content-Type", "application/json")
+	hd.Set("Content-Length", strconv.Itoa(len(b)))
+	setPrivate(hd)
+	w.WriteHeader(status)
+	if r.Method == http.MethodHead {
+		return nil
+	}
+	_, err = w.Write(b)
+	return err
+}
+
+func dashError(w http.ResponseWriter, status int, msg string) error {
+	b, _ := json.Marshal(map[string]string{"error": msg})
+	b = append(b, '\n')
+	hd := w.Header()
+	hd.Set("Content-Type", "application/json")
+	hd.Set("Content-Length", strconv.Itoa(len(b)))
+	setPrivate(hd)
+	w.WriteHeader(status)
+	_, err := w.Write(b)
+	return err
+}
+
+// Interface guards.
+var (
+	_ caddy.Provisioner           = (*Dashboard)(nil)
+	_ caddyhttp.MiddlewareHandler = (*Dashboard)(nil)
+)
