@@ -411,3 +411,31 @@ func TestHTTP2SessionEnd(t *testing.T) {
 		return false
 	})
 }
+
+// TestDashboardDirectiveOrder: in a site block, basic_auth runs before the
+// dashboard and the dashboard before browser_failover, so a dashboard under
+// a path matcher sits beside the gateway without a route block.
+func TestDashboardDirectiveOrder(t *testing.T) {
+	cfg, err := adapt(t, `http://127.0.0.1:8080 {
+	browser_failover {
+		provider a ws://127.0.0.1:9/
+	}
+	browser_failover_dashboard /dash/* {
+		controls on
+	}
+	basic_auth /dash/* {
+		ops $2a$14$Zkx19XLiW6VYouLHR5NmfOFU0z2GTNmpkT/5qqR7hx4IjWJPDhjvG
+	}
+}`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	js := string(cfg)
+	auth, dash, gw := strings.Index(js, `"authentication"`), strings.Index(js, `"browser_failover_dashboard"`), strings.Index(js, `"handler":"browser_failover"`)
+	if auth < 0 || dash < 0 || gw < 0 || !(auth < dash && dash < gw) {
+		t.Fatalf("handler order: basic_auth at %d, dashboard at %d, browser_failover at %d in %s", auth, dash, gw, js)
+	}
+	if !strings.Contains(js, `"controls":true`) {
+		t.Fatalf("controls lost: %s", js)
+	}
+}

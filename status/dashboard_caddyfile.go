@@ -31,14 +31,15 @@ func (d *Dashboard) UnmarshalCaddyfile(disp *caddyfile.Dispenser) error {
 	if disp.NextArg() {
 		return disp.Errf("browser_failover_dashboard takes no arguments (options go in its block), got %q", disp.Val())
 	}
-	seen := false
+	var first *caddyfile.Token // the first controls line
 	for disp.NextBlock(0) {
 		switch disp.Val() {
 		case "controls":
-			if seen {
-				return disp.Err("controls given twice")
+			if first != nil {
+				return disp.Errf("controls given twice in the same block (first at %s:%d)", first.File, first.Line)
 			}
-			seen = true
+			tok := disp.Token()
+			first = &tok
 			if !disp.NextArg() {
 				return disp.Err("controls needs on or off")
 			}

@@ -246,7 +246,7 @@ func TestDashboardCaddyfile(t *testing.T) {
 		{"browser_failover_dashboard {\n controls\n}", false, "controls needs on or off, at Testfile:2"},
 		{"browser_failover_dashboard {\n controls yes\n}", false, `controls "yes": want on or off, at Testfile:2`},
 		{"browser_failover_dashboard {\n controls on off\n}", false, "controls takes one value"},
-		{"browser_failover_dashboard {\n controls on\n controls off\n}", false, "controls given twice, at Testfile:3"},
+		{"browser_failover_dashboard {\n controls on\n controls off\n}", false, "controls given twice in the same block (first at Testfile:2), at Testfile:3"},
 		{"browser_failover_dashboard {\n refresh 5s\n}", false, `unknown browser_failover_dashboard option "refresh" (want controls), at Testfile:2`},
 	} {
 		var d Dashboard
