@@ -87,9 +87,10 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //		}
 //		affinity header|query|cookie <name>
 //		discovery on|off
+//		forward_headers <field...>   # client fields the providers get too; X-* for a prefix
 //		webhook <url> {
 //			events <name...>   # cooldown, recovered, rejected; default all
-//			secret <value>     # signs each body (HMAC-SHA256)
+//			secret <value>     # signs each delivery (HMAC-SHA256 of <timestamp>.<body>)
 //		}
 //	}
 func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
@@ -200,6 +201,10 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				return err
 			}
 			h.State = st
+		case "forward_headers":
+			if err := parseForwardHeaders(d, h); err != nil {
+				return err
+			}
 		case "webhook":
 			wh, err := parseWebhook(d)
 			if err != nil {

@@ -52,6 +52,11 @@ type Handler struct {
 	HedgeMax int `json:"hedge_max,omitempty"`
 	// State shares slots and cooldowns with other gateway nodes.
 	State *StateConfig `json:"state,omitempty"`
+	// ForwardHeaders names the client's handshake fields that reach the
+	// providers besides Sec-WebSocket-Protocol, -Extensions, User-Agent
+	// and x-playwright-* (case-insensitive; a trailing "*" matches a
+	// prefix). Everything else stays at the gateway.
+	ForwardHeaders []string `json:"forward_headers,omitempty"`
 
 	// handlerRuntime is what Provision builds; nothing of it is config.
 	handlerRuntime
@@ -296,6 +301,9 @@ func (h *Handler) check() error {
 			errs = append(errs, fmt.Errorf("state on_unavailable %q: want local or reject", st.OnUnavailable))
 		}
 	}
+	if err := validateForwardHeaders(h.ForwardHeaders); err != nil {
+		errs = append(errs, err)
+	}
 	if h.HedgeAfter < 0 {
 		errs = append(errs, fmt.Errorf("hedge_after must not be negative"))
 	}
@@ -377,11 +385,22 @@ func checkCooldown(where string, c *CooldownConfig) error {
 	return nil
 }
 
-// checkURL checks a provider URL's form without resolving placeholders.
+// checkURL checks a provider URL's form without resolving placeholders; a
+// URL that begins with a placeholder is checked once resolved.
 func checkURL(p *ProviderConfig) error {
 	if p.URL == "" {
 		return fmt.Errorf("provider %q: no URL", p.Name)
 	}
+	if wholePlaceholder(p.URL) {
+		// Checked once resolved, at provision (resolveURL).
+		return nil
+	}
+	return checkURLForm(p)
+}
+
+// checkURLForm checks the form of a provider URL whose scheme is written
+// out.
+func checkURLForm(p *ProviderConfig) error {
 	scheme, _, ok := strings.Cut(p.URL, "://")
 	if !ok {
 		return fmt.Errorf("provider %q: URL must start with ws://, wss://, http:// or https://", p.Name)

@@ -47,8 +47,8 @@ type handlerRuntime struct {
 	routed bool
 	// pools holds, per class of client, the members that can serve it
 	// and their own strategy (poolOf).
-	pools *sync.Map
-	shared     *shared // state redis; nil when state is per node
+	pools  *sync.Map
+	shared *shared // state redis; nil when state is per node
 }
 
 // member is one provider of this handler: its dialer and its process-wide
@@ -89,13 +89,18 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	repl := caddy.NewReplacer()
 	base := h.Cooldown.toConfig()
 	for _, pc := range h.Providers {
+		resolved, err := resolveURL(pc, repl)
+		if err != nil {
+			return err
+		}
 		opts := upstreams.Options{
 			Name:           pc.Name,
-			URL:            repl.ReplaceKnown(pc.URL, ""),
+			URL:            resolved,
 			Priority:       defaultPriority,
 			Weight:         pc.Weight,
 			ConnectTimeout: time.Duration(h.ConnectTimeout),
 			PassQuery:      pc.PassQuery,
+			ForwardHeaders: h.ForwardHeaders,
 			Discover:       pc.Discover,
 		}
 		if pc.Priority != nil {
