@@ -146,6 +146,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if err := h.provisionShared(); err != nil {
 		return err
 	}
+	h.provisionClientKeys(ctx)
 
 	size, timeout := defaultQueueSize, defaultQueueTimeout
 	if q := h.Queue; q != nil {
