@@ -72,7 +72,7 @@ func (h *Handler) provisionClientKeys(ctx caddy.Context) {
 		}
 		return true
 	}
-	if agree() {
+	if sh.s.Usable() && agree() {
 		return
 	}
 	h.logger.Warn("shared state unavailable: client keys in the status are hashed with this node's own secret until Redis answers")
@@ -101,20 +101,31 @@ func storedSecret(ctx caddy.Context) ([]byte, error) {
 	if st == nil {
 		return nil, errors.New("no storage")
 	}
-	c, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	c, cancel := context.WithTimeout(context.Background(), 15*time.Second)
 	defer cancel()
+	load := func() ([]byte, error) {
+		b, err := st.Load(c, clientKeySecretStorageKey)
+		if err != nil {
+			if errors.Is(err, fs.ErrNotExist) {
+				return nil, nil
+			}
+			return nil, fmt.Errorf("loading %s: %w", clientKeySecretStorageKey, err)
+		}
+		if secret, err := hex.DecodeString(string(b)); err == nil && len(secret) >= 16 {
+			return secret, nil
+		}
+		return nil, nil // unreadable: made anew
+	}
+	if secret, err := load(); secret != nil || err != nil {
+		return secret, err
+	}
 	if err := st.Lock(c, clientKeySecretLock); err != nil {
 		return nil, fmt.Errorf("locking the storage: %w", err)
 	}
 	defer func() { _ = st.Unlock(context.Background(), clientKeySecretLock) }()
-	b, err := st.Load(c, clientKeySecretStorageKey)
-	if err == nil {
-		if secret, derr := hex.DecodeString(string(b)); derr == nil && len(secret) >= 16 {
-			return secret, nil
-		}
-		// Unreadable: replaced below.
-	} else if !errors.Is(err, fs.ErrNotExist) {
-		return nil, fmt.Errorf("loading %s: %w", clientKeySecretStorageKey, err)
+	// Another process may have made it meanwhile.
+	if secret, err := load(); secret != nil || err != nil {
+		return secret, err
 	}
 	secret := randomSecret()
 	if err := st.Store(c, clientKeySecretStorageKey, []byte(hex.EncodeToString(secret))); err != nil {
