@@ -70,6 +70,7 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //		}
 //		affinity header|query|cookie <name>
 //		discovery on|off
+//		forward_headers <field...>
 //		client_limit <placeholder> <n>
 //		hedge_after  <duration>
 //		hedge_max    <n>
@@ -155,6 +156,8 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			h.HedgeMax, err = intArg(d)
 		case "state":
 			h.State, err = r.parseState()
+		case "forward_headers":
+			err = parseForwardHeaders(d, h)
 		case "webhook":
 			var wh *observe.WebhookConfig
 			if wh, err = r.parseWebhook(); err == nil {

@@ -654,7 +654,7 @@ func (h *Handler) settle(st *pool.Provider, p cooldown.Permit, r cooldown.Result
 	case cooldown.CooledDown, cooldown.Skipped:
 		until := st.Health.Until()
 		st.WakeAt(until)
-		h.publishCooldown(st.Name(), until, st.Health.Streak())
+		h.publishHold(st, change)
 		h.logger.Info("provider cooling down",
 			zap.String("provider", st.Name()),
 			zap.Time("until", until),

@@ -78,6 +78,12 @@ type Handler struct {
 	// State shares live-session slots and cooldowns with the other gateway
 	// nodes using the same store. Default: each node keeps its own.
 	State *StateConfig `json:"state,omitempty"`
+	// ForwardHeaders names the client's handshake fields that reach the
+	// providers besides Sec-WebSocket-Key, -Version, -Protocol,
+	// -Extensions, User-Agent and x-playwright-* (case-insensitive; a
+	// trailing "*" matches a prefix; hop-by-hop fields never go).
+	// Everything else the client sent stays at the gateway. Default: none.
+	ForwardHeaders []string `json:"forward_headers,omitempty"`
 
 	// given holds the options stated explicitly (see explicit).
 	given explicit
@@ -498,6 +504,9 @@ func (h *Handler) validateOwn() error {
 	}
 	if (h.HedgeMax != 0 || h.given["hedge_max"]) && h.HedgeMax < 2 {
 		errs = append(errs, badOpt("hedge_max", "hedge_max must be at least 2 (attempts in flight at once), got %d", h.HedgeMax))
+	}
+	if err := validateForwardHeaders(h.ForwardHeaders); err != nil {
+		errs = append(errs, badOpt("forward_headers", "%v", err))
 	}
 	if len(h.Providers) == 0 {
 		errs = append(errs, &optionError{msg: "no providers: declare at least one provider", whole: true})

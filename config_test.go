@@ -298,8 +298,8 @@ func TestPlaceholderURLAtProvision(t *testing.T) {
 	cases := []struct {
 		url, extra, want string
 	}{
-		{"", "", `provider "a": the URL is empty (is its environment variable set?)`},
-		{"ftp://h:1/?key=" + secret, "", `provider "a": URL must start with ws://, wss://, http:// or https://`},
+		{"", "", `provider "a": the URL is empty once its placeholders are resolved (is the environment variable set?)`},
+		{"ftp://h:1/?key=" + secret, "", `provider "a": URL scheme "ftp" is not one of ws, wss, http, https`},
 		{"user:" + secret + "@h:1", "", `provider "a": URL must start with ws://, wss://, http:// or https://`},
 		{"ws:///path?key=" + secret, "", `provider "a": URL has no host`},
 		{"ws://h:1/%zz?key=" + secret, "", `provider "a": invalid URL`},

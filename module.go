@@ -89,13 +89,18 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	repl := caddy.NewReplacer()
 	base := h.Cooldown.toConfig()
 	for _, pc := range h.Providers {
+		resolved, err := resolveURL(pc, repl)
+		if err != nil {
+			return err
+		}
 		opts := upstreams.Options{
 			Name:           pc.Name,
-			URL:            repl.ReplaceKnown(pc.URL, ""),
+			URL:            resolved,
 			Priority:       defaultPriority,
 			Weight:         pc.Weight,
 			ConnectTimeout: time.Duration(h.ConnectTimeout),
 			PassQuery:      pc.PassQuery,
+			ForwardHeaders: h.ForwardHeaders,
 			Discover:       pc.Discover,
 		}
 		if pc.Priority != nil {
@@ -141,6 +146,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if err := h.provisionShared(); err != nil {
 		return err
 	}
+	h.provisionClientKeys(ctx)
 
 	size, timeout := defaultQueueSize, defaultQueueTimeout
 	if q := h.Queue; q != nil {

@@ -511,7 +511,11 @@ func TestWebhookCooldownSigned(t *testing.T) {
 		t.Fatalf("%d deliveries, want 1: %q", len(bodies), bodies)
 	}
 	body, hd := bodies[0], headers[0]
-	if got, want := hd.Get("X-Browser-Failover-Signature"), observe.Sign([]byte(secret), body); got != want {
+	ts, err := strconv.ParseInt(hd.Get("X-Browser-Failover-Timestamp"), 10, 64)
+	if err != nil || ts < start.Unix()-1 || ts > time.Now().Unix()+1 {
+		t.Fatalf("timestamp %q: %v", hd.Get("X-Browser-Failover-Timestamp"), err)
+	}
+	if got, want := hd.Get("X-Browser-Failover-Signature"), observe.Sign([]byte(secret), hd.Get("X-Browser-Failover-Timestamp"), body); got != want {
 		t.Fatalf("signature %q, want %q", got, want)
 	}
 	if hd.Get("Content-Type") != "application/json" || hd.Get("X-Browser-Failover-Event") != "browser_failover.cooldown" {

@@ -145,7 +145,7 @@ func TestNoProviderCouldServe502(t *testing.T) {
 }
 
 // keyedEcho is a provider that echoes and tracks live sessions per
-// X-Api-Key value (the gateway forwards the client's headers). A "bye"
+// X-Api-Key value (forwarded by forward_headers X-Api-Key). A "bye"
 // message makes it drop the session from its count and then close with
 // 1000: the count falls before the close frame leaves, so a gateway that
 // frees the client's slot only once the upstream is closed can never make
@@ -223,7 +223,7 @@ const apiKeyTemplate = "{http.request.header.X-Api-Key}"
 // count goes back to 0.
 func TestClientLimitWaitsPerKey(t *testing.T) {
 	up := startKeyedEcho(t)
-	g := testgw.Start(t, handler(`"client_limit":{"key":"`+apiKeyTemplate+`","limit":2},"queue":{"size":20,"timeout":"30s"}`,
+	g := testgw.Start(t, handler(`"forward_headers":["X-Api-Key"],"client_limit":{"key":"`+apiKeyTemplate+`","limit":2},"queue":{"size":20,"timeout":"30s"}`,
 		provider("cl-echo", "ws://"+up.addr+"/", "")))
 	keys := []string{"team-a-key-0001", "team-b-key-0002"}
 	var overLimit atomic.Bool
@@ -306,7 +306,7 @@ func TestClientLimitWaitsPerKey(t *testing.T) {
 // status JSON shows the key hashed, never its value.
 func TestClientLimit429(t *testing.T) {
 	up := startKeyedEcho(t)
-	g := testgw.Start(t, handler(`"client_limit":{"key":"`+apiKeyTemplate+`","limit":2},"queue":{"size":0}`,
+	g := testgw.Start(t, handler(`"forward_headers":["X-Api-Key"],"client_limit":{"key":"`+apiKeyTemplate+`","limit":2},"queue":{"size":0}`,
 		provider("cl429-echo", "ws://"+up.addr+"/", "")))
 	a := http.Header{"X-Api-Key": {"sk-team-a-secret-777"}}
 	b := http.Header{"X-Api-Key": {"sk-team-b-secret-888"}}
@@ -363,7 +363,7 @@ func TestClientLimit429(t *testing.T) {
 // key.
 func TestClientLimitOtherKeysPass(t *testing.T) {
 	up := startKeyedEcho(t)
-	g := testgw.Start(t, handler(`"client_limit":{"key":"`+apiKeyTemplate+`","limit":1},"queue":{"size":10,"timeout":"20s"}`,
+	g := testgw.Start(t, handler(`"forward_headers":["X-Api-Key"],"client_limit":{"key":"`+apiKeyTemplate+`","limit":1},"queue":{"size":10,"timeout":"20s"}`,
 		provider("clo-echo", "ws://"+up.addr+"/", "")))
 	a := http.Header{"X-Api-Key": {"key-a"}}
 	held, _, err := dial(t, g.WS("/"), &websocket.DialOptions{HTTPHeader: a})

@@ -2,20 +2,29 @@ package browserfailover_test
 
 // A secrets audit: credentials in provider URL user info and query values,
 // in header_up values, and a webhook's signing secret and URL token; a
-// short chaos soak; then every output of the process is searched for each
-// secret in raw, URL-encoded and base64 forms: the log file, the status
-// JSON, the sessions list, /metrics, the dashboard page and its JSON and
-// action answers, the events, the webhook bodies, and every answer body
-// clients got.
+// client's own credentials for the gateway (a cookie, a token header, a
+// bearer token, an API key used as its client_limit key); a short chaos
+// soak; then every output of the process is searched for each secret in
+// raw, URL-encoded and base64 forms: the log file, the status JSON, the
+// sessions list, /metrics, the dashboard page and its JSON and action
+// answers, the events, the webhook bodies and headers, and every answer
+// body clients got. No provider may get the client's credentials; the
+// client key shows only as an HMAC keyed with the deployment's secret,
+// which shows nowhere either.
 
 import (
 	"bytes"
+	"crypto/hmac"
+	"crypto/sha256"
 	"encoding/base64"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
 	"net/url"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -41,11 +50,16 @@ func TestSecretsAudit(t *testing.T) {
 		hookPass  = "wHkPaSs4"
 		redisPass = "rEdIsPaSs6"
 		apiKey    = "cLiEnTaPiKeY3"
+		// What a client sends for the gateway itself: none of it may reach
+		// a provider or show anywhere.
+		gwToken  = "gAtEwAyToKeN5"
+		gwCookie = "cOoKiElOgIn2"
+		gwBearer = "gWbEaReR7x"
 	)
 	t.Setenv("AUDIT_QUERY_SECRET", envQuery)
 	t.Setenv("AUDIT_HEADER_SECRET", header)
 	t.Setenv("AUDIT_REDIS_PASSWORD", redisPass)
-	secrets := []string{user, pass, query, envQuery, header, bearer, hookKey, hookToken, hookPass, redisPass, apiKey}
+	secrets := []string{user, pass, query, envQuery, header, bearer, hookKey, hookToken, hookPass, redisPass, apiKey, gwToken, gwCookie, gwBearer}
 
 	// Every form a secret could take on the way out.
 	var forms []string
@@ -64,6 +78,10 @@ func TestSecretsAudit(t *testing.T) {
 	add("Bearer " + bearer)
 	add(url.UserPassword(user, pass).String())
 	add("hook:" + hookPass)
+	// The unkeyed hash the status used to show of a client key: a likely
+	// value could be tried against it.
+	apiSum := sha256.Sum256([]byte(apiKey))
+	forms = append(forms, hex.EncodeToString(apiSum[:]), hex.EncodeToString(apiSum[:6]))
 
 	rv := newOpReceiver(t, nil)
 	defer rv.Close()
@@ -166,7 +184,17 @@ func TestSecretsAudit(t *testing.T) {
 		},
 		onTick: scrape,
 		onProviderRequest: func(r *http.Request) {
-			// What the providers got: the secrets were in use.
+			// What the providers got: the secrets were in use, and the
+			// client's own credentials for the gateway stayed there.
+			for k, vs := range r.Header {
+				for _, v := range vs {
+					for _, s := range []string{apiKey, gwToken, gwCookie, gwBearer} {
+						if strings.Contains(v, s) {
+							t.Errorf("a provider got the client's %s: %q", k, v)
+						}
+					}
+				}
+			}
 			mu.Lock()
 			got := r.Header.Get("Authorization") + " " + strings.Join(r.Header.Values("X-Api-Key"), ",") + " " + r.URL.RawQuery
 			for _, s := range []string{query, envQuery, header, bearer} {
@@ -216,7 +244,12 @@ func TestSecretsAudit(t *testing.T) {
 	// Sessions under a client key, shown in status while they live.
 	var keyed []*websocket.Conn
 	for range 2 {
-		c, _, err := dial(t, g.WS("/"), &websocket.DialOptions{HTTPHeader: http.Header{"X-Api-Key": {apiKey}}})
+		c, _, err := dial(t, g.WS("/"), &websocket.DialOptions{HTTPHeader: http.Header{
+			"X-Api-Key":       {apiKey},
+			"X-Gateway-Token": {gwToken},
+			"Cookie":          {"session=" + gwCookie},
+			"Authorization":   {"Bearer " + gwBearer},
+		}})
 		if err != nil {
 			t.Fatalf("keyed session: %v", err)
 		}
@@ -226,6 +259,23 @@ func TestSecretsAudit(t *testing.T) {
 	if code != http.StatusOK || !bytes.Contains(stBody, []byte(pool.ShownKey(apiKey))) || !bytes.Contains(stBody, []byte(`"cluster"`)) {
 		t.Fatalf("status without the hashed client key or the cluster: %s", stBody)
 	}
+	// The shown key is keyed with the deployment's secret kept in Caddy's
+	// storage, which itself shows nowhere.
+	stored, err := os.ReadFile(filepath.Join(g.Storage, "browser_failover", "client_key_secret"))
+	if err != nil {
+		t.Fatalf("the client key secret is not in the storage: %v", err)
+	}
+	keySecret, err := hex.DecodeString(string(stored))
+	if err != nil || len(keySecret) < 16 {
+		t.Fatalf("stored client key secret %q: %v", stored, err)
+	}
+	m := hmac.New(sha256.New, keySecret)
+	m.Write([]byte(apiKey))
+	if want := "hmac:" + hex.EncodeToString(m.Sum(nil)[:8]); pool.ShownKey(apiKey) != want {
+		t.Fatalf("shown key %s, want the HMAC with the stored secret %s", pool.ShownKey(apiKey), want)
+	}
+	add(string(stored))
+	add(string(keySecret))
 	record("status with client keys", stBody)
 	code, ssBody := opAdmin(t, g, http.MethodGet, "/browser_failover/sessions")
 	if code != http.StatusOK || !bytes.Contains(ssBody, []byte(pool.ShownKey(apiKey))) {
@@ -303,9 +353,22 @@ func TestSecretsAudit(t *testing.T) {
 	})
 	scrape(g)
 
-	hooked, _ := rv.got()
-	for _, b := range hooked {
+	hooked, hookHeaders := rv.got()
+	for i, b := range hooked {
 		record("webhook body", b)
+		// The gateway's own headers (the receiver's credentials from
+		// the webhook URL rightly go to it as Authorization).
+		own := http.Header{}
+		for k, v := range hookHeaders[i] {
+			if strings.HasPrefix(k, "X-Browser-Failover-") {
+				own[k] = v
+			}
+		}
+		if own.Get("X-Browser-Failover-Timestamp") == "" || own.Get("X-Browser-Failover-Signature") == "" {
+			t.Errorf("webhook delivery without timestamp or signature: %v", own)
+		}
+		hb, _ := json.Marshal(own)
+		record("webhook headers", hb)
 	}
 	events := opEvents("au-")
 	for _, e := range events {

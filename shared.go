@@ -9,12 +9,20 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/browserfailover/caddy-browser-failover/cluster"
+	"github.com/browserfailover/caddy-browser-failover/cooldown"
+	"github.com/browserfailover/caddy-browser-failover/pool"
 	"github.com/browserfailover/caddy-browser-failover/upstreams"
 )
 
 // Shared state (state redis): live-session slots are leases in Redis, so
-// max_concurrent holds across every gateway node, and a cooldown started by
-// one node is honoured by all.
+// max_concurrent holds across every gateway node, and a cooldown or a
+// 408/429 skip started by one node is honoured by all, as what it is.
+
+// poolClock is the clock the providers' health runs on (pool.Clock), for
+// the shared state to give the ends of cooldowns and skips on it.
+type poolClock struct{}
+
+func (poolClock) Now() time.Time { return pool.Clock.Now() }
 
 // WordStateUnavailable is the skip word of a provider passed over because
 // the shared state could not be reached (on_unavailable reject).
@@ -25,6 +33,7 @@ type shared struct {
 	s      *cluster.Shared
 	reject bool // on_unavailable reject
 	cancel func()
+	stop   chan struct{} // closed on Cleanup
 }
 
 // provisionShared opens the handler's shared state and subscribes to the
@@ -55,17 +64,22 @@ func (h *Handler) provisionShared() error {
 	if node == "" {
 		node = cluster.DefaultNode()
 	}
+	cfg.Clock = poolClock{}
 	s, err := cluster.Use(cfg, node, h.logger)
 	if err != nil {
 		return fmt.Errorf("state redis: %w", err)
 	}
-	h.shared = &shared{s: s, reject: st.OnUnavailable == "reject"}
+	h.shared = &shared{s: s, reject: st.OnUnavailable == "reject", stop: make(chan struct{})}
 	for _, m := range h.members {
 		m.state.SetCluster(s)
 	}
 	byName := make(map[string]*member, len(h.members))
 	for _, m := range h.members {
 		byName[m.up.Name] = m
+		// Renewals count its live sessions over every node, so this
+		// node's status and metrics show when they are above
+		// max_concurrent.
+		s.Store().Watch(m.up.Name)
 	}
 	h.shared.cancel = s.Store().Subscribe(func(e cluster.Event) {
 		m := byName[e.Provider]
@@ -76,9 +90,13 @@ func (h *Handler) provisionShared() error {
 		case cluster.EventReleased:
 			// A slot freed somewhere: waiters here may take it.
 			m.state.Notify()
-		case cluster.EventCooldown:
+		case cluster.EventCooldown, cluster.EventSkip:
 			if e.Node != s.Store().Node() {
-				h.adoptCooldown(s.Store(), m, e.Until, -1)
+				hold := cluster.Hold{CooldownUntil: e.Until, Streak: e.Streak}
+				if e.Kind == cluster.EventSkip {
+					hold = cluster.Hold{SkipUntil: e.Until}
+				}
+				h.adoptHold(m, hold)
 			}
 		case cluster.EventRecovered:
 			// An operator reset the provider through another node.
@@ -99,40 +117,54 @@ func (h *Handler) cleanupShared() {
 		return
 	}
 	h.shared.cancel()
+	close(h.shared.stop)
 	h.shared.s.Release()
 }
 
-// adoptCooldown takes on a cooldown another node started; streak -1 asks
-// the store for it.
-func (h *Handler) adoptCooldown(store *cluster.Store, m *member, until time.Time, streak int) {
-	if streak < 0 {
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		var err error
-		_, streak, err = store.Cooldown(ctx, m.up.Name)
-		cancel()
-		if err != nil {
-			streak = 0
-		}
-	}
-	if m.state.Health.Adopt(until, streak) {
-		m.state.WakeAt(until)
+// adoptHold takes on what another node learnt of a provider: a failure
+// cooldown as a cooldown (a single trial here too when it ends, the
+// doubling going on from the larger streak), a 408/429 skip as a skip (no
+// trial, no doubling, nothing counted).
+func (h *Handler) adoptHold(m *member, hold cluster.Hold) {
+	if !hold.CooldownUntil.IsZero() && m.state.Health.Adopt(hold.CooldownUntil, hold.Streak) {
+		m.state.WakeAt(hold.CooldownUntil)
 		h.logger.Info("provider cooling down",
 			zap.String("provider", m.up.Name),
-			zap.Time("until", until),
+			zap.Time("until", hold.CooldownUntil),
+			zap.String("reason", "shared"))
+	}
+	if !hold.SkipUntil.IsZero() && m.state.Health.AdoptSkip(hold.SkipUntil) {
+		m.state.WakeAt(hold.SkipUntil)
+		h.logger.Info("provider skipped",
+			zap.String("provider", m.up.Name),
+			zap.Time("until", hold.SkipUntil),
 			zap.String("reason", "shared"))
 	}
 }
 
-// publishCooldown tells the other nodes of a cooldown started here.
-func (h *Handler) publishCooldown(name string, until time.Time, streak int) {
+// publishHold tells the other nodes of a cooldown or a 408/429 skip that
+// started here (change says which), with its end on this node's clock.
+func (h *Handler) publishHold(st *pool.Provider, change cooldown.Change) {
 	sh := h.shared
 	if sh == nil {
 		return
 	}
+	cooldownUntil, skipUntil := st.Health.Ends()
+	streak := st.Health.Streak()
+	name := st.Name()
 	go func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
-		if err := sh.s.Store().PublishCooldown(ctx, name, until, streak); err != nil {
+		var err error
+		switch {
+		case change == cooldown.CooledDown && !cooldownUntil.IsZero():
+			err = sh.s.Store().PublishCooldown(ctx, name, cooldownUntil, streak)
+		case change == cooldown.Skipped && !skipUntil.IsZero():
+			err = sh.s.Store().PublishSkip(ctx, name, skipUntil)
+		default:
+			return
+		}
+		if err != nil {
 			sh.s.Failed("publish", err)
 			return
 		}
@@ -163,8 +195,8 @@ func (c *connect) claimShared(ps *passState, m *member) (*cluster.Lease, bool) {
 	}
 	sh.s.Worked()
 	switch {
-	case !g.CooldownUntil.IsZero():
-		c.h.adoptCooldown(sh.s.Store(), m, g.CooldownUntil, g.Streak)
+	case !g.Hold.IsZero():
+		c.h.adoptHold(m, g.Hold)
 		c.skip(m, upstreams.WordCooldown)
 		return nil, false
 	case g.Full:

@@ -137,8 +137,8 @@ func TestSharedCooldown(t *testing.T) {
 		}
 	}
 	testgw.Eventually(t, 10*time.Second, "shc-b's cooldown published", func() bool {
-		u, _, err := other.Cooldown(ctx, "shc-b")
-		return err == nil && u.After(time.Now())
+		h, err := other.Hold(ctx, "shc-b")
+		return err == nil && h.CooldownUntil.After(time.Now()) && h.SkipUntil.IsZero()
 	})
 
 	// An operator's reset through this node ends the shared cooldown for
@@ -146,8 +146,8 @@ func TestSharedCooldown(t *testing.T) {
 	if code, body := opAdmin(t, g, http.MethodPost, "/browser_failover/providers/shc-b/reset"); code != http.StatusOK {
 		t.Fatalf("reset: %d %s", code, body)
 	}
-	if u, _, err := other.Cooldown(ctx, "shc-b"); err != nil || !u.IsZero() {
-		t.Fatalf("shared cooldown after a reset here: %v %v", u, err)
+	if h, err := other.Hold(ctx, "shc-b"); err != nil || !h.IsZero() {
+		t.Fatalf("shared cooldown after a reset here: %+v %v", h, err)
 	}
 	// And one through another node resets it here.
 	if err := other.ClearCooldown(ctx, "shc-a"); err != nil {

@@ -271,25 +271,34 @@ func TestDeadNodeSlotsExpire(t *testing.T) {
 	})
 }
 
+// near reports whether a and b are within tol of each other.
+func near(a, b time.Time, tol time.Duration) bool {
+	d := a.Sub(b)
+	return d <= tol && d >= -tol
+}
+
+// tol is how far apart two readings of one deadline may be: a round trip
+// to Redis and the milliseconds Redis keeps.
+const tol = 250 * time.Millisecond
+
 func TestSharedCooldown(t *testing.T) {
 	r := startRedis(t)
 	a, b := open(t, r, "a", nil), open(t, r, "b", nil)
 	rec := subscribe(t, b)
 	ctx := context.Background()
-	ms := func(t time.Time) time.Time { return time.UnixMilli(t.UnixMilli()) }
 
 	until := time.Now().Add(time.Minute)
 	if err := a.PublishCooldown(ctx, "p", until, 2); err != nil {
 		t.Fatal(err)
 	}
 	g, err := b.Acquire(ctx, "p", 0)
-	if err != nil || g.Lease != nil || !g.CooldownUntil.Equal(ms(until)) || g.Streak != 2 || g.Full {
+	if err != nil || g.Lease != nil || !near(g.Hold.CooldownUntil, until, tol) || g.Hold.Streak != 2 || !g.Hold.SkipUntil.IsZero() || g.Full {
 		t.Fatalf("b.Acquire in a's cooldown: %+v, %v", g, err)
 	}
-	if u, n, err := b.Cooldown(ctx, "p"); err != nil || !u.Equal(ms(until)) || n != 2 {
-		t.Fatalf("b.Cooldown: %v %d %v", u, n, err)
+	if h, err := b.Hold(ctx, "p"); err != nil || !near(h.CooldownUntil, until, tol) || h.Streak != 2 {
+		t.Fatalf("b.Hold: %+v %v", h, err)
 	}
-	if sh := share(t, b, "p"); !sh.CooldownUntil.Equal(ms(until)) || sh.Active != 0 {
+	if sh := share(t, b, "p"); !near(sh.Hold.Until(), until, tol) || sh.Active != 0 {
 		t.Fatalf("Snapshot: %+v", sh)
 	}
 
@@ -297,26 +306,26 @@ func TestSharedCooldown(t *testing.T) {
 	if err := b.PublishCooldown(ctx, "p", until.Add(-30*time.Second), 1); err != nil {
 		t.Fatal(err)
 	}
-	if u, n, _ := a.Cooldown(ctx, "p"); !u.Equal(ms(until)) || n != 2 {
-		t.Fatalf("earlier cooldown replaced the later one: %v %d", u, n)
+	if h, _ := a.Hold(ctx, "p"); !near(h.CooldownUntil, until, tol) || h.Streak != 2 {
+		t.Fatalf("earlier cooldown replaced the later one: %+v", h)
 	}
 	later := until.Add(time.Minute)
 	if err := b.PublishCooldown(ctx, "p", later, 3); err != nil {
 		t.Fatal(err)
 	}
-	if u, n, _ := a.Cooldown(ctx, "p"); !u.Equal(ms(later)) || n != 3 {
-		t.Fatalf("later cooldown not applied: %v %d", u, n)
+	if h, _ := a.Hold(ctx, "p"); !near(h.CooldownUntil, later, tol) || h.Streak != 3 {
+		t.Fatalf("later cooldown not applied: %+v", h)
 	}
 
 	// Clearing ends it everywhere.
 	if err := a.ClearCooldown(ctx, "p"); err != nil {
 		t.Fatal(err)
 	}
-	if u, n, err := b.Cooldown(ctx, "p"); err != nil || !u.IsZero() || n != 0 {
-		t.Fatalf("after clear: %v %d %v", u, n, err)
+	if h, err := b.Hold(ctx, "p"); err != nil || !h.IsZero() {
+		t.Fatalf("after clear: %+v %v", h, err)
 	}
 	g, err = b.Acquire(ctx, "p", 1)
-	if err != nil || g.Lease == nil {
+	if err != nil || g.Lease == nil || g.Live != 1 {
 		t.Fatalf("Acquire after clear: %+v, %v", g, err)
 	}
 	g.Lease.Release()
@@ -326,36 +335,144 @@ func TestSharedCooldown(t *testing.T) {
 		t.Fatal(err)
 	}
 	eventually(t, 5*time.Second, "short cooldown expires", func() bool {
-		u, _, err := b.Cooldown(ctx, "q")
-		return err == nil && u.IsZero()
+		h, err := b.Hold(ctx, "q")
+		return err == nil && h.IsZero()
 	})
 	// One already over changes nothing.
 	if err := a.PublishCooldown(ctx, "q", time.Now().Add(-time.Second), 1); err != nil {
 		t.Fatal(err)
 	}
-	if u, _, _ := b.Cooldown(ctx, "q"); !u.IsZero() {
-		t.Fatalf("past cooldown set: %v", u)
+	if h, _ := b.Hold(ctx, "q"); !h.IsZero() {
+		t.Fatalf("past cooldown set: %+v", h)
 	}
 
 	for _, want := range []Event{
-		{Kind: EventCooldown, Provider: "p", Until: ms(until), Node: "a"},
-		{Kind: EventCooldown, Provider: "p", Until: ms(later), Node: "b"},
+		{Kind: EventCooldown, Provider: "p", Until: until, Streak: 2, Node: "a"},
+		{Kind: EventCooldown, Provider: "p", Until: later, Streak: 3, Node: "b"},
 		{Kind: EventRecovered, Provider: "p", Node: "a"},
 		{Kind: EventReleased, Provider: "p", Node: "b"},
 	} {
 		eventually(t, 5*time.Second, "event "+want.Kind+" by "+want.Node, func() bool {
 			_, ok := rec.find(func(ev Event) bool {
-				return ev.Kind == want.Kind && ev.Provider == want.Provider && ev.Node == want.Node && ev.Until.Equal(want.Until)
+				return ev.Kind == want.Kind && ev.Provider == want.Provider && ev.Node == want.Node &&
+					ev.Streak == want.Streak && (want.Until.IsZero() && ev.Until.IsZero() || near(ev.Until, want.Until, tol))
 			})
 			return ok
 		})
 	}
 	if ev, ok := rec.find(func(ev Event) bool {
-		return ev.Kind == EventCooldown && ev.Until.Equal(ms(until.Add(-30*time.Second)))
+		return ev.Kind == EventCooldown && near(ev.Until, until.Add(-30*time.Second), tol)
 	}); ok {
 		t.Fatalf("a cooldown that was not applied was announced: %+v", ev)
 	}
 }
+
+// TestSharedSkip: a 408/429 skip travels as a skip, apart from a
+// cooldown: its own kind in the events, in Acquire's answer and in Hold;
+// a later cooldown does not end it, and it does not end a cooldown.
+func TestSharedSkip(t *testing.T) {
+	r := startRedis(t)
+	a, b := open(t, r, "a", nil), open(t, r, "b", nil)
+	rec := subscribe(t, b)
+	ctx := context.Background()
+
+	skip := time.Now().Add(2 * time.Second)
+	if err := a.PublishSkip(ctx, "p", skip); err != nil {
+		t.Fatal(err)
+	}
+	g, err := b.Acquire(ctx, "p", 0)
+	if err != nil || g.Lease != nil || !near(g.Hold.SkipUntil, skip, tol) || !g.Hold.CooldownUntil.IsZero() || g.Hold.Streak != 0 {
+		t.Fatalf("b.Acquire in a's skip: %+v, %v", g, err)
+	}
+	eventually(t, 5*time.Second, "the skip event", func() bool {
+		_, ok := rec.find(func(ev Event) bool {
+			return ev.Kind == EventSkip && ev.Provider == "p" && ev.Node == "a" && near(ev.Until, skip, tol)
+		})
+		return ok
+	})
+	// A shorter cooldown beside it: both kept, each with its own end.
+	cd := time.Now().Add(time.Second)
+	if err := a.PublishCooldown(ctx, "p", cd, 1); err != nil {
+		t.Fatal(err)
+	}
+	h, err := b.Hold(ctx, "p")
+	if err != nil || !near(h.SkipUntil, skip, tol) || !near(h.CooldownUntil, cd, tol) || h.Streak != 1 || !near(h.Until(), skip, tol) {
+		t.Fatalf("skip and cooldown: %+v %v", h, err)
+	}
+	// The key lives until the later of the two: after the skip, a slot.
+	eventually(t, 10*time.Second, "the skip ends", func() bool {
+		g, err := b.Acquire(ctx, "p", 0)
+		if err == nil && g.Lease != nil {
+			g.Lease.Release()
+			return true
+		}
+		return false
+	})
+	if time.Now().Before(skip.Add(-tol)) {
+		t.Fatalf("a slot before the skip's end (%v early)", skip.Sub(time.Now()))
+	}
+}
+
+// TestSkewedClocks: two nodes whose clocks are 10 s apart (either way)
+// keep the length of every cooldown and skip they share: what one
+// publishes to last 2 s lasts 2 s on the other's own clock, in events,
+// Acquire answers and Hold alike; nothing is dropped as already past.
+func TestSkewedClocks(t *testing.T) {
+	r := startRedis(t)
+	for _, skew := range []time.Duration{10 * time.Second, -10 * time.Second} {
+		t.Run(skew.String(), func(t *testing.T) {
+			off := offClock{skew}
+			a := open(t, r, "a", func(c *Config) { c.Clock = off; c.KeyPrefix += skew.String() + ":" })
+			b := open(t, r, "b", func(c *Config) { c.KeyPrefix += skew.String() + ":" })
+			rec := subscribe(t, b)
+			ctx := context.Background()
+			const length = 2 * time.Second
+			// a's 2 s, on a's clock.
+			if err := a.PublishSkip(ctx, "s", off.Now().Add(length)); err != nil {
+				t.Fatal(err)
+			}
+			if err := a.PublishCooldown(ctx, "c", off.Now().Add(length), 1); err != nil {
+				t.Fatal(err)
+			}
+			// On b's clock: 2 s from now, whatever a's says.
+			h, err := b.Hold(ctx, "s")
+			if err != nil || !near(h.SkipUntil, time.Now().Add(length), tol) {
+				t.Fatalf("b sees a's 2 s skip end in %v (%+v %v)", time.Until(h.SkipUntil), h, err)
+			}
+			g, err := b.Acquire(ctx, "c", 0)
+			if err != nil || !near(g.Hold.CooldownUntil, time.Now().Add(length), tol) {
+				t.Fatalf("b's Acquire sees a's 2 s cooldown end in %v (%+v %v)", time.Until(g.Hold.CooldownUntil), g, err)
+			}
+			for _, kind := range []string{EventSkip, EventCooldown} {
+				eventually(t, 5*time.Second, kind+" event", func() bool {
+					ev, ok := rec.find(func(ev Event) bool { return ev.Kind == kind })
+					return ok && ev.Until.Sub(time.Now()) <= length && ev.Until.Sub(time.Now()) > length-time.Second
+				})
+			}
+			// And the other way: b's 2 s as a (off) reads them.
+			if err := b.PublishSkip(ctx, "t", time.Now().Add(length)); err != nil {
+				t.Fatal(err)
+			}
+			if h, err := a.Hold(ctx, "t"); err != nil || !near(h.SkipUntil, off.Now().Add(length), tol) {
+				t.Fatalf("a sees b's 2 s skip end in %v on its clock (%+v %v)", h.SkipUntil.Sub(off.Now()), h, err)
+			}
+			// The skip ends after 2 s of real time.
+			start := time.Now()
+			eventually(t, 10*time.Second, "the skip ends", func() bool {
+				h, err := b.Hold(ctx, "s")
+				return err == nil && h.IsZero()
+			})
+			if got := time.Since(start); got < length-500*time.Millisecond {
+				t.Fatalf("a 2 s skip ended after %v", got)
+			}
+		})
+	}
+}
+
+// offClock is a node clock off by d.
+type offClock struct{ d time.Duration }
+
+func (c offClock) Now() time.Time { return time.Now().Add(c.d) }
 
 func TestSubscribeCancel(t *testing.T) {
 	r := startRedis(t)
@@ -399,7 +516,8 @@ func TestRedisOutage(t *testing.T) {
 	bounded(t, "Acquire", func() error { _, err := a.Acquire(ctx, "p", 3); return err })
 	bounded(t, "PublishCooldown", func() error { return a.PublishCooldown(ctx, "p", time.Now().Add(time.Minute), 1) })
 	bounded(t, "ClearCooldown", func() error { return a.ClearCooldown(ctx, "p") })
-	bounded(t, "Cooldown", func() error { _, _, err := a.Cooldown(ctx, "p"); return err })
+	bounded(t, "PublishSkip", func() error { return a.PublishSkip(ctx, "p", time.Now().Add(time.Minute)) })
+	bounded(t, "Hold", func() error { _, err := a.Hold(ctx, "p"); return err })
 	bounded(t, "Snapshot", func() error { _, err := a.Snapshot(ctx, []string{"p"}); return err })
 	releaseDone := make(chan struct{})
 	go func() { dropped.Lease.Release(); close(releaseDone) }()
@@ -647,13 +765,17 @@ func writeCA(t *testing.T, path string) {
 
 func TestEventCodec(t *testing.T) {
 	s := &Store{node: "n|1"}
-	until := time.UnixMilli(1_900_000_000_123)
-	ev, ok := decodeEvent(s.event(EventCooldown, "p \"x\"", until))
-	if !ok || ev.Kind != EventCooldown || ev.Provider != `p "x"` || !ev.Until.Equal(until) || ev.Node != "n|1" {
+	at := time.Unix(1_900_000_000, 0)
+	ev, ok := decodeEvent(s.event(EventCooldown, "p \"x\"", 1500*time.Millisecond, 3), at)
+	if !ok || ev.Kind != EventCooldown || ev.Provider != `p "x"` || !ev.Until.Equal(at.Add(1500*time.Millisecond)) || ev.Streak != 3 || ev.Node != "n|1" {
 		t.Fatalf("round trip: %+v %v", ev, ok)
 	}
+	ev, ok = decodeEvent(s.event(EventReleased, "p", 0, 0), at)
+	if !ok || !ev.Until.IsZero() || ev.Streak != 0 {
+		t.Fatalf("released: %+v %v", ev, ok)
+	}
 	for _, bad := range []string{"", "{", `{"kind":"released"}`, `{"provider":"p"}`} {
-		if _, ok := decodeEvent(bad); ok {
+		if _, ok := decodeEvent(bad, at); ok {
 			t.Fatalf("decoded %q", bad)
 		}
 	}

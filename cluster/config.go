@@ -61,6 +61,16 @@ type Config struct {
 	Timeout time.Duration
 	// Logger receives renewal and subscription trouble; nil logs nothing.
 	Logger *zap.Logger
+	// Clock is this node's clock, the one its cooldowns run on: the ends
+	// of shared cooldowns and skips are given on it. Nil is the real one.
+	// Redis' own clock keeps the shared deadlines, so the nodes' clocks
+	// need not agree.
+	Clock Clock
+}
+
+// Clock is a node's time source; tests give one that is off.
+type Clock interface {
+	Now() time.Time
 }
 
 // withDefaults returns cfg with zero fields set to their defaults.

@@ -6,27 +6,76 @@ import (
 	"fmt"
 	"strconv"
 	"time"
-
-	"github.com/redis/go-redis/v9"
 )
 
-// PublishCooldown sets the shared cooldown of provider until the given
-// time with the given doubling count, unless a later cooldown is already
-// set (then nothing changes). The key expires at until. When it is set,
+// Hold is what keeps a provider from being tried across the cluster: a
+// failure cooldown (a single trial follows it on each node) and a 408/429
+// skip (none follows), each with its end on this node's clock, zero when
+// not running.
+type Hold struct {
+	// CooldownUntil is the end of the shared failure cooldown.
+	CooldownUntil time.Time
+	// Streak is that cooldown's doubling count.
+	Streak int
+	// SkipUntil is the end of the shared 408/429 skip.
+	SkipUntil time.Time
+}
+
+// Until is the later of the two ends, zero when neither runs.
+func (h Hold) Until() time.Time {
+	if h.SkipUntil.After(h.CooldownUntil) {
+		return h.SkipUntil
+	}
+	return h.CooldownUntil
+}
+
+// IsZero reports whether nothing holds the provider.
+func (h Hold) IsZero() bool { return h.CooldownUntil.IsZero() && h.SkipUntil.IsZero() }
+
+// Deadlines travel through Redis on Redis' own clock: a node sends how
+// long from now (on its clock) a cooldown or skip lasts, the script adds
+// that to Redis' TIME, and what comes back is how long is left, which the
+// node adds to its own clock. So the nodes' clocks may disagree without
+// shortening or lengthening anything, and nothing is dropped as already
+// past.
+
+// PublishCooldown sets the shared failure cooldown of provider until the
+// given time on this node's clock, with the given doubling count, unless a
+// later cooldown is already set (then nothing changes). When it is set,
 // every node's subscribers get a "cooldown" Event. An until already past
 // changes nothing. Errors wrap ErrUnavailable.
 func (s *Store) PublishCooldown(ctx context.Context, provider string, until time.Time, streak int) error {
+	return s.publishHold(ctx, EventCooldown, provider, until, streak)
+}
+
+// PublishSkip sets the shared 408/429 skip of provider until the given
+// time on this node's clock, unless a later skip is already set. Every
+// node's subscribers get a "skip" Event; they skip the provider too, with
+// no trial and nothing counted. Errors wrap ErrUnavailable.
+func (s *Store) PublishSkip(ctx context.Context, provider string, until time.Time) error {
+	return s.publishHold(ctx, EventSkip, provider, until, 0)
+}
+
+func (s *Store) publishHold(ctx context.Context, kind, provider string, until time.Time, streak int) error {
 	if provider == "" {
-		return errors.New("publish cooldown: empty provider name")
+		return fmt.Errorf("publish %s: empty provider name", kind)
 	}
-	op := fmt.Sprintf("publish the cooldown of provider %q", provider)
+	op := fmt.Sprintf("publish the %s of provider %q", kind, provider)
 	if s.isClosed() {
 		return s.fail(op, errClosed)
 	}
+	left := until.Sub(s.now()).Milliseconds()
+	if left <= 0 {
+		return nil
+	}
+	field := "until"
+	if kind == EventSkip {
+		field = "skip"
+	}
 	ctx, cancel := s.ctx(ctx)
 	defer cancel()
-	err := publishCooldownScript.Run(ctx, s.rdb, []string{s.cooldownKey(provider)},
-		until.UnixMilli(), streak, s.channel(), s.event(EventCooldown, provider, until),
+	err := publishHoldScript.Run(ctx, s.rdb, []string{s.cooldownKey(provider)},
+		left, streak, s.channel(), s.event(kind, provider, time.Duration(left)*time.Millisecond, streak), field,
 	).Err()
 	if err != nil {
 		return s.fail(op, err)
@@ -34,9 +83,9 @@ func (s *Store) PublishCooldown(ctx context.Context, provider string, until time
 	return nil
 }
 
-// ClearCooldown ends the shared cooldown of provider (it recovered, or an
-// operator reset it) and sends every node's subscribers a "recovered"
-// Event, even when no cooldown was set. Errors wrap ErrUnavailable.
+// ClearCooldown ends the shared cooldown and skip of provider (it
+// recovered, or an operator reset it) and sends every node's subscribers a
+// "recovered" Event, even when none was set. Errors wrap ErrUnavailable.
 func (s *Store) ClearCooldown(ctx context.Context, provider string) error {
 	if provider == "" {
 		return errors.New("clear cooldown: empty provider name")
@@ -48,7 +97,7 @@ func (s *Store) ClearCooldown(ctx context.Context, provider string) error {
 	ctx, cancel := s.ctx(ctx)
 	defer cancel()
 	err := clearCooldownScript.Run(ctx, s.rdb, []string{s.cooldownKey(provider)},
-		s.channel(), s.event(EventRecovered, provider, time.Time{}),
+		s.channel(), s.event(EventRecovered, provider, 0, 0),
 	).Err()
 	if err != nil {
 		return s.fail(op, err)
@@ -56,29 +105,39 @@ func (s *Store) ClearCooldown(ctx context.Context, provider string) error {
 	return nil
 }
 
-// Cooldown returns the shared cooldown of provider: its end and doubling
-// count, or the zero time when none is running. Errors wrap
+// Hold returns what holds provider across the cluster now: its shared
+// cooldown and skip, with their ends on this node's clock. Errors wrap
 // ErrUnavailable.
-func (s *Store) Cooldown(ctx context.Context, provider string) (until time.Time, streak int, err error) {
+func (s *Store) Hold(ctx context.Context, provider string) (Hold, error) {
 	op := fmt.Sprintf("read the cooldown of provider %q", provider)
 	if s.isClosed() {
-		return time.Time{}, 0, s.fail(op, errClosed)
+		return Hold{}, s.fail(op, errClosed)
 	}
 	ctx, cancel := s.ctx(ctx)
 	defer cancel()
-	vals, err := s.rdb.HMGet(ctx, s.cooldownKey(provider), "until", "streak").Result()
-	if err != nil && !errors.Is(err, redis.Nil) {
-		return time.Time{}, 0, s.fail(op, err)
+	res, err := holdScript.Run(ctx, s.rdb, []string{s.cooldownKey(provider)}).Int64Slice()
+	if err != nil {
+		return Hold{}, s.fail(op, err)
 	}
-	if len(vals) != 2 {
-		return time.Time{}, 0, nil
+	if len(res) != 3 {
+		return Hold{}, s.fail(op, fmt.Errorf("unexpected reply %v", res))
 	}
-	ms, ok := parseInt(vals[0])
-	if !ok || ms <= 0 {
-		return time.Time{}, 0, nil
+	return s.hold(res[0], res[1], res[2]), nil
+}
+
+// hold builds a Hold from a script's reply: the milliseconds left of the
+// cooldown, its streak and the milliseconds left of the skip.
+func (s *Store) hold(cooldownLeft, streak, skipLeft int64) Hold {
+	now := s.now()
+	var h Hold
+	if cooldownLeft > 0 {
+		h.CooldownUntil = now.Add(time.Duration(cooldownLeft) * time.Millisecond)
+		h.Streak = int(streak)
 	}
-	n, _ := parseInt(vals[1])
-	return time.UnixMilli(ms), int(n), nil
+	if skipLeft > 0 {
+		h.SkipUntil = now.Add(time.Duration(skipLeft) * time.Millisecond)
+	}
+	return h
 }
 
 // parseInt reads an integer reply element, a string or an int64.

@@ -1,9 +1,10 @@
 // Package cluster owns the state that several gateway nodes sharing one
 // provider account must agree on, kept in one Redis server: the live-session
-// slots of every provider (so max_concurrent is exact across nodes) and the
-// failure cooldown of every provider (so a cooldown started by one node is
-// honoured by all). It is the Redis side only; the handler decides when to
-// ask it and what to do when it is unavailable.
+// slots of every provider (so max_concurrent is exact across nodes), the
+// failure cooldown and the 408/429 skip of every provider (so what one node
+// learnt is honoured by all, each as what it is), and the deployment's
+// secrets that every node must share. It is the Redis side only; the
+// handler decides when to ask it and what to do when it is unavailable.
 //
 // # Sharing a Store
 //
@@ -27,10 +28,23 @@
 //     whose score has passed is dead and is dropped by the next script that
 //     touches the set, which then announces the freed slots. The key itself
 //     expires one LeaseTTL after its last lease.
-//   - <prefix>cooldown:<provider> is a hash {until, streak}: the end of the
-//     shared cooldown in Unix milliseconds and its doubling count. The key
-//     expires at until (PEXPIREAT), so an ended cooldown leaves nothing.
+//   - <prefix>cooldown:<provider> is a hash {until, streak, skip}: the end
+//     of the shared failure cooldown and its doubling count, and the end of
+//     the shared 408/429 skip, in Unix milliseconds of Redis' clock. The
+//     key expires at the later end (PEXPIREAT), so what ended leaves
+//     nothing.
+//   - <prefix>secret:<name> holds a secret every node uses alike (the
+//     client key secret), hex encoded, set once by the first node.
 //   - <prefix>events is the pub/sub channel of Event notifications, as JSON.
+//
+// # Clocks
+//
+// Every deadline kept in Redis is on Redis' clock (TIME, read inside the
+// scripts). A node never sends a time of its own clock: it sends how long
+// a cooldown or skip lasts from now, and reads back how long is left,
+// which it adds to its own clock (Config.Clock). Events carry the length
+// too. So nodes whose clocks disagree keep the same lengths, and nothing
+// is dropped as already past.
 //
 // Every decision is taken by one Lua script in one round trip, so there is
 // no read-then-write race between nodes. Keys of several providers may be
@@ -40,11 +54,14 @@
 // # Leases
 //
 // Acquire takes a slot as a lease valid for Config.LeaseTTL. The Store
-// renews every lease it holds about every LeaseTTL/3 in one round trip; a
-// lease found missing at renewal (it expired during a Redis outage, or Redis
-// restarted empty) is put back, since its session is still alive, even if
-// that briefly puts the provider above its max. A node that dies stops
-// renewing, and its slots free themselves within one LeaseTTL.
+// renews every lease it holds about every LeaseTTL/3 in one round trip,
+// which also drops the dead leases of the providers it watches and counts
+// their live leases (Live); a lease found missing at renewal (it expired
+// during a Redis outage or while this node was cut off, or Redis restarted
+// empty) is put back, since its session is still alive, even if that puts
+// the provider above its max: Acquire then grants nothing until the live
+// leases are below max again. A node that dies stops renewing, and its
+// slots free themselves within one LeaseTTL.
 //
 // # Failures
 //

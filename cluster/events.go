@@ -18,52 +18,60 @@ const (
 	// EventReleased: slots of the provider were freed (a lease released,
 	// or dead leases dropped); a node waiting for room may try again.
 	EventReleased = "released"
-	// EventCooldown: a shared cooldown of the provider was set, until
-	// Event.Until.
+	// EventCooldown: a shared failure cooldown of the provider was set,
+	// until Event.Until, with doubling count Event.Streak.
 	EventCooldown = "cooldown"
-	// EventRecovered: the provider's shared cooldown was cleared.
+	// EventSkip: a shared 408/429 skip of the provider was set, until
+	// Event.Until: a skip on every node, with no trial after it.
+	EventSkip = "skip"
+	// EventRecovered: the provider's shared cooldown and skip were cleared.
 	EventRecovered = "recovered"
 )
 
 // Event is a change of the shared state, as announced by a node.
 type Event struct {
-	// Kind is EventReleased, EventCooldown or EventRecovered.
+	// Kind is EventReleased, EventCooldown, EventSkip or EventRecovered.
 	Kind string
 	// Provider is the provider's name.
 	Provider string
-	// Until is the end of the cooldown for EventCooldown; zero otherwise.
+	// Until is the end of the cooldown or skip on the receiving node's
+	// clock; zero for other kinds.
 	Until time.Time
+	// Streak is the cooldown's doubling count.
+	Streak int
 	// Node is the node that published the event.
 	Node string
 }
 
-// wireEvent is Event on the channel.
+// wireEvent is Event on the channel. A cooldown or skip travels as its
+// length from the moment it was published, never as a time of the
+// publishing node's clock: the receiver adds it to its own.
 type wireEvent struct {
 	Kind     string `json:"kind"`
 	Provider string `json:"provider"`
-	Until    int64  `json:"until,omitempty"` // Unix ms
+	ForMS    int64  `json:"for_ms,omitempty"`
+	Streak   int    `json:"streak,omitempty"`
 	Node     string `json:"node"`
 }
 
-// event encodes an event published by this node.
-func (s *Store) event(kind, provider string, until time.Time) string {
-	w := wireEvent{Kind: kind, Provider: provider, Node: s.node}
-	if !until.IsZero() {
-		w.Until = until.UnixMilli()
-	}
+// event encodes an event published by this node; d is how long a
+// cooldown or skip lasts from now.
+func (s *Store) event(kind, provider string, d time.Duration, streak int) string {
+	w := wireEvent{Kind: kind, Provider: provider, Node: s.node, ForMS: d.Milliseconds(), Streak: streak}
 	b, _ := json.Marshal(w)
 	return string(b)
 }
 
-// decodeEvent parses a message of the channel.
-func decodeEvent(payload string) (Event, bool) {
+// decodeEvent parses a message of the channel received at now (this
+// node's clock).
+func decodeEvent(payload string, now time.Time) (Event, bool) {
 	var w wireEvent
 	if err := json.Unmarshal([]byte(payload), &w); err != nil || w.Kind == "" || w.Provider == "" {
 		return Event{}, false
 	}
-	ev := Event{Kind: w.Kind, Provider: w.Provider, Node: w.Node}
-	if w.Until > 0 {
-		ev.Until = time.UnixMilli(w.Until)
+	ev := Event{Kind: w.Kind, Provider: w.Provider, Node: w.Node, Streak: w.Streak}
+	if w.ForMS > 0 {
+		ev.Until = now.Add(time.Duration(w.ForMS) * time.Millisecond)
 	}
 	return ev, true
 }
@@ -186,7 +194,7 @@ func (s *Store) receive(ctx context.Context, ps *redis.PubSub, sub *subscription
 				subscribed = true
 			}
 		case *redis.Message:
-			ev, ok := decodeEvent(m.Payload)
+			ev, ok := decodeEvent(m.Payload, s.now())
 			if ok && !sub.stopped.Load() {
 				fn(ev)
 			}

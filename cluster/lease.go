@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"sync/atomic"
-	"time"
 
 	"go.uber.org/zap"
 )
@@ -17,13 +16,17 @@ type Grant struct {
 	// Lease is non-nil when a slot was taken; Release it when the session
 	// ends.
 	Lease *Lease
-	// Full is true when the provider is at its max across the cluster.
+	// Full is true when the provider is at its max across the cluster
+	// (or above it: see Live).
 	Full bool
-	// CooldownUntil is non-zero when the provider is in a shared cooldown;
-	// then no lease is taken.
-	CooldownUntil time.Time
-	// Streak is the shared doubling count of that cooldown.
-	Streak int
+	// Hold is set when the provider is in a shared cooldown or skip; then
+	// no lease is taken.
+	Hold Hold
+	// Live is the provider's live leases over every node, this one's new
+	// lease included. After a node was cut off from Redis longer than
+	// LeaseTTL, its leases come back when it renews, and Live may exceed
+	// max until enough sessions end; no lease is granted meanwhile.
+	Live int
 }
 
 // Lease is one live-session slot of a provider, held by this node. The
@@ -75,7 +78,7 @@ func (s *Store) releaseRemote(ctx context.Context, ls []*Lease) error {
 	args = append(args, s.channel())
 	for _, l := range ls {
 		keys = append(keys, s.leaseKey(l.provider))
-		args = append(args, l.member, s.event(EventReleased, l.provider, time.Time{}))
+		args = append(args, l.member, s.event(EventReleased, l.provider, 0, 0))
 	}
 	if err := releaseScript.Run(ctx, s.rdb, keys, args...).Err(); err != nil {
 		return s.fail("release leases", err)
@@ -91,10 +94,11 @@ func (s *Store) newMember() string {
 }
 
 // Acquire atomically, in one round trip, drops the expired leases of
-// provider, checks its shared cooldown, and takes one slot when fewer than
-// max are live. max 0 means unlimited: the slot is still recorded, so
-// counts are cluster-wide. In a cooldown the Grant has CooldownUntil and no
-// lease; at max it is Full. Errors wrap ErrUnavailable.
+// provider, checks its shared cooldown and skip, and takes one slot when
+// fewer than max are live. max 0 means unlimited: the slot is still
+// recorded, so counts are cluster-wide. In a cooldown or skip the Grant
+// has a Hold and no lease; at (or above) max it is Full. Errors wrap
+// ErrUnavailable.
 func (s *Store) Acquire(ctx context.Context, provider string, max int) (Grant, error) {
 	if provider == "" {
 		return Grant{}, errors.New("acquire: empty provider name")
@@ -119,21 +123,22 @@ func (s *Store) Acquire(ctx context.Context, provider string, max int) (Grant, e
 	res, err := acquireScript.Run(ctx, s.rdb,
 		[]string{s.leaseKey(provider), s.cooldownKey(provider)},
 		max, l.member, s.cfg.LeaseTTL.Milliseconds(), s.channel(),
-		s.event(EventReleased, provider, time.Time{}),
+		s.event(EventReleased, provider, 0, 0),
 	).Int64Slice()
 	if err != nil {
 		// The script may have run and its reply been lost: the lease then
 		// expires, unrenewed, within LeaseTTL.
 		return Grant{}, s.fail(op, err)
 	}
-	if len(res) != 4 {
+	if len(res) != 5 {
 		return Grant{}, s.fail(op, fmt.Errorf("unexpected reply %v", res))
 	}
+	s.sawLive(provider, int(res[3]))
 	switch res[0] {
 	case 0:
-		return Grant{CooldownUntil: time.UnixMilli(res[1]), Streak: int(res[2])}, nil
+		return Grant{Hold: s.hold(res[1], res[2], res[4]), Live: int(res[3])}, nil
 	case 2:
-		return Grant{Full: true}, nil
+		return Grant{Full: true, Live: int(res[3])}, nil
 	}
 	s.mu.Lock()
 	if s.closed {
@@ -147,5 +152,5 @@ func (s *Store) Acquire(ctx context.Context, provider string, max int) (Grant, e
 	}
 	s.leases[l] = struct{}{}
 	s.mu.Unlock()
-	return Grant{Lease: l}, nil
+	return Grant{Lease: l, Live: int(res[3])}, nil
 }

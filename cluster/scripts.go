@@ -21,41 +21,55 @@ local function expireWithLast(key, ttl)
 end
 `
 
+// luaHoldLeft reads a provider's hold: the milliseconds left of its
+// failure cooldown, that cooldown's streak, and the milliseconds left of
+// its skip (0 when not running), on Redis' clock.
+const luaHoldLeft = `
+local function holdLeft(key)
+  local h = redis.call('HMGET', key, 'until', 'streak', 'skip')
+  local cd, sk = tonumber(h[1]), tonumber(h[3])
+  local cdLeft, skLeft = 0, 0
+  if cd and cd > now then cdLeft = cd - now end
+  if sk and sk > now then skLeft = sk - now end
+  return cdLeft, tonumber(h[2]) or 0, skLeft
+end
+`
+
 // acquireScript drops the dead leases of a provider, checks its shared
-// cooldown and takes a slot when fewer than max are live.
+// cooldown and skip, and takes a slot when fewer than max are live.
 //
 // KEYS[1] lease set, KEYS[2] cooldown hash.
 // ARGV[1] max (0 unlimited), ARGV[2] member, ARGV[3] TTL ms, ARGV[4] channel,
 // ARGV[5] "released" event, published when dead leases were dropped and
 // room remains.
 //
-// Returns {status, until, streak, live}: status 0 cooldown (until, streak
-// set), 1 taken (until is the lease's expiry), 2 full.
-var acquireScript = redis.NewScript(luaNow + luaExpireWithLast + `
+// Returns {status, cooldown ms left, streak, live, skip ms left}: status 0
+// held (a cooldown or skip runs; no lease taken), 1 taken, 2 full (live,
+// which may be above max after a partition, counts every live lease).
+var acquireScript = redis.NewScript(luaNow + luaExpireWithLast + luaHoldLeft + `
 local swept = redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
-local cd = redis.call('HMGET', KEYS[2], 'until', 'streak')
-local cdUntil = tonumber(cd[1])
-if cdUntil and cdUntil > now then
-  return {0, cdUntil, tonumber(cd[2]) or 0, 0}
-end
+local cdLeft, streak, skLeft = holdLeft(KEYS[2])
 local live = redis.call('ZCARD', KEYS[1])
+if cdLeft > 0 or skLeft > 0 then
+  return {0, cdLeft, streak, live, skLeft}
+end
 local exp = now + tonumber(ARGV[3])
 if redis.call('ZSCORE', KEYS[1], ARGV[2]) then
   -- this very lease is already in: a call whose reply was lost
   redis.call('ZADD', KEYS[1], exp, ARGV[2])
   expireWithLast(KEYS[1], tonumber(ARGV[3]))
-  return {1, exp, 0, live}
+  return {1, 0, 0, live, 0}
 end
 local max = tonumber(ARGV[1])
 if max > 0 and live >= max then
-  return {2, 0, 0, live}
+  return {2, 0, 0, live, 0}
 end
 redis.call('ZADD', KEYS[1], exp, ARGV[2])
 expireWithLast(KEYS[1], tonumber(ARGV[3]))
 if swept > 0 and (max == 0 or live + 1 < max) then
   redis.call('PUBLISH', ARGV[4], ARGV[5])
 end
-return {1, exp, 0, live + 1}
+return {1, 0, 0, live + 1, 0}
 `)
 
 // renewScript extends every lease this node holds, putting back those that
@@ -65,11 +79,13 @@ return {1, exp, 0, live + 1}
 // KEYS: the lease sets. ARGV[1] TTL ms, ARGV[2] channel; then for each key:
 // its "released" event, the number n of members, the n members.
 //
-// Returns the number of members put back.
+// Returns the number of members put back, then the live leases of each
+// key, in KEYS order.
 var renewScript = redis.NewScript(luaNow + luaExpireWithLast + `
 local exp = now + tonumber(ARGV[1])
 local i = 3
 local restored = 0
+local out = {0}
 for _, key in ipairs(KEYS) do
   local event = ARGV[i]
   local n = tonumber(ARGV[i + 1])
@@ -81,8 +97,10 @@ for _, key in ipairs(KEYS) do
   local swept = redis.call('ZREMRANGEBYSCORE', key, '-inf', now)
   if n > 0 then expireWithLast(key, tonumber(ARGV[1])) end
   if swept > 0 then redis.call('PUBLISH', ARGV[2], event) end
+  out[#out + 1] = redis.call('ZCARD', key)
 end
-return restored
+out[1] = restored
+return out
 `)
 
 // releaseScript removes leases and announces each freed slot.
@@ -103,22 +121,37 @@ end
 return removed
 `)
 
-// publishCooldownScript sets a provider's shared cooldown unless a later
-// one is already set, and announces it.
+// publishHoldScript sets a provider's shared cooldown or skip, ending
+// after the given milliseconds on Redis' clock, unless a later one of the
+// same kind is already set, and announces it.
 //
-// KEYS[1] cooldown hash. ARGV[1] until ms, ARGV[2] streak, ARGV[3] channel,
-// ARGV[4] "cooldown" event.
+// KEYS[1] cooldown hash. ARGV[1] ms from now, ARGV[2] streak, ARGV[3]
+// channel, ARGV[4] the event, ARGV[5] the field: "until" (a cooldown, with
+// its streak) or "skip".
 //
-// Returns 1 when set, 0 when a later cooldown was kept or until has passed.
-var publishCooldownScript = redis.NewScript(luaNow + `
-local u = tonumber(ARGV[1])
-if u <= now then return 0 end
-local cur = tonumber(redis.call('HGET', KEYS[1], 'until'))
+// Returns 1 when set, 0 when a later one was kept.
+var publishHoldScript = redis.NewScript(luaNow + `
+local u = now + tonumber(ARGV[1])
+local cur = tonumber(redis.call('HGET', KEYS[1], ARGV[5]))
 if cur and cur > u then return 0 end
-redis.call('HSET', KEYS[1], 'until', ARGV[1], 'streak', ARGV[2])
-redis.call('PEXPIREAT', KEYS[1], ARGV[1])
+if ARGV[5] == 'until' then
+  redis.call('HSET', KEYS[1], 'until', u, 'streak', ARGV[2])
+else
+  redis.call('HSET', KEYS[1], 'skip', u)
+end
+local h = redis.call('HMGET', KEYS[1], 'until', 'skip')
+local last = math.max(tonumber(h[1]) or 0, tonumber(h[2]) or 0)
+redis.call('PEXPIREAT', KEYS[1], last)
 redis.call('PUBLISH', ARGV[3], ARGV[4])
 return 1
+`)
+
+// holdScript reads a provider's hold.
+//
+// KEYS[1] cooldown hash. Returns {cooldown ms left, streak, skip ms left}.
+var holdScript = redis.NewScript(luaNow + luaHoldLeft + `
+local cdLeft, streak, skLeft = holdLeft(KEYS[1])
+return {cdLeft, streak, skLeft}
 `)
 
 // clearCooldownScript ends a provider's shared cooldown and announces it.
@@ -130,18 +163,28 @@ redis.call('PUBLISH', ARGV[1], ARGV[2])
 return n
 `)
 
-// snapshotScript reads the live leases and cooldown of providers.
+// snapshotScript reads the live leases and hold of providers.
 //
 // KEYS: for each provider its lease set then its cooldown hash.
 //
-// Returns for each provider the list of live members and the cooldown's
-// until (0 when none).
-var snapshotScript = redis.NewScript(luaNow + `
+// Returns for each provider the list of live members, the cooldown's ms
+// left and the skip's ms left (0 when not running).
+var snapshotScript = redis.NewScript(luaNow + luaHoldLeft + `
 local out = {}
 for k = 1, #KEYS, 2 do
   out[#out + 1] = redis.call('ZRANGEBYSCORE', KEYS[k], '(' .. string.format('%d', now), '+inf')
-  local u = tonumber(redis.call('HGET', KEYS[k + 1], 'until'))
-  if u and u > now then out[#out + 1] = u else out[#out + 1] = 0 end
+  local cdLeft, _, skLeft = holdLeft(KEYS[k + 1])
+  out[#out + 1] = cdLeft
+  out[#out + 1] = skLeft
 end
 return out
+`)
+
+// secretScript sets a value unless one is set, and returns the value
+// kept: the first node's wins.
+//
+// KEYS[1] the key. ARGV[1] the value proposed.
+var secretScript = redis.NewScript(`
+redis.call('SET', KEYS[1], ARGV[1], 'NX')
+return redis.call('GET', KEYS[1])
 `)

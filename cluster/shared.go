@@ -189,26 +189,50 @@ func (s *Shared) Worked() {
 	observe.SharedStateUp(true)
 }
 
-// ClusterStatus implements pool.ClusterView: the provider's "cluster"
-// object in the status, a status.Cluster, or a status.ClusterUnavailable
-// when the store cannot be read.
-func (s *Shared) ClusterStatus(ctx context.Context, provider string) any {
-	shares, err := s.store.Snapshot(ctx, []string{provider})
+// ClusterStatus implements pool.ClusterView: the "cluster" object of each
+// provider, a status.Cluster, or a status.ClusterUnavailable when the
+// store cannot be read, all from one round trip; up reports whether it
+// answered. While the store is known to be down (Usable is false) nothing
+// is asked: the status answers at once with the local figures.
+func (s *Shared) ClusterStatus(ctx context.Context, providers []string) (map[string]any, bool) {
+	out := make(map[string]any, len(providers))
+	down := func() (map[string]any, bool) {
+		for _, p := range providers {
+			out[p] = status.NewClusterUnavailable(s.store.Node())
+		}
+		return out, false
+	}
+	if !s.Usable() {
+		return down()
+	}
+	shares, err := s.store.Snapshot(ctx, providers)
 	if err != nil {
 		if errors.Is(err, ErrUnavailable) {
 			s.Failed("status", err)
 		}
-		return status.NewClusterUnavailable(s.store.Node())
+		return down()
 	}
 	s.Worked()
-	sh := shares[provider]
-	return status.NewCluster(s.store.Node(), sh.Active, sh.Nodes, sh.CooldownUntil)
+	for _, p := range providers {
+		sh := shares[p]
+		out[p] = status.NewCluster(s.store.Node(), sh.Active, sh.Nodes, sh.Hold.Until())
+	}
+	return out, true
+}
+
+// ClusterActive implements pool.ClusterView: the provider's live sessions
+// over every node as last read, if recently (see Store.Live).
+func (s *Shared) ClusterActive(provider string) (int, bool) {
+	return s.store.Live(provider)
 }
 
 // ResetShared implements pool.ClusterView: it ends provider's shared
 // cooldown (an operator's reset); the other nodes reset it too when they
 // hear of it.
 func (s *Shared) ResetShared(ctx context.Context, provider string) {
+	if !s.Usable() {
+		return
+	}
 	if err := s.store.ClearCooldown(ctx, provider); err != nil {
 		s.Failed("reset", err)
 		return

@@ -151,8 +151,9 @@ func TestSharedKeyHidesPassword(t *testing.T) {
 	}
 }
 
-// TestSharedClusterStatus: the provider's "cluster" object, and its
-// unavailable form with the back-off while Redis is down.
+// TestSharedClusterStatus: the providers' "cluster" objects, read in one
+// call, and their unavailable form, given at once, with the back-off while
+// Redis is down.
 func TestSharedClusterStatus(t *testing.T) {
 	r := startRedis(t)
 	s := use(t, sharedConfig(t, r), "n1")
@@ -163,25 +164,36 @@ func TestSharedClusterStatus(t *testing.T) {
 		t.Fatalf("Acquire: %+v %v", g, err)
 	}
 	defer g.Lease.Release()
-	got, ok := s.ClusterStatus(ctx, "p").(status.Cluster)
-	if !ok || got.Node != "n1" || got.Active != 1 || got.Nodes["n1"] != 1 || got.CooldownUntil != nil {
-		t.Fatalf("ClusterStatus %+v", got)
+	objs, up := s.ClusterStatus(ctx, []string{"p", "none"})
+	got, ok := objs["p"].(status.Cluster)
+	if !up || !ok || got.Node != "n1" || got.Active != 1 || got.Nodes["n1"] != 1 || got.CooldownUntil != nil {
+		t.Fatalf("ClusterStatus %+v %v", objs, up)
 	}
-	b, _ := json.Marshal(s.ClusterStatus(ctx, "none"))
-	if string(b) != `{"node":"n1","active":0,"nodes":{},"cooldown_until":null}` {
+	b, _ := json.Marshal(objs["none"])
+	if string(b) != `{"node":"n1","active":0,"nodes":{},"cooldown_until":null,"over_limit":0}` {
 		t.Fatalf("idle provider: %s", b)
+	}
+	if n, ok := s.ClusterActive("p"); !ok || n != 1 {
+		t.Fatalf("ClusterActive %d %v", n, ok)
 	}
 	if !s.Usable() {
 		t.Fatal("not usable while Redis answers")
 	}
 
 	r.Stop()
-	b, _ = json.Marshal(s.ClusterStatus(ctx, "p"))
-	if string(b) != `{"error":"shared state unavailable","node":"n1"}` {
-		t.Fatalf("Redis down: %s", b)
+	objs, up = s.ClusterStatus(ctx, []string{"p", "none"})
+	b, _ = json.Marshal(objs)
+	if up || string(b) != `{"none":{"error":"shared state unavailable","node":"n1"},"p":{"error":"shared state unavailable","node":"n1"}}` {
+		t.Fatalf("Redis down: %s %v", b, up)
 	}
 	if s.Usable() {
 		t.Fatal("usable right after a failed call")
+	}
+	// Known down: the next read answers without asking (a call that
+	// failed again would push the back-off further).
+	backoff := s.downUntil.Load()
+	if _, up := s.ClusterStatus(ctx, []string{"p"}); up || s.downUntil.Load() != backoff {
+		t.Fatalf("read while known down: up %v, back-off moved %v", up, s.downUntil.Load() != backoff)
 	}
 	r.Start()
 	eventually(t, 10*time.Second, "the watcher sees Redis back", func() bool { return !s.down.Load() && s.Usable() })

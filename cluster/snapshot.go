@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"strings"
-	"time"
 )
 
 // Share is a provider's state across the cluster.
@@ -13,8 +12,8 @@ type Share struct {
 	Active int
 	// Nodes maps each node holding live leases to their number.
 	Nodes map[string]int
-	// CooldownUntil is the end of the shared cooldown; zero when none.
-	CooldownUntil time.Time
+	// Hold is the shared cooldown and skip, ends on this node's clock.
+	Hold Hold
 }
 
 // Snapshot returns the Share of each provider, read in one round trip.
@@ -38,11 +37,11 @@ func (s *Store) Snapshot(ctx context.Context, providers []string) (map[string]Sh
 	if err != nil {
 		return nil, s.fail(op, err)
 	}
-	if len(res) != 2*len(providers) {
+	if len(res) != 3*len(providers) {
 		return nil, s.fail(op, fmt.Errorf("unexpected reply of %d elements", len(res)))
 	}
 	for i, p := range providers {
-		members, _ := res[2*i].([]any)
+		members, _ := res[3*i].([]any)
 		sh := Share{Nodes: map[string]int{}}
 		for _, m := range members {
 			str, ok := m.(string)
@@ -52,10 +51,11 @@ func (s *Store) Snapshot(ctx context.Context, providers []string) (map[string]Sh
 			sh.Active++
 			sh.Nodes[memberNode(str)]++
 		}
-		if ms, ok := parseInt(res[2*i+1]); ok && ms > 0 {
-			sh.CooldownUntil = time.UnixMilli(ms)
-		}
+		cdLeft, _ := parseInt(res[3*i+1])
+		skLeft, _ := parseInt(res[3*i+2])
+		sh.Hold = s.hold(cdLeft, 0, skLeft)
 		out[p] = sh
+		s.sawLive(p, sh.Active)
 	}
 	return out, nil
 }

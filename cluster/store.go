@@ -26,6 +26,7 @@ type Store struct {
 	closed  bool
 	leases  map[*Lease]struct{}
 	watched map[string]struct{} // providers whose dead leases renewal sweeps
+	live    map[string]liveSeen // each watched provider's live leases, as last read
 	subs    map[*subscription]struct{}
 	// inflight counts the Acquire and Release calls talking to Redis, so
 	// that Close does not close the client under them.
@@ -66,6 +67,7 @@ func Open(cfg Config, node string) (*Store, error) {
 		log:       cfg.Logger.With(zap.String("node", node)),
 		leases:    map[*Lease]struct{}{},
 		watched:   map[string]struct{}{},
+		live:      map[string]liveSeen{},
 		subs:      map[*subscription]struct{}{},
 		renewStop: make(chan struct{}),
 		renewDone: make(chan struct{}),
@@ -168,8 +170,8 @@ func (s *Store) renewLoop() {
 }
 
 // renew runs one renewal: every held lease is extended (or put back when
-// missing) and the dead leases of every provider this node has asked for
-// are dropped, in one round trip.
+// missing), and the dead leases of every provider this node has asked for
+// or watches are dropped and its live leases counted, in one round trip.
 func (s *Store) renew() {
 	s.mu.Lock()
 	if s.closed {
@@ -198,14 +200,17 @@ func (s *Store) renew() {
 	for _, p := range providers {
 		keys = append(keys, s.leaseKey(p))
 		ls := byProvider[p]
-		args = append(args, s.event(EventReleased, p, time.Time{}), len(ls))
+		args = append(args, s.event(EventReleased, p, 0, 0), len(ls))
 		for _, l := range ls {
 			args = append(args, l.member)
 		}
 	}
 	ctx, cancel := s.ctx(context.Background())
 	defer cancel()
-	restored, err := renewScript.Run(ctx, s.rdb, keys, args...).Int64()
+	res, err := renewScript.Run(ctx, s.rdb, keys, args...).Int64Slice()
+	if err == nil && len(res) != 1+len(providers) {
+		err = fmt.Errorf("unexpected reply %v", res)
+	}
 	if err != nil {
 		if s.renewOK {
 			s.log.Warn("shared state: lease renewal failed; retrying",
@@ -218,7 +223,10 @@ func (s *Store) renew() {
 		s.log.Info("shared state: lease renewal works again")
 	}
 	s.renewOK = true
-	if restored > 0 {
+	for i, p := range providers {
+		s.sawLive(p, int(res[1+i]))
+	}
+	if restored := res[0]; restored > 0 {
 		s.log.Info("shared state: put back leases that went missing", zap.Int64("leases", restored))
 	}
 	// A lease released while this renewal ran may have been put back by
@@ -236,6 +244,56 @@ func (s *Store) renew() {
 		_ = s.releaseRemote(rctx, again)
 		rcancel()
 	}
+}
+
+// Watch makes the renewals, about every LeaseTTL/3, also drop the dead
+// leases of providers (announcing the freed slots) and count their live
+// leases (Live), though this node may never take a slot of them.
+func (s *Store) Watch(providers ...string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, p := range providers {
+		if p != "" {
+			s.watched[p] = struct{}{}
+		}
+	}
+}
+
+// liveSeen is a provider's live leases as read at a time (this node's
+// clock).
+type liveSeen struct {
+	n  int
+	at time.Time
+}
+
+// sawLive records a provider's live leases as just read.
+func (s *Store) sawLive(provider string, n int) {
+	now := s.now()
+	s.mu.Lock()
+	s.live[provider] = liveSeen{n: n, at: now}
+	s.mu.Unlock()
+}
+
+// Live returns the provider's live leases over every node as last read
+// (by a renewal of a watched provider, an Acquire or a Snapshot), and
+// whether that reading is recent: within LeaseTTL. A node cut off from
+// Redis has no recent reading.
+func (s *Store) Live(provider string) (int, bool) {
+	s.mu.Lock()
+	seen, ok := s.live[provider]
+	s.mu.Unlock()
+	if !ok || s.now().Sub(seen.at) > s.cfg.LeaseTTL {
+		return 0, false
+	}
+	return seen.n, true
+}
+
+// now reads this node's clock (Config.Clock).
+func (s *Store) now() time.Time {
+	if s.cfg.Clock != nil {
+		return s.cfg.Clock.Now()
+	}
+	return time.Now()
 }
 
 // Ping checks that the Redis server answers. Errors wrap ErrUnavailable.

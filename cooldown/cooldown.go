@@ -32,6 +32,13 @@
 //     normally, with no trial. A skip never shortens a failure cooldown: the
 //     provider is unavailable until the later of the two ends.
 //
+// # Shared state
+//
+// With several gateway nodes sharing state, a node takes on what another
+// learnt: Adopt for a failure cooldown (a single trial follows here too,
+// and the doubling continues from the larger streak), AdoptSkip for a
+// capacity skip (a skip here too: no trial, no doubling, nothing counted).
+//
 // # Single provider protection
 //
 // When the handler has exactly one provider (Configure with single=true) a
@@ -660,6 +667,40 @@ func (h *Health) Adopt(until time.Time, streak int) bool {
 	h.gen++ // permits out now report into the adopted cooldown's past
 	h.win.clear()
 	return true
+}
+
+// AdoptSkip takes on a 408/429 skip that another gateway node learnt
+// (shared state): the provider is skipped until then, exactly as after a
+// local Capacity result, and nothing else changes: no trial follows, the
+// doubling and the failure window are untouched, and permits out now
+// still count. It never shortens a skip already running; it reports
+// whether the provider is now skipped for longer than before.
+func (h *Health) AdoptSkip(until time.Time) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	now := h.now()
+	if !until.After(now) || !until.After(h.skipUntil) {
+		return false
+	}
+	before := h.untilLocked(now)
+	h.skipUntil = until
+	return h.untilLocked(now).After(before)
+}
+
+// Ends returns the end of the running failure cooldown and of the running
+// capacity skip, each zero when not running: what another node is told of
+// (a cooldown is followed by a trial, a skip is not).
+func (h *Health) Ends() (cooldownUntil, skipUntil time.Time) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	now := h.now()
+	if now.Before(h.cooldownUntil) {
+		cooldownUntil = h.cooldownUntil
+	}
+	if now.Before(h.skipUntil) {
+		skipUntil = h.skipUntil
+	}
+	return cooldownUntil, skipUntil
 }
 
 // Streak is the number of back-to-back cooldowns so far.

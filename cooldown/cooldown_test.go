@@ -980,3 +980,66 @@ func TestAdopt(t *testing.T) {
 		t.Fatalf("streak %d", h.Streak())
 	}
 }
+
+// TestAdoptSkip: a 408/429 skip learnt from another node is a skip here
+// too: unavailable until its end, then every caller at once (no trial
+// gate), the doubling and the failure window untouched, permits out
+// before it still counting, and a later single failure no cooldown.
+func TestAdoptSkip(t *testing.T) {
+	h, c := newHealth(t, Config{Duration: 10 * time.Second, MaxDuration: 5 * time.Minute, MinRequests: 3, FailureThreshold: 0.5})
+	inFlight, _ := h.Acquire()
+	if h.AdoptSkip(c.now().Add(-time.Second)) {
+		t.Fatal("adopted a skip that already ended")
+	}
+	if !h.AdoptSkip(c.now().Add(2 * time.Second)) {
+		t.Fatal("skip not adopted")
+	}
+	if h.AdoptSkip(c.now().Add(time.Second)) {
+		t.Fatal("an earlier end replaced a later one")
+	}
+	if _, ok := h.Acquire(); ok || h.Available() {
+		t.Fatal("available during an adopted skip")
+	}
+	if cd, sk := h.Ends(); !cd.IsZero() || !sk.Equal(c.now().Add(2*time.Second)) {
+		t.Fatalf("ends %v %v", cd, sk)
+	}
+	// The attempt that was in flight still counts (not stale).
+	if ch := h.Done(inFlight, Success, 0); ch != NoChange {
+		t.Fatalf("success in flight: %v", ch)
+	}
+	c.advance(2 * time.Second)
+	// Several callers at once, none of them a trial.
+	var permits []Permit
+	for range 5 {
+		p, ok := h.Acquire()
+		if !ok || p.Trial() {
+			t.Fatalf("after the adopted skip: ok %v trial %v", ok, p.Trial())
+		}
+		permits = append(permits, p)
+	}
+	// One failure among them: counted in the window, no cooldown.
+	if ch := h.Done(permits[0], Failure, 0); ch != NoChange {
+		t.Fatalf("a single failure after the adopted skip: %v", ch)
+	}
+	for _, p := range permits[1:] {
+		if ch := h.Done(p, Success, 0); ch != NoChange {
+			t.Fatalf("success after the adopted skip: %v (no local skip: nothing to recover from)", ch)
+		}
+	}
+	s := h.Snapshot()
+	if s.Streak != 0 || s.Cooldowns != 0 || s.WindowFailures != 1 || s.WindowAttempts != 6 || !s.Healthy {
+		t.Fatalf("after the adopted skip: %+v", s)
+	}
+	// A skip never shortens a cooldown; Ends tells them apart.
+	h2, c2 := newHealth(t, Config{Duration: 10 * time.Second})
+	h2.Adopt(c2.now().Add(10*time.Second), 1)
+	if h2.AdoptSkip(c2.now().Add(5 * time.Second)) {
+		t.Fatal("a skip inside a cooldown reported a longer block")
+	}
+	if cd, sk := h2.Ends(); !cd.Equal(c2.now().Add(10*time.Second)) || !sk.Equal(c2.now().Add(5*time.Second)) {
+		t.Fatalf("ends %v %v", cd, sk)
+	}
+	if !h2.Until().Equal(c2.now().Add(10 * time.Second)) {
+		t.Fatalf("until %v", h2.Until())
+	}
+}

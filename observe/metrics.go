@@ -103,6 +103,8 @@ var (
 		"1 when the provider may be tried, 0 during a cooldown, a 408/429 skip or a trial.", []string{"provider"}, nil)
 	sharedUpDesc = prometheus.NewDesc(prometheus.BuildFQName(namespace, subsystem, "shared_state_up"),
 		"1 while the shared state (state redis) answers, 0 after a call failed; absent without state.", nil, nil)
+	overLimitDesc = prometheus.NewDesc(prometheus.BuildFQName(namespace, subsystem, "shared_over_limit"),
+		"Live sessions above max_concurrent over every node (state redis), by provider; 0 within the limit. Above 0 only after a node was cut off from Redis longer than lease_ttl; no session is admitted until it is 0 again. Absent while this node has no recent count.", []string{"provider"}, nil)
 	waitingDesc = prometheus.NewDesc(prometheus.BuildFQName(namespace, subsystem, "queue_waiting"),
 		"Clients waiting in the wait queues of every handler.", nil, nil)
 	clientKeysDesc = prometheus.NewDesc(prometheus.BuildFQName(namespace, subsystem, "client_keys_active"),
@@ -118,6 +120,7 @@ func (poolCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- healthyDesc
 	ch <- waitingDesc
 	ch <- sharedUpDesc
+	ch <- overLimitDesc
 	ch <- clientKeysDesc
 	ch <- clientSessionsDesc
 	ch <- clientWaitingDesc
@@ -131,6 +134,15 @@ func (poolCollector) Collect(ch chan<- prometheus.Metric) {
 			healthy = 1
 		}
 		ch <- prometheus.MustNewConstMetric(healthyDesc, prometheus.GaugeValue, healthy, p.Name())
+		if v := p.Cluster(); v != nil {
+			if live, ok := v.ClusterActive(p.Name()); ok {
+				over := 0.0
+				if m := p.MaxConcurrent(); m > 0 && int64(live) > m {
+					over = float64(int64(live) - m)
+				}
+				ch <- prometheus.MustNewConstMetric(overLimitDesc, prometheus.GaugeValue, over, p.Name())
+			}
+		}
 	}
 	waiting := 0
 	for _, q := range pool.Queues() {

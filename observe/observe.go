@@ -7,6 +7,7 @@
 package observe
 
 import (
+	"fmt"
 	"sync"
 	"time"
 
@@ -77,14 +78,14 @@ func New(ctx caddy.Context, logger *zap.Logger, hooks []*WebhookConfig) (*Observ
 		}
 	}
 	repl := caddy.NewReplacer()
-	for _, hc := range hooks {
+	for i, hc := range hooks {
 		if hc == nil {
 			continue
 		}
 		wh, err := newWebhook(hc, repl, logger)
 		if err != nil {
 			o.closeHooks()
-			return nil, err
+			return nil, fmt.Errorf("webhook %d: %w", i+1, err)
 		}
 		o.hooks = append(o.hooks, wh)
 	}

@@ -125,7 +125,7 @@ func TestWebhookSignedRetried(t *testing.T) {
 			w.WriteHeader(503)
 			return
 		}
-		if r.Header.Get(SignatureHeader) != Sign([]byte("k3y"), body) {
+		if r.Header.Get(SignatureHeader) != Sign([]byte("k3y"), r.Header.Get(TimestampHeader), body) {
 			w.WriteHeader(400)
 			return
 		}

@@ -34,14 +34,23 @@ type WebhookConfig struct {
 	// browser_failover.rejected (the part after "browser_failover." alone
 	// is accepted too). Default: all of them.
 	Events []string `json:"events,omitempty"`
-	// Secret signs each body: header X-Browser-Failover-Signature is
-	// "sha256=" and the hex HMAC-SHA256 of the body with this key. May hold
-	// {env.X} placeholders.
+	// Secret signs each delivery: header X-Browser-Failover-Signature is
+	// "sha256=" and the hex HMAC-SHA256, keyed with it, of the delivery's
+	// X-Browser-Failover-Timestamp, a dot and the body. May hold {env.X}
+	// placeholders; one that resolves to nothing is an error, never an
+	// unsigned delivery.
 	Secret string `json:"secret,omitempty"`
 }
 
-// SignatureHeader carries a webhook body's signature.
-const SignatureHeader = "X-Browser-Failover-Signature"
+// Webhook delivery headers.
+const (
+	// SignatureHeader carries a delivery's signature (see Sign).
+	SignatureHeader = "X-Browser-Failover-Signature"
+	// TimestampHeader carries the delivery's time in Unix seconds; the
+	// signature covers it, so a receiver that rejects old timestamps
+	// rejects replays.
+	TimestampHeader = "X-Browser-Failover-Timestamp"
+)
 
 // EventName returns the full name of a known event given in full or
 // without its "browser_failover." prefix, and whether it is known.
@@ -117,6 +126,7 @@ type webhook struct {
 	events map[string]bool // nil: all
 	client *http.Client
 	logger *zap.Logger
+	now    func() time.Time // the deliveries' timestamps
 
 	queue     chan delivery
 	stopping  chan struct{}
@@ -134,10 +144,14 @@ func newWebhook(c *WebhookConfig, repl *caddy.Replacer, logger *zap.Logger) (*we
 	if err != nil || u.Host == "" || (u.Scheme != "http" && u.Scheme != "https") {
 		return nil, errors.New("webhook URL is invalid once its placeholders are resolved")
 	}
+	secret := repl.ReplaceKnown(c.Secret, "")
+	if c.Secret != "" && secret == "" {
+		return nil, errors.New("webhook secret is empty once its placeholders are resolved (is the environment variable set?): deliveries would go out unsigned")
+	}
 	w := &webhook{
 		url:    raw,
 		shown:  upstreams.Redact(u),
-		secret: []byte(repl.ReplaceKnown(c.Secret, "")),
+		secret: []byte(secret),
 		logger: logger,
 		client: &http.Client{
 			// A redirect is an answer, not something to follow with the
@@ -146,6 +160,7 @@ func newWebhook(c *WebhookConfig, repl *caddy.Replacer, logger *zap.Logger) (*we
 		},
 		queue:    make(chan delivery, webhookQueueSize),
 		stopping: make(chan struct{}),
+		now:      time.Now,
 	}
 	if len(c.Events) > 0 {
 		w.events = map[string]bool{}
@@ -258,8 +273,10 @@ func (w *webhook) post(d delivery) (retry bool, err error) {
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("User-Agent", "caddy-browser-failover")
 	req.Header.Set("X-Browser-Failover-Event", d.event)
+	ts := strconv.FormatInt(w.now().Unix(), 10)
+	req.Header.Set(TimestampHeader, ts)
 	if len(w.secret) > 0 {
-		req.Header.Set(SignatureHeader, Sign(w.secret, d.body))
+		req.Header.Set(SignatureHeader, Sign(w.secret, ts, d.body))
 	}
 	resp, err := w.client.Do(req)
 	if err != nil {
@@ -281,10 +298,13 @@ func (w *webhook) post(d delivery) (retry bool, err error) {
 	}
 }
 
-// Sign returns the signature header value of body: "sha256=" and the hex
-// HMAC-SHA256 of body keyed with secret.
-func Sign(secret, body []byte) string {
+// Sign returns the signature header value of a delivery sent at
+// timestamp (Unix seconds, as in TimestampHeader): "sha256=" and the hex
+// HMAC-SHA256, keyed with secret, of timestamp + "." + body.
+func Sign(secret []byte, timestamp string, body []byte) string {
 	m := hmac.New(sha256.New, secret)
+	m.Write([]byte(timestamp))
+	m.Write([]byte{'.'})
 	m.Write(body)
 	return "sha256=" + hex.EncodeToString(m.Sum(nil))
 }

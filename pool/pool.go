@@ -495,7 +495,14 @@ func Queues() []QueueCount {
 // ClusterView reads a provider's cluster-wide state when several gateway
 // nodes share it; the status shows what it returns under "cluster".
 type ClusterView interface {
-	ClusterStatus(ctx context.Context, provider string) any
+	// ClusterStatus returns the "cluster" object of each of providers,
+	// read in one call bounded by ctx, and whether the shared state
+	// answered. While it is known to be down it answers at once, without
+	// asking.
+	ClusterStatus(ctx context.Context, providers []string) (objects map[string]any, up bool)
+	// ClusterActive is the provider's live sessions over every node as
+	// last read, and whether that reading is recent.
+	ClusterActive(provider string) (int, bool)
 	// ResetShared ends the provider's shared cooldown, so that an
 	// operator's reset holds on every node.
 	ResetShared(ctx context.Context, provider string)

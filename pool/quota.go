@@ -1,10 +1,13 @@
 package pool
 
 import (
+	"crypto/hmac"
+	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
 	"sort"
 	"sync"
+	"sync/atomic"
 )
 
 // Client quotas: the live sessions of each client key value (client_limit),
@@ -15,7 +18,7 @@ import (
 
 // quotaEntry is one key value's count.
 type quotaEntry struct {
-	shown   string // the hashed key for status
+	value   string // the key value: shown only hashed (ShownKey)
 	active  int
 	waiting int
 }
@@ -39,21 +42,46 @@ func (k QuotaKey) id() string { return k.Template + "\x00" + k.Value }
 // the queue.
 func (k QuotaKey) Resource() string { return "client\x00" + k.id() }
 
-// ShownKey is how a key value appears in status: a short SHA-256 prefix,
-// never the value itself (it may be an API key).
+// keySecret keys the hash of ShownKey. Until SetClientKeySecret gives the
+// deployment's own, it is a random secret of this process.
+var keySecret atomic.Pointer[[]byte]
+
+func init() {
+	b := make([]byte, 32)
+	_, _ = rand.Read(b)
+	keySecret.Store(&b)
+}
+
+// SetClientKeySecret sets the secret ShownKey is keyed with: the
+// deployment's, kept in Caddy's storage (and agreed on through the shared
+// state by every node), so the shown keys are the same on every node and
+// across restarts. An empty secret changes nothing.
+func SetClientKeySecret(secret []byte) {
+	if len(secret) == 0 {
+		return
+	}
+	b := append([]byte(nil), secret...)
+	keySecret.Store(&b)
+}
+
+// ShownKey is how a key value appears in status: "hmac:" and 16 hex
+// digits of its HMAC-SHA256 keyed with the deployment's secret, never the
+// value itself (it may be an API key or a user id). Without the secret,
+// likely values cannot be tried against it.
 func ShownKey(value string) string {
 	if value == "" {
 		return "(empty)"
 	}
-	sum := sha256.Sum256([]byte(value))
-	return "sha256:" + hex.EncodeToString(sum[:6])
+	m := hmac.New(sha256.New, *keySecret.Load())
+	m.Write([]byte(value))
+	return "hmac:" + hex.EncodeToString(m.Sum(nil)[:8])
 }
 
 func entryLocked(k QuotaKey) *quotaEntry {
 	id := k.id()
 	e := quotas[id]
 	if e == nil {
-		e = &quotaEntry{shown: ShownKey(k.Value)}
+		e = &quotaEntry{value: k.Value}
 		quotas[id] = e
 	}
 	return e
@@ -131,7 +159,7 @@ func Clients() []ClientCount {
 		if e.active == 0 && e.waiting == 0 {
 			continue
 		}
-		out = append(out, ClientCount{Key: e.shown, Active: e.active, Waiting: e.waiting})
+		out = append(out, ClientCount{Key: ShownKey(e.value), Active: e.active, Waiting: e.waiting})
 	}
 	quotaMu.Unlock()
 	sort.Slice(out, func(i, j int) bool {

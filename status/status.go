@@ -17,6 +17,7 @@ import (
 	"math"
 	"net/http"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -68,13 +69,19 @@ type Status struct {
 	// Clients are the client_limit keys with live sessions or waiters,
 	// each shown hashed, never as its value.
 	Clients []Client `json:"clients"`
+	// SharedStateUp is, when some provider's state is shared (state
+	// redis), whether the shared state answered this read; absent
+	// otherwise. While it is down the status still answers at once, with
+	// the local figures.
+	SharedStateUp *bool `json:"shared_state_up,omitempty"`
 }
 
 // Client is one client_limit key value in use, counted over every handler
 // and config load.
 type Client struct {
-	// Key is a short SHA-256 prefix of the value (pool.ShownKey), never
-	// the value itself: it may be an API key.
+	// Key is a keyed hash of the value (pool.ShownKey: HMAC-SHA256 with
+	// the deployment's own random secret), never the value itself: it may
+	// be an API key.
 	Key string `json:"key"`
 	// Active is the value's live sessions.
 	Active int `json:"active"`
@@ -154,9 +161,15 @@ type Cluster struct {
 	// Nodes maps each node holding live sessions of the provider to their
 	// number; {} when none does.
 	Nodes map[string]int `json:"nodes"`
-	// CooldownUntil is the end of the shared cooldown, in UTC; null when
-	// none runs.
+	// CooldownUntil is the end of the shared cooldown or 408/429 skip, in
+	// UTC; null when none runs.
 	CooldownUntil *time.Time `json:"cooldown_until"`
+	// OverLimit is how many live sessions the provider has above its
+	// max_concurrent over every node (0 when within it, or unlimited).
+	// Only after a node was cut off from the shared state longer than
+	// its lease_ttl can it be above 0; no new session is admitted
+	// anywhere until it is back at 0.
+	OverLimit int `json:"over_limit"`
 }
 
 // NewCluster builds the Cluster object seen by node: a nil nodes map shows
@@ -191,17 +204,65 @@ func NewClusterUnavailable(node string) ClusterUnavailable {
 	return ClusterUnavailable{Error: SharedStateUnavailable, Node: node}
 }
 
+// clusterReadTimeout bounds the status' read of the shared state: one
+// call per store, whatever the number of providers.
+const clusterReadTimeout = time.Second
+
 // Snapshot returns the status of every provider (sorted by name) and queue.
 func Snapshot() Status {
 	st := Status{Providers: []Provider{}, Queues: Queues(), Clients: Clients()}
-	for _, p := range pool.All() {
-		st.Providers = append(st.Providers, Of(p))
+	all := pool.All()
+	clusters, up := readClusters(all)
+	for _, p := range all {
+		st.Providers = append(st.Providers, local(p, clusters))
 	}
+	st.SharedStateUp = up
 	return st
 }
 
 // Of returns one provider's status object.
 func Of(p *pool.Provider) Provider {
+	clusters, _ := readClusters([]*pool.Provider{p})
+	return local(p, clusters)
+}
+
+// readClusters reads the cluster objects of every provider whose state is
+// shared: one bounded call per store, the stores at once. up is nil when
+// no provider's state is shared, else whether every store answered.
+func readClusters(ps []*pool.Provider) (map[string]any, *bool) {
+	byView := map[pool.ClusterView][]string{}
+	for _, p := range ps {
+		if v := p.Cluster(); v != nil {
+			byView[v] = append(byView[v], p.Name())
+		}
+	}
+	if len(byView) == 0 {
+		return nil, nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), clusterReadTimeout)
+	defer cancel()
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	out := map[string]any{}
+	allUp := true
+	for v, names := range byView {
+		wg.Go(func() {
+			objs, up := v.ClusterStatus(ctx, names)
+			mu.Lock()
+			defer mu.Unlock()
+			allUp = allUp && up
+			for k, o := range objs {
+				out[k] = o
+			}
+		})
+	}
+	wg.Wait()
+	return out, &allUp
+}
+
+// local builds a provider's status object from this node's figures, and
+// its cluster object from clusters.
+func local(p *pool.Provider, clusters map[string]any) Provider {
 	snap := p.Health.Snapshot()
 	out := Provider{
 		Name:          p.Name(),
@@ -221,12 +282,22 @@ func Of(p *pool.Provider) Provider {
 	if ms, ok := p.HandshakeMS(); ok {
 		out.HandshakeMS = math.Round(ms*10) / 10
 	}
-	if v := p.Cluster(); v != nil {
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		out.Cluster = v.ClusterStatus(ctx, p.Name())
-		cancel()
+	if c, ok := clusters[p.Name()]; ok {
+		if cl, ok := c.(Cluster); ok {
+			cl.OverLimit = OverLimit(cl.Active, p.MaxConcurrent())
+			c = cl
+		}
+		out.Cluster = c
 	}
 	return out
+}
+
+// OverLimit is how far live sessions are above max (0 for unlimited).
+func OverLimit(live int, max int64) int {
+	if max <= 0 || int64(live) <= max {
+		return 0
+	}
+	return int(int64(live) - max)
 }
 
 func (Admin) handleStatus(w http.ResponseWriter, r *http.Request) error {

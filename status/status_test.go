@@ -2,11 +2,13 @@ package status
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -192,13 +194,116 @@ func TestClusterJSON(t *testing.T) {
 		v    any
 		want string
 	}{
-		{NewCluster("n1", 0, nil, time.Time{}), `{"node":"n1","active":0,"nodes":{},"cooldown_until":null}`},
-		{NewCluster("n1", 3, map[string]int{"n1": 1, "n2": 2}, until), `{"node":"n1","active":3,"nodes":{"n1":1,"n2":2},"cooldown_until":"2030-01-02T02:04:05Z"}`},
+		{NewCluster("n1", 0, nil, time.Time{}), `{"node":"n1","active":0,"nodes":{},"cooldown_until":null,"over_limit":0}`},
+		{NewCluster("n1", 3, map[string]int{"n1": 1, "n2": 2}, until), `{"node":"n1","active":3,"nodes":{"n1":1,"n2":2},"cooldown_until":"2030-01-02T02:04:05Z","over_limit":0}`},
 		{NewClusterUnavailable("n1"), `{"error":"shared state unavailable","node":"n1"}`},
 	} {
 		b, err := json.Marshal(tc.v)
 		if err != nil || string(b) != tc.want {
 			t.Errorf("%+v: %s %v, want %s", tc.v, b, err, tc.want)
 		}
+	}
+}
+
+// fakeView is a pool.ClusterView answering from fixed figures, or hanging
+// until its context ends when hang is set.
+type fakeView struct {
+	active map[string]int
+	up     bool
+	hang   bool
+	calls  atomic.Int32
+}
+
+func (v *fakeView) ClusterStatus(ctx context.Context, providers []string) (map[string]any, bool) {
+	v.calls.Add(1)
+	out := map[string]any{}
+	if v.hang {
+		<-ctx.Done()
+	}
+	for _, p := range providers {
+		if !v.up || v.hang {
+			out[p] = NewClusterUnavailable("n1")
+		} else {
+			out[p] = NewCluster("n1", v.active[p], map[string]int{"n1": v.active[p]}, time.Time{})
+		}
+	}
+	return out, v.up && !v.hang
+}
+
+func (v *fakeView) ClusterActive(p string) (int, bool) { return v.active[p], v.up }
+
+func (v *fakeView) ResetShared(context.Context, string) {}
+
+// TestStatusCluster: the providers sharing one store are read in one call;
+// over_limit is the live sessions above max_concurrent over every node;
+// shared_state_up tells whether the store answered; and a store that does
+// not answer holds the status up for a bounded time only.
+func TestStatusCluster(t *testing.T) {
+	cfg := cooldown.Config{}
+	a, err := pool.Claim("status-cl-a", "ws://h/a", "ws://h/a", t, cfg, false, 4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.ReleaseClaim("status-cl-a", t)
+	b, err := pool.Claim("status-cl-b", "ws://h/b", "ws://h/b", t, cfg, false, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.ReleaseClaim("status-cl-b", t)
+	v := &fakeView{active: map[string]int{"status-cl-a": 7, "status-cl-b": 9}, up: true}
+	a.SetCluster(v)
+	b.SetCluster(v)
+	defer a.SetCluster(nil)
+	defer b.SetCluster(nil)
+
+	st := Snapshot()
+	if v.calls.Load() != 1 {
+		t.Fatalf("%d calls to the store for two providers, want 1", v.calls.Load())
+	}
+	over := map[string]int{}
+	for _, p := range st.Providers {
+		if c, ok := p.Cluster.(Cluster); ok {
+			over[p.Name] = c.OverLimit
+		}
+	}
+	if over["status-cl-a"] != 3 || over["status-cl-b"] != 0 {
+		t.Fatalf("over_limit %v, want a 3 (7 live, max 4) and b 0 (unlimited)", over)
+	}
+	if st.SharedStateUp == nil || !*st.SharedStateUp {
+		t.Fatalf("shared_state_up %v", st.SharedStateUp)
+	}
+	b2, _ := json.Marshal(st)
+	if !bytes.Contains(b2, []byte(`"over_limit":3`)) || !bytes.Contains(b2, []byte(`"shared_state_up":true`)) {
+		t.Fatalf("status JSON %s", b2)
+	}
+
+	v.up = false
+	if st := Snapshot(); st.SharedStateUp == nil || *st.SharedStateUp {
+		t.Fatalf("shared_state_up %v while down", st.SharedStateUp)
+	}
+
+	// A store that hangs: the status still answers, with the local
+	// figures, once the read's bound has passed.
+	v.hang = true
+	start := time.Now()
+	st = Snapshot()
+	if took := time.Since(start); took < clusterReadTimeout-10*time.Millisecond || took > 20*clusterReadTimeout {
+		t.Fatalf("status with a hanging store took %v (bound %v)", took, clusterReadTimeout)
+	}
+	if *st.SharedStateUp {
+		t.Fatal("shared_state_up true with a hanging store")
+	}
+	for _, p := range st.Providers {
+		if (p.Name == "status-cl-a" || p.Name == "status-cl-b") && p.MaxConcurrent != map[string]int64{"status-cl-a": 4, "status-cl-b": 0}[p.Name] {
+			t.Fatalf("local figures missing: %+v", p)
+		}
+	}
+
+	// Without shared state the field is absent.
+	a.SetCluster(nil)
+	b.SetCluster(nil)
+	b2, _ = json.Marshal(Snapshot())
+	if bytes.Contains(b2, []byte("shared_state_up")) {
+		t.Fatalf("shared_state_up without shared state: %s", b2)
 	}
 }

@@ -139,31 +139,6 @@ func HopByHop(k string) bool {
 	return false
 }
 
-// notForwarded are the client headers the upstream handshake never carries:
-// hop-by-hop ones, the client's credentials for the gateway and its Origin
-// (Chrome refuses an Origin it was not told to allow), and those the gateway
-// writes itself.
-var notForwarded = map[string]bool{
-	"Connection":          true,
-	"Proxy-Connection":    true,
-	"Keep-Alive":          true,
-	"Proxy-Authenticate":  true,
-	"Proxy-Authorization": true,
-	"Te":                  true,
-	"Trailer":             true,
-	"Transfer-Encoding":   true,
-	"Upgrade":             true,
-	"Host":                true,
-	"Authorization":       true,
-	"Origin":              true,
-	"Content-Length":      true,
-	// Written by the gateway itself, first.
-	"Sec-Websocket-Key":     true,
-	"Sec-Websocket-Version": true,
-	// Pseudo header of HTTP/2 extended CONNECT.
-	":protocol": true,
-}
-
 // target is where one attempt goes: host header, request URI.
 type target struct {
 	host       string
@@ -197,8 +172,10 @@ func (p *Provider) wsTarget(hs *Handshake, path string, query url.Values, rawQue
 	return target{host: host, requestURI: uri}
 }
 
-// appendRequest writes the upstream upgrade request to buf. replace expands
-// request placeholders in header_up values (nil: none).
+// appendRequest writes the upstream upgrade request to buf: the client's
+// fields that forwards allows (forward.go), the provider URL's user info as
+// Basic auth, then the header_up operations. replace expands request
+// placeholders in header_up values (nil: none).
 func (p *Provider) appendRequest(buf []byte, hs *Handshake, t target, replace func(string) string) []byte {
 	// Fields named in the client's Connection header are hop-by-hop too.
 	var connNamed map[string]bool
@@ -225,7 +202,7 @@ func (p *Provider) appendRequest(buf []byte, hs *Handshake, t target, replace fu
 	if len(p.headerOps) == 0 {
 		start(t.host)
 		for k, vs := range hs.Header {
-			if notForwarded[k] || connNamed[k] {
+			if !p.forward.forwards(k) || connNamed[k] || (k == "Authorization" && p.basicAuth != "") {
 				continue
 			}
 			for _, v := range vs {
@@ -242,7 +219,7 @@ func (p *Provider) appendRequest(buf []byte, hs *Handshake, t target, replace fu
 	// operations in order.
 	h := make(http.Header, len(hs.Header)+2)
 	for k, vs := range hs.Header {
-		if notForwarded[k] || connNamed[k] {
+		if !p.forward.forwards(k) || connNamed[k] {
 			continue
 		}
 		h[k] = vs

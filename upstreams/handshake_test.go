@@ -69,12 +69,12 @@ func TestAppendRequestHeaders(t *testing.T) {
 	if u, pw, ok := r.BasicAuth(); !ok || u != "user" || pw != "pa@ss" {
 		t.Fatalf("basic auth %q %q %v", u, pw, ok)
 	}
-	for _, k := range []string{"X-Hop", "Keep-Alive", "Proxy-Authorization", "Origin"} {
+	for _, k := range []string{"X-Hop", "Keep-Alive", "Proxy-Authorization", "Origin", "Cookie"} {
 		if r.Header.Get(k) != "" {
 			t.Errorf("%s forwarded", k)
 		}
 	}
-	for _, k := range []string{"Sec-Websocket-Protocol", "Sec-Websocket-Extensions", "User-Agent", "Cookie"} {
+	for _, k := range []string{"Sec-Websocket-Protocol", "Sec-Websocket-Extensions", "User-Agent"} {
 		if r.Header.Get(k) != client.Get(k) {
 			t.Errorf("%s not forwarded as is: %q", k, r.Header.Get(k))
 		}
@@ -85,8 +85,9 @@ func TestAppendRequestHeaders(t *testing.T) {
 	}
 
 	// header_up: set Authorization (user info then not used), add, delete,
-	// placeholders expanded, Origin set on purpose.
-	p = mustProvider(t, Options{Name: "p", URL: "ws://user:pw@h:9/x", HeaderOps: []HeaderOp{
+	// placeholders expanded, Origin set on purpose; Cookie forwarded by
+	// forward_headers, then added to.
+	p = mustProvider(t, Options{Name: "p", URL: "ws://user:pw@h:9/x", ForwardHeaders: []string{"cookie"}, HeaderOps: []HeaderOp{
 		{Op: "set", Field: "Authorization", Value: "Bearer {token}"},
 		{Op: "add", Field: "Cookie", Value: "c=d"},
 		{Op: "delete", Field: "User-Agent"},
@@ -107,7 +108,9 @@ func TestRedact(t *testing.T) {
 		"wss://connect.example.com/?apiKey=abc": "wss://connect.example.com/?apiKey=REDACTED",
 		"wss://u:p@h/x?a=1&b=2&a=3":             "wss://REDACTED@h/x?a=REDACTED&b=REDACTED&a=REDACTED",
 		"http://127.0.0.1:9222":                 "http://127.0.0.1:9222",
-		"ws://h/?flag":                          "ws://h/?flag=REDACTED",
+		"ws://h/?flag":                          "ws://h/?REDACTED",
+		"ws://h/?s3cr3t&a=1":                    "ws://h/?REDACTED&a=REDACTED",
+		"ws://h/?a=1&&=x":                       "ws://h/?a=REDACTED&=REDACTED",
 		"ws://h/p?token=%2Fsecret%3D&x=y#frag":  "ws://h/p?token=REDACTED&x=REDACTED",
 	}
 	for in, want := range cases {

@@ -38,6 +38,11 @@ type Options struct {
 	HeaderOps []HeaderOp
 	// PassQuery merges the client's query into the provider URL's.
 	PassQuery bool
+	// ForwardHeaders names client handshake fields the provider gets
+	// besides the WebSocket negotiation ones, User-Agent and
+	// x-playwright-* (see CheckForwardHeaders); a trailing "*" matches a
+	// prefix.
+	ForwardHeaders []string
 	// Discover is nil for the default (on for http(s) URLs, off for ws(s)).
 	Discover *bool
 	TLS      TLSOptions
@@ -78,6 +83,7 @@ type Provider struct {
 
 	headerOps []HeaderOp
 	setsAuth  bool
+	forward   *forwardRule // nil: the default fields only
 
 	scheme     string // ws or wss after mapping http(s)
 	httpScheme string // http or https, for discovery
@@ -113,6 +119,9 @@ func New(o Options) (*Provider, error) {
 		PassQuery:      o.PassQuery,
 		headerOps:      o.HeaderOps,
 		redacted:       Redact(u),
+	}
+	if p.forward, err = parseForward(o.ForwardHeaders); err != nil {
+		return nil, fmt.Errorf("provider %q: %w", o.Name, err)
 	}
 	if p.Weight == 0 {
 		p.Weight = 1
@@ -230,7 +239,8 @@ func (p *Provider) String() string { return p.redacted }
 func (p *Provider) Redacted() string { return p.redacted }
 
 // Redact renders u with user info shown as REDACTED@ and every query value as
-// REDACTED (keys kept). This is the only place URLs are made safe to show.
+// REDACTED (keys kept); a query item without "=" is shown as REDACTED whole.
+// This is the only place URLs are made safe to show.
 func Redact(u *url.URL) string {
 	c := *u
 	if c.User != nil {
@@ -242,14 +252,20 @@ func Redact(u *url.URL) string {
 			if part == "" {
 				continue
 			}
-			k, _, _ := strings.Cut(part, "=")
+			if b.Len() > 0 {
+				b.WriteByte('&')
+			}
+			k, _, hasValue := strings.Cut(part, "=")
+			if !hasValue {
+				// An item without "=" may be a secret on its own
+				// (?s3cr3t): it is not shown as a key.
+				b.WriteString("REDACTED")
+				continue
+			}
 			if ku, err := url.QueryUnescape(k); err == nil {
 				k = url.QueryEscape(ku)
 			} else {
 				k = "REDACTED"
-			}
-			if b.Len() > 0 {
-				b.WriteByte('&')
 			}
 			b.WriteString(k)
 			b.WriteString("=REDACTED")

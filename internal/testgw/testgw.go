@@ -31,6 +31,8 @@ type Gateway struct {
 	Addr    string // host:port of the HTTP server
 	Admin   string // host:port of the admin API
 	LogPath string
+	// Storage is the root of Caddy's file storage, private to the test.
+	Storage string
 }
 
 // FreePort returns a loopback address nothing listens on (yet).
@@ -47,7 +49,8 @@ func FreePort(t testing.TB) string {
 // object with "handler":"browser_failover").
 func Start(t testing.TB, handlerJSON string) *Gateway {
 	t.Helper()
-	g := &Gateway{t: t, Addr: FreePort(t), Admin: FreePort(t), LogPath: filepath.Join(t.TempDir(), "caddy.log")}
+	dir := t.TempDir()
+	g := &Gateway{t: t, Addr: FreePort(t), Admin: FreePort(t), LogPath: filepath.Join(dir, "caddy.log"), Storage: filepath.Join(dir, "storage")}
 	if err := caddy.Load(g.Config(handlerJSON), true); err != nil {
 		t.Fatalf("loading config: %v", err)
 	}
@@ -59,6 +62,7 @@ func Start(t testing.TB, handlerJSON string) *Gateway {
 func (g *Gateway) Config(handlerJSON string) []byte {
 	return []byte(fmt.Sprintf(`{
   "admin": {"listen": %q, "config": {"persist": false}},
+  "storage": {"module": "file_system", "root": %q},
   "logging": {"logs": {"default": {"level": "DEBUG", "encoder": {"format": "json"},
      "writer": {"output": "file", "filename": %q}}}},
   "apps": {"http": {"servers": {"gw": {
@@ -66,7 +70,7 @@ func (g *Gateway) Config(handlerJSON string) []byte {
      "automatic_https": {"disable": true},
      "routes": [{"handle": [%s]}]
   }}}}
-}`, g.Admin, g.LogPath, g.Addr, handlerJSON))
+}`, g.Admin, g.Storage, g.LogPath, g.Addr, handlerJSON))
 }
 
 // Reload posts a new config to the admin API's /load, as an operator would.
