@@ -524,6 +524,10 @@ func TestReloadsKeepSessions(t *testing.T) {
 		p, _ := pool.Lookup("rec")
 		return p.Active() == 0 && p.Reserved() == 0 && pool.LiveSessions() == 0
 	})
+	// A session's slot is freed just before its end is logged.
+	testgw.Eventually(t, 5*time.Second, "every session's end logged", func() bool {
+		return len(g.LogEntries("session ended")) >= sessions
+	})
 	if n := len(g.LogEntries("session ended")); n != sessions {
 		t.Fatalf("%d session ended logs", n)
 	}

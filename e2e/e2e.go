@@ -318,7 +318,7 @@ func JSONVersion(base string) (Version, error) {
 }
 
 // nodeTimeout bounds one client script.
-const nodeTimeout = 60 * time.Second
+const nodeTimeout = 150 * time.Second
 
 // nodeCmd prepares node js/<script> args… with env E2E_CHROMIUM set.
 func nodeCmd(ctx context.Context, t testing.TB, script string, args ...string) *exec.Cmd {

@@ -32,7 +32,8 @@ for (const k of ['authURL', 'user', 'pass', 'controlsURL', 'providers', 'session
     process.exit(2);
   }
 }
-const timeout = 20_000;
+// Generous: the machine may be busy; nothing here waits on a timer.
+const timeout = 45_000;
 const t0 = Date.now();
 const el = () => `[${((Date.now() - t0) / 1000).toFixed(1)}s]`;
 const guard = setTimeout(() => {
@@ -117,7 +118,7 @@ try {
     }
     console.log(`${el()} STEP refused without credentials`);
     await page.authenticate({ username: cfg.user, password: cfg.pass });
-    const ok = await page.goto(cfg.authURL, { timeout });
+    const ok = await page.goto(cfg.authURL, { timeout, waitUntil: 'domcontentloaded' });
     if (ok.status() !== 200) throw new Error(`with credentials: HTTP ${ok.status()}`);
     await shows(page);
     const buttons = await page.$$eval('button[data-action]', (bs) => bs.filter((b) => b.offsetParent !== null).length);
@@ -139,7 +140,7 @@ try {
   // 3: the localhost-only site, controls on, under a stripped prefix.
   const page = await browser.newPage();
   watch(page, new URL(cfg.controlsURL).origin);
-  const resp = await page.goto(cfg.controlsURL, { timeout });
+  const resp = await page.goto(cfg.controlsURL, { timeout, waitUntil: 'domcontentloaded' });
   if (resp.status() !== 200) throw new Error(`controls page: HTTP ${resp.status()}`);
   await shows(page);
   console.log(`${el()} STEP controls page shows every provider and the session`);
