@@ -50,11 +50,20 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //			cooldown { ... }
 //			protocol        cdp|playwright|any
 //			playwright_version <major.minor>
+//			health_check { ... } | health_check off
 //		}
 //
 //		client_limit <placeholder> <n>
 //		hedge_after  <duration>
 //		hedge_max    <n>
+//		keepalive    <interval>|off
+//		health_check {            # every provider's; a provider's own
+//			uri           <path or full URL>   # block overrides it, or
+//			interval      <duration>           # `health_check off` in a
+//			timeout       <duration>           # provider turns it off
+//			expect_status <code>
+//			capacity      browserless
+//		}
 //		state redis <host:port> {
 //			username <name>
 //			password <value>
@@ -206,6 +215,27 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				return err
 			}
 			h.Webhooks = append(h.Webhooks, wh)
+		case "health_check":
+			if h.HealthCheck != nil {
+				return d.Errf("health_check given twice")
+			}
+			hc, err := parseHealthCheck(d)
+			if err != nil {
+				return err
+			}
+			if hc.Off {
+				return d.Errf("health_check off is for a provider: it turns the handler's health check off for that provider")
+			}
+			h.HealthCheck = hc
+		case "keepalive":
+			if h.Keepalive != 0 {
+				return d.Errf("keepalive given twice")
+			}
+			v, err := parseKeepalive(d)
+			if err != nil {
+				return err
+			}
+			h.Keepalive = v
 		default:
 			return d.Errf("unknown option %q", opt)
 		}
@@ -213,7 +243,9 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	if len(h.Providers) == 0 {
 		return d.Errf("no providers: declare at least one provider")
 	}
-	return nil
+	// Health checks merge the handler's and the provider's blocks,
+	// wherever they are: each provider's must have something to GET.
+	return h.checkProbeTargets(d)
 }
 
 // parseProvider reads one provider; seen holds the names declared before
@@ -321,6 +353,15 @@ func parseProvider(d *caddyfile.Dispenser, seen map[string]bool) (*ProviderConfi
 				return nil, d.Errf("provider %q: %v", p.Name, err)
 			}
 			p.PlaywrightVersion = v
+		case "health_check":
+			if p.HealthCheck != nil {
+				return nil, d.Errf("provider %q: health_check given twice", p.Name)
+			}
+			hc, err := parseHealthCheck(d)
+			if err != nil {
+				return nil, err
+			}
+			p.HealthCheck = hc
 		default:
 			return nil, d.Errf("provider %q: unknown option %q", p.Name, opt)
 		}

@@ -52,6 +52,13 @@ type Handler struct {
 	HedgeMax int `json:"hedge_max,omitempty"`
 	// State shares slots and cooldowns with other gateway nodes.
 	State *StateConfig `json:"state,omitempty"`
+	// HealthCheck probes every provider (a provider's own health_check
+	// overrides it, or turns it off).
+	HealthCheck *HealthCheckConfig `json:"health_check,omitempty"`
+	// Keepalive pings a side of a session that has been sent nothing for
+	// this long, and ends the session when that side answers none of two
+	// pings; 0 (default) is off.
+	Keepalive caddy.Duration `json:"keepalive,omitempty"`
 
 	// handlerRuntime is what Provision builds; nothing of it is config.
 	handlerRuntime
@@ -90,6 +97,9 @@ type ProviderConfig struct {
 	// PlaywrightVersion (major.minor) of a playwright provider; empty
 	// serves any Playwright client version.
 	PlaywrightVersion string `json:"playwright_version,omitempty"`
+	// HealthCheck overrides the handler's health check, setting by
+	// setting; {"off":true} turns it off for this provider.
+	HealthCheck *HealthCheckConfig `json:"health_check,omitempty"`
 }
 
 // ClientLimitConfig caps the live sessions of one client key (JSON key
@@ -301,6 +311,9 @@ func (h *Handler) check() error {
 	}
 	if h.HedgeMax < 0 || h.HedgeMax == 1 {
 		errs = append(errs, fmt.Errorf("hedge_max must be at least 2 (attempts in flight at once), got %d", h.HedgeMax))
+	}
+	if err := h.checkHealthChecks(); err != nil {
+		errs = append(errs, err)
 	}
 	for i, wh := range h.Webhooks {
 		if err := wh.Validate(); err != nil {

@@ -47,8 +47,11 @@ type handlerRuntime struct {
 	routed bool
 	// pools holds, per class of client, the members that can serve it
 	// and their own strategy (poolOf).
-	pools *sync.Map
-	shared     *shared // state redis; nil when state is per node
+	pools  *sync.Map
+	shared *shared // state redis; nil when state is per node
+	// probes are the providers whose probe loop has this handler's
+	// health check.
+	probes []*pool.Provider
 }
 
 // member is one provider of this handler: its dialer and its process-wide
@@ -168,7 +171,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 			m.state.WakeAt(u)
 		}
 	}
-	return nil
+	return h.provisionProbes()
 }
 
 // Validate checks the configuration (JSON configs never pass through the
@@ -185,6 +188,7 @@ func (h *Handler) Cleanup() error {
 	for _, m := range h.members {
 		m.state.RemoveOnReset(h)
 	}
+	h.cleanupProbes()
 	if h.obs != nil {
 		h.obs.Close()
 	}

@@ -116,6 +116,7 @@ func (h *Handler) adoptCooldown(store *cluster.Store, m *member, until time.Time
 	}
 	if m.state.Health.Adopt(until, streak) {
 		m.state.WakeAt(until)
+		m.state.ProbeBy(until)
 		h.logger.Info("provider cooling down",
 			zap.String("provider", m.up.Name),
 			zap.Time("until", until),
@@ -153,7 +154,7 @@ func (c *connect) claimShared(ps *passState, m *member) (*cluster.Lease, bool) {
 	if !sh.s.Usable() {
 		return c.stateDown(ps, m)
 	}
-	g, err := sh.s.Store().Acquire(c.r.Context(), m.up.Name, int(m.state.MaxConcurrent()))
+	g, err := sh.s.Store().Acquire(c.r.Context(), m.up.Name, int(m.state.Limit()))
 	if err != nil {
 		if c.r.Context().Err() != nil {
 			return nil, true // the client left; the attempt will see it

@@ -80,6 +80,7 @@ type Provider struct {
 	setsAuth  bool
 
 	scheme     string // ws or wss after mapping http(s)
+	httpURL    bool   // configured as http:// or https://
 	httpScheme string // http or https, for discovery
 	address    string // host:port to dial
 	host       string // Host header value
@@ -88,6 +89,7 @@ type Provider struct {
 	rawQuery   string
 	basicAuth  string // "Basic …" from user info, or ""
 	tlsConfig  *tls.Config
+	tlsOpts    TLSOptions
 	redacted   string
 }
 
@@ -108,6 +110,7 @@ func New(o Options) (*Provider, error) {
 		ConnectTimeout: o.ConnectTimeout,
 		PassQuery:      o.PassQuery,
 		headerOps:      o.HeaderOps,
+		tlsOpts:        o.TLS,
 		redacted:       Redact(u),
 	}
 	if p.Weight == 0 {
@@ -122,9 +125,9 @@ func New(o Options) (*Provider, error) {
 	case "wss":
 		p.scheme, p.httpScheme = "wss", "https"
 	case "http":
-		p.scheme, p.httpScheme, p.Discover = "ws", "http", true
+		p.scheme, p.httpScheme, p.Discover, p.httpURL = "ws", "http", true, true
 	case "https":
-		p.scheme, p.httpScheme, p.Discover = "wss", "https", true
+		p.scheme, p.httpScheme, p.Discover, p.httpURL = "wss", "https", true, true
 	default:
 		return nil, fmt.Errorf("provider %q: URL scheme %q is not one of ws, wss, http, https", o.Name, u.Scheme)
 	}
