@@ -329,7 +329,7 @@ func (h *Handler) provisionProbes() error {
 		if err != nil {
 			return err
 		}
-		pw := &probeWatch{h: h, st: m.state}
+		pw := &probeWatch{h: h, st: m.state, count: observe.ProbeCounter(pc.Name)}
 		m.state.Probe(h, pool.ProbeConfig{Prober: pr, Interval: time.Duration(hc.Interval),
 			ReadsCapacity: hc.Capacity != "", Report: pw.report})
 		h.probes = append(h.probes, m.state)
@@ -350,8 +350,9 @@ func (h *Handler) cleanupProbes() {
 
 // probeWatch is what the handler does with one provider's probe news.
 type probeWatch struct {
-	h  *Handler
-	st *pool.Provider
+	h     *Handler
+	st    *pool.Provider
+	count func(outcome string) // probes_total
 	// capacityBroken: the last passing probe's answer could not be read
 	// for capacity (logged once per change).
 	capacityBroken bool
@@ -363,7 +364,7 @@ type probeWatch struct {
 func (w *probeWatch) report(rep pool.ProbeReport) {
 	h, st := w.h, w.st
 	o := rep.Result.Outcome
-	observe.Probe(st.Name(), o.Word)
+	w.count(o.Word)
 	if ce := h.logger.Check(zap.DebugLevel, "probe"); ce != nil {
 		fields := []zap.Field{
 			zap.String("provider", st.Name()),

@@ -206,6 +206,19 @@ func Probe(provider, outcome string) {
 	probes.WithLabelValues(provider, OutcomeLabel(outcome)).Inc()
 }
 
+// ProbeCounter is Probe for one provider, with the counter of passing
+// probes (the usual outcome) looked up once.
+func ProbeCounter(provider string) func(outcome string) {
+	ok := probes.WithLabelValues(provider, upstreams.WordOK)
+	return func(outcome string) {
+		if outcome == upstreams.WordOK {
+			ok.Inc()
+			return
+		}
+		Probe(provider, outcome)
+	}
+}
+
 // HedgeStarted counts a hedged attempt started at provider.
 func HedgeStarted(provider string) { hedgesStarted.WithLabelValues(provider).Inc() }
 

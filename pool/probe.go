@@ -99,7 +99,7 @@ type probeLoop struct {
 	timer   queue.Timer
 	due     time.Time // when the timer fires
 	running bool      // a probe is in flight
-	// lastStart is when the last probe started (zero: none yet);
+	// lastStart is when the last probe was due (zero: none yet);
 	// interval is the one the timer was set with.
 	lastStart time.Time
 	interval  time.Duration
@@ -218,11 +218,26 @@ func (p *Provider) followNewestLocked() {
 	p.scheduleLocked(next)
 }
 
-// scheduleLocked sets the loop's timer to fire at t.
+// probeGrid is the most a probe's time is rounded up: probe times are
+// aligned on a grid of a tenth of the interval (at most 100ms), so the
+// timers of many providers due within one step fire together and the
+// process wakes once for all of them instead of once each.
+const probeGrid = 100 * time.Millisecond
+
+// gridOf is the alignment step for a loop probing every interval.
+func gridOf(interval time.Duration) time.Duration {
+	return min(max(interval/10, time.Millisecond), probeGrid)
+}
+
+// scheduleLocked sets the loop's timer to fire at t (rounded up to the
+// grid).
 func (p *Provider) scheduleLocked(t time.Time) {
 	l := &p.probe
 	if l.timer != nil {
 		l.timer.Stop()
+	}
+	if g := gridOf(l.interval); t.Truncate(g) != t {
+		t = t.Truncate(g).Add(g)
 	}
 	l.due = t
 	epoch := l.epoch
@@ -272,17 +287,55 @@ func (p *Provider) fire(epoch uint64) {
 	}
 	reg := *l.newest()
 	l.running = true
-	l.lastStart = t
+	// The pace follows the times the probes were due, not the moments
+	// their timers ran: a late timer does not push the next probe back.
+	due := l.due
+	if due.After(t) {
+		due = t
+	}
+	l.lastStart = due
 	ctx := l.ctx
 	p.pmu.Unlock()
-	probeGo(func() { p.runProbe(ctx, epoch, reg, permit, t) })
+	probeGo(func() { p.runProbe(ctx, epoch, reg, permit, t, due) })
 }
 
-// probeGo runs a probe on its own goroutine; tests may run it in place.
-var probeGo = func(f func()) { go f() }
+// probeGo runs a probe on a probe worker; tests with a fake clock may run
+// it in place.
+var probeGo = onProbeWorker
+
+// Probe workers: probes run on goroutines kept between probes, not on the
+// short-lived goroutine of each timer, whose stack would have to grow
+// for every probe. A probe goes to an idle worker, or a new one; a worker
+// idle for probeWorkerIdle ends.
+var probeWork = make(chan func())
+
+const probeWorkerIdle = 30 * time.Second
+
+func onProbeWorker(f func()) {
+	select {
+	case probeWork <- f:
+	default:
+		go probeWorker(f)
+	}
+}
+
+func probeWorker(f func()) {
+	f()
+	idle := time.NewTimer(probeWorkerIdle)
+	defer idle.Stop()
+	for {
+		select {
+		case f := <-probeWork:
+			f()
+			idle.Reset(probeWorkerIdle)
+		case <-idle.C:
+			return
+		}
+	}
+}
 
 // runProbe runs one probe and applies its result.
-func (p *Provider) runProbe(ctx context.Context, epoch uint64, reg probeReg, permit cooldown.Permit, start time.Time) {
+func (p *Provider) runProbe(ctx context.Context, epoch uint64, reg probeReg, permit cooldown.Permit, start, due time.Time) {
 	res := reg.cfg.Prober.Probe(ctx)
 	o := res.Outcome
 	rep := ProbeReport{Result: res, Trial: permit.Trial()}
@@ -320,7 +373,7 @@ func (p *Provider) runProbe(ctx context.Context, epoch uint64, reg probeReg, per
 		report = n.cfg.Report
 		// The next probe: an interval after this one started, or at the
 		// end of a cooldown or skip that runs now.
-		next := start.Add(l.interval)
+		next := due.Add(l.interval)
 		if u := p.Health.Until(); !u.IsZero() {
 			next = u
 		}

@@ -100,6 +100,7 @@ func useFakeClock(t *testing.T, inline bool) *fakeClock {
 	oldClock, oldJitter, oldGo := Clock, probeJitter, probeGo
 	Clock = c
 	probeJitter = func(time.Duration) time.Duration { return 0 }
+	probeGo = func(f func()) { go f() }
 	if inline {
 		probeGo = func(f func()) { f() }
 	}

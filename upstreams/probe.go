@@ -12,7 +12,9 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/httputil"
 	"net/url"
+	"os"
 	"strconv"
 	"strings"
 	"sync"
@@ -163,6 +165,12 @@ type Prober struct {
 	// last connection reached.
 	hostRetried bool
 	remote      string
+	// Buffers kept between probes: the answer's head and body.
+	scratch, body []byte
+	// The context whose end interrupts the kept connection, and how to
+	// stop watching it.
+	watching context.Context
+	unwatch  func() bool
 }
 
 // NewProber builds the health check of p. Errors name the provider and the
@@ -325,18 +333,18 @@ func (pr *Prober) Probe(ctx context.Context) (res ProbeResult) {
 	defer pr.mu.Unlock()
 	start := time.Now()
 	defer func() { res.Outcome.Elapsed = time.Since(start) }()
+	// The timeout is the connection's deadline (a context deadline would
+	// arm one more timer per probe); ctx only calls the probe off.
 	deadline := start.Add(pr.opts.Timeout)
-	actx, cancel := context.WithDeadline(ctx, deadline)
-	defer cancel()
 
-	ans, body, err := pr.exchange(actx, deadline)
-	if err == nil && ans.Status == http.StatusInternalServerError && !pr.hostRetried && pr.remote != "" &&
+	ans, body, err := pr.exchange(ctx, deadline)
+	if err == nil && ans.status == http.StatusInternalServerError && !pr.hostRetried && pr.remote != "" &&
 		bytes.Contains(body, []byte("Host header")) && net.ParseIP(hostOnly(pr.host)) == nil {
 		// Chrome answers /json/* only when Host is an IP address or
 		// localhost: from now on send the address it was dialed at.
 		pr.hostRetried = true
 		pr.req = pr.request(pr.remote)
-		ans, body, err = pr.exchange(actx, deadline)
+		ans, body, err = pr.exchange(ctx, deadline)
 	}
 	if err != nil {
 		if ctx.Err() != nil {
@@ -345,9 +353,9 @@ func (pr *Prober) Probe(ctx context.Context) (res ProbeResult) {
 		word, kind := ClassifyError(err, false)
 		return ProbeResult{Outcome: Outcome{Word: word, Kind: kind, Err: err}}
 	}
-	if ans.Status != pr.opts.ExpectStatus {
-		return ProbeResult{Outcome: Outcome{Word: StatusWord(ans.Status), Kind: Failure,
-			Err: fmt.Errorf("health check answered %d, want %d", ans.Status, pr.opts.ExpectStatus)}}
+	if ans.status != pr.opts.ExpectStatus {
+		return ProbeResult{Outcome: Outcome{Word: StatusWord(ans.status), Kind: Failure,
+			Err: fmt.Errorf("health check answered %d, want %d", ans.status, pr.opts.ExpectStatus)}}
 	}
 	res = ProbeResult{Outcome: Outcome{Word: WordOK, Kind: Success}}
 	if pr.opts.Capacity == CapacityBrowserless {
@@ -360,13 +368,18 @@ func (pr *Prober) Probe(ctx context.Context) (res ProbeResult) {
 // maxProbeBody), on the kept connection if there is one. A kept connection
 // that fails before any answer (the provider closed it while idle) is
 // replaced once by a fresh one: a GET may be sent again.
-func (pr *Prober) exchange(ctx context.Context, deadline time.Time) (*Answer, []byte, error) {
+func (pr *Prober) exchange(ctx context.Context, deadline time.Time) (probeAnswer, []byte, error) {
 	for try := 0; ; try++ {
 		reused := pr.conn != nil
 		if !reused {
-			conn, err := dialTo(ctx, pr.address, pr.tlsConfig)
+			dctx, cancel := context.WithDeadline(ctx, deadline)
+			conn, err := dialTo(dctx, pr.address, pr.tlsConfig)
+			if err != nil && ctx.Err() == nil && errors.Is(dctx.Err(), context.DeadlineExceeded) {
+				err = os.ErrDeadlineExceeded // the probe's timeout
+			}
+			cancel()
 			if err != nil {
-				return nil, nil, err
+				return probeAnswer{}, nil, err
 			}
 			pr.conn = conn
 			if ra, ok := conn.RemoteAddr().(*net.TCPAddr); ok {
@@ -379,12 +392,23 @@ func (pr *Prober) exchange(ctx context.Context, deadline time.Time) (*Answer, []
 			}
 		}
 		conn := pr.conn
-		stop := context.AfterFunc(ctx, func() { conn.SetDeadline(aLongTimeAgo) })
-		conn.SetDeadline(deadline)
+		if pr.watching != ctx {
+			// Calling the probes off (ctx ending) interrupts the
+			// connection; watched once per connection and context, not
+			// once per probe.
+			if pr.unwatch != nil {
+				pr.unwatch()
+			}
+			pr.watching = ctx
+			pr.unwatch = context.AfterFunc(ctx, func() { conn.SetDeadline(aLongTimeAgo) })
+		}
+		// Only the answer may keep the probe waiting: the request is
+		// small, and a connection never holds more than one unanswered
+		// (one that timed out is dropped), so its write cannot block.
+		conn.SetReadDeadline(deadline)
 		ans, body, keep, err := pr.roundTrip(conn)
-		if !stop() && err == nil {
-			// Called off while the answer came: the deadline is spent.
-			keep = false
+		if ctx.Err() != nil {
+			keep = false // called off: the connection's deadline is spent
 		}
 		if err != nil || !keep {
 			pr.drop()
@@ -401,44 +425,134 @@ func (pr *Prober) exchange(ctx context.Context, deadline time.Time) (*Answer, []
 
 // roundTrip writes the request on conn and reads the answer. keep tells
 // whether the connection may serve the next probe: HTTP/1.1, no
-// "Connection: close", and a body of known length read whole.
-func (pr *Prober) roundTrip(conn net.Conn) (ans *Answer, body []byte, keep bool, err error) {
+// "Connection: close", and a body of known length read whole. The body is
+// the prober's buffer, valid until the next probe.
+func (pr *Prober) roundTrip(conn net.Conn) (ans probeAnswer, body []byte, keep bool, err error) {
 	if _, err = conn.Write(pr.req); err != nil {
-		return nil, nil, false, err
+		return ans, nil, false, err
 	}
-	ans, err = ReadAnswer(pr.br, MaxAnswerHeader)
-	if err != nil {
-		return nil, nil, false, err
+	if ans, err = pr.readAnswer(); err != nil {
+		return ans, nil, false, err
 	}
-	keep = bytes.HasPrefix(ans.Raw, []byte("HTTP/1.1")) && !headerHasToken(ans.Header, "Connection", "close")
+	keep = ans.http11 && !ans.close
 	switch {
-	case ans.Status < 200 || ans.Status == http.StatusNoContent || ans.Status == http.StatusNotModified:
+	case ans.status < 200 || ans.status == http.StatusNoContent || ans.status == http.StatusNotModified:
 		return ans, nil, keep, nil
-	case ans.Header.Get("Transfer-Encoding") == "" && ans.Header.Get("Content-Length") != "":
-		n, perr := strconv.ParseInt(ans.Header.Get("Content-Length"), 10, 64)
-		if perr != nil || n < 0 {
-			return ans, nil, false, nil
-		}
-		if n > maxProbeBody {
+	case !ans.chunked && ans.length >= 0:
+		if ans.length > maxProbeBody {
 			keep = false
 		}
-		body = make([]byte, min(n, maxProbeBody))
+		n := int(min(ans.length, maxProbeBody))
+		if cap(pr.body) < n {
+			pr.body = make([]byte, n)
+		}
+		body = pr.body[:n]
 		if _, err = io.ReadFull(pr.br, body); err != nil {
-			return nil, nil, false, err
+			return ans, nil, false, err
 		}
 		return ans, body, keep, nil
 	default:
 		// Chunked, or up to the connection's end: read what the limit
 		// allows and start afresh next time.
-		if body, err = readBody(ans, pr.br); err != nil {
-			return nil, nil, false, err
+		var r io.Reader = pr.br
+		if ans.chunked {
+			r = httputil.NewChunkedReader(pr.br)
+		}
+		if body, err = io.ReadAll(io.LimitReader(r, maxProbeBody)); err != nil {
+			return ans, nil, false, err
 		}
 		return ans, body, false, nil
 	}
 }
 
+// probeAnswer is what a probe reads of an answer's head.
+type probeAnswer struct {
+	status  int
+	http11  bool
+	close   bool  // Connection: close
+	chunked bool  // Transfer-Encoding: chunked
+	other   bool  // another Transfer-Encoding: the body's end is the connection's
+	length  int64 // Content-Length; -1 when absent
+}
+
+// readAnswer reads an answer's status line and headers, keeping only what
+// a probe needs, into the prober's scratch buffer (no allocation per
+// probe).
+func (pr *Prober) readAnswer() (probeAnswer, error) {
+	a := probeAnswer{length: -1}
+	raw := pr.scratch[:0]
+	defer func() { pr.scratch = raw[:0] }()
+	line, err := readLine(pr.br, &raw, MaxAnswerHeader)
+	if err != nil {
+		return a, err
+	}
+	// "HTTP/1.1 200 OK"
+	if len(line) < 12 || !bytes.HasPrefix(line, []byte("HTTP/1.")) || line[8] != ' ' {
+		return a, fmt.Errorf("%w: bad status line", errMalformed)
+	}
+	a.http11 = line[7] == '1'
+	code := line[9:12]
+	if len(line) > 12 && line[12] != ' ' {
+		return a, fmt.Errorf("%w: bad status code", errMalformed)
+	}
+	for _, c := range code {
+		if c < '0' || c > '9' {
+			return a, fmt.Errorf("%w: bad status code", errMalformed)
+		}
+		a.status = a.status*10 + int(c-'0')
+	}
+	if a.status < 100 {
+		return a, fmt.Errorf("%w: bad status code", errMalformed)
+	}
+	for n := 0; ; n++ {
+		line, err := readLine(pr.br, &raw, MaxAnswerHeader)
+		if err != nil {
+			return a, err
+		}
+		if len(line) == 0 {
+			break
+		}
+		if n >= maxAnswerFields {
+			return a, fmt.Errorf("%w: too many header fields", errMalformed)
+		}
+		k, v, ok := bytes.Cut(line, []byte{':'})
+		if !ok || len(k) == 0 || bytes.ContainsAny(k, " \t") {
+			return a, fmt.Errorf("%w: bad header line", errMalformed)
+		}
+		v = bytes.TrimSpace(v)
+		switch {
+		case bytes.EqualFold(k, []byte("Content-Length")):
+			n, err := strconv.ParseInt(string(v), 10, 64)
+			if err != nil || n < 0 || (a.length >= 0 && a.length != n) {
+				return a, fmt.Errorf("%w: bad Content-Length", errMalformed)
+			}
+			a.length = n
+		case bytes.EqualFold(k, []byte("Transfer-Encoding")):
+			if bytes.EqualFold(v, []byte("chunked")) {
+				a.chunked = true
+			} else {
+				a.other = true
+			}
+		case bytes.EqualFold(k, []byte("Connection")):
+			for _, tok := range bytes.Split(v, []byte{','}) {
+				if bytes.EqualFold(bytes.TrimSpace(tok), []byte("close")) {
+					a.close = true
+				}
+			}
+		}
+	}
+	if a.other {
+		a.chunked, a.length = false, -1
+	}
+	return a, nil
+}
+
 // drop closes the kept connection.
 func (pr *Prober) drop() {
+	if pr.unwatch != nil {
+		pr.unwatch()
+		pr.unwatch, pr.watching = nil, nil
+	}
 	if pr.conn != nil {
 		pr.conn.Close()
 		pr.conn = nil
