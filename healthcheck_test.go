@@ -611,3 +611,45 @@ func TestHealthCheckReloads(t *testing.T) {
 		t.Fatal("probes after the health check left the config")
 	}
 }
+
+// TestKeepaliveHTTP2: an HTTP/2 extended CONNECT session is pinged too
+// (unmasked, on its stream, between the frames of its interrupted reads),
+// and goes on working after answering several pings.
+func TestKeepaliveHTTP2(t *testing.T) {
+	echo := fakes.Echo("ka-h2", nil)
+	defer echo.Close()
+	g, tr := startH2(t, handler(`"keepalive":"150ms"`, provider("ka-h2", echo.URL(), "")))
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	c, err := dialH2(ctx, tr, "https://"+g.addr+"/", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.close()
+	for i := range 3 {
+		op, p, err := c.readFrame()
+		if err != nil || op != 0x9 || len(p) == 0 {
+			t.Fatalf("frame %d: op %#x %v, want a ping", i, op, err)
+		}
+		if err := c.writeFrame(0xA, p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := c.writeFrame(0x1, []byte("after the pings")); err != nil {
+		t.Fatal(err)
+	}
+	for {
+		op, p, err := c.readFrame()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if op == 0x9 {
+			c.writeFrame(0xA, p)
+			continue
+		}
+		if op != 0x1 || string(p) != "after the pings" {
+			t.Fatalf("got op %#x %q: a pong came back, or the echo is wrong", op, p)
+		}
+		break
+	}
+}
