@@ -385,6 +385,12 @@ func (p *Provider) runProbe(ctx context.Context, epoch uint64, reg probeReg, per
 	p.pmu.Unlock()
 
 	if o.Kind == upstreams.ClientGone || stopped {
+		if permit.Trial() {
+			// The loop stopped during its trial: the provider recovered
+			// (no handler is left to tell), or the trial is the clients'
+			// again; either way the next waiter may go.
+			p.Notify()
+		}
 		return
 	}
 	if rep.CapacityFreed && p.Health.Available() {
