@@ -381,10 +381,8 @@ func (w *probeWatch) report(rep pool.ProbeReport) {
 		ce.Write(fields...)
 	}
 	h.healthChanged(st, rep.Change, false, "health check")
-	switch {
-	case rep.CapacityFull && !rep.CapacityFreed:
-		// Logged at debug above; a full provider is ordinary.
-	case rep.CapacityFreed:
+	if rep.CapacityFreed {
+		// The pool has offered it to the waiters.
 		h.logger.Debug("provider has room again", zap.String("provider", st.Name()), zap.String("by", "health check"))
 	}
 	broken := rep.Result.CapacityErr != nil

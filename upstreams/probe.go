@@ -284,9 +284,6 @@ func (p *Provider) NewProber(o ProbeOptions) (*Prober, error) {
 // Target is the URL the probes GET, redacted.
 func (pr *Prober) Target() string { return pr.shown }
 
-// Capacity is the capacity reader ("" or CapacityBrowserless).
-func (pr *Prober) Capacity() string { return pr.opts.Capacity }
-
 // hostOnly strips the port of a host[:port].
 func hostOnly(hostport string) string {
 	if h, _, err := net.SplitHostPort(hostport); err == nil {
