@@ -236,7 +236,7 @@ func (p *Provider) scheduleLocked(t time.Time) {
 	if l.timer != nil {
 		l.timer.Stop()
 	}
-	if g := gridOf(l.interval); t.Truncate(g) != t {
+	if g := gridOf(l.interval); !t.Truncate(g).Equal(t) {
 		t = t.Truncate(g).Add(g)
 	}
 	l.due = t
