@@ -311,10 +311,11 @@ func (p *Provider) Establish(s *upstreams.Session) {
 	track(s)
 }
 
-// End frees a live session's slot.
+// End frees a live session's slot. The live count drops before the slot
+// is given back, so a session that takes the slot at once is never
+// counted beside the one that left it (live never exceeds the limit).
 func (p *Provider) End(s *upstreams.Session) {
 	untrack(s)
-	p.used.Add(-1)
 	if p.live.Add(-1) == 0 {
 		retiredMu.Lock()
 		if retired[p.name] == p {
@@ -322,6 +323,7 @@ func (p *Provider) End(s *upstreams.Session) {
 		}
 		retiredMu.Unlock()
 	}
+	p.used.Add(-1)
 	p.Notify()
 }
 
