@@ -51,6 +51,7 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //			cooldown { ... }
 //			protocol        cdp|playwright|any
 //			playwright_version <major.minor>
+//			health_check { ... } | health_check off
 //		}
 //
 //		cooldown {
@@ -74,6 +75,14 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //		client_limit <placeholder> <n>
 //		hedge_after  <duration>
 //		hedge_max    <n>
+//		keepalive    <interval>|off
+//		health_check {
+//			uri           <path or full URL>
+//			interval      <duration>
+//			timeout       <duration>
+//			expect_status <code>
+//			capacity      browserless
+//		}
 //
 //		state redis <host:port> {
 //			username <name>
@@ -163,6 +172,16 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			if wh, err = r.parseWebhook(); err == nil {
 				h.Webhooks = append(h.Webhooks, wh)
 			}
+		case "health_check":
+			var hc *HealthCheckConfig
+			if hc, err = parseHealthCheck(d); err == nil {
+				if hc.Off {
+					err = d.Errf("health_check off is for a provider: it turns the handler's health check off for that provider")
+				}
+				h.HealthCheck = hc
+			}
+		case "keepalive":
+			h.Keepalive, err = parseKeepalive(d)
 		default:
 			return d.Errf("unknown option %q", opt)
 		}
@@ -189,7 +208,9 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			return errAt(at.tok, clash)
 		}
 	}
-	return nil
+	// Health checks merge the handler's and the provider's blocks,
+	// wherever they are: each provider's must have something to GET.
+	return h.checkProbeTargets(d)
 }
 
 // parseProvider reads `provider <name> <url> { ... }`; it returns the
@@ -253,6 +274,8 @@ func (r *reader) parseProvider() (*ProviderConfig, *block, error) {
 			p.Protocol = strings.ToLower(v)
 		case "playwright_version":
 			p.PlaywrightVersion, err = oneArg(d)
+		case "health_check":
+			p.HealthCheck, err = parseHealthCheck(d)
 		default:
 			return nil, nil, d.Errf("provider %q: unknown option %q", p.Name, opt)
 		}

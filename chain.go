@@ -650,29 +650,47 @@ func (h *Handler) conclude(ps *passState, m *member, permit cooldown.Permit, res
 // changed: logs, events, shared state and offers to the queue.
 func (h *Handler) settle(st *pool.Provider, p cooldown.Permit, r cooldown.Result, retryAfter time.Duration) cooldown.Change {
 	change := st.Health.Done(p, r, retryAfter)
+	h.healthChanged(st, change, p.Trial() && r == cooldown.Neutral, "")
+	return change
+}
+
+// healthChanged reacts to a change of st's health, whether a client's
+// attempt or a probe (by names it then) caused it: logs, events, shared
+// state, offers to the queue, and the probe that will be the trial.
+// undecided: a trial ended without a verdict.
+func (h *Handler) healthChanged(st *pool.Provider, change cooldown.Change, undecided bool, by string) {
 	switch change {
 	case cooldown.CooledDown, cooldown.Skipped:
 		until := st.Health.Until()
 		st.WakeAt(until)
+		st.ProbeBy(until)
 		h.publishHold(st, change)
-		h.logger.Info("provider cooling down",
+		fields := []zap.Field{
 			zap.String("provider", st.Name()),
 			zap.Time("until", until),
-			zap.String("reason", st.LastError()))
+			zap.String("reason", st.LastError()),
+		}
+		if by != "" {
+			fields = append(fields, zap.String("by", by))
+		}
+		h.logger.Info("provider cooling down", fields...)
 		h.obs.Cooldown(st.Name(), until, st.LastError())
 	case cooldown.Recovered:
-		h.logger.Info("provider recovered", zap.String("provider", st.Name()))
+		fields := []zap.Field{zap.String("provider", st.Name())}
+		if by != "" {
+			fields = append(fields, zap.String("by", by))
+		}
+		h.logger.Info("provider recovered", fields...)
 		// Waiters that skipped it while its trial was in flight can use it.
 		st.Notify()
 		h.obs.Recovered(st.Name())
 	case cooldown.NoChange:
-		if p.Trial() && r == cooldown.Neutral {
+		if undecided {
 			// A trial that ended without a verdict (428, a relayed 4xx,
 			// try_duration, a cancelled hedge): the next waiter may try.
 			st.Notify()
 		}
 	}
-	return change
 }
 
 // record notes an attempt's outcome in the client's list, the metrics and
@@ -774,13 +792,14 @@ func (c *connect) relay(m *member, client netConn, up *upstreams.Conn, pending [
 	st := m.state
 	c.served(m)
 	end := &sessionEnd{
-		logger:   c.h.logger,
-		id:       c.id,
-		provider: m.up.Name,
-		attempts: c.attempts,
-		waited:   c.waited,
-		hedges:   c.hedgesStarted,
-		wasted:   c.hedgesWasted,
+		logger:    c.h.logger,
+		id:        c.id,
+		provider:  m.up.Name,
+		attempts:  c.attempts,
+		waited:    c.waited,
+		hedges:    c.hedgesStarted,
+		wasted:    c.hedgesWasted,
+		keepalive: c.h.Keepalive > 0,
 	}
 	quota, lease := c.quota, c.lease
 	c.quota, c.lease = nil, nil
@@ -797,6 +816,7 @@ func (c *connect) relay(m *member, client netConn, up *upstreams.Conn, pending [
 		ClientPending: pending,
 		IdleTimeout:   idle,
 		MaxDuration:   maxDur,
+		Keepalive:     time.Duration(c.h.Keepalive),
 		OnEnd: func(s *upstreams.Session) {
 			st.End(s)
 			if quota != nil {

@@ -84,6 +84,13 @@ type Handler struct {
 	// trailing "*" matches a prefix; hop-by-hop fields never go).
 	// Everything else the client sent stays at the gateway. Default: none.
 	ForwardHeaders []string `json:"forward_headers,omitempty"`
+	// HealthCheck probes every provider (a provider's own health_check
+	// overrides it, or turns it off). Default: no probes.
+	HealthCheck *HealthCheckConfig `json:"health_check,omitempty"`
+	// Keepalive pings a side of a session that has been sent nothing for
+	// this long, and ends the session when that side answers none of two
+	// pings. Default: 0, off.
+	Keepalive caddy.Duration `json:"keepalive,omitempty"`
 
 	// given holds the options stated explicitly (see explicit).
 	given explicit
@@ -139,6 +146,10 @@ type ProviderConfig struct {
 	// "playwright" provider; it then serves only clients of that version.
 	// Default: empty, any version.
 	PlaywrightVersion string `json:"playwright_version,omitempty"`
+	// HealthCheck overrides the handler's health check, setting by
+	// setting; {"off":true} turns it off for this provider. Default: the
+	// handler's.
+	HealthCheck *HealthCheckConfig `json:"health_check,omitempty"`
 
 	given explicit
 }
@@ -458,7 +469,7 @@ func notNegative(key string, v caddy.Duration, what string) error {
 // handler's own options, then each part's. Every message names the
 // provider and the problem, never a URL's secrets.
 func (h *Handler) check() error {
-	errs := []error{h.validateOwn()}
+	errs := []error{h.validateOwn(), h.checkHealthChecks()}
 	for i, p := range h.Providers {
 		switch {
 		case p == nil:

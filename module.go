@@ -49,6 +49,9 @@ type handlerRuntime struct {
 	// and their own strategy (poolOf).
 	pools  *sync.Map
 	shared *shared // state redis; nil when state is per node
+	// probes are the providers whose probe loop has this handler's
+	// health check.
+	probes []*pool.Provider
 }
 
 // member is one provider of this handler: its dialer and its process-wide
@@ -174,7 +177,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 			m.state.WakeAt(u)
 		}
 	}
-	return nil
+	return h.provisionProbes()
 }
 
 // Validate checks the configuration (JSON configs never pass through the
@@ -191,6 +194,7 @@ func (h *Handler) Cleanup() error {
 	for _, m := range h.members {
 		m.state.RemoveOnReset(h)
 	}
+	h.cleanupProbes()
 	if h.obs != nil {
 		h.obs.Close()
 	}

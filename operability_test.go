@@ -55,6 +55,24 @@ type opProvider struct {
 	Failures      int64      `json:"failures"`
 	HandshakeMS   float64    `json:"handshake_ms"`
 	LastError     string     `json:"last_error"`
+	LastProbe     *opProbe   `json:"last_probe"`
+	// Capacity is shown only for a health check that reads capacity.
+	Capacity *opCapacity `json:"capacity,omitempty"`
+}
+
+// opProbe is a provider's last probe.
+type opProbe struct {
+	At      time.Time `json:"at"`
+	Outcome string    `json:"outcome"`
+	MS      float64   `json:"ms"`
+}
+
+// opCapacity is what a capacity probe said.
+type opCapacity struct {
+	Running int  `json:"running"`
+	Max     int  `json:"max"`
+	Queued  int  `json:"queued"`
+	Full    bool `json:"full"`
 }
 
 type opQueue struct {
@@ -78,7 +96,7 @@ type opClient struct {
 }
 
 var (
-	opProviderKeys = []string{"active", "attempts", "cooldown_until", "draining", "failures", "handshake_ms", "healthy", "last_error", "max_concurrent", "name", "url"}
+	opProviderKeys = []string{"active", "attempts", "cooldown_until", "draining", "failures", "handshake_ms", "healthy", "last_error", "last_probe", "max_concurrent", "name", "url"}
 	opQueueKeys    = []string{"providers", "size", "timeout_ms", "waiting"}
 )
 
@@ -128,7 +146,12 @@ func opStatus(t *testing.T, g *testgw.Gateway) (opStatusDoc, []byte) {
 	}
 	json.Unmarshal(body, &raw)
 	for _, p := range raw.Providers {
-		opKeys(t, p, opProviderKeys, string(body))
+		want := opProviderKeys
+		if _, ok := p["capacity"]; ok {
+			// Only a health check that reads capacity shows it.
+			want = append([]string{"active", "attempts", "capacity"}, opProviderKeys[2:]...)
+		}
+		opKeys(t, p, want, string(body))
 	}
 	for _, q := range raw.Queues {
 		opKeys(t, q, opQueueKeys, string(body))

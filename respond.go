@@ -206,11 +206,17 @@ type sessionEnd struct {
 	waited   time.Duration
 	hedges   int
 	wasted   int
+	// keepalive: the session pinged its sides (keepalive on).
+	keepalive bool
 }
 
 func (e *sessionEnd) log(s *upstreams.Session) {
 	observe.SessionEnded(e.provider, time.Since(s.Start()))
-	e.logger.Info("session ended",
+	var pings []zap.Field
+	if e.keepalive {
+		pings = append(pings, zap.Int64("keepalive_pings", s.KeepalivePings()))
+	}
+	e.logger.Info("session ended", append([]zap.Field{
 		zap.String("session_id", e.id),
 		zap.String("provider", e.provider),
 		zap.Array("attempts", e.attempts),
@@ -221,7 +227,7 @@ func (e *sessionEnd) log(s *upstreams.Session) {
 		zap.String("close_reason", s.Reason()),
 		zap.Int("hedges_started", e.hedges),
 		zap.Int("hedges_wasted", e.wasted),
-	)
+	}, pings...)...)
 }
 
 // attempt is one line of a client's way through the chain: a provider tried

@@ -22,11 +22,13 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -62,22 +64,11 @@ func TestSecretsAudit(t *testing.T) {
 	secrets := []string{user, pass, query, envQuery, header, bearer, hookKey, hookToken, hookPass, redisPass, apiKey, gwToken, gwCookie, gwBearer}
 
 	// Every form a secret could take on the way out.
-	var forms []string
-	add := func(s string) {
-		for _, f := range []string{s, url.QueryEscape(s), url.PathEscape(s), (&url.URL{User: url.User(s)}).String()[2:]} {
-			forms = append(forms, strings.TrimSuffix(f, "@"))
-		}
-		for _, enc := range []*base64.Encoding{base64.StdEncoding, base64.URLEncoding, base64.RawStdEncoding, base64.RawURLEncoding} {
-			forms = append(forms, enc.EncodeToString([]byte(s)))
-		}
-	}
-	for _, s := range secrets {
-		add(s)
-	}
-	add(user + ":" + pass) // what Authorization: Basic carries
-	add("Bearer " + bearer)
-	add(url.UserPassword(user, pass).String())
-	add("hook:" + hookPass)
+	forms := secretForms(append(secrets,
+		user+":"+pass, // what Authorization: Basic carries
+		"Bearer "+bearer,
+		url.UserPassword(user, pass).String(),
+		"hook:"+hookPass)...)
 	// The unkeyed hash the status used to show of a client key: a likely
 	// value could be tried against it.
 	apiSum := sha256.Sum256([]byte(apiKey))
@@ -274,8 +265,7 @@ func TestSecretsAudit(t *testing.T) {
 	if want := "hmac:" + hex.EncodeToString(m.Sum(nil)[:8]); pool.ShownKey(apiKey) != want {
 		t.Fatalf("shown key %s, want the HMAC with the stored secret %s", pool.ShownKey(apiKey), want)
 	}
-	add(string(stored))
-	add(string(keySecret))
+	forms = append(forms, secretForms(string(stored), string(keySecret))...)
 	record("status with client keys", stBody)
 	code, ssBody := opAdmin(t, g, http.MethodGet, "/browser_failover/sessions")
 	if code != http.StatusOK || !bytes.Contains(ssBody, []byte(pool.ShownKey(apiKey))) {
@@ -397,6 +387,30 @@ func TestSecretsAudit(t *testing.T) {
 	if !strings.Contains(out, "REDACTED@") || !strings.Contains(out, "apiKey=REDACTED") || !strings.Contains(out, "token=REDACTED") {
 		t.Fatal("the status does not show the redacted URLs")
 	}
+	findSecrets(t, out, forms)
+	t.Logf("audited %d bytes of output: %d answer bodies, %d webhook bodies, %d events, %d log bytes, %d secret forms",
+		len(out), bodies, len(hooked), len(events), len(logs), len(forms))
+}
+
+// secretForms lists every form each secret could take on the way out: as
+// it is, URL-escaped (query and path), as URL user info, and in base64.
+func secretForms(secrets ...string) []string {
+	var forms []string
+	for _, s := range secrets {
+		for _, f := range []string{s, url.QueryEscape(s), url.PathEscape(s), (&url.URL{User: url.User(s)}).String()[2:]} {
+			forms = append(forms, strings.TrimSuffix(f, "@"))
+		}
+		for _, enc := range []*base64.Encoding{base64.StdEncoding, base64.URLEncoding, base64.RawStdEncoding, base64.RawURLEncoding} {
+			forms = append(forms, enc.EncodeToString([]byte(s)))
+		}
+	}
+	return forms
+}
+
+// findSecrets reports each secret form found in out, with the section
+// ("=== name" lines) it is in.
+func findSecrets(t *testing.T, out string, forms []string) {
+	t.Helper()
 	for _, f := range forms {
 		if len(f) < 6 {
 			continue
@@ -408,8 +422,126 @@ func TestSecretsAudit(t *testing.T) {
 			t.Errorf("%s shows a secret (%q): …%s…", section, f, out[max(0, i-150):min(len(out), i+80)])
 		}
 	}
-	t.Logf("audited %d bytes of output: %d answer bodies, %d webhook bodies, %d events, %d log bytes, %d secret forms",
-		len(out), bodies, len(hooked), len(events), len(logs), len(forms))
+}
+
+// TestProbeSecretsAudit: health checks carry the providers' credentials
+// (URL user info and query, header_up values, a token in a full-URL uri)
+// to the providers, and show none of them: not in the logs (debug level:
+// the probe targets and the causes of failed probes), the status
+// (last_probe, capacity, last_error), /metrics, or the events of the
+// cooldowns and recoveries the probes cause.
+func TestProbeSecretsAudit(t *testing.T) {
+	const (
+		user     = "pRoBeUsEr7"
+		pass     = "pR0be:pa55/Z!"
+		query    = "pRoBeQuErY-9x"
+		header   = "pRoBeHeAdEr-4k"
+		uriToken = "pRoBeUrItOk-2q"
+		blToken  = "pRoBeBlToKeN-8w"
+	)
+	t.Setenv("PROBE_AUDIT_HEADER", header)
+	forms := secretForms(user, pass, query, header, uriToken, blToken, user+":"+pass, url.UserPassword(user, pass).String())
+
+	var mu sync.Mutex
+	delivered := map[string]bool{}
+	var failing atomic.Bool
+	failing.Store(true)
+	serve := func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		got := r.Header.Get("X-Api-Key") + " " + r.URL.RawQuery
+		for _, s := range []string{query, header, uriToken, blToken} {
+			if strings.Contains(got, s) {
+				delivered[s] = true
+			}
+		}
+		if u, p, ok := r.BasicAuth(); ok && u == user && p == pass {
+			delivered[pass] = true
+		}
+		mu.Unlock()
+		if failing.Load() {
+			w.WriteHeader(http.StatusUnauthorized)
+			return
+		}
+		if r.URL.Path == "/pressure" {
+			fmt.Fprint(w, `{"pressure":{"running":1,"maxConcurrent":2,"queued":0,"isAvailable":true}}`)
+			return
+		}
+		fmt.Fprint(w, `{"Browser":"x"}`)
+	}
+	srv := httptest.NewServer(http.HandlerFunc(serve))
+	defer srv.Close()
+	host := strings.TrimPrefix(srv.URL, "http://")
+	status := httptest.NewServer(http.HandlerFunc(serve))
+	defer status.Close()
+
+	u1 := (&url.URL{Scheme: "ws", Host: host, Path: "/a", User: url.UserPassword(user, pass), RawQuery: "key=" + url.QueryEscape(query)}).String()
+	hjson := handler(`"health_check":{"interval":"100ms"},"cooldown":{"min_requests":2,"duration":"300ms","max_duration":"300ms"}`,
+		provider("pa-creds", u1, `"health_check":{"uri":"/health"},"headers_up":[{"op":"set","field":"X-Api-Key","value":"{env.PROBE_AUDIT_HEADER}"}]`),
+		provider("pa-uri", "wss://connect.example.invalid/?apiKey=x", `"health_check":{"uri":"`+status.URL+`/up?token=`+uriToken+`"}`),
+		provider("pa-bl", "ws://"+host+"/?token="+blToken, `"health_check":{"capacity":"browserless"}`))
+	g := testgw.Start(t, handler("", provider("pa-boot", "ws://"+host+"/", "")))
+	var cfg map[string]any
+	if err := json.Unmarshal(g.Config(hjson), &cfg); err != nil {
+		t.Fatal(err)
+	}
+	cfg["apps"].(map[string]any)["events"] = map[string]any{"subscriptions": []any{map[string]any{
+		"events":   []string{"browser_failover.cooldown", "browser_failover.recovered"},
+		"handlers": []any{map[string]any{"handler": "op_capture"}},
+	}}}
+	b, _ := json.Marshal(cfg)
+	if err := g.Load(b); err != nil {
+		t.Fatal(err)
+	}
+	var outputs bytes.Buffer
+	record := func(where string, b []byte) {
+		fmt.Fprintf(&outputs, "\n=== %s\n", where)
+		outputs.Write(b)
+	}
+	// Failing probes: cooldowns, last errors, their events.
+	testgw.Eventually(t, 10*time.Second, "every provider to cool down", func() bool {
+		for _, n := range []string{"pa-creds", "pa-uri", "pa-bl"} {
+			if state(t, n).Health.Snapshot().Cooldowns == 0 {
+				return false
+			}
+		}
+		return true
+	})
+	_, body := opAdmin(t, g, http.MethodGet, "/browser_failover/status")
+	record("status while failing", body)
+	// Passing probes: recoveries, capacity.
+	failing.Store(false)
+	testgw.Eventually(t, 10*time.Second, "every provider to recover", func() bool {
+		for _, n := range []string{"pa-creds", "pa-uri", "pa-bl"} {
+			if !state(t, n).Health.Available() {
+				return false
+			}
+		}
+		return true
+	})
+	_, body = opAdmin(t, g, http.MethodGet, "/browser_failover/status")
+	record("status", body)
+	if !bytes.Contains(body, []byte(`"last_probe":{`)) || !bytes.Contains(body, []byte(`"capacity":{`)) {
+		t.Fatalf("the status shows no probe or capacity: %s", body)
+	}
+	_, body = opAdmin(t, g, http.MethodGet, "/metrics")
+	record("metrics", body)
+	for _, e := range opEvents("pa-") {
+		b, _ := json.Marshal(map[string]any{"name": e.Name(), "data": e.Data})
+		record("event", b)
+	}
+	logs := g.Logs()
+	record("logs", []byte(logs))
+	if len(g.LogEntries("probe")) == 0 || len(g.LogEntries("health check")) == 0 || len(g.LogEntries("provider cooling down")) == 0 {
+		t.Fatal("too little to audit: no probe, health check or cooldown log entries")
+	}
+	mu.Lock()
+	for _, s := range []string{pass, query, header, uriToken, blToken} {
+		if !delivered[s] {
+			t.Errorf("no probe carried the secret %q: the audit would prove nothing", s)
+		}
+	}
+	mu.Unlock()
+	findSecrets(t, outputs.String(), forms)
 }
 
 // opAdminQuiet is opAdmin for goroutines other than the test's.

@@ -128,6 +128,7 @@ func (h *Handler) cleanupShared() {
 func (h *Handler) adoptHold(m *member, hold cluster.Hold) {
 	if !hold.CooldownUntil.IsZero() && m.state.Health.Adopt(hold.CooldownUntil, hold.Streak) {
 		m.state.WakeAt(hold.CooldownUntil)
+		m.state.ProbeBy(hold.CooldownUntil)
 		h.logger.Info("provider cooling down",
 			zap.String("provider", m.up.Name),
 			zap.Time("until", hold.CooldownUntil),
@@ -135,6 +136,7 @@ func (h *Handler) adoptHold(m *member, hold cluster.Hold) {
 	}
 	if !hold.SkipUntil.IsZero() && m.state.Health.AdoptSkip(hold.SkipUntil) {
 		m.state.WakeAt(hold.SkipUntil)
+		m.state.ProbeBy(hold.SkipUntil)
 		h.logger.Info("provider skipped",
 			zap.String("provider", m.up.Name),
 			zap.Time("until", hold.SkipUntil),
@@ -185,7 +187,7 @@ func (c *connect) claimShared(ps *passState, m *member) (*cluster.Lease, bool) {
 	if !sh.s.Usable() {
 		return c.stateDown(ps, m)
 	}
-	g, err := sh.s.Store().Acquire(c.r.Context(), m.up.Name, int(m.state.MaxConcurrent()))
+	g, err := sh.s.Store().Acquire(c.r.Context(), m.up.Name, int(m.state.Limit()))
 	if err != nil {
 		if c.r.Context().Err() != nil {
 			return nil, true // the client left; the attempt will see it

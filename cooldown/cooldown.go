@@ -24,7 +24,10 @@
 //     the doubling; a trial Failure starts the next (doubled) cooldown; a
 //     trial ending Neutral or Capacity changes nothing about the trial state,
 //     so a later Acquire may start a new trial (after the capacity skip, if
-//     any).
+//     any). While an active health check probes the provider
+//     (SetProbeTrials), the trial is the probe's: AcquireProbe gets it and
+//     Acquire refuses it, so no client is sent to a provider that may still
+//     be down.
 //   - capacity skip: a Capacity result skips the provider for the given
 //     retry-after (capped at max_duration) or, when it is zero, for duration
 //     (never doubled). It is not a failure, does not enter the window and does
@@ -338,6 +341,9 @@ type Health struct {
 	trialInFlight bool      // the trial permit of generation gen is out
 	afterSkip     bool      // a capacity skip happened and no success followed yet
 	streak        int       // back-to-back cooldowns
+	// probeTrials: an active health check takes the trial after a
+	// cooldown (AcquireProbe); clients never do.
+	probeTrials bool
 
 	attempts, failures int64
 	cooldowns          int64
@@ -404,13 +410,55 @@ func (h *Health) availableLocked(now time.Time) bool {
 	if h.blockedLocked(now) {
 		return false
 	}
+	if h.needTrial && h.probeTrials {
+		return false // the trial is the probe's
+	}
 	return !(h.needTrial && h.trialInFlight)
+}
+
+// SetProbeTrials says whether an active health check probes the provider.
+// While it does, the trial after a cooldown is the probe's (AcquireProbe):
+// Acquire refuses it, so no client pays for a provider that is still down,
+// and the provider stays unavailable until a probe passes. Turning it off
+// (the health check left the config) lets the next Acquire take the trial.
+func (h *Health) SetProbeTrials(on bool) {
+	h.mu.Lock()
+	h.probeTrials = on
+	h.mu.Unlock()
+}
+
+// AcquireProbe is Acquire for an active health check's probe: refused
+// while a cooldown or skip runs or a trial is in flight; once a cooldown
+// has run out the probe gets the trial permit, whether or not
+// SetProbeTrials is on.
+func (h *Health) AcquireProbe() (p Permit, ok bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	now := h.now()
+	if h.blockedLocked(now) || (h.needTrial && h.trialInFlight) {
+		return Permit{}, false
+	}
+	return h.permitLocked(), true
+}
+
+// permitLocked issues the next permit of an available provider: the trial
+// after a cooldown, or an ordinary one.
+func (h *Health) permitLocked() Permit {
+	if h.needTrial {
+		// A fresh generation per trial, so that a result reported twice for
+		// an earlier trial cannot end this one.
+		h.gen++
+		h.trialInFlight = true
+		return Permit{trial: true, gen: h.gen}
+	}
+	return Permit{gen: h.gen}
 }
 
 // Acquire asks whether an attempt may go to the provider now. ok is false
 // while in cooldown or capacity skip, or while a trial is in flight. When a
 // cooldown has expired, the first caller gets a trial permit (p.Trial() is
-// true) and every other caller is refused until that trial ends.
+// true) and every other caller is refused until that trial ends; with
+// SetProbeTrials on, that trial is left to AcquireProbe.
 func (h *Health) Acquire() (p Permit, ok bool) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -418,14 +466,7 @@ func (h *Health) Acquire() (p Permit, ok bool) {
 	if !h.availableLocked(now) {
 		return Permit{}, false
 	}
-	if h.needTrial {
-		// A fresh generation per trial, so that a result reported twice for
-		// an earlier trial cannot end this one.
-		h.gen++
-		h.trialInFlight = true
-		return Permit{trial: true, gen: h.gen}, true
-	}
-	return Permit{gen: h.gen}, true
+	return h.permitLocked(), true
 }
 
 // Available is like Acquire but takes nothing (no trial is started): it
@@ -576,8 +617,9 @@ type Snapshot struct {
 	// Healthy is false exactly while in a failure cooldown, in a capacity
 	// skip, or while the trial after a cooldown is in flight. Once a
 	// cooldown has expired and no trial has started yet, Healthy is true
-	// (the provider may be tried; the next Acquire gets the trial). Healthy
-	// equals Available().
+	// (the provider may be tried; the next Acquire gets the trial), unless
+	// the trial is left to a probe (SetProbeTrials): then it stays false
+	// until a probe passes. Healthy equals Available().
 	Healthy bool
 	// Until is the end of the running cooldown or skip; zero when none.
 	Until time.Time

@@ -1043,3 +1043,75 @@ func TestAdoptSkip(t *testing.T) {
 		t.Fatalf("until %v", h2.Until())
 	}
 }
+
+// TestProbeTrials: with an active health check, the trial after a cooldown
+// is the probe's: clients are refused (and the provider shows unhealthy)
+// until a probe passes; a failing probe trial doubles the next cooldown; a
+// passing one ends the doubling. Turning probes off hands the trial back to
+// clients.
+func TestProbeTrials(t *testing.T) {
+	h, c := newHealth(t, Config{Duration: 10 * time.Second, MaxDuration: time.Minute, MinRequests: 2})
+	h.SetProbeTrials(true)
+	// Probes feed the window like client attempts.
+	for range 2 {
+		p, ok := h.AcquireProbe()
+		if !ok || p.Trial() {
+			t.Fatalf("probe permit %v %v", p, ok)
+		}
+		if ch := h.Done(p, Failure, 0); ch == CooledDown {
+			break
+		}
+	}
+	if h.Available() {
+		t.Fatal("two failed probes did not trip the cooldown")
+	}
+	if _, ok := h.AcquireProbe(); ok {
+		t.Fatal("probe permit during the cooldown")
+	}
+	c.advance(10 * time.Second)
+	// The cooldown ran out: clients still may not take the trial.
+	if _, ok := h.Acquire(); ok || h.Available() || h.Snapshot().Healthy {
+		t.Fatal("a client got the trial that belongs to the probe")
+	}
+	p, ok := h.AcquireProbe()
+	if !ok || !p.Trial() {
+		t.Fatalf("the probe got no trial: %v %v", p, ok)
+	}
+	if _, ok := h.AcquireProbe(); ok {
+		t.Fatal("a second probe permit while the trial is in flight")
+	}
+	if ch := h.Done(p, Failure, 0); ch != CooledDown {
+		t.Fatalf("failed probe trial: %v, want cooled down", ch)
+	}
+	if u := h.Until(); !u.Equal(c.now().Add(20 * time.Second)) {
+		t.Fatalf("second cooldown until %v, want doubled to 20s", u.Sub(c.now()))
+	}
+	c.advance(20 * time.Second)
+	p, ok = h.AcquireProbe()
+	if !ok || !p.Trial() {
+		t.Fatal("no trial for the probe after the second cooldown")
+	}
+	if ch := h.Done(p, Success, 0); ch != Recovered {
+		t.Fatalf("passing probe trial: %v, want recovered", ch)
+	}
+	if s := h.Snapshot(); !s.Healthy || s.Streak != 0 {
+		t.Fatalf("after the probe trial: %+v", s)
+	}
+	if _, ok := h.Acquire(); !ok {
+		t.Fatal("clients refused after the probe's trial passed")
+	}
+
+	// Probes turned off while a trial is due: the next client takes it.
+	for range 2 {
+		p, _ := h.AcquireProbe()
+		h.Done(p, Failure, 0)
+	}
+	c.advance(10 * time.Second)
+	if h.Available() {
+		t.Fatal("available while the probe's trial is due")
+	}
+	h.SetProbeTrials(false)
+	if p, ok := h.Acquire(); !ok || !p.Trial() {
+		t.Fatal("with probes off a client does not get the trial")
+	}
+}

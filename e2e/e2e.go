@@ -20,6 +20,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -190,6 +191,19 @@ func (c *Chromium) Output() string { return c.p.Output() }
 // until /json/version answers, and kills it at cleanup.
 func StartChromium(t testing.TB) *Chromium {
 	t.Helper()
+	return startChromium(t, "0")
+}
+
+// StartChromiumAt starts a headless Chromium serving DevTools on
+// 127.0.0.1:port, as a browser restarted where it ran before; like
+// StartChromium otherwise.
+func StartChromiumAt(t testing.TB, port string) *Chromium {
+	t.Helper()
+	return startChromium(t, port)
+}
+
+func startChromium(t testing.TB, port string) *Chromium {
+	t.Helper()
 	profile, err := os.MkdirTemp("", "e2e-chromium-")
 	if err != nil {
 		t.Fatal(err)
@@ -206,12 +220,16 @@ func StartChromium(t testing.TB) *Chromium {
 		"--disable-background-networking", "--disable-component-update", "--disable-sync",
 		"--disable-dev-shm-usage", "--no-default-browser-check", "--mute-audio",
 		"--user-data-dir="+profile,
-		"--remote-debugging-address=127.0.0.1", "--remote-debugging-port=0",
+		"--remote-debugging-address=127.0.0.1", "--remote-debugging-port="+port,
 		"about:blank")
 	p := startProc(t, cmd, nil)
 	c := &Chromium{p: p}
 	deadline := time.Now().Add(30 * time.Second)
-	for {
+	if port != "0" {
+		// A given port: Chromium writes no DevToolsActivePort then.
+		c.Addr = net.JoinHostPort("127.0.0.1", port)
+	}
+	for c.Addr == "" {
 		if b, err := os.ReadFile(filepath.Join(profile, "DevToolsActivePort")); err == nil {
 			lines := strings.Split(strings.TrimSpace(string(b)), "\n")
 			if len(lines) == 2 {
@@ -233,7 +251,13 @@ func StartChromium(t testing.TB) *Chromium {
 	for {
 		v, err := JSONVersion(c.HTTPURL())
 		if err == nil && v.WebSocketDebuggerURL != "" {
+			if u, err := url.Parse(v.WebSocketDebuggerURL); err == nil && c.WSPath == "" {
+				c.WSPath = u.Path
+			}
 			break
+		}
+		if p.exited() {
+			t.Fatalf("chromium exited (%v) before serving DevTools:\n%s", p.err, p.Output())
 		}
 		if time.Now().After(deadline) {
 			t.Fatalf("chromium's /json/version did not answer within 30s (%v):\n%s", err, p.Output())

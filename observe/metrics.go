@@ -85,6 +85,12 @@ var (
 		Help: "Events dropped because a queue was full, by sink: events_app or webhook.",
 	}, []string{"sink"})
 
+	probes = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: namespace, Subsystem: subsystem,
+		Name: "probes_total",
+		Help: "Active health check probes, by provider and outcome word (ok, refused, timeout, status_<code> …).",
+	}, []string{"provider", "outcome"})
+
 	webhookDeliveries = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: namespace, Subsystem: subsystem,
 		Name: "webhook_deliveries_total",
@@ -172,7 +178,7 @@ func (poolCollector) Collect(ch chan<- prometheus.Metric) {
 // collectors is everything Register puts in a registry.
 var collectors = []prometheus.Collector{
 	attempts, failovers, rejections, queueWait, handshake, sessionDuration,
-	eventDrops, webhookDeliveries, hedgesStarted, hedgesWon, hedgesWasted, sharedErrors, poolCollector{},
+	eventDrops, webhookDeliveries, hedgesStarted, hedgesWon, hedgesWasted, sharedErrors, probes, poolCollector{},
 }
 
 // Register adds the process-wide collectors to reg (a config load's
@@ -203,6 +209,25 @@ func Attempt(provider string, o upstreams.Outcome) {
 	}
 	if o.Kind == upstreams.Success {
 		handshake.WithLabelValues(provider).Observe(o.Elapsed.Seconds())
+	}
+}
+
+// Probe counts one active health check probe of provider and its outcome
+// word.
+func Probe(provider, outcome string) {
+	probes.WithLabelValues(provider, OutcomeLabel(outcome)).Inc()
+}
+
+// ProbeCounter is Probe for one provider, with the counter of passing
+// probes (the usual outcome) looked up once.
+func ProbeCounter(provider string) func(outcome string) {
+	ok := probes.WithLabelValues(provider, upstreams.WordOK)
+	return func(outcome string) {
+		if outcome == upstreams.WordOK {
+			ok.Inc()
+			return
+		}
+		Probe(provider, outcome)
 	}
 }
 

@@ -35,6 +35,12 @@ type Provider struct {
 	// skippedFull: someone was turned away as full since the last
 	// UnreserveFailed that woke the queues.
 	skippedFull atomic.Bool
+	// What the last capacity probe said (probe.go): the provider takes no
+	// new session; its own limit, which serves as max_concurrent when
+	// none is configured (0: none learnt).
+	capFull   atomic.Bool
+	learntMax atomic.Int64
+	probeState
 
 	mu        sync.Mutex
 	url       string // redacted, for status
@@ -239,11 +245,15 @@ func All() []*Provider {
 	return all
 }
 
-// TryReserve takes a slot for an attempt if max_concurrent allows it.
+// TryReserve takes a slot for an attempt if the provider has room: below
+// its limit (Limit), and not full by its last capacity probe.
 func (p *Provider) TryReserve() bool {
+	if p.capFull.Load() {
+		return false
+	}
 	for {
 		u := p.used.Load()
-		m := p.max.Load()
+		m := p.Limit()
 		if m > 0 && u >= m {
 			return false
 		}
@@ -253,10 +263,23 @@ func (p *Provider) TryReserve() bool {
 	}
 }
 
-// Full reports whether the provider is at max_concurrent.
+// Full reports whether the provider takes no new session: at its limit
+// (Limit), or full by its last capacity probe.
 func (p *Provider) Full() bool {
-	m := p.max.Load()
+	if p.capFull.Load() {
+		return true
+	}
+	m := p.Limit()
 	return m > 0 && p.used.Load() >= m
+}
+
+// Limit is the most live sessions the provider takes: max_concurrent, or
+// when that is unset the limit its capacity probe learnt (0: unlimited).
+func (p *Provider) Limit() int64 {
+	if m := p.max.Load(); m > 0 {
+		return m
+	}
+	return p.learntMax.Load()
 }
 
 // Unreserve gives back a slot whose attempt did not establish a session.
@@ -274,7 +297,7 @@ func (p *Provider) Unreserve() {
 // once-a-second retry of providers that failed without cooling down.
 func (p *Provider) UnreserveFailed() {
 	u := p.used.Add(-1)
-	if m := p.max.Load(); m > 0 && u+1 >= m && p.skippedFull.Swap(false) {
+	if m := p.Limit(); m > 0 && u+1 >= m && p.skippedFull.Swap(false) {
 		p.WakeAt(now().Add(time.Second))
 	}
 }
@@ -290,10 +313,11 @@ func (p *Provider) Establish(s *upstreams.Session, info SessionInfo) {
 	track(s, info)
 }
 
-// End frees a live session's slot.
+// End frees a live session's slot. The live count drops before the slot
+// is given back, so a session that takes the slot at once is never
+// counted beside the one that left it (live never exceeds the limit).
 func (p *Provider) End(s *upstreams.Session) {
 	untrack(s)
-	p.used.Add(-1)
 	if p.live.Add(-1) == 0 {
 		retiredMu.Lock()
 		if retired[p.name] == p {
@@ -301,6 +325,7 @@ func (p *Provider) End(s *upstreams.Session) {
 		}
 		retiredMu.Unlock()
 	}
+	p.used.Add(-1)
 	p.Notify()
 }
 

@@ -143,11 +143,37 @@ type Provider struct {
 	// HandshakeMS is the moving average of handshake times (0: no sample).
 	HandshakeMS float64 `json:"handshake_ms"`
 	LastError   string  `json:"last_error"`
+	// LastProbe is the provider's last active health check probe; null
+	// when it was never probed.
+	LastProbe *Probe `json:"last_probe"`
+	// Capacity is what the last capacity probe said (a *Capacity, null
+	// when its last probe failed or could not be read); absent when the
+	// provider's health check reads no capacity.
+	Capacity any `json:"capacity,omitempty"`
 	// Cluster is the provider's cluster-wide state when gateway nodes
 	// share it (state redis): a Cluster, or a ClusterUnavailable when the
 	// shared state could not be read. It is what the provider's
 	// pool.ClusterView returns; absent when the state is not shared.
 	Cluster any `json:"cluster,omitempty"`
+}
+
+// Probe is the last probe of a provider's active health check.
+type Probe struct {
+	// At is when it started, in UTC.
+	At time.Time `json:"at"`
+	// Outcome is its outcome word: ok, refused, timeout, status_503 …
+	Outcome string  `json:"outcome"`
+	MS      float64 `json:"ms"`
+}
+
+// Capacity is what a provider said of its capacity at the last probe
+// (browserless's /pressure).
+type Capacity struct {
+	Running int `json:"running"`
+	Max     int `json:"max"`
+	Queued  int `json:"queued"`
+	// Full: the provider is skipped as full until a probe says otherwise.
+	Full bool `json:"full"`
 }
 
 // Cluster is the "cluster" object of a provider whose state gateway nodes
@@ -281,6 +307,16 @@ func local(p *pool.Provider, clusters map[string]any) Provider {
 	}
 	if ms, ok := p.HandshakeMS(); ok {
 		out.HandshakeMS = math.Round(ms*10) / 10
+	}
+	if r, ok := p.LastProbe(); ok {
+		out.LastProbe = &Probe{At: r.At.UTC(), Outcome: r.Outcome, MS: math.Round(r.MS*10) / 10}
+	}
+	if p.ReadsCapacity() {
+		var c *Capacity
+		if r, ok := p.Capacity(); ok {
+			c = &Capacity{Running: r.Running, Max: r.Max, Queued: r.Queued, Full: r.Full}
+		}
+		out.Capacity = c
 	}
 	if c, ok := clusters[p.Name()]; ok {
 		if cl, ok := c.(Cluster); ok {

@@ -196,18 +196,24 @@ func validate101(a *Answer, key string) error {
 
 // dial opens TCP (and TLS for wss) to the provider inside ctx.
 func (p *Provider) dial(ctx context.Context) (net.Conn, error) {
+	return dialTo(ctx, p.address, p.tlsConfig)
+}
+
+// dialTo opens TCP to address inside ctx, and TLS with cfg when it is not
+// nil.
+func dialTo(ctx context.Context, address string, cfg *tls.Config) (net.Conn, error) {
 	var d net.Dialer
-	conn, err := d.DialContext(ctx, "tcp", p.address)
+	conn, err := d.DialContext(ctx, "tcp", address)
 	if err != nil {
 		return nil, err
 	}
 	if tc, ok := conn.(*net.TCPConn); ok {
 		tc.SetNoDelay(true)
 	}
-	if p.tlsConfig == nil {
+	if cfg == nil {
 		return conn, nil
 	}
-	tconn := tls.Client(conn, p.tlsConfig)
+	tconn := tls.Client(conn, cfg)
 	if err := tconn.HandshakeContext(ctx); err != nil {
 		conn.Close()
 		if ctx.Err() != nil {

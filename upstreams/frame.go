@@ -106,6 +106,24 @@ func (t *frameTracker) advance(p []byte, stop bool) int {
 	return i
 }
 
+// advanceTo is advance(p, false) that stops at the first frame boundary
+// where the next frame's first byte is first; it returns how many bytes it
+// took. Payloads are skipped by count, as by advance.
+func (t *frameTracker) advanceTo(p []byte, first byte) int {
+	i := 0
+	for i < len(p) {
+		if t.atBoundary() {
+			if p[i] == first {
+				return i
+			}
+			i += t.advance(p[i:i+1], false) // the frame's first byte
+			continue
+		}
+		i += t.advance(p[i:], true) // up to the next boundary
+	}
+	return i
+}
+
 // closeFrame builds a close frame with code and reason (reason cut to fit
 // a control frame). masked frames are for the provider side (client to
 // server frames must be masked).

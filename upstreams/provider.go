@@ -86,6 +86,7 @@ type Provider struct {
 	forward   *forwardRule // nil: the default fields only
 
 	scheme     string // ws or wss after mapping http(s)
+	httpURL    bool   // configured as http:// or https://
 	httpScheme string // http or https, for discovery
 	address    string // host:port to dial
 	host       string // Host header value
@@ -94,6 +95,7 @@ type Provider struct {
 	rawQuery   string
 	basicAuth  string // "Basic …" from user info, or ""
 	tlsConfig  *tls.Config
+	tlsOpts    TLSOptions
 	redacted   string
 }
 
@@ -118,6 +120,7 @@ func New(o Options) (*Provider, error) {
 		ConnectTimeout: o.ConnectTimeout,
 		PassQuery:      o.PassQuery,
 		headerOps:      o.HeaderOps,
+		tlsOpts:        o.TLS,
 		redacted:       Redact(u),
 	}
 	if p.forward, err = parseForward(o.ForwardHeaders); err != nil {
@@ -135,9 +138,9 @@ func New(o Options) (*Provider, error) {
 	case "wss":
 		p.scheme, p.httpScheme = "wss", "https"
 	case "http":
-		p.scheme, p.httpScheme, p.Discover = "ws", "http", true
+		p.scheme, p.httpScheme, p.Discover, p.httpURL = "ws", "http", true, true
 	case "https":
-		p.scheme, p.httpScheme, p.Discover = "wss", "https", true
+		p.scheme, p.httpScheme, p.Discover, p.httpURL = "wss", "https", true, true
 	default:
 		// The "scheme" of a value like user:pass@host is the user name:
 		// it is not repeated.

@@ -68,6 +68,13 @@ type Session struct {
 	closeCode   int
 	closeReason string
 	closeBy     time.Time // frames in flight are cut after this
+	// halfClosed: a side ended cleanly and the other direction's read has
+	// its CloseWait deadline (guarded by closeMu).
+	halfClosed bool
+
+	// keepalive is on; pingToken is the payload of the gateway's pings.
+	keepalive bool
+	pingToken [pingTokenLen]byte
 
 	endOnce   sync.Once
 	reason    atomic.Value // string
@@ -87,6 +94,9 @@ type SessionOptions struct {
 	IdleTimeout time.Duration
 	// MaxDuration closes the session at this age (0: never).
 	MaxDuration time.Duration
+	// Keepalive pings a side that has been sent no frame for this long,
+	// and ends the session when a side answers no ping (0: never).
+	Keepalive time.Duration
 	// OnEnd is called once, after both connections are closed.
 	OnEnd func(*Session)
 }
@@ -111,6 +121,11 @@ func NewSession(client net.Conn, up *Conn, o SessionOptions) *Session {
 	}
 	if o.MaxDuration > 0 {
 		s.timers = append(s.timers, time.AfterFunc(o.MaxDuration, func() { s.Close(CloseNormal, EndMaxDuration) }))
+	}
+	if o.Keepalive > 0 {
+		s.keepalive = true
+		s.pingToken = newPingToken()
+		s.timers = append(s.timers, s.keepaliveTimer(o.Keepalive))
 	}
 	return s
 }
@@ -264,6 +279,16 @@ type direction struct {
 	quiet     bool
 	quietAt   time.Time
 	replyWait bool
+
+	// Keepalive (keepalive.go): kaDue asks for a ping to dst; kaPings
+	// counts those sent, kaPongs the pongs to them that came from dst's
+	// peer (counted by the other direction, which reads that peer); pong
+	// holds a pong frame from src until it is known whether it answers
+	// the gateway (owned by the direction's goroutine).
+	kaDue   atomic.Bool
+	kaPings atomic.Int64
+	kaPongs atomic.Int64
+	pong    pongHold
 }
 
 // other is the opposite direction of the session.
@@ -325,6 +350,12 @@ func (d *direction) run() {
 		if err != nil {
 			if d.s.closing.Load() && isTimeout(err) {
 				if d.closeStep() {
+					continue
+				}
+				return
+			}
+			if d.keepaliveInterrupt(err) {
+				if d.keepaliveStep() {
 					continue
 				}
 				return
@@ -416,7 +447,15 @@ func (d *direction) forward(p []byte) bool {
 		// The frame moves: give it another CloseWait.
 		return d.extend()
 	}
+	if d.s.keepalive {
+		return d.forwardWatching(p)
+	}
 	d.frames.advance(p, false)
+	return d.write(p)
+}
+
+// write relays p, which the frame tracker has already taken, to dst.
+func (d *direction) write(p []byte) bool {
 	if d.frames.sawClose && !d.closeNoted {
 		// The first close frame through the relay tells who ended the
 		// session, whichever side hangs up the connection first.
@@ -462,6 +501,9 @@ func (d *direction) spliceFrame() bool {
 	if err != nil {
 		if d.s.closing.Load() && isTimeout(err) {
 			return d.closeStep()
+		}
+		if d.keepaliveInterrupt(err) {
+			return d.keepaliveStep()
 		}
 		d.ended(err)
 		return false
@@ -535,6 +577,12 @@ func (d *direction) sendClose(rest []byte) {
 	d.replyWait = true
 	d.src.SetReadDeadline(wait)
 	s.closeMu.Unlock()
+	// From here the tracker reads src for the reply: a pong frame held
+	// back is part of that stream.
+	if d.pong.n > 0 {
+		d.frames.advance(d.pong.buf[:d.pong.n], false)
+		d.pong.n = 0
+	}
 	if d.frames.advance(rest, false); d.frames.sawClose {
 		return
 	}
@@ -577,8 +625,12 @@ func (d *direction) ended(err error) {
 		if tc, ok := d.dst.(interface{ CloseWrite() error }); ok {
 			tc.CloseWrite()
 		}
-		// The other direction's src is our dst.
+		// The other direction's src is our dst. (Under closeMu, so no
+		// keepalive ping undoes the deadline.)
+		d.s.closeMu.Lock()
+		d.s.halfClosed = true
 		d.dst.SetReadDeadline(time.Now().Add(CloseWait))
+		d.s.closeMu.Unlock()
 		return
 	}
 	if errors.Is(err, net.ErrClosed) {

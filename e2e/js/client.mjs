@@ -10,6 +10,9 @@
 //   puppeteer-hold  like puppeteer-ws, then stays connected: prints READY, and
 //                   DISCONNECTED when the browser connection drops (exit 0),
 //                   or gives up after 60 s (exit 1).
+//   puppeteer-idle  like puppeteer-ws, then sends nothing for --idle-ms=N
+//                   (printing IDLE when it starts), evaluates 6*7 again in
+//                   the same page and prints "AFTER <value>".
 //
 // Each mode opens a page, evaluates 6*7 in it and prints
 // "RESULT <mode> <value> <browser version>"; the exit code is 0 only when the
@@ -21,6 +24,8 @@ import { chromium } from 'playwright-core';
 
 const [mode, url, ...flags] = process.argv.slice(2);
 const bigScreenshot = flags.includes('--big-screenshot');
+const idleFlag = flags.find((f) => f.startsWith('--idle-ms='));
+const idleMs = idleFlag ? Number(idleFlag.slice('--idle-ms='.length)) : 0;
 if (!mode || !url) {
   console.error('usage: node client.mjs <mode> <url>');
   process.exit(2);
@@ -52,6 +57,13 @@ async function viaPuppeteer(connectOpts, hold) {
     const png = await page.screenshot({ type: 'png', encoding: 'binary' });
     console.log(`SCREENSHOT ${png.length}`);
     if (png.length < 1 << 20) throw new Error(`screenshot of ${png.length} bytes, want over 1 MiB`);
+  }
+  if (idleMs > 0) {
+    console.log('IDLE');
+    await new Promise((resolve) => setTimeout(resolve, idleMs));
+    const again = await page.evaluate(() => 6 * 7);
+    console.log(`AFTER ${again}`);
+    if (again !== 42) throw new Error(`6*7 = ${again} after the idle time`);
   }
   if (!hold) {
     await page.close();
@@ -89,6 +101,13 @@ try {
       break;
     case 'puppeteer-hold':
       value = await viaPuppeteer({ browserWSEndpoint: url }, true);
+      break;
+    case 'puppeteer-idle':
+      if (!(idleMs > 0)) {
+        console.error('puppeteer-idle needs --idle-ms=N');
+        process.exit(2);
+      }
+      value = await viaPuppeteer({ browserWSEndpoint: url });
       break;
     case 'pw-cdp':
       value = await viaPlaywright(() => chromium.connectOverCDP(url, { timeout }));

@@ -1,0 +1,446 @@
+package pool
+
+import (
+	"context"
+	"math/rand/v2"
+	"sync"
+	"time"
+
+	"github.com/browserfailover/caddy-browser-failover/cooldown"
+	"github.com/browserfailover/caddy-browser-failover/queue"
+	"github.com/browserfailover/caddy-browser-failover/upstreams"
+)
+
+// Active health checks. Each provider has at most one probe loop in the
+// process, whatever the number of handlers using it and of config reloads:
+// handlers register their health check on Provision and remove it on
+// Cleanup, and the loop follows the newest registration. It runs while at
+// least one registration is left, on Clock, one probe at a time.
+//
+// A probe feeds the provider's health like a client's attempt: a passing
+// probe is a success, a failing one a failure in the same window. While a
+// loop runs, the trial after a cooldown is the probe's (see
+// cooldown.Health.SetProbeTrials): the loop probes as soon as the cooldown
+// has run out, and a passing probe makes the provider healthy again before
+// any client is sent to it. A probe that reads capacity (browserless's
+// /pressure) marks the provider full while it says so.
+
+// Prober runs one probe: an HTTP GET that never opens a browser session.
+// *upstreams.Prober is one.
+type Prober interface {
+	Probe(ctx context.Context) upstreams.ProbeResult
+	// Close releases what the prober keeps between probes.
+	Close()
+}
+
+// ProbeConfig is a handler's health check of one provider.
+type ProbeConfig struct {
+	Prober Prober
+	// Interval is the time from one probe's start to the next's.
+	Interval time.Duration
+	// ReadsCapacity: the prober reads the provider's capacity (status
+	// shows it).
+	ReadsCapacity bool
+	// Report is told what each probe found and changed, so the handler
+	// can log it, count it, emit its events and offer the provider to the
+	// queue as it does for its clients' attempts. It is called on the
+	// probe's goroutine, never under a lock, and only for the newest
+	// registration.
+	Report func(ProbeReport)
+}
+
+// ProbeReport is what one probe found and changed.
+type ProbeReport struct {
+	Result upstreams.ProbeResult
+	// Trial: the probe was the trial after a cooldown.
+	Trial bool
+	// Change is what the probe's result changed in the provider's health.
+	Change cooldown.Change
+	// CapacityFull: the capacity read says the provider takes no new
+	// session; CapacityFreed: it said so after the previous probe and no
+	// longer does.
+	CapacityFull, CapacityFreed bool
+}
+
+// ProbeRecord is the last probe of a provider, for status.
+type ProbeRecord struct {
+	At      time.Time
+	Outcome string
+	MS      float64
+}
+
+// CapacityRecord is what the last capacity read said.
+type CapacityRecord struct {
+	Running, Max, Queued int
+	Full                 bool
+}
+
+// probeJitter picks the first probe's delay in [0, interval), so the
+// probes of many providers spread over the interval; tests replace it.
+var probeJitter = func(interval time.Duration) time.Duration {
+	if interval <= 0 {
+		return 0
+	}
+	return rand.N(interval)
+}
+
+// probeReg is one handler's registration.
+type probeReg struct {
+	owner any
+	cfg   ProbeConfig
+}
+
+// probeLoop is the probe loop of one provider. Guarded by Provider.pmu.
+type probeLoop struct {
+	regs    []probeReg // the newest last
+	active  bool
+	ctx     context.Context
+	cancel  context.CancelFunc
+	timer   queue.Timer
+	due     time.Time // when the timer fires
+	running bool      // a probe is in flight
+	// lastStart is when the last probe was due (zero: none yet);
+	// interval is the one the timer was set with.
+	lastStart time.Time
+	interval  time.Duration
+	// epoch changes whenever the loop stops, so a timer that fires late
+	// for a stopped loop does nothing.
+	epoch uint64
+
+	last     *ProbeRecord
+	capacity *CapacityRecord
+}
+
+func (l *probeLoop) newest() *probeReg {
+	if len(l.regs) == 0 {
+		return nil
+	}
+	return &l.regs[len(l.regs)-1]
+}
+
+// Probe registers, for owner (a handler), the provider's health check. The
+// newest registration sets the loop's prober, interval and report; the
+// loop starts with the first registration, at a random point of its first
+// interval, and keeps its pace across later ones (a changed interval
+// applies from the last probe's start).
+func (p *Provider) Probe(owner any, cfg ProbeConfig) {
+	p.pmu.Lock()
+	defer p.pmu.Unlock()
+	l := &p.probe
+	for i, r := range l.regs {
+		if r.owner == owner {
+			l.regs = append(l.regs[:i], l.regs[i+1:]...)
+			break
+		}
+	}
+	l.regs = append(l.regs, probeReg{owner: owner, cfg: cfg})
+	if !l.active {
+		l.active = true
+		l.ctx, l.cancel = context.WithCancel(context.Background())
+		p.Health.SetProbeTrials(true)
+		l.interval = cfg.Interval
+		p.scheduleLocked(now().Add(probeJitter(cfg.Interval)))
+		return
+	}
+	p.followNewestLocked()
+}
+
+// Unprobe removes owner's registration. With none left the loop stops: a
+// probe in flight is called off, the trial after a cooldown goes back to
+// clients, and the capacity read is forgotten (the provider is no longer
+// full for it).
+func (p *Provider) Unprobe(owner any) {
+	p.pmu.Lock()
+	l := &p.probe
+	var removed Prober
+	for i, r := range l.regs {
+		if r.owner == owner {
+			removed = r.cfg.Prober
+			l.regs = append(l.regs[:i], l.regs[i+1:]...)
+			break
+		}
+	}
+	if removed == nil {
+		p.pmu.Unlock()
+		return
+	}
+	// Its kept connection closes once a probe it may be running is done.
+	go removed.Close()
+	if len(l.regs) > 0 {
+		p.followNewestLocked()
+		p.pmu.Unlock()
+		return
+	}
+	l.active = false
+	l.epoch++
+	if l.timer != nil {
+		l.timer.Stop()
+		l.timer = nil
+	}
+	l.cancel()
+	wasFull := l.capacity != nil && l.capacity.Full
+	l.capacity = nil
+	p.learntMax.Store(0)
+	p.capFull.Store(false)
+	p.pmu.Unlock()
+	p.Health.SetProbeTrials(false)
+	if wasFull || p.Health.Available() {
+		// No longer full for a probe, or its trial left to clients.
+		p.Notify()
+	}
+}
+
+// followNewestLocked applies a change of the newest registration's
+// interval to the pending timer.
+func (p *Provider) followNewestLocked() {
+	l := &p.probe
+	n := l.newest()
+	if n.cfg.Interval == l.interval {
+		return
+	}
+	l.interval = n.cfg.Interval
+	if l.running {
+		return // the probe's end schedules the next with it
+	}
+	t := now()
+	next := l.lastStart.Add(l.interval)
+	if l.lastStart.IsZero() {
+		// The first probe keeps its time if that comes within the new
+		// interval.
+		next = l.due
+		if next.Sub(t) > l.interval {
+			next = t.Add(probeJitter(l.interval))
+		}
+	}
+	if next.Before(t) {
+		next = t
+	}
+	p.scheduleLocked(next)
+}
+
+// probeGrid is the most a probe's time is rounded up: probe times are
+// aligned on a grid of a tenth of the interval (at most 100ms), so the
+// timers of many providers due within one step fire together and the
+// process wakes once for all of them instead of once each.
+const probeGrid = 100 * time.Millisecond
+
+// gridOf is the alignment step for a loop probing every interval.
+func gridOf(interval time.Duration) time.Duration {
+	return min(max(interval/10, time.Millisecond), probeGrid)
+}
+
+// scheduleLocked sets the loop's timer to fire at t (rounded up to the
+// grid).
+func (p *Provider) scheduleLocked(t time.Time) {
+	l := &p.probe
+	if l.timer != nil {
+		l.timer.Stop()
+	}
+	if g := gridOf(l.interval); !t.Truncate(g).Equal(t) {
+		t = t.Truncate(g).Add(g)
+	}
+	l.due = t
+	epoch := l.epoch
+	d := t.Sub(now())
+	if d < 0 {
+		d = 0
+	}
+	l.timer = Clock.AfterFunc(d, func() { p.fire(epoch) })
+}
+
+// ProbeBy moves the next probe to t when that is sooner. The failover
+// chain calls it with the end of a cooldown or skip it started, so the
+// probe that is the trial runs as soon as it may.
+func (p *Provider) ProbeBy(t time.Time) {
+	p.pmu.Lock()
+	defer p.pmu.Unlock()
+	l := &p.probe
+	if !l.active || l.running || !t.Before(l.due) {
+		return
+	}
+	p.scheduleLocked(t)
+}
+
+// fire starts a probe, unless a cooldown or skip still runs: then the
+// probe waits for its end.
+func (p *Provider) fire(epoch uint64) {
+	p.pmu.Lock()
+	l := &p.probe
+	if !l.active || l.epoch != epoch || l.running {
+		p.pmu.Unlock()
+		return
+	}
+	l.timer = nil
+	t := now()
+	if u := p.Health.Until(); u.After(t) {
+		p.scheduleLocked(u)
+		p.pmu.Unlock()
+		return
+	}
+	permit, ok := p.Health.AcquireProbe()
+	if !ok {
+		// Another trial is in flight (taken before the loop started):
+		// look again after an interval.
+		p.scheduleLocked(t.Add(l.interval))
+		p.pmu.Unlock()
+		return
+	}
+	reg := *l.newest()
+	l.running = true
+	// The pace follows the times the probes were due, not the moments
+	// their timers ran: a late timer does not push the next probe back.
+	due := l.due
+	if due.After(t) {
+		due = t
+	}
+	l.lastStart = due
+	ctx := l.ctx
+	p.pmu.Unlock()
+	probeGo(func() { p.runProbe(ctx, epoch, reg, permit, t, due) })
+}
+
+// probeGo runs a probe on a probe worker; tests with a fake clock may run
+// it in place.
+var probeGo = onProbeWorker
+
+// Probe workers: probes run on goroutines kept between probes, not on the
+// short-lived goroutine of each timer, whose stack would have to grow
+// for every probe. A probe goes to an idle worker, or a new one; a worker
+// idle for probeWorkerIdle ends.
+var probeWork = make(chan func())
+
+const probeWorkerIdle = 30 * time.Second
+
+func onProbeWorker(f func()) {
+	select {
+	case probeWork <- f:
+	default:
+		go probeWorker(f)
+	}
+}
+
+func probeWorker(f func()) {
+	f()
+	idle := time.NewTimer(probeWorkerIdle)
+	defer idle.Stop()
+	for {
+		select {
+		case f := <-probeWork:
+			f()
+			idle.Reset(probeWorkerIdle)
+		case <-idle.C:
+			return
+		}
+	}
+}
+
+// runProbe runs one probe and applies its result.
+func (p *Provider) runProbe(ctx context.Context, epoch uint64, reg probeReg, permit cooldown.Permit, start, due time.Time) {
+	res := reg.cfg.Prober.Probe(ctx)
+	o := res.Outcome
+	rep := ProbeReport{Result: res, Trial: permit.Trial()}
+	switch o.Kind {
+	case upstreams.Success:
+		rep.Change = p.Health.Done(permit, cooldown.Success, 0)
+	case upstreams.ClientGone:
+		// Called off: the loop stopped. Nothing is learnt.
+		p.Health.Done(permit, cooldown.Neutral, 0)
+	default:
+		p.SetLastError(o.Word)
+		rep.Change = p.Health.Done(permit, cooldown.Failure, 0)
+	}
+
+	p.pmu.Lock()
+	l := &p.probe
+	l.running = false
+	stopped := !l.active || l.epoch != epoch
+	if o.Kind != upstreams.ClientGone && !stopped {
+		l.last = &ProbeRecord{At: start, Outcome: o.Word, MS: float64(o.Elapsed.Microseconds()) / 1000}
+		wasFull := l.capacity != nil && l.capacity.Full
+		if pr := res.Pressure; pr != nil && o.Kind == upstreams.Success {
+			l.capacity = &CapacityRecord{Running: pr.Running, Max: pr.MaxConcurrent, Queued: pr.Queued, Full: pr.Full()}
+			p.learntMax.Store(int64(pr.MaxConcurrent))
+		} else {
+			l.capacity = nil
+			p.learntMax.Store(0)
+		}
+		rep.CapacityFull = l.capacity != nil && l.capacity.Full
+		rep.CapacityFreed = wasFull && !rep.CapacityFull
+		p.capFull.Store(rep.CapacityFull)
+	}
+	var report func(ProbeReport)
+	if n := l.newest(); n != nil && !stopped {
+		report = n.cfg.Report
+		// The next probe: an interval after this one started, or at the
+		// end of a cooldown or skip that runs now.
+		next := due.Add(l.interval)
+		if u := p.Health.Until(); !u.IsZero() {
+			next = u
+		}
+		if t := now(); next.Before(t) {
+			next = t
+		}
+		p.scheduleLocked(next)
+	}
+	p.pmu.Unlock()
+
+	if o.Kind == upstreams.ClientGone || stopped {
+		if permit.Trial() {
+			// The loop stopped during its trial: the provider recovered
+			// (no handler is left to tell), or the trial is the clients'
+			// again; either way the next waiter may go.
+			p.Notify()
+		}
+		return
+	}
+	if rep.CapacityFreed && p.Health.Available() {
+		// A slot the provider freed: the longest waiter may take it.
+		p.Notify()
+	}
+	if report != nil {
+		report(rep)
+	}
+}
+
+// LastProbe is the provider's last probe; false when it was never probed.
+func (p *Provider) LastProbe() (ProbeRecord, bool) {
+	p.pmu.Lock()
+	defer p.pmu.Unlock()
+	if p.probe.last == nil {
+		return ProbeRecord{}, false
+	}
+	return *p.probe.last, true
+}
+
+// Capacity is what the last capacity read said; false when there is none
+// (no capacity check, or its last probe failed).
+func (p *Provider) Capacity() (CapacityRecord, bool) {
+	p.pmu.Lock()
+	defer p.pmu.Unlock()
+	if p.probe.capacity == nil {
+		return CapacityRecord{}, false
+	}
+	return *p.probe.capacity, true
+}
+
+// ReadsCapacity reports whether the provider's running health check reads
+// its capacity.
+func (p *Provider) ReadsCapacity() bool {
+	p.pmu.Lock()
+	defer p.pmu.Unlock()
+	n := p.probe.newest()
+	return p.probe.active && n != nil && n.cfg.ReadsCapacity
+}
+
+// Probed reports whether a probe loop runs for the provider.
+func (p *Provider) Probed() bool {
+	p.pmu.Lock()
+	defer p.pmu.Unlock()
+	return p.probe.active
+}
+
+// probeState is embedded in Provider.
+type probeState struct {
+	pmu   sync.Mutex
+	probe probeLoop
+}
