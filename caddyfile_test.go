@@ -353,18 +353,23 @@ func TestExamplesAdapt(t *testing.T) {
 // lists, block by block, exactly the options the parser reads.
 func TestCaddyfileSyntaxDoc(t *testing.T) {
 	fset := token.NewFileSet()
-	file, err := parser.ParseFile(fset, "caddyfile.go", nil, parser.ParseComments)
-	if err != nil {
-		t.Fatal(err)
+	var decls []ast.Decl
+	for _, name := range []string{"caddyfile.go", "healthcheck.go"} {
+		file, err := parser.ParseFile(fset, name, nil, parser.ParseComments)
+		if err != nil {
+			t.Fatal(err)
+		}
+		decls = append(decls, file.Decls...)
 	}
 	// The function that reads each block.
 	readers := map[string]string{
 		"UnmarshalCaddyfile": "browser_failover", "parseProvider": "provider", "parseCooldown": "cooldown",
 		"parseQueue": "queue", "parseSession": "session", "parseState": "state", "parseWebhook": "webhook",
+		"parseHealthCheck": "health_check",
 	}
 	parsed := map[string][]string{}
 	var doc string
-	for _, decl := range file.Decls {
+	for _, decl := range decls {
 		fd, ok := decl.(*ast.FuncDecl)
 		if !ok || readers[fd.Name.Name] == "" {
 			continue
