@@ -253,6 +253,8 @@ func (r *reader) parseProvider() (*ProviderConfig, *block, error) {
 			p.Protocol = strings.ToLower(v)
 		case "playwright_version":
 			p.PlaywrightVersion, err = oneArg(d)
+		case "session_api":
+			p.SessionAPI, err = r.parseSessionAPI(fmt.Sprintf("provider %q: ", p.Name))
 		default:
 			return nil, nil, d.Errf("provider %q: unknown option %q", p.Name, opt)
 		}

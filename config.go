@@ -139,6 +139,10 @@ type ProviderConfig struct {
 	// "playwright" provider; it then serves only clients of that version.
 	// Default: empty, any version.
 	PlaywrightVersion string `json:"playwright_version,omitempty"`
+	// SessionAPI creates each browser over the provider's REST API before
+	// connecting, and releases it when done. Default: none, the URL is
+	// dialed as it is.
+	SessionAPI *SessionAPIConfig `json:"session_api,omitempty"`
 
 	given explicit
 }
@@ -556,7 +560,7 @@ func (p *ProviderConfig) validate() error {
 			errs = append(errs, e)
 		}
 	}
-	errs = append(errs, within("cooldown: ", p.Cooldown.validate()))
+	errs = append(errs, within("cooldown: ", p.Cooldown.validate()), p.SessionAPI.validate())
 	return within(fmt.Sprintf("provider %q: ", p.Name), errors.Join(errs...))
 }
 

@@ -23,6 +23,7 @@ import (
 	"github.com/caddyserver/caddy/v2"
 
 	"github.com/browserfailover/caddy-browser-failover/pool"
+	"github.com/browserfailover/caddy-browser-failover/upstreams"
 )
 
 func init() {
@@ -148,6 +149,9 @@ type Provider struct {
 	// shared state could not be read. It is what the provider's
 	// pool.ClusterView returns; absent when the state is not shared.
 	Cluster any `json:"cluster,omitempty"`
+	// Unreleased is, for a provider with a session API, the sessions it
+	// created that are not released yet; absent for other providers.
+	Unreleased *int64 `json:"unreleased,omitempty"`
 }
 
 // Cluster is the "cluster" object of a provider whose state gateway nodes
@@ -281,6 +285,10 @@ func local(p *pool.Provider, clusters map[string]any) Provider {
 	}
 	if ms, ok := p.HandshakeMS(); ok {
 		out.HandshakeMS = math.Round(ms*10) / 10
+	}
+	if b, ok := upstreams.LookupBooks(p.Name()); ok {
+		n := b.Unreleased()
+		out.Unreleased = &n
 	}
 	if c, ok := clusters[p.Name()]; ok {
 		if cl, ok := c.(Cluster); ok {

@@ -46,6 +46,9 @@ type Options struct {
 	// Discover is nil for the default (on for http(s) URLs, off for ws(s)).
 	Discover *bool
 	TLS      TLSOptions
+	// SessionAPI, when set, creates a browser over REST before each
+	// attempt and releases it when the session or the attempt ends.
+	SessionAPI *SessionAPI
 }
 
 // TLSOptions are the provider's TLS settings.
@@ -95,6 +98,9 @@ type Provider struct {
 	basicAuth  string // "Basic …" from user info, or ""
 	tlsConfig  *tls.Config
 	redacted   string
+
+	tlsOpts TLSOptions
+	api     *sessionAPI // nil without a session API
 }
 
 // New checks o and builds a Provider. Errors name the provider and the
@@ -119,6 +125,7 @@ func New(o Options) (*Provider, error) {
 		PassQuery:      o.PassQuery,
 		headerOps:      o.HeaderOps,
 		redacted:       Redact(u),
+		tlsOpts:        o.TLS,
 	}
 	if p.forward, err = parseForward(o.ForwardHeaders); err != nil {
 		return nil, fmt.Errorf("provider %q: %w", o.Name, err)
@@ -191,6 +198,13 @@ func New(o Options) (*Provider, error) {
 		}
 		if op.Op != "delete" && strings.EqualFold(op.Field, "Authorization") {
 			p.setsAuth = true
+		}
+	}
+	if o.SessionAPI != nil {
+		// The gateway dials the URL each create answer gives.
+		p.Discover = false
+		if p.api, err = newSessionAPI(p, *o.SessionAPI, o.TLS); err != nil {
+			return nil, fmt.Errorf("provider %q: session_api: %w", o.Name, err)
 		}
 	}
 	if p.scheme == "wss" {
