@@ -219,14 +219,14 @@ func newSessionAPI(p *Provider, a SessionAPI, o TLSOptions) (*sessionAPI, error)
 		s.hasRelBody = true
 		json.Unmarshal([]byte(a.ReleaseBody), &s.relBody)
 	}
-	tr := http.DefaultTransport.(*http.Transport).Clone()
-	tr.Proxy = nil
+	tr := sharedAPITransport
 	if s.createURL.Scheme == "https" && (o.InsecureSkipVerify || len(o.TrustedCACertFiles) > 0) {
 		cfg, err := o.build(s.createURL.Hostname())
 		if err != nil {
 			return nil, err
 		}
 		cfg.NextProtos = nil
+		tr = newAPITransport()
 		tr.TLSClientConfig = cfg
 	}
 	s.client = &http.Client{Transport: tr, CheckRedirect: func(*http.Request, []*http.Request) error {
@@ -234,6 +234,21 @@ func newSessionAPI(p *Provider, a SessionAPI, o TLSOptions) (*sessionAPI, error)
 		return http.ErrUseLastResponse
 	}}
 	return s, nil
+}
+
+// sharedAPITransport carries the session API calls of every provider
+// without TLS options of its own, across reloads.
+var sharedAPITransport = newAPITransport()
+
+// newAPITransport is a transport for session API calls: no proxy from the
+// environment, and idle connections kept only briefly (a create comes per
+// attempt, a release per session).
+func newAPITransport() *http.Transport {
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	tr.Proxy = nil
+	tr.MaxIdleConnsPerHost = 16
+	tr.IdleConnTimeout = 5 * time.Second
+	return tr
 }
 
 func resolveCall(base *url.URL, s string) (*url.URL, error) {
