@@ -51,6 +51,7 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //			cooldown { ... }
 //			protocol        cdp|playwright|any
 //			playwright_version <major.minor>
+//			session_api { ... }   # see parseSessionAPI
 //		}
 //
 //		cooldown {
