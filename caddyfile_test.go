@@ -44,6 +44,7 @@ func TestCaddyfileErrors(t *testing.T) {
 		{"session_api create ftp", "browser_failover {\n provider a https://api.h {\n  session_api {\n   create POST ftp://h/x\n  }\n }\n}", "session_api: create: the URL must be http:// or https://", 4},
 		{"session_api create twice", "browser_failover {\n provider a https://api.h {\n  session_api {\n   create POST /a\n   create POST /b\n  }\n }\n}", "create given twice", 5},
 		{"session_api one arg", "browser_failover {\n provider a https://api.h {\n  session_api {\n   create POST\n  }\n }\n}", "create takes two values, got 1", 4},
+		{"session_api with discover", "browser_failover {\n provider a https://api.h {\n  discover on\n  session_api {\n   create POST /v1/sessions\n   connect_url /connectUrl\n   session_id /id\n   release DELETE /v1/sessions/{session_id}\n  }\n }\n}", "discover on does not apply to a provider with session_api", 3},
 		{"session_api unknown", "browser_failover {\n provider a https://api.h {\n  session_api {\n   colour blue\n  }\n }\n}", `session_api: unknown option "colour"`, 4},
 		{"session_api header break", "browser_failover {\n provider a https://api.h {\n  session_api {\n   header X-Key \"a\nb\"\n  }\n }\n}", "session_api: header X-Key: the value must not contain a line break", 4},
 		{"no providers", "browser_failover {\n strategy priority\n}", "no providers", 1},
@@ -304,6 +305,9 @@ browser_failover /pw* {
 func TestJSONValidation(t *testing.T) {
 	cases := []struct{ name, handler, want string }{
 		{"no providers", `{"handler":"browser_failover"}`, "no providers"},
+		{"session_api empty", `{"handler":"browser_failover","providers":[{"name":"a","url":"https://h","session_api":{}}]}`, `provider "a": session_api: no create call`},
+		{"session_api release", `{"handler":"browser_failover","providers":[{"name":"a","url":"https://h","session_api":{"create_method":"POST","create_url":"/s","connect_url":"/u","session_id":"/id","release_method":"DELETE","release_url":"/s/x"}}]}`, "session_api: release: the URL must contain {session_id}"},
+		{"session_api release body", `{"handler":"browser_failover","providers":[{"name":"a","url":"https://h","session_api":{"create_method":"POST","create_url":"/s","connect_url":"/u","session_id":"/id","release_method":"DELETE","release_url":"/s/{session_id}","release_body":"{nope"}}]}`, "session_api: release_body is not valid JSON"},
 		{"duplicate", `{"handler":"browser_failover","providers":[{"name":"a","url":"ws://h:1"},{"name":"a","url":"ws://h:2"}]}`, `duplicate provider name "a"`},
 		{"scheme", `{"handler":"browser_failover","providers":[{"name":"a","url":"tcp://h:1"}]}`, "is not one of ws, wss, http, https"},
 		{"ratio", `{"handler":"browser_failover","providers":[{"name":"a","url":"ws://h:1"}],"cooldown":{"failure_threshold":2}}`, "failure_threshold must be in (0,1]"},

@@ -560,7 +560,7 @@ func (p *ProviderConfig) validate() error {
 			errs = append(errs, e)
 		}
 	}
-	errs = append(errs, within("cooldown: ", p.Cooldown.validate()), p.SessionAPI.validate())
+	errs = append(errs, within("cooldown: ", p.Cooldown.validate()), p.validateSessionAPI())
 	return within(fmt.Sprintf("provider %q: ", p.Name), errors.Join(errs...))
 }
 

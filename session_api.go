@@ -82,6 +82,21 @@ func (c *SessionAPIConfig) validate() error {
 	return within("session_api: ", errors.Join(out...))
 }
 
+// validateSessionAPI checks a provider's session API and what it rules
+// out: the provider's URL is the API's, never discovered.
+func (p *ProviderConfig) validateSessionAPI() error {
+	if p.SessionAPI == nil {
+		return nil
+	}
+	err := p.SessionAPI.validate()
+	if p.Discover != nil && *p.Discover {
+		e := badOpt("discover", "discover on does not apply to a provider with session_api (it dials the URL each create answer gives)")
+		e.whole = true
+		err = errors.Join(err, e)
+	}
+	return err
+}
+
 // resolve returns the session API with {env.X} and other placeholders
 // known when the config loads resolved (request placeholders stay).
 func (c *SessionAPIConfig) resolve(repl *caddy.Replacer) (*upstreams.SessionAPI, error) {
