@@ -468,6 +468,11 @@ func TestSessionAPICreateAnswers(t *testing.T) {
 			if len(f.Books().Created) != 0 {
 				t.Fatal("the fake booked a session")
 			}
+			code, m, err := g.AdminDo(http.MethodGet, "/metrics", nil)
+			want := fmt.Sprintf(`caddy_browser_failover_attempts_total{outcome=%q,provider=%q} 1`, tc.word, name)
+			if err != nil || code != 200 || !strings.Contains(string(m), want) {
+				t.Fatalf("metrics lack %s (%d %v)", want, code, err)
+			}
 		})
 	}
 	t.Run("no connect URL", func(t *testing.T) {
