@@ -243,6 +243,31 @@ func TestSessionAPIReleaseOnEveryEnd(t *testing.T) {
 		go c.Read(context.Background()) // answer the close
 		waitBooks(t, f, "api-idle", 1)
 	})
+	t.Run("max duration", func(t *testing.T) {
+		f, _ := echoREST(t)
+		g := testgw.Start(t, handler(`"queue":{"size":0},"session":{"max_duration":"400ms"}`, apiProvider("api-maxdur", f, "")))
+		c, _, err := dial(t, g.WS("/"), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.CloseNow()
+		go func() { // busy, never idle
+			for range 50 {
+				if c.Write(context.Background(), websocket.MessageText, []byte("tick")) != nil {
+					return
+				}
+				time.Sleep(50 * time.Millisecond)
+			}
+		}()
+		go func() {
+			for {
+				if _, _, err := c.Read(context.Background()); err != nil {
+					return
+				}
+			}
+		}()
+		waitBooks(t, f, "api-maxdur", 1)
+	})
 	t.Run("dial refused after create", func(t *testing.T) {
 		refused := fakes.Refused("api-ref")
 		defer refused.Close()
