@@ -52,6 +52,7 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //			protocol        cdp|playwright|any
 //			playwright_version <major.minor>
 //			health_check { ... } | health_check off
+//			session_api { ... }   # see parseSessionAPI
 //		}
 //
 //		cooldown {
@@ -276,6 +277,8 @@ func (r *reader) parseProvider() (*ProviderConfig, *block, error) {
 			p.PlaywrightVersion, err = oneArg(d)
 		case "health_check":
 			p.HealthCheck, err = parseHealthCheck(d)
+		case "session_api":
+			p.SessionAPI, err = r.parseSessionAPI(fmt.Sprintf("provider %q: ", p.Name))
 		default:
 			return nil, nil, d.Errf("provider %q: unknown option %q", p.Name, opt)
 		}

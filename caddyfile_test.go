@@ -36,6 +36,17 @@ func TestCaddyfileErrors(t *testing.T) {
 		line             int
 	}{
 		{"unknown option", "browser_failover {\n provider a ws://h:1\n colour blue\n}", `unknown option "colour"`, 3},
+		{"session_api no release", "browser_failover {\n provider a https://api.h {\n  session_api {\n   create POST /v1/sessions\n   connect_url /connectUrl\n   session_id /id\n  }\n }\n}", `provider "a": session_api: no release call`, 3},
+		{"session_api bad method", "browser_failover {\n provider a https://api.h {\n  session_api {\n   create post /v1/sessions\n  }\n }\n}", `session_api: create: method "post" must be upper-case letters`, 4},
+		{"session_api release without id", "browser_failover {\n provider a https://api.h {\n  session_api {\n   create POST /v1/sessions\n   release POST /v1/sessions/x\n  }\n }\n}", "session_api: release: the URL must contain {session_id}", 5},
+		{"session_api bad pointer", "browser_failover {\n provider a https://api.h {\n  session_api {\n   connect_url connectUrl\n  }\n }\n}", `session_api: connect_url: JSON pointer "connectUrl" must start with /`, 4},
+		{"session_api body not JSON", "browser_failover {\n provider a https://api.h {\n  session_api {\n   body `{projectId: 1}`\n  }\n }\n}", "session_api: body is not valid JSON", 4},
+		{"session_api create ftp", "browser_failover {\n provider a https://api.h {\n  session_api {\n   create POST ftp://h/x\n  }\n }\n}", "session_api: create: the URL must be http:// or https://", 4},
+		{"session_api create twice", "browser_failover {\n provider a https://api.h {\n  session_api {\n   create POST /a\n   create POST /b\n  }\n }\n}", "create given twice", 5},
+		{"session_api one arg", "browser_failover {\n provider a https://api.h {\n  session_api {\n   create POST\n  }\n }\n}", "create takes two values, got 1", 4},
+		{"session_api with discover", "browser_failover {\n provider a https://api.h {\n  discover on\n  session_api {\n   create POST /v1/sessions\n   connect_url /connectUrl\n   session_id /id\n   release DELETE /v1/sessions/{session_id}\n  }\n }\n}", "discover on does not apply to a provider with session_api", 3},
+		{"session_api unknown", "browser_failover {\n provider a https://api.h {\n  session_api {\n   colour blue\n  }\n }\n}", `session_api: unknown option "colour"`, 4},
+		{"session_api header break", "browser_failover {\n provider a https://api.h {\n  session_api {\n   header X-Key \"a\nb\"\n  }\n }\n}", "session_api: header X-Key: the value must not contain a line break", 4},
 		{"no providers", "browser_failover {\n strategy priority\n}", "no providers", 1},
 		{"bad scheme", "browser_failover {\n provider a ftp://h:1\n}", `provider "a": URL scheme "ftp" is not one of ws, wss, http, https`, 2},
 		{"no scheme", "browser_failover {\n provider a h:1\n}", `provider "a": URL must start with ws://`, 2},
@@ -149,6 +160,7 @@ func TestCaddyfileAccepts(t *testing.T) {
 		"browser_failover {\n provider a ws://h:1 {\n  playwright_version 1.65\n  protocol playwright\n }\n}",
 		"browser_failover {\n provider a ws://h:1 {\n  header_up X-A 1\n  header_up +X-A 2\n  header_up -Cookie\n }\n provider b wss://h:2 {\n  tls_trusted_ca_certs /a.pem\n  tls_trusted_ca_certs /b.pem\n }\n}",
 		"browser_failover {\n provider a ws://h:1\n webhook http://h/1 {\n  events cooldown\n  events rejected\n }\n webhook http://h/2\n}",
+		"browser_failover {\n provider a https://api.h {\n  session_api {\n   create POST /v1/sessions\n   header X-A {env.K}\n   header X-B 2\n   body `{\"projectId\": \"{env.P}\"}`\n   connect_url /connectUrl\n   session_id /id\n   release POST https://api.h/v1/sessions/{session_id}\n   release_body `{\"status\": \"REQUEST_RELEASE\"}`\n  }\n }\n}",
 		"browser_failover {\n provider a ws://h:1\n cooldown {\n  max_duration 10m\n  duration 1m\n  min_requests 0\n }\n queue {\n  size 0\n }\n session {\n  idle_timeout 0\n }\n max_attempts 0\n try_duration 0\n hedge_after 0\n}",
 		"browser_failover {\n cooldown {\n  max_duration 1m\n }\n provider a ws://h:1 {\n  cooldown {\n   duration 10m\n   max_duration 20m\n  }\n }\n}",
 	} {
@@ -293,6 +305,9 @@ browser_failover /pw* {
 func TestJSONValidation(t *testing.T) {
 	cases := []struct{ name, handler, want string }{
 		{"no providers", `{"handler":"browser_failover"}`, "no providers"},
+		{"session_api empty", `{"handler":"browser_failover","providers":[{"name":"a","url":"https://h","session_api":{}}]}`, `provider "a": session_api: no create call`},
+		{"session_api release", `{"handler":"browser_failover","providers":[{"name":"a","url":"https://h","session_api":{"create_method":"POST","create_url":"/s","connect_url":"/u","session_id":"/id","release_method":"DELETE","release_url":"/s/x"}}]}`, "session_api: release: the URL must contain {session_id}"},
+		{"session_api release body", `{"handler":"browser_failover","providers":[{"name":"a","url":"https://h","session_api":{"create_method":"POST","create_url":"/s","connect_url":"/u","session_id":"/id","release_method":"DELETE","release_url":"/s/{session_id}","release_body":"{nope"}}]}`, "session_api: release_body is not valid JSON"},
 		{"duplicate", `{"handler":"browser_failover","providers":[{"name":"a","url":"ws://h:1"},{"name":"a","url":"ws://h:2"}]}`, `duplicate provider name "a"`},
 		{"scheme", `{"handler":"browser_failover","providers":[{"name":"a","url":"tcp://h:1"}]}`, "is not one of ws, wss, http, https"},
 		{"ratio", `{"handler":"browser_failover","providers":[{"name":"a","url":"ws://h:1"}],"cooldown":{"failure_threshold":2}}`, "failure_threshold must be in (0,1]"},

@@ -818,6 +818,9 @@ func (c *connect) relay(m *member, client netConn, up *upstreams.Conn, pending [
 		MaxDuration:   maxDur,
 		Keepalive:     time.Duration(c.h.Keepalive),
 		OnEnd: func(s *upstreams.Session) {
+			// The provider session created for it (session_api) is
+			// released in the background.
+			up.Release()
 			st.End(s)
 			if quota != nil {
 				pool.ReleaseQuota(*quota)

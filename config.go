@@ -150,6 +150,10 @@ type ProviderConfig struct {
 	// setting; {"off":true} turns it off for this provider. Default: the
 	// handler's.
 	HealthCheck *HealthCheckConfig `json:"health_check,omitempty"`
+	// SessionAPI creates each browser over the provider's REST API before
+	// connecting, and releases it when done. Default: none, the URL is
+	// dialed as it is.
+	SessionAPI *SessionAPIConfig `json:"session_api,omitempty"`
 
 	given explicit
 }
@@ -567,7 +571,7 @@ func (p *ProviderConfig) validate() error {
 			errs = append(errs, e)
 		}
 	}
-	errs = append(errs, within("cooldown: ", p.Cooldown.validate()))
+	errs = append(errs, within("cooldown: ", p.Cooldown.validate()), p.validateSessionAPI())
 	return within(fmt.Sprintf("provider %q: ", p.Name), errors.Join(errs...))
 }
 

@@ -122,6 +122,9 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 				TrustedCACertFiles: pc.TLS.TrustedCACertFiles,
 			}
 		}
+		if opts.SessionAPI, err = pc.SessionAPI.resolve(repl); err != nil {
+			return fmt.Errorf("provider %q: %w", pc.Name, err)
+		}
 		up, err := upstreams.New(opts)
 		if err != nil {
 			return err
@@ -219,6 +222,7 @@ func (h *Handler) Cleanup() error {
 	h.claimed = nil
 	if caddy.Exiting() {
 		closeAllSessions()
+		finishReleases(h.logger)
 	}
 	return nil
 }

@@ -1,7 +1,8 @@
 package browserfailover_test
 
 // A secrets audit: credentials in provider URL user info and query values,
-// in header_up values, and a webhook's signing secret and URL token; a
+// in header_up values, in a session API's call headers and create and
+// release bodies, and a webhook's signing secret and URL token; a
 // client's own credentials for the gateway (a cookie, a token header, a
 // bearer token, an API key used as its client_limit key); a short chaos
 // soak; then every output of the process is searched for each secret in
@@ -34,6 +35,7 @@ import (
 
 	"github.com/coder/websocket"
 
+	"github.com/browserfailover/caddy-browser-failover/internal/fakes"
 	"github.com/browserfailover/caddy-browser-failover/internal/testgw"
 	"github.com/browserfailover/caddy-browser-failover/internal/testredis"
 	"github.com/browserfailover/caddy-browser-failover/pool"
@@ -57,11 +59,16 @@ func TestSecretsAudit(t *testing.T) {
 		gwToken  = "gAtEwAyToKeN5"
 		gwCookie = "cOoKiElOgIn2"
 		gwBearer = "gWbEaReR7x"
+		// A session API's key (a header of its create and release calls)
+		// and a secret in its create and release bodies.
+		restKey  = "rEsTaPiKeY4q"
+		restBody = "rEsTbOdYsEcReT"
 	)
 	t.Setenv("AUDIT_QUERY_SECRET", envQuery)
 	t.Setenv("AUDIT_HEADER_SECRET", header)
 	t.Setenv("AUDIT_REDIS_PASSWORD", redisPass)
-	secrets := []string{user, pass, query, envQuery, header, bearer, hookKey, hookToken, hookPass, redisPass, apiKey, gwToken, gwCookie, gwBearer}
+	t.Setenv("AUDIT_REST_KEY", restKey)
+	secrets := []string{user, pass, query, envQuery, header, bearer, hookKey, hookToken, hookPass, redisPass, apiKey, gwToken, gwCookie, gwBearer, restKey, restBody}
 
 	// Every form a secret could take on the way out.
 	forms := secretForms(append(secrets,
@@ -116,6 +123,18 @@ func TestSecretsAudit(t *testing.T) {
 			}
 		}
 	}
+	// au-2 creates its browsers over a session API.
+	var au2Addr atomic.Value
+	rest := fakes.NewREST(func(string) string { return "ws://" + au2Addr.Load().(string) + "/session" })
+	defer rest.Close()
+	rest.OnCreate = func(_ http.ResponseWriter, r *http.Request) bool {
+		if r.Header.Get("X-Rest-Key") == restKey {
+			mu.Lock()
+			delivered[restKey] = true
+			mu.Unlock()
+		}
+		return false
+	}
 	d := soakDuration(t, 4*time.Second, 3*time.Second)
 	if d > 10*time.Second {
 		d = 10 * time.Second // SOAK_DURATION is for TestSoak
@@ -133,6 +152,9 @@ func TestSecretsAudit(t *testing.T) {
 				u.RawQuery = url.Values{"apiKey": {query}, "region": {"eu"}}.Encode()
 			case 1:
 				return u.String() + "?token={env.AUDIT_QUERY_SECRET}"
+			case 2:
+				au2Addr.Store(addr)
+				return rest.URL()
 			case 3:
 				u.User = url.User(user)
 				u.RawQuery = "key=" + url.QueryEscape(query)
@@ -144,7 +166,10 @@ func TestSecretsAudit(t *testing.T) {
 			case 1:
 				return `"headers_up":[{"op":"set","field":"X-Api-Key","value":"{env.AUDIT_HEADER_SECRET}"}]`
 			case 2:
-				return `"headers_up":[{"op":"set","field":"Authorization","value":"Bearer ` + bearer + `"},{"op":"add","field":"X-Api-Key","value":"` + header + `"}]`
+				return `"headers_up":[{"op":"set","field":"Authorization","value":"Bearer ` + bearer + `"},{"op":"add","field":"X-Api-Key","value":"` + header + `"}],` +
+					`"session_api":{"create_method":"POST","create_url":"/v1/sessions","headers":[{"field":"X-Rest-Key","value":"{env.AUDIT_REST_KEY}"}],` +
+					`"body":"{\"projectId\":\"` + restBody + `\"}","connect_url":"/connectUrl","session_id":"/id",` +
+					`"release_method":"POST","release_url":"/v1/sessions/{session_id}/release","release_body":"{\"secret\":\"` + restBody + `\"}"}`
 			}
 			return ""
 		},
@@ -373,8 +398,14 @@ func TestSecretsAudit(t *testing.T) {
 		t.Fatalf("too little output to audit: %d answer bodies, %d webhook bodies, %d events, logs %d bytes",
 			bodies, len(hooked), len(events), len(logs))
 	}
+	waitReleased(t, rest, "au-2")
+	for _, b := range rest.CreateBodies() {
+		if !bytes.Contains(b, []byte(restBody)) {
+			t.Fatalf("a create body without its secret: %s", b)
+		}
+	}
 	mu.Lock()
-	for _, s := range []string{pass, query, envQuery, header, bearer} {
+	for _, s := range []string{pass, query, envQuery, header, bearer, restKey} {
 		if !delivered[s] {
 			t.Errorf("no provider ever got the secret %q: the audit would prove nothing", s)
 		}

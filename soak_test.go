@@ -745,9 +745,63 @@ func soakPlain(req *http.Request, st *soakStats, seen func(int, []byte)) {
 // TestSoak is the chaos soak (SOAK_DURATION, default 45s; -short 5s).
 func TestSoak(t *testing.T) {
 	d := soakDuration(t, 45*time.Second, 5*time.Second)
-	_, st := runSoak(t, soakOpts{prefix: "soak-", duration: d})
+	// soak-3 creates each browser over a session API (a fake REST
+	// provider whose sessions connect to its flapper): after the chaos
+	// every session it created is released exactly once.
+	var flapAddr atomic.Value
+	rest := fakes.NewREST(func(string) string { return "ws://" + flapAddr.Load().(string) + "/" })
+	defer rest.Close()
+	_, st := runSoak(t, soakOpts{
+		prefix: "soak-", duration: d,
+		providerURL: func(i int, addr string) string {
+			if i == 3 {
+				flapAddr.Store(addr)
+				return rest.URL()
+			}
+			return "ws://" + addr + "/"
+		},
+		providerExtra: func(i int) string {
+			if i == 3 {
+				return soakSessionAPI
+			}
+			return ""
+		},
+	})
 	st.log(t, "soak", d)
+	b := waitReleased(t, rest, "soak-3")
+	t.Logf("soak session API: created %d, released %d, unreleased 0", len(b.Created), len(b.Released))
 	if st.established.Load() == 0 || st.rejected.Load() == 0 || st.reloads.Load() == 0 {
 		t.Errorf("the soak did not exercise both sessions, rejections and reloads")
 	}
+}
+
+// soakSessionAPI is the session_api of the soak's REST-created provider.
+const soakSessionAPI = `"session_api":{"create_method":"POST","create_url":"/v1/sessions",` +
+	`"headers":[{"field":"X-BB-API-Key","value":"soak-key"}],"body":"{\"projectId\":\"soak\"}",` +
+	`"connect_url":"/connectUrl","session_id":"/id","release_method":"POST",` +
+	`"release_url":"/v1/sessions/{session_id}/release","release_body":"{\"status\":\"REQUEST_RELEASE\"}"}`
+
+// waitReleased waits until every session f created was released exactly
+// once and the gateway counts none unreleased; it fails the test when
+// nothing was created at all.
+func waitReleased(t *testing.T, f *fakes.REST, provider string) fakes.Books {
+	t.Helper()
+	var b fakes.Books
+	var last error
+	testgw.Eventually(t, 30*time.Second, "every created session released once", func() bool {
+		b = f.Books()
+		last = b.Balanced()
+		gb, ok := upstreams.LookupBooks(provider)
+		if last == nil && (!ok || gb.Unreleased() != 0) {
+			last = fmt.Errorf("the gateway counts sessions unreleased")
+		}
+		return last == nil
+	})
+	if last != nil {
+		t.Fatal(last)
+	}
+	if len(b.Created) == 0 {
+		t.Fatalf("%s created no session", provider)
+	}
+	return b
 }

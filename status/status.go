@@ -23,6 +23,7 @@ import (
 	"github.com/caddyserver/caddy/v2"
 
 	"github.com/browserfailover/caddy-browser-failover/pool"
+	"github.com/browserfailover/caddy-browser-failover/upstreams"
 )
 
 func init() {
@@ -155,6 +156,9 @@ type Provider struct {
 	// shared state could not be read. It is what the provider's
 	// pool.ClusterView returns; absent when the state is not shared.
 	Cluster any `json:"cluster,omitempty"`
+	// Unreleased is, for a provider with a session API, the sessions it
+	// created that are not released yet; absent for other providers.
+	Unreleased *int64 `json:"unreleased,omitempty"`
 }
 
 // Probe is the last probe of a provider's active health check.
@@ -317,6 +321,10 @@ func local(p *pool.Provider, clusters map[string]any) Provider {
 			c = &Capacity{Running: r.Running, Max: r.Max, Queued: r.Queued, Full: r.Full}
 		}
 		out.Capacity = c
+	}
+	if b, ok := upstreams.LookupBooks(p.Name()); ok {
+		n := b.Unreleased()
+		out.Unreleased = &n
 	}
 	if c, ok := clusters[p.Name()]; ok {
 		if cl, ok := c.(Cluster); ok {

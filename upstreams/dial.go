@@ -40,7 +40,22 @@ type Conn struct {
 	// Leftover holds bytes the provider sent right behind its 101; they go to
 	// the client before anything else.
 	Leftover []byte
+	// Remote is the provider session created for this connection over its
+	// session API (nil without one): Close, CloseLost and Release release
+	// it.
+	Remote *Remote
 }
+
+// Close closes the connection and releases its provider session, if any.
+func (c *Conn) Close() error {
+	err := c.Conn.Close()
+	c.Remote.Release()
+	return err
+}
+
+// Release releases the connection's provider session, if any, once; the
+// call does not wait for the provider.
+func (c *Conn) Release() { c.Remote.Release() }
 
 // Result is what one attempt produced.
 type Result struct {
@@ -68,7 +83,15 @@ func (p *Provider) Connect(ctx context.Context, hs *Handshake, replace func(stri
 	actx, cancel := context.WithDeadline(ctx, deadline)
 	defer cancel()
 	defer func() { res.Outcome.Elapsed = time.Since(start) }()
+	if p.api != nil {
+		return p.connectAPI(ctx, actx, deadline, hs, replace)
+	}
+	return p.attempt(ctx, actx, deadline, hs, replace)
+}
 
+// attempt is one attempt at p's own URL, within actx (ctx is the
+// client's).
+func (p *Provider) attempt(ctx, actx context.Context, deadline time.Time, hs *Handshake, replace func(string) string) Result {
 	fail := func(err error) Result {
 		word, kind := ClassifyError(err, errors.Is(ctx.Err(), context.Canceled))
 		return Result{Outcome: Outcome{Word: word, Kind: kind, Err: err}}

@@ -46,6 +46,9 @@ type Options struct {
 	// Discover is nil for the default (on for http(s) URLs, off for ws(s)).
 	Discover *bool
 	TLS      TLSOptions
+	// SessionAPI, when set, creates a browser over REST before each
+	// attempt and releases it when the session or the attempt ends.
+	SessionAPI *SessionAPI
 }
 
 // TLSOptions are the provider's TLS settings.
@@ -97,6 +100,9 @@ type Provider struct {
 	tlsConfig  *tls.Config
 	tlsOpts    TLSOptions
 	redacted   string
+
+	tlsOpts TLSOptions
+	api     *sessionAPI // nil without a session API
 }
 
 // New checks o and builds a Provider. Errors name the provider and the
@@ -122,6 +128,7 @@ func New(o Options) (*Provider, error) {
 		headerOps:      o.HeaderOps,
 		tlsOpts:        o.TLS,
 		redacted:       Redact(u),
+		tlsOpts:        o.TLS,
 	}
 	if p.forward, err = parseForward(o.ForwardHeaders); err != nil {
 		return nil, fmt.Errorf("provider %q: %w", o.Name, err)
@@ -194,6 +201,13 @@ func New(o Options) (*Provider, error) {
 		}
 		if op.Op != "delete" && strings.EqualFold(op.Field, "Authorization") {
 			p.setsAuth = true
+		}
+	}
+	if o.SessionAPI != nil {
+		// The gateway dials the URL each create answer gives.
+		p.Discover = false
+		if p.api, err = newSessionAPI(p, *o.SessionAPI, o.TLS); err != nil {
+			return nil, fmt.Errorf("provider %q: session_api: %w", o.Name, err)
 		}
 	}
 	if p.scheme == "wss" {

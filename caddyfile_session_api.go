@@ -1,0 +1,74 @@
+package browserfailover
+
+import "github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+
+// parseSessionAPI reads a provider's session API block:
+//
+//	session_api {
+//		create       <METHOD> <URL>
+//		header       <field> <value>    # repeatable
+//		body         <json template>
+//		connect_url  <JSON pointer>
+//		session_id   <JSON pointer>
+//		release      <METHOD> <URL with {session_id}>
+//		release_body <json template>
+//	}
+//
+// A JSON template is one token: quote it with backticks, like
+// `{"projectId": "{env.BB_PROJECT_ID}"}`.
+func (r *reader) parseSessionAPI(prefix string) (*SessionAPIConfig, error) {
+	d := r.d
+	if d.NextArg() {
+		return nil, d.ArgErr()
+	}
+	b := r.open("header")
+	c := &SessionAPIConfig{}
+	for nesting := d.Nesting(); d.NextBlock(nesting); {
+		opt := d.Val()
+		if err := b.option(); err != nil {
+			return nil, err
+		}
+		var err error
+		switch opt {
+		case "create":
+			c.CreateMethod, c.CreateURL, err = twoArgs(d)
+		case "release":
+			c.ReleaseMethod, c.ReleaseURL, err = twoArgs(d)
+		case "header":
+			var f, v string
+			if f, v, err = twoArgs(d); err == nil {
+				c.Headers = append(c.Headers, HeaderConfig{Field: f, Value: v})
+			}
+		case "body":
+			c.Body, err = oneArg(d)
+		case "release_body":
+			c.ReleaseBody, err = oneArg(d)
+		case "connect_url":
+			c.ConnectURL, err = oneArg(d)
+		case "session_id":
+			c.SessionID, err = oneArg(d)
+		default:
+			return nil, d.Errf("%ssession_api: unknown option %q", prefix, opt)
+		}
+		if err != nil {
+			return nil, err
+		}
+		if err := b.check(within(prefix, c.validate()), opt); err != nil {
+			return nil, err
+		}
+	}
+	if err := b.finish(within(prefix, c.validate())); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+// twoArgs reads exactly two arguments of the current option.
+func twoArgs(d *caddyfile.Dispenser) (string, string, error) {
+	opt := d.Val()
+	args := d.RemainingArgs()
+	if len(args) != 2 {
+		return "", "", d.Errf("%s takes two values, got %d", opt, len(args))
+	}
+	return args[0], args[1], nil
+}

@@ -1,0 +1,164 @@
+package fakes
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"sync"
+	"sync/atomic"
+)
+
+// REST is a fake cloud provider that creates browser sessions over REST,
+// Browserbase-style: POST /v1/sessions answers {"id":…, "connectUrl":…};
+// POST /v1/sessions/<id>/release releases one. It keeps its own books of
+// what it created and what was released, which the tests compare.
+type REST struct {
+	Addr string
+	// Connect gives the connect URL of each new session (default: "").
+	Connect func(id string) string
+	// OnCreate, when set, may answer a create call itself (it returns
+	// true when it did), e.g. with 429 or a body without connectUrl; it
+	// may also block, for a slow create. It runs before the session is
+	// booked.
+	OnCreate func(w http.ResponseWriter, r *http.Request) bool
+	// OnRelease, when set, may answer a release call itself (true when it
+	// did, and the session is then not released), or block.
+	OnRelease func(w http.ResponseWriter, r *http.Request, id string) bool
+
+	mu        sync.Mutex
+	created   []string
+	released  map[string]int
+	unknown   int
+	creates   []http.Header
+	bodies    [][]byte
+	relBodies [][]byte
+	seq       atomic.Int64
+	closeFn   func()
+}
+
+// NewREST starts a fake REST provider whose sessions connect to connect's
+// result.
+func NewREST(connect func(id string) string) *REST {
+	ln := listen()
+	f := &REST{Addr: ln.Addr().String(), Connect: connect, released: map[string]int{}}
+	srv := &http.Server{Handler: http.HandlerFunc(f.serve)}
+	go srv.Serve(ln)
+	f.closeFn = func() { srv.Close() }
+	return f
+}
+
+// URL is the provider's base URL, http://host:port.
+func (f *REST) URL() string { return "http://" + f.Addr }
+
+// Close stops it.
+func (f *REST) Close() { f.closeFn() }
+
+func (f *REST) serve(w http.ResponseWriter, r *http.Request) {
+	body, _ := io.ReadAll(r.Body)
+	path := r.URL.Path
+	switch {
+	case r.Method == http.MethodPost && path == "/v1/sessions":
+		f.mu.Lock()
+		f.creates = append(f.creates, r.Header.Clone())
+		f.bodies = append(f.bodies, body)
+		f.mu.Unlock()
+		if f.OnCreate != nil && f.OnCreate(w, r) {
+			return
+		}
+		id := fmt.Sprintf("s%d", f.seq.Add(1))
+		f.mu.Lock()
+		f.created = append(f.created, id)
+		f.mu.Unlock()
+		cu := ""
+		if f.Connect != nil {
+			cu = f.Connect(id)
+		}
+		w.Header().Set("Content-Type", "application/json")
+		json.NewEncoder(w).Encode(map[string]any{"id": id, "connectUrl": cu, "status": "RUNNING"})
+	case r.Method == http.MethodPost && strings.HasPrefix(path, "/v1/sessions/") && strings.HasSuffix(path, "/release"):
+		id := strings.TrimSuffix(strings.TrimPrefix(path, "/v1/sessions/"), "/release")
+		if f.OnRelease != nil && f.OnRelease(w, r, id) {
+			return
+		}
+		f.mu.Lock()
+		f.relBodies = append(f.relBodies, body)
+		known := false
+		for _, c := range f.created {
+			known = known || c == id
+		}
+		if !known {
+			f.unknown++
+			f.mu.Unlock()
+			http.Error(w, "no such session", http.StatusNotFound)
+			return
+		}
+		f.released[id]++
+		f.mu.Unlock()
+		w.Header().Set("Content-Type", "application/json")
+		io.WriteString(w, `{"status":"COMPLETED"}`)
+	default:
+		http.Error(w, "not found", http.StatusNotFound)
+	}
+}
+
+// Books is what the fake created and released.
+type Books struct {
+	// Created is every session created, in order.
+	Created []string
+	// Released counts the release calls of each session.
+	Released map[string]int
+	// Unknown counts release calls for sessions it never created.
+	Unknown int
+}
+
+// Books returns its books.
+func (f *REST) Books() Books {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	b := Books{Created: append([]string(nil), f.created...), Released: map[string]int{}, Unknown: f.unknown}
+	for k, v := range f.released {
+		b.Released[k] = v
+	}
+	return b
+}
+
+// Balanced reports whether every session created was released exactly
+// once and nothing else was released; the error says what is off.
+func (b Books) Balanced() error {
+	var problems []string
+	for _, id := range b.Created {
+		if n := b.Released[id]; n != 1 {
+			problems = append(problems, fmt.Sprintf("%s released %d times", id, n))
+		}
+	}
+	if b.Unknown > 0 {
+		problems = append(problems, fmt.Sprintf("%d releases of unknown sessions", b.Unknown))
+	}
+	if len(problems) > 0 {
+		return fmt.Errorf("created %d, released %d: %s", len(b.Created), len(b.Released), strings.Join(problems, "; "))
+	}
+	return nil
+}
+
+// Creates returns the header of each create call.
+func (f *REST) Creates() []http.Header {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return append([]http.Header(nil), f.creates...)
+}
+
+// CreateBodies returns the body of each create call.
+func (f *REST) CreateBodies() [][]byte {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return append([][]byte(nil), f.bodies...)
+}
+
+// ReleaseBodies returns the body of each release call that released.
+func (f *REST) ReleaseBodies() [][]byte {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return append([][]byte(nil), f.relBodies...)
+}

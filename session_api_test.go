@@ -1,0 +1,583 @@
+package browserfailover_test
+
+// Providers that create each browser over REST (session_api): the create
+// call, the dial of the connect URL it gives, and the release of every
+// created session exactly once on every way a session or an attempt ends,
+// checked by the fake provider's own books.
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/coder/websocket"
+
+	"github.com/browserfailover/caddy-browser-failover/internal/fakes"
+	"github.com/browserfailover/caddy-browser-failover/internal/testgw"
+	"github.com/browserfailover/caddy-browser-failover/status"
+	"github.com/browserfailover/caddy-browser-failover/upstreams"
+)
+
+// apiSecret is the API key the session_api providers of these tests send;
+// it must never show.
+const apiSecret = "bb-live-key-7f3a91c2"
+
+// apiProvider renders a provider backed by the fake REST provider f.
+func apiProvider(name string, f *fakes.REST, extra string) string {
+	api := fmt.Sprintf(`{"create_method":"POST","create_url":"/v1/sessions",`+
+		`"headers":[{"field":"X-BB-API-Key","value":%q}],`+
+		`"body":%q,"connect_url":"/connectUrl","session_id":"/id",`+
+		`"release_method":"POST","release_url":"/v1/sessions/{session_id}/release",`+
+		`"release_body":%q}`, apiSecret,
+		`{"projectId":"proj-1","userMetadata":{"client":"{http.request.header.X-Client}"}}`,
+		`{"status":"REQUEST_RELEASE","id":"{session_id}"}`)
+	if extra != "" {
+		extra = "," + extra
+	}
+	return fmt.Sprintf(`{"name":%q,"url":%q,"session_api":%s%s}`, name, f.URL(), api, extra)
+}
+
+// waitBooks waits until f created n sessions and released each exactly
+// once (and nothing else), and until the gateway's own books agree.
+func waitBooks(t *testing.T, f *fakes.REST, provider string, n int) {
+	t.Helper()
+	var last error
+	testgw.Eventually(t, 20*time.Second, "every created session released once", func() bool {
+		b := f.Books()
+		last = b.Balanced()
+		if last == nil && len(b.Created) != n {
+			last = fmt.Errorf("created %d sessions, want %d", len(b.Created), n)
+		}
+		return last == nil
+	})
+	if last != nil {
+		t.Fatal(last)
+	}
+	testgw.Eventually(t, 10*time.Second, "the gateway's books", func() bool {
+		gb, ok := upstreams.LookupBooks(provider)
+		return ok && gb.Unreleased() == 0
+	})
+}
+
+// echoREST starts an echo provider and a fake REST provider that creates
+// sessions connecting to it.
+func echoREST(t *testing.T) (*fakes.REST, *fakes.Server) {
+	echo := fakes.Echo("api-echo", nil)
+	t.Cleanup(echo.Close)
+	f := fakes.NewREST(func(id string) string { return echo.URL() + "devtools/browser/" + id })
+	t.Cleanup(f.Close)
+	return f, echo
+}
+
+// rejectAttempts dials and expects a 503, returning its attempts' words.
+func rejectAttempts(t *testing.T, url string) []string {
+	t.Helper()
+	_, resp, err := dial(t, url, nil)
+	if err == nil || resp == nil || resp.StatusCode != http.StatusServiceUnavailable {
+		t.Fatalf("want 503, got %v %v", resp, err)
+	}
+	var body struct {
+		Attempts []struct{ Provider, Outcome string }
+	}
+	b, _ := io.ReadAll(resp.Body)
+	json.Unmarshal(b, &body)
+	var words []string
+	for _, a := range body.Attempts {
+		words = append(words, a.Outcome)
+	}
+	if strings.Contains(string(b), apiSecret) {
+		t.Fatalf("503 body shows the API key: %s", b)
+	}
+	return words
+}
+
+// TestSessionAPICreateConnectRelease: a client gets the browser the
+// create call made (headers and body with placeholders as configured);
+// when it closes, the session is released with the release body; status
+// shows nothing unreleased.
+func TestSessionAPICreateConnectRelease(t *testing.T) {
+	f, echo := echoREST(t)
+	g := testgw.Start(t, handler(`"queue":{"size":0}`, apiProvider("api-main", f, "")))
+	c, _, err := dial(t, g.WS("/"), &websocket.DialOptions{HTTPHeader: http.Header{"X-Client": {`team "a"`}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	echoOnce(t, c, []byte("hello"))
+	if got := echo.LastHeader(); got == nil {
+		t.Fatal("the echo provider saw no upgrade")
+	}
+	creates := f.Creates()
+	if len(creates) != 1 || creates[0].Get("X-BB-API-Key") != apiSecret || creates[0].Get("Content-Type") != "application/json" {
+		t.Fatalf("create headers: %v", creates)
+	}
+	var body struct {
+		ProjectID    string `json:"projectId"`
+		UserMetadata struct {
+			Client string `json:"client"`
+		} `json:"userMetadata"`
+	}
+	if err := json.Unmarshal(f.CreateBodies()[0], &body); err != nil || body.ProjectID != "proj-1" || body.UserMetadata.Client != `team "a"` {
+		t.Fatalf("create body %s: %v", f.CreateBodies()[0], err)
+	}
+	gb, _ := upstreams.LookupBooks("api-main")
+	if gb.Unreleased() != 1 {
+		t.Fatalf("unreleased while live: %d", gb.Unreleased())
+	}
+	st := providerStatus(t, g, "api-main")
+	if st.Unreleased == nil || *st.Unreleased != 1 {
+		t.Fatalf("status unreleased while live: %v", st.Unreleased)
+	}
+	c.Close(websocket.StatusNormalClosure, "")
+	waitBooks(t, f, "api-main", 1)
+	if rb := f.ReleaseBodies(); len(rb) != 1 || string(rb[0]) != `{"id":"s1","status":"REQUEST_RELEASE"}` {
+		t.Fatalf("release body: %q", rb)
+	}
+	st = providerStatus(t, g, "api-main")
+	if st.Unreleased == nil || *st.Unreleased != 0 {
+		t.Fatalf("status unreleased after: %v", st.Unreleased)
+	}
+	// The metrics say the same.
+	code, m, err := g.AdminDo(http.MethodGet, "/metrics", nil)
+	if err != nil || code != 200 {
+		t.Fatal(code, err)
+	}
+	for _, want := range []string{
+		`caddy_browser_failover_sessions_created_total{provider="api-main"}`,
+		`caddy_browser_failover_sessions_released_total{provider="api-main"}`,
+		`caddy_browser_failover_sessions_unreleased{provider="api-main"} 0`,
+	} {
+		if !strings.Contains(string(m), want) {
+			t.Fatalf("metrics lack %s", want)
+		}
+	}
+	if strings.Contains(string(m), apiSecret) || strings.Contains(g.Logs(), apiSecret) {
+		t.Fatal("the API key shows in metrics or logs")
+	}
+}
+
+// providerStatus reads one provider's status object.
+func providerStatus(t *testing.T, g *testgw.Gateway, name string) status.Provider {
+	t.Helper()
+	code, b, err := g.AdminDo(http.MethodGet, status.StatusPath, nil)
+	if err != nil || code != 200 {
+		t.Fatalf("status: %d %v", code, err)
+	}
+	if strings.Contains(string(b), apiSecret) {
+		t.Fatalf("status shows the API key: %s", b)
+	}
+	var st status.Status
+	if err := json.Unmarshal(b, &st); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range st.Providers {
+		if p.Name == name {
+			return p
+		}
+	}
+	t.Fatalf("no provider %s in %s", name, b)
+	return status.Provider{}
+}
+
+// TestSessionAPIReleaseOnEveryEnd: whatever ends a session or an attempt,
+// the provider's books end with created == released.
+func TestSessionAPIReleaseOnEveryEnd(t *testing.T) {
+	t.Run("provider closes", func(t *testing.T) {
+		// A browser that answers one message, then goes away.
+		closer := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			c, err := websocket.Accept(w, r, nil)
+			if err != nil {
+				return
+			}
+			typ, msg, err := c.Read(context.Background())
+			if err == nil {
+				c.Write(context.Background(), typ, msg)
+			}
+			c.Close(websocket.StatusGoingAway, "browser closed")
+		}))
+		defer closer.Close()
+		f := fakes.NewREST(func(string) string { return "ws" + strings.TrimPrefix(closer.URL, "http") + "/" })
+		defer f.Close()
+		g := testgw.Start(t, handler(`"queue":{"size":0}`, apiProvider("api-pc", f, "")))
+		c, _, err := dial(t, g.WS("/"), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.CloseNow()
+		echoOnce(t, c, []byte("x"))
+		go c.Read(context.Background())
+		waitBooks(t, f, "api-pc", 1)
+	})
+	t.Run("operator ends it", func(t *testing.T) {
+		f, _ := echoREST(t)
+		g := testgw.Start(t, handler(`"queue":{"size":0}`, apiProvider("api-op", f, "")))
+		c, _, err := dial(t, g.WS("/"), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.CloseNow()
+		ss := listSessions(t, g.Admin)
+		if len(ss) != 1 {
+			t.Fatalf("sessions: %+v", ss)
+		}
+		if code, b := deleteSession(t, g.Admin, ss[0].ID); code != 200 {
+			t.Fatalf("delete: %d %s", code, b)
+		}
+		waitBooks(t, f, "api-op", 1)
+	})
+	t.Run("idle timeout", func(t *testing.T) {
+		f, _ := echoREST(t)
+		g := testgw.Start(t, handler(`"queue":{"size":0},"session":{"idle_timeout":"300ms"}`, apiProvider("api-idle", f, "")))
+		c, _, err := dial(t, g.WS("/"), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.CloseNow()
+		go c.Read(context.Background()) // answer the close
+		waitBooks(t, f, "api-idle", 1)
+	})
+	t.Run("max duration", func(t *testing.T) {
+		f, _ := echoREST(t)
+		g := testgw.Start(t, handler(`"queue":{"size":0},"session":{"max_duration":"400ms"}`, apiProvider("api-maxdur", f, "")))
+		c, _, err := dial(t, g.WS("/"), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.CloseNow()
+		go func() { // busy, never idle
+			for range 50 {
+				if c.Write(context.Background(), websocket.MessageText, []byte("tick")) != nil {
+					return
+				}
+				time.Sleep(50 * time.Millisecond)
+			}
+		}()
+		go func() {
+			for {
+				if _, _, err := c.Read(context.Background()); err != nil {
+					return
+				}
+			}
+		}()
+		waitBooks(t, f, "api-maxdur", 1)
+	})
+	t.Run("dial refused after create", func(t *testing.T) {
+		refused := fakes.Refused("api-ref")
+		defer refused.Close()
+		f := fakes.NewREST(func(string) string { return refused.URL() })
+		defer f.Close()
+		g := testgw.Start(t, handler(`"queue":{"size":0}`, apiProvider("api-ref", f, "")))
+		if w := rejectAttempts(t, g.WS("/")); len(w) != 1 || w[0] != upstreams.WordRefused {
+			t.Fatalf("attempts: %v", w)
+		}
+		waitBooks(t, f, "api-ref", 1)
+	})
+	t.Run("dial times out after create", func(t *testing.T) {
+		hang := fakes.Hang("api-hang", nil)
+		defer hang.Close()
+		f := fakes.NewREST(func(string) string { return hang.URL() })
+		defer f.Close()
+		g := testgw.Start(t, handler(`"queue":{"size":0},"connect_timeout":"500ms"`, apiProvider("api-hang", f, "")))
+		if w := rejectAttempts(t, g.WS("/")); len(w) != 1 || w[0] != upstreams.WordTimeout {
+			t.Fatalf("attempts: %v", w)
+		}
+		waitBooks(t, f, "api-hang", 1)
+	})
+	t.Run("client leaves during the dial", func(t *testing.T) {
+		hang := fakes.Hang("api-hang2", nil)
+		defer hang.Close()
+		f := fakes.NewREST(func(string) string { return hang.URL() })
+		defer f.Close()
+		g := testgw.Start(t, handler(`"queue":{"size":0}`, apiProvider("api-gone", f, "")))
+		ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+		defer cancel()
+		if c, _, err := websocket.Dial(ctx, g.WS("/"), nil); err == nil {
+			c.CloseNow()
+			t.Fatal("connected to a hanging provider")
+		}
+		waitBooks(t, f, "api-gone", 1)
+	})
+	t.Run("client leaves during create", func(t *testing.T) {
+		f, _ := echoREST(t)
+		unblock := make(chan struct{})
+		entered := make(chan struct{}, 1)
+		f.OnCreate = func(http.ResponseWriter, *http.Request) bool {
+			entered <- struct{}{}
+			<-unblock
+			return false // the provider creates the session anyway
+		}
+		g := testgw.Start(t, handler(`"queue":{"size":0}`, apiProvider("api-gone2", f, "")))
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func() {
+			c, _, err := websocket.Dial(ctx, g.WS("/"), nil)
+			if c != nil {
+				c.CloseNow()
+			}
+			done <- err
+		}()
+		<-entered
+		cancel()
+		if err := <-done; err == nil {
+			t.Fatal("connected after leaving")
+		}
+		close(unblock)
+		waitBooks(t, f, "api-gone2", 1)
+	})
+	t.Run("hedge loser", func(t *testing.T) {
+		fast, _ := echoREST(t)
+		slow, _ := echoREST(t)
+		var once sync.Once
+		gate := make(chan struct{})
+		slow.OnCreate = func(http.ResponseWriter, *http.Request) bool {
+			<-gate // answers only once the other has won
+			return false
+		}
+		g := testgw.Start(t, handler(`"queue":{"size":0},"hedge_after":"100ms"`,
+			apiProvider("api-slow", slow, `"priority":1`), apiProvider("api-fast", fast, `"priority":2`)))
+		c, _, err := dial(t, g.WS("/"), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		echoOnce(t, c, []byte("x"))
+		once.Do(func() { close(gate) })
+		waitBooks(t, slow, "api-slow", 1)
+		c.Close(websocket.StatusNormalClosure, "")
+		waitBooks(t, fast, "api-fast", 1)
+	})
+	t.Run("reload", func(t *testing.T) {
+		f, _ := echoREST(t)
+		g := testgw.Start(t, handler(`"queue":{"size":0}`, apiProvider("api-reload", f, "")))
+		c, _, err := dial(t, g.WS("/"), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := g.Reload(handler(`"queue":{"size":3}`, apiProvider("api-reload", f, ""))); err != nil {
+			t.Fatal(err)
+		}
+		echoOnce(t, c, []byte("after reload"))
+		if b := f.Books(); len(b.Released) != 0 {
+			t.Fatalf("released by the reload: %+v", b)
+		}
+		c.Close(websocket.StatusNormalClosure, "")
+		waitBooks(t, f, "api-reload", 1)
+	})
+}
+
+// TestSessionAPIReleasedAtExit: SIGTERM to a real Caddy process ends its
+// live sessions, and the process waits for their releases (slow ones
+// included) before it exits. The Caddyfile form and {env.X} in a header
+// are used as an operator would.
+func TestSessionAPIReleasedAtExit(t *testing.T) {
+	f, _ := echoREST(t)
+	var mu sync.Mutex
+	var keys []string
+	f.OnRelease = func(_ http.ResponseWriter, r *http.Request, _ string) bool {
+		mu.Lock()
+		keys = append(keys, r.Header.Get("X-BB-API-Key"))
+		mu.Unlock()
+		time.Sleep(300 * time.Millisecond) // a slow release
+		return false
+	}
+	t.Setenv("BF_TEST_BB_KEY", apiSecret)
+	addr, admin := testgw.FreePort(t), testgw.FreePort(t)
+	p := startCaddy(t, fmt.Sprintf(`{
+	admin %s
+	auto_https off
+}
+
+http://%s {
+	browser_failover {
+		provider bb %s {
+			session_api {
+				create POST /v1/sessions
+				header X-BB-API-Key {env.BF_TEST_BB_KEY}
+				body `+"`"+`{"projectId": "proj-1"}`+"`"+`
+				connect_url /connectUrl
+				session_id /id
+				release POST /v1/sessions/{session_id}/release
+				release_body `+"`"+`{"status": "REQUEST_RELEASE"}`+"`"+`
+			}
+		}
+	}
+}
+`, admin, addr, f.URL()), func() bool {
+		resp, err := http.Get("http://" + addr + "/json/version")
+		if err != nil {
+			return false
+		}
+		resp.Body.Close()
+		return true
+	})
+	var conns []*websocket.Conn
+	for i := range 3 {
+		c, _, err := dial(t, "ws://"+addr+"/", nil)
+		if err != nil {
+			t.Fatalf("session %d: %v", i, err)
+		}
+		defer c.CloseNow()
+		echoOnce(t, c, []byte("hi"))
+		go c.Read(context.Background())
+		conns = append(conns, c)
+	}
+	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-p.done:
+		p.done <- err
+		if err != nil {
+			t.Fatalf("caddy exited with %v", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("caddy did not exit after SIGTERM")
+	}
+	b := f.Books()
+	if err := b.Balanced(); err != nil || len(b.Created) != 3 {
+		t.Fatalf("at exit: %v %+v", err, b)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	for _, k := range keys {
+		if k != apiSecret {
+			t.Fatalf("a release went without the API key: %q", k)
+		}
+	}
+	if strings.Contains(p.output(), apiSecret) {
+		t.Fatal("the API key shows in the output")
+	}
+}
+
+// TestSessionAPICreateAnswers: create answers are classified like
+// handshake answers: 429 is a capacity skip honouring Retry-After, any
+// other non-2xx is create_failed, an answer that is not JSON or lacks the
+// connect URL is bad_create (and a session it names is released).
+func TestSessionAPICreateAnswers(t *testing.T) {
+	cases := []struct {
+		name   string
+		answer func(w http.ResponseWriter)
+		word   string
+	}{
+		{"429", func(w http.ResponseWriter) {
+			w.Header().Set("Retry-After", "30")
+			http.Error(w, "busy", http.StatusTooManyRequests)
+		}, "status_429"},
+		{"500", func(w http.ResponseWriter) { http.Error(w, "boom", 500) }, upstreams.WordCreateFailed},
+		{"401", func(w http.ResponseWriter) { http.Error(w, "bad key", 401) }, upstreams.WordCreateFailed},
+		{"not json", func(w http.ResponseWriter) { io.WriteString(w, "<html>") }, upstreams.WordBadCreate},
+		{"no id", func(w http.ResponseWriter) { io.WriteString(w, `{"connectUrl":"ws://127.0.0.1:1/"}`) }, upstreams.WordBadCreate},
+	}
+	for i, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			f, _ := echoREST(t)
+			f.OnCreate = func(w http.ResponseWriter, _ *http.Request) bool { tc.answer(w); return true }
+			name := fmt.Sprintf("api-create-%d", i)
+			g := testgw.Start(t, handler(`"queue":{"size":0}`, apiProvider(name, f, "")))
+			if w := rejectAttempts(t, g.WS("/")); len(w) != 1 || w[0] != tc.word {
+				t.Fatalf("attempts: %v, want [%s]", w, tc.word)
+			}
+			st := providerStatus(t, g, name)
+			if st.LastError != tc.word {
+				t.Fatalf("last_error %q", st.LastError)
+			}
+			if tc.word == "status_429" && st.CooldownUntil == nil {
+				t.Fatal("a 429 create answer did not skip the provider")
+			}
+			if len(f.Books().Created) != 0 {
+				t.Fatal("the fake booked a session")
+			}
+			code, m, err := g.AdminDo(http.MethodGet, "/metrics", nil)
+			want := fmt.Sprintf(`caddy_browser_failover_attempts_total{outcome=%q,provider=%q} 1`, tc.word, name)
+			if err != nil || code != 200 || !strings.Contains(string(m), want) {
+				t.Fatalf("metrics lack %s (%d %v)", want, code, err)
+			}
+		})
+	}
+	t.Run("no connect URL", func(t *testing.T) {
+		f := fakes.NewREST(func(string) string { return "" })
+		defer f.Close()
+		g := testgw.Start(t, handler(`"queue":{"size":0}`, apiProvider("api-nocu", f, "")))
+		if w := rejectAttempts(t, g.WS("/")); len(w) != 1 || w[0] != upstreams.WordBadCreate {
+			t.Fatalf("attempts: %v", w)
+		}
+		waitBooks(t, f, "api-nocu", 1)
+	})
+}
+
+// TestSessionAPIReleaseRetries: a failed release call is tried again and
+// each failure counted; the session ends released.
+func TestSessionAPIReleaseRetries(t *testing.T) {
+	prev := upstreams.ReleaseSleep
+	upstreams.ReleaseSleep = func(time.Duration) {}
+	t.Cleanup(func() { upstreams.ReleaseSleep = prev })
+	f, _ := echoREST(t)
+	var mu sync.Mutex
+	calls := 0
+	f.OnRelease = func(w http.ResponseWriter, _ *http.Request, _ string) bool {
+		mu.Lock()
+		defer mu.Unlock()
+		calls++
+		if calls <= 2 {
+			http.Error(w, "try later", http.StatusBadGateway)
+			return true
+		}
+		return false
+	}
+	g := testgw.Start(t, handler(`"queue":{"size":0}`, apiProvider("api-retry", f, "")))
+	c, _, err := dial(t, g.WS("/"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Close(websocket.StatusNormalClosure, "")
+	waitBooks(t, f, "api-retry", 1)
+	gb, _ := upstreams.LookupBooks("api-retry")
+	if n := gb.ReleaseFailures.Load(); n != 2 {
+		t.Fatalf("release failures %d, want 2", n)
+	}
+	testgw.Eventually(t, 5*time.Second, "the failure logged", func() bool {
+		return len(g.LogEntries("provider session release failed")) == 2
+	})
+	if strings.Contains(g.Logs(), apiSecret) {
+		t.Fatal("the API key shows in the logs")
+	}
+}
+
+// TestSessionAPISlowReleaseNeverDelays: while a release hangs at the
+// provider, the next client gets its session.
+func TestSessionAPISlowReleaseNeverDelays(t *testing.T) {
+	f, _ := echoREST(t)
+	hold := make(chan struct{})
+	inRelease := make(chan struct{}, 4)
+	var once sync.Once
+	f.OnRelease = func(http.ResponseWriter, *http.Request, string) bool {
+		inRelease <- struct{}{}
+		<-hold
+		return false
+	}
+	defer once.Do(func() { close(hold) })
+	g := testgw.Start(t, handler(`"queue":{"size":0}`, apiProvider("api-slowrel", f, `"max_concurrent":1`)))
+	c, _, err := dial(t, g.WS("/"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Close(websocket.StatusNormalClosure, "")
+	<-inRelease // the release is under way, and hangs
+	testgw.Eventually(t, 10*time.Second, "the slot freed", func() bool {
+		return providerStatus(t, g, "api-slowrel").Active == 0
+	})
+	c2, _, err := dial(t, g.WS("/"), nil)
+	if err != nil {
+		t.Fatalf("the next client waited for a release: %v", err)
+	}
+	echoOnce(t, c2, []byte("not delayed"))
+	c2.Close(websocket.StatusNormalClosure, "")
+	once.Do(func() { close(hold) })
+	waitBooks(t, f, "api-slowrel", 2)
+}

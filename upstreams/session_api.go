@@ -1,0 +1,589 @@
+package upstreams
+
+import (
+	"bytes"
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Outcome words of a provider session API's create call.
+const (
+	// WordCreateFailed: create answered a status other than 2xx, 408 or
+	// 429.
+	WordCreateFailed = "create_failed"
+	// WordBadCreate: create answered 2xx with a body that is not JSON or
+	// lacks the connect URL or session ID.
+	WordBadCreate = "bad_create"
+)
+
+// SessionIDPlaceholder stands for the created session's ID in the release
+// URL and body.
+const SessionIDPlaceholder = "{session_id}"
+
+var errBadCreate = errors.New("bad create answer")
+
+// SessionAPI describes a provider that creates a browser over REST before
+// each attempt: create it, dial the WebSocket URL the answer gives, release
+// it when the session (or the attempt) ends.
+type SessionAPI struct {
+	// CreateMethod and CreateURL are the create call. CreateURL is
+	// http(s):// or a path resolved against the provider's URL.
+	CreateMethod string
+	CreateURL    string
+	// Headers go with create and release calls, in order; their values may
+	// hold request placeholders (resolved when the session is created).
+	Headers []Header
+	// Body is the create call's JSON body template ("" for none): request
+	// placeholders in its strings are replaced and JSON-escaped.
+	Body string
+	// ConnectURL and SessionID are JSON pointers (RFC 6901) into the
+	// create answer.
+	ConnectURL string
+	SessionID  string
+	// ReleaseMethod and ReleaseURL are the release call; {session_id} in
+	// the URL is replaced by the path-escaped ID.
+	ReleaseMethod string
+	ReleaseURL    string
+	// ReleaseBody is the release call's JSON body template ("" for none);
+	// {session_id} in its strings is replaced.
+	ReleaseBody string
+}
+
+// Header is one request header field of a session API call.
+type Header struct {
+	Field string
+	Value string
+}
+
+// sessionAPI is a SessionAPI checked and ready.
+type sessionAPI struct {
+	SessionAPI
+	createURL  *url.URL
+	body       any // parsed template, nil for none
+	hasBody    bool
+	relBody    any
+	hasRelBody bool
+	client     *http.Client
+	books      *Books
+	provider   string
+}
+
+// Books are a provider's session API counts, process-wide by provider name.
+type Books struct {
+	// Created: sessions the provider created whose ID the gateway read.
+	Created counter
+	// Released: sessions whose release the provider accepted (2xx, or 404
+	// and 410: already gone).
+	Released counter
+	// ReleaseFailures: release calls that failed (each retry counts).
+	ReleaseFailures counter
+	// Orphans: sessions created that the gateway cannot release (a 2xx
+	// create answer without a session ID).
+	Orphans counter
+}
+
+// Unreleased is the number of sessions created and not released yet.
+func (b *Books) Unreleased() int64 { return b.Created.Load() - b.Released.Load() }
+
+// APIProblem is one problem with a session API's settings and the option
+// at fault, as the Caddyfile names it (create, header, body, connect_url,
+// session_id, release, release_body).
+type APIProblem struct {
+	Option string
+	Msg    string
+	// Missing: the option is not given at all.
+	Missing bool
+}
+
+func (e *APIProblem) Error() string { return e.Msg }
+
+// ValidateSessionAPI checks a session API's settings; JSON and the
+// Caddyfile share it. Its error joins *APIProblem values.
+func ValidateSessionAPI(a SessionAPI) error {
+	var errs []error
+	add := func(opt string, missing bool, format string, args ...any) {
+		errs = append(errs, &APIProblem{Option: opt, Msg: fmt.Sprintf(format, args...), Missing: missing})
+	}
+	if a.CreateMethod == "" && a.CreateURL == "" {
+		add("create", true, "no create call (create <METHOD> <URL>)")
+	} else {
+		if err := checkMethod(a.CreateMethod); err != nil {
+			add("create", false, "create: %v", err)
+		}
+		if err := checkCallURL(a.CreateURL); err != nil {
+			add("create", false, "create: %v", err)
+		}
+	}
+	if a.ReleaseMethod == "" && a.ReleaseURL == "" {
+		add("release", true, "no release call (release <METHOD> <URL with %s>): a created session must be released", SessionIDPlaceholder)
+	} else {
+		if err := checkMethod(a.ReleaseMethod); err != nil {
+			add("release", false, "release: %v", err)
+		}
+		if err := checkCallURL(a.ReleaseURL); err != nil {
+			add("release", false, "release: %v", err)
+		} else if !strings.Contains(a.ReleaseURL, SessionIDPlaceholder) {
+			add("release", false, "release: the URL must contain %s", SessionIDPlaceholder)
+		}
+	}
+	for _, p := range []struct{ name, v string }{{"connect_url", a.ConnectURL}, {"session_id", a.SessionID}} {
+		if p.v == "" {
+			add(p.name, true, "no %s (a JSON pointer into the create answer, like /id)", p.name)
+		} else if !strings.HasPrefix(p.v, "/") {
+			add(p.name, false, "%s: JSON pointer %q must start with /", p.name, p.v)
+		}
+	}
+	for _, b := range []struct{ name, v string }{{"body", a.Body}, {"release_body", a.ReleaseBody}} {
+		if b.v != "" && !json.Valid([]byte(b.v)) {
+			// Not shown: it may hold a secret.
+			add(b.name, false, "%s is not valid JSON", b.name)
+		}
+	}
+	for _, h := range a.Headers {
+		if h.Field == "" || strings.ContainsAny(h.Field, " \t\r\n:") {
+			add("header", false, "header: invalid field name %q", h.Field)
+		}
+		if strings.ContainsAny(h.Value, "\r\n") {
+			// The value may be a secret: never shown.
+			add("header", false, "header %s: the value must not contain a line break", h.Field)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func checkMethod(m string) error {
+	if m == "" {
+		return errors.New("no method")
+	}
+	for _, r := range m {
+		if r < 'A' || r > 'Z' {
+			return fmt.Errorf("method %q must be upper-case letters, like POST", m)
+		}
+	}
+	return nil
+}
+
+// checkCallURL accepts an http(s) URL or a path starting with "/". A
+// placeholder as a whole is accepted (checked once resolved).
+func checkCallURL(s string) error {
+	switch {
+	case s == "":
+		return errors.New("no URL")
+	case strings.HasPrefix(s, "/"), wholePlaceholder(s):
+		return nil
+	}
+	u, err := url.Parse(strings.ReplaceAll(s, SessionIDPlaceholder, "x"))
+	if err != nil {
+		return fmt.Errorf("invalid URL (%s)", urlErrorCause(err))
+	}
+	if (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return errors.New("the URL must be http:// or https://, or a path starting with /")
+	}
+	return nil
+}
+
+func wholePlaceholder(s string) bool {
+	return strings.HasPrefix(s, "{") && strings.HasSuffix(s, "}") && strings.Count(s, "{") == 1
+}
+
+// newSessionAPI readies a for provider p (its URL resolves relative call
+// URLs; its TLS options apply to the calls).
+func newSessionAPI(p *Provider, a SessionAPI, o TLSOptions) (*sessionAPI, error) {
+	if err := ValidateSessionAPI(a); err != nil {
+		return nil, err
+	}
+	s := &sessionAPI{SessionAPI: a, books: BooksOf(p.Name), provider: p.Name}
+	base := &url.URL{Scheme: p.httpScheme, Host: p.host}
+	var err error
+	if s.createURL, err = resolveCall(base, a.CreateURL); err != nil {
+		return nil, fmt.Errorf("create: %w", err)
+	}
+	if _, err := resolveCall(base, strings.ReplaceAll(a.ReleaseURL, SessionIDPlaceholder, "x")); err != nil {
+		return nil, fmt.Errorf("release: %w", err)
+	}
+	if a.Body != "" {
+		s.hasBody = true
+		json.Unmarshal([]byte(a.Body), &s.body)
+	}
+	if a.ReleaseBody != "" {
+		s.hasRelBody = true
+		json.Unmarshal([]byte(a.ReleaseBody), &s.relBody)
+	}
+	tr := sharedAPITransport
+	if s.createURL.Scheme == "https" && (o.InsecureSkipVerify || len(o.TrustedCACertFiles) > 0) {
+		cfg, err := o.build(s.createURL.Hostname())
+		if err != nil {
+			return nil, err
+		}
+		cfg.NextProtos = nil
+		tr = newAPITransport()
+		tr.TLSClientConfig = cfg
+	}
+	s.client = &http.Client{Transport: tr, CheckRedirect: func(*http.Request, []*http.Request) error {
+		// A redirect could carry the API key elsewhere.
+		return http.ErrUseLastResponse
+	}}
+	return s, nil
+}
+
+// sharedAPITransport carries the session API calls of every provider
+// without TLS options of its own, across reloads.
+var sharedAPITransport = newAPITransport()
+
+// newAPITransport is a transport for session API calls: no proxy from the
+// environment, and idle connections kept only briefly (a create comes per
+// attempt, a release per session).
+func newAPITransport() *http.Transport {
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	tr.Proxy = nil
+	tr.MaxIdleConnsPerHost = 16
+	tr.IdleConnTimeout = 5 * time.Second
+	return tr
+}
+
+func resolveCall(base *url.URL, s string) (*url.URL, error) {
+	u, err := url.Parse(s)
+	if err != nil {
+		return nil, fmt.Errorf("invalid URL (%s)", urlErrorCause(err))
+	}
+	u = base.ResolveReference(u)
+	if (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return nil, errors.New("URL must be http:// or https://, or a path starting with /")
+	}
+	return u, nil
+}
+
+// fill replaces placeholders in every string of a parsed JSON template and
+// renders it; values are JSON-escaped by the encoder.
+func fill(t any, replace func(string) string) []byte {
+	var walk func(any) any
+	walk = func(v any) any {
+		switch x := v.(type) {
+		case string:
+			return replace(x)
+		case []any:
+			out := make([]any, len(x))
+			for i, e := range x {
+				out[i] = walk(e)
+			}
+			return out
+		case map[string]any:
+			out := make(map[string]any, len(x))
+			for k, e := range x {
+				out[replace(k)] = walk(e)
+			}
+			return out
+		}
+		return v
+	}
+	b, _ := json.Marshal(walk(t))
+	return b
+}
+
+// pointer resolves a JSON pointer in doc to a string (a number is given as
+// its decimal text).
+func pointer(doc any, p string) (string, bool) {
+	cur := doc
+	for _, tok := range strings.Split(p, "/")[1:] {
+		tok = strings.ReplaceAll(strings.ReplaceAll(tok, "~1", "/"), "~0", "~")
+		switch x := cur.(type) {
+		case map[string]any:
+			v, ok := x[tok]
+			if !ok {
+				return "", false
+			}
+			cur = v
+		case []any:
+			i, err := strconv.Atoi(tok)
+			if err != nil || i < 0 || i >= len(x) {
+				return "", false
+			}
+			cur = x[i]
+		default:
+			return "", false
+		}
+	}
+	switch x := cur.(type) {
+	case string:
+		return x, x != ""
+	case json.Number:
+		return x.String(), true
+	}
+	return "", false
+}
+
+// Remote is one browser session the provider created: released exactly
+// once, off the request path.
+type Remote struct {
+	api     *sessionAPI
+	id      string
+	headers []Header // resolved at create time
+	once    chanOnce
+}
+
+// ID is the provider's session ID.
+func (r *Remote) ID() string { return r.id }
+
+// Release hands the session to the background releaser (at most once; a
+// nil Remote is a no-op). It never blocks.
+func (r *Remote) Release() {
+	if r == nil || !r.once.do() {
+		return
+	}
+	rel.submit(r)
+}
+
+// created is the result of a create call.
+type created struct {
+	remote     *Remote
+	connectURL string
+	res        *Result // set when create did not give a usable session
+}
+
+// prepare resolves the create call's headers and body for one attempt
+// (request placeholders are read now, on the request's goroutine).
+func (a *sessionAPI) prepare(replace func(string) string) ([]Header, []byte) {
+	if replace == nil {
+		replace = func(s string) string { return s }
+	}
+	headers := make([]Header, len(a.Headers))
+	for i, h := range a.Headers {
+		headers[i] = Header{Field: h.Field, Value: replace(h.Value)}
+	}
+	var body []byte
+	if a.hasBody {
+		body = fill(a.body, replace)
+	}
+	return headers, body
+}
+
+// create makes the create call within ctx. A session the provider created
+// is never lost: when the answer lacks the connect URL its session is
+// released at once.
+func (a *sessionAPI) create(ctx context.Context, headers []Header, payload []byte) created {
+	var body io.Reader
+	if a.hasBody {
+		body = bytes.NewReader(payload)
+	}
+	req, err := http.NewRequestWithContext(ctx, a.CreateMethod, a.createURL.String(), body)
+	if err != nil {
+		return created{res: &Result{Outcome: Outcome{Err: fmt.Errorf("create: %w", err)}}}
+	}
+	setHeaders(req, headers, a.hasBody)
+	resp, err := a.client.Do(req)
+	if err != nil {
+		// url.Error names the URL: keep only its cause.
+		var ue *url.Error
+		if errors.As(err, &ue) {
+			err = ue.Err
+		}
+		return created{res: &Result{Outcome: Outcome{Err: fmt.Errorf("create: %w", err)}}}
+	}
+	defer resp.Body.Close()
+	raw, err := io.ReadAll(io.LimitReader(resp.Body, MaxRelayedBody))
+	if resp.StatusCode < 200 || resp.StatusCode > 299 {
+		word, kind := ClassifyStatus(resp.StatusCode)
+		r := Result{Outcome: Outcome{Word: word, Kind: kind, Err: fmt.Errorf("create answered %d", resp.StatusCode)}}
+		if kind == Capacity {
+			r.Outcome.RetryAfter = ParseRetryAfter(resp.Header.Get("Retry-After"), time.Now())
+		} else {
+			r.Outcome.Word, r.Outcome.Kind = WordCreateFailed, Failure
+		}
+		return created{res: &r}
+	}
+	bad := func(why string) *Result {
+		return &Result{Outcome: Outcome{Word: WordBadCreate, Kind: Failure, Err: fmt.Errorf("%w: %s", errBadCreate, why)}}
+	}
+	if err != nil {
+		return created{res: &Result{Outcome: Outcome{Err: fmt.Errorf("create: %w", err)}}}
+	}
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	dec.UseNumber()
+	var doc any
+	if err := dec.Decode(&doc); err != nil {
+		return created{res: bad("the answer is not JSON")}
+	}
+	id, ok := pointer(doc, a.SessionID)
+	if !ok {
+		a.books.Orphans.Add(1)
+		return created{res: bad("no session ID at " + a.SessionID)}
+	}
+	r := &Remote{api: a, id: id, headers: headers}
+	a.books.Created.Add(1)
+	cu, ok := pointer(doc, a.ConnectURL)
+	if !ok {
+		r.Release()
+		return created{res: bad("no connect URL at " + a.ConnectURL)}
+	}
+	return created{remote: r, connectURL: cu}
+}
+
+func setHeaders(req *http.Request, headers []Header, hasBody bool) {
+	req.Header.Set("Accept", "application/json")
+	if hasBody {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	for _, h := range headers {
+		if strings.EqualFold(h.Field, "Host") {
+			req.Host = h.Value
+			continue
+		}
+		req.Header.Set(h.Field, h.Value)
+	}
+}
+
+// release makes one release call within ctx; ok reports that the provider
+// no longer holds the session.
+func (r *Remote) release(ctx context.Context) (ok bool, err error) {
+	a := r.api
+	rawURL := strings.ReplaceAll(a.ReleaseURL, SessionIDPlaceholder, url.PathEscape(r.id))
+	base := &url.URL{Scheme: a.createURL.Scheme, Host: a.createURL.Host}
+	u, err := resolveCall(base, rawURL)
+	if err != nil {
+		return false, err
+	}
+	var body io.Reader
+	if a.hasRelBody {
+		body = bytes.NewReader(fill(a.relBody, func(s string) string {
+			return strings.ReplaceAll(s, SessionIDPlaceholder, r.id)
+		}))
+	}
+	req, err := http.NewRequestWithContext(ctx, a.ReleaseMethod, u.String(), body)
+	if err != nil {
+		return false, err
+	}
+	setHeaders(req, r.headers, a.hasRelBody)
+	resp, err := a.client.Do(req)
+	if err != nil {
+		var ue *url.Error
+		if errors.As(err, &ue) {
+			err = ue.Err
+		}
+		return false, err
+	}
+	io.Copy(io.Discard, io.LimitReader(resp.Body, MaxRelayedBody))
+	resp.Body.Close()
+	switch {
+	case resp.StatusCode >= 200 && resp.StatusCode <= 299,
+		resp.StatusCode == http.StatusNotFound, resp.StatusCode == http.StatusGone:
+		return true, nil
+	}
+	return false, fmt.Errorf("release answered %d", resp.StatusCode)
+}
+
+// CreateGrace is how long a create call may go on after its attempt gave
+// up (the client left, connect_timeout passed): long enough to learn the
+// ID of a session the provider created anyway, and release it.
+var CreateGrace = 30 * time.Second
+
+// connectAPI is one attempt at a provider with a session API: create,
+// then dial the connect URL of the answer, all within actx. The created
+// session goes with the connection on success and is released on every
+// other end.
+func (p *Provider) connectAPI(ctx, actx context.Context, deadline time.Time, hs *Handshake, replace func(string) string) Result {
+	fail := func(err error) Result {
+		word, kind := ClassifyError(err, errors.Is(ctx.Err(), context.Canceled))
+		return Result{Outcome: Outcome{Word: word, Kind: kind, Err: err}}
+	}
+	headers, body := p.api.prepare(replace)
+	// The call is not cut when the attempt ends: a session created after
+	// that is still learnt and released.
+	cctx, ccancel := context.WithDeadline(context.WithoutCancel(ctx), deadline.Add(CreateGrace))
+	answer := make(chan created, 1)
+	go func() {
+		defer ccancel()
+		answer <- p.api.create(cctx, headers, body)
+	}()
+	var c created
+	select {
+	case c = <-answer:
+	case <-actx.Done():
+		go func() { (<-answer).remote.Release() }()
+		return fail(actx.Err())
+	}
+	if c.res != nil {
+		if c.res.Outcome.Kind == 0 {
+			return fail(c.res.Outcome.Err)
+		}
+		return *c.res
+	}
+	t, err := p.retarget(c.connectURL)
+	if err != nil {
+		c.remote.Release()
+		return Result{Outcome: Outcome{Word: WordBadCreate, Kind: Failure, Err: fmt.Errorf("%w: %w", errBadCreate, err)}}
+	}
+	res := t.attempt(ctx, actx, deadline, hs, replace)
+	if res.Outcome.Kind == Success {
+		res.Conn.Remote = c.remote
+	} else {
+		c.remote.Release()
+	}
+	return res
+}
+
+// retarget returns a copy of p that dials raw, the connect URL a create
+// answer gave (ws, wss, http or https; never discovered).
+func (p *Provider) retarget(raw string) (*Provider, error) {
+	u, err := url.Parse(raw)
+	if err != nil || u.Host == "" || u.Hostname() == "" {
+		return nil, errors.New("the connect URL is not an absolute URL")
+	}
+	t := *p
+	t.api, t.Discover, t.tlsConfig = nil, false, nil
+	switch strings.ToLower(u.Scheme) {
+	case "ws", "http":
+		t.scheme, t.httpScheme = "ws", "http"
+	case "wss", "https":
+		t.scheme, t.httpScheme = "wss", "https"
+	default:
+		return nil, errors.New("the connect URL must be ws://, wss://, http:// or https://")
+	}
+	t.host = u.Host
+	port := u.Port()
+	if port == "" {
+		port = "80"
+		if t.scheme == "wss" {
+			port = "443"
+		}
+	}
+	t.address = net.JoinHostPort(u.Hostname(), port)
+	t.path = u.EscapedPath()
+	if t.path == "" {
+		t.path = "/"
+	}
+	t.rawQuery, t.query = u.RawQuery, u.Query()
+	t.basicAuth = ""
+	if u.User != nil {
+		pw, _ := u.User.Password()
+		t.basicAuth = "Basic " + base64.StdEncoding.EncodeToString([]byte(u.User.Username()+":"+pw))
+	}
+	if t.scheme == "wss" {
+		if t.tlsConfig, err = p.tlsOpts.build(u.Hostname()); err != nil {
+			return nil, err
+		}
+	}
+	return &t, nil
+}
+
+// FillJSON replaces placeholders in every string of the JSON template t
+// (values are JSON-escaped); "" stays "".
+func FillJSON(t string, replace func(string) string) (string, error) {
+	if t == "" {
+		return "", nil
+	}
+	var v any
+	if err := json.Unmarshal([]byte(t), &v); err != nil {
+		return "", errors.New("not valid JSON")
+	}
+	return string(fill(v, replace)), nil
+}
