@@ -101,8 +101,7 @@ type Provider struct {
 	tlsOpts    TLSOptions
 	redacted   string
 
-	tlsOpts TLSOptions
-	api     *sessionAPI // nil without a session API
+	api *sessionAPI // nil without a session API
 }
 
 // New checks o and builds a Provider. Errors name the provider and the
@@ -128,7 +127,6 @@ func New(o Options) (*Provider, error) {
 		headerOps:      o.HeaderOps,
 		tlsOpts:        o.TLS,
 		redacted:       Redact(u),
-		tlsOpts:        o.TLS,
 	}
 	if p.forward, err = parseForward(o.ForwardHeaders); err != nil {
 		return nil, fmt.Errorf("provider %q: %w", o.Name, err)
