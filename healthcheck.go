@@ -348,10 +348,10 @@ func (h *Handler) provisionProbes() error {
 // cleanupProbes removes the handler's health checks; a loop with no other
 // handler's left stops.
 func (h *Handler) cleanupProbes() {
+	// (h.probes stays: the events app may read the handler meanwhile.)
 	for _, st := range h.probes {
 		st.Unprobe(h)
 	}
-	h.probes = nil
 }
 
 // probeWatch is what the handler does with one provider's probe news.

@@ -360,18 +360,31 @@ func TestHostileProviderGarbage(t *testing.T) {
 // right behind the 101 answer.
 func rawDial(t *testing.T, g *testgw.Gateway) (net.Conn, *bufio.Reader) {
 	t.Helper()
-	conn, err := net.DialTimeout("tcp", g.Addr, 5*time.Second)
-	if err != nil {
-		t.Fatal(err)
-	}
-	conn.SetDeadline(time.Now().Add(10 * time.Second))
-	if _, err := conn.Write([]byte(rawUpgradeRequest(g.Addr, "/"))); err != nil {
-		t.Fatal(err)
-	}
-	br := bufio.NewReader(conn)
-	resp, err := http.ReadResponse(br, nil)
-	if err != nil {
-		t.Fatal(err)
+	var conn net.Conn
+	var br *bufio.Reader
+	var resp *http.Response
+	// Like dial, it tries again when the connection is reset before any
+	// answer: right after a reload the old listener may still take it.
+	for try := 0; ; try++ {
+		var err error
+		conn, err = net.DialTimeout("tcp", g.Addr, 5*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		conn.SetDeadline(time.Now().Add(10 * time.Second))
+		if _, err = conn.Write([]byte(rawUpgradeRequest(g.Addr, "/"))); err == nil {
+			br = bufio.NewReader(conn)
+			resp, err = http.ReadResponse(br, nil)
+		}
+		if err != nil && try < 2 && resetBeforeAnswer(err) {
+			conn.Close()
+			time.Sleep(50 * time.Millisecond)
+			continue
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		break
 	}
 	if resp.StatusCode != http.StatusSwitchingProtocols {
 		t.Fatalf("status %d", resp.StatusCode)

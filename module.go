@@ -216,10 +216,11 @@ func (h *Handler) Cleanup() error {
 			}
 		}
 	}
+	// Cleanup writes no field of h: Caddy's events app copies the handler
+	// (its CaddyModule has a value receiver) while a late event is sent.
 	for _, name := range h.claimed {
 		pool.ReleaseClaim(name, h.gen)
 	}
-	h.claimed = nil
 	if caddy.Exiting() {
 		closeAllSessions()
 		finishReleases(h.logger)

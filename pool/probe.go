@@ -352,7 +352,6 @@ func (p *Provider) runProbe(ctx context.Context, epoch uint64, reg probeReg, per
 
 	p.pmu.Lock()
 	l := &p.probe
-	l.running = false
 	stopped := !l.active || l.epoch != epoch
 	if o.Kind != upstreams.ClientGone && !stopped {
 		l.last = &ProbeRecord{At: start, Outcome: o.Word, MS: float64(o.Elapsed.Microseconds()) / 1000}
@@ -371,35 +370,56 @@ func (p *Provider) runProbe(ctx context.Context, epoch uint64, reg probeReg, per
 	var report func(ProbeReport)
 	if n := l.newest(); n != nil && !stopped {
 		report = n.cfg.Report
-		// The next probe: an interval after this one started, or at the
-		// end of a cooldown or skip that runs now.
-		next := due.Add(l.interval)
-		if u := p.Health.Until(); !u.IsZero() {
-			next = u
-		}
-		if t := now(); next.Before(t) {
-			next = t
-		}
-		p.scheduleLocked(next)
 	}
 	p.pmu.Unlock()
 
-	if o.Kind == upstreams.ClientGone || stopped {
+	switch {
+	case o.Kind == upstreams.ClientGone || stopped:
 		if permit.Trial() {
 			// The loop stopped during its trial: the provider recovered
 			// (no handler is left to tell), or the trial is the clients'
 			// again; either way the next waiter may go.
 			p.Notify()
 		}
+	default:
+		if rep.CapacityFreed && p.Health.Available() {
+			// A slot the provider freed: the longest waiter may take it.
+			p.Notify()
+		}
+		if report != nil {
+			// Still running: the next probe starts only once the handler
+			// has heard of this one, so reports never overlap.
+			report(rep)
+		}
+	}
+
+	p.pmu.Lock()
+	defer p.pmu.Unlock()
+	l.running = false
+	if !l.active || l.newest() == nil {
 		return
 	}
-	if rep.CapacityFreed && p.Health.Available() {
-		// A slot the provider freed: the longest waiter may take it.
-		p.Notify()
+	if l.epoch != epoch {
+		// The loop was started again meanwhile; its first probe, whose
+		// timer may have come while this one ran, goes now at the latest.
+		p.scheduleLocked(later(l.due, now()))
+		return
 	}
-	if report != nil {
-		report(rep)
+	// The next probe: an interval after this one started, or at the end
+	// of a cooldown or skip that runs now.
+	next := due.Add(l.interval)
+	if u := p.Health.Until(); !u.IsZero() {
+		next = u
 	}
+	p.scheduleLocked(later(next, now()))
+}
+
+// later is the later of two times.
+func later(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
 }
 
 // LastProbe is the provider's last probe; false when it was never probed.
