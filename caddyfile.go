@@ -77,6 +77,8 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //		hedge_after  <duration>
 //		hedge_max    <n>
 //		keepalive    <interval>|off
+//		resume       <window> [hold]
+//		resume_key   <placeholder>
 //		health_check {
 //			uri           <path or full URL>
 //			interval      <duration>
@@ -183,6 +185,10 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			}
 		case "keepalive":
 			h.Keepalive, err = parseKeepalive(d)
+		case "resume":
+			h.Resume, err = parseResume(d)
+		case "resume_key":
+			h.ResumeKey, err = oneArg(d)
 		default:
 			return d.Errf("unknown option %q", opt)
 		}

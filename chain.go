@@ -109,6 +109,12 @@ func (h *Handler) chain(w http.ResponseWriter, r *http.Request, hs *upstreams.Ha
 		c.replace = func(s string) string { return repl.ReplaceKnown(s, "") }
 		repl.Set(PlaceholderSessionID, c.id)
 	}
+	// A client taking back a session it left goes to that session's
+	// browser, or nowhere (resume.go).
+	if id := resumeID(r, hs); id != "" {
+		c.resume(id)
+		return
+	}
 	// 1. Join.
 	if !c.join() {
 		return
@@ -812,28 +818,44 @@ func (c *connect) relay(m *member, client netConn, up *upstreams.Conn, pending [
 	if s := c.h.Session; s != nil {
 		idle, maxDur = time.Duration(s.IdleTimeout), time.Duration(s.MaxDuration)
 	}
-	s := upstreams.NewSession(client, up, upstreams.SessionOptions{
+	// A session its client ends may be taken back (resume.go).
+	pk := c.newParking(m, up)
+	opts := upstreams.SessionOptions{
 		ClientPending: pending,
 		IdleTimeout:   idle,
 		MaxDuration:   maxDur,
 		Keepalive:     time.Duration(c.h.Keepalive),
-		OnEnd: func(s *upstreams.Session) {
-			// The provider session created for it (session_api) is
-			// released in the background.
+	}
+	if pk != nil && pk.hold {
+		opts.Hold, opts.OnPark = true, pk.onPark
+	}
+	opts.OnEnd = func(s *upstreams.Session) {
+		if pk != nil {
+			// A held session may end while parked; its ID may
+			// have changed with resumes.
+			pk.left()
+			end.id = pk.currentID()
+			pool.Unpark(end.id)
+		}
+		// The provider session created for it (session_api) is
+		// released in the background, unless the session is
+		// parked: then at the end of its window.
+		if !pk.ended(s) {
 			up.Release()
-			st.End(s)
-			if quota != nil {
-				pool.ReleaseQuota(*quota)
-			}
-			if lease != nil {
-				lease.Release()
-			}
-			if store != nil {
-				store.Release()
-			}
-			end.log(s)
-		},
-	})
+		}
+		st.End(s)
+		if quota != nil {
+			pool.ReleaseQuota(*quota)
+		}
+		if lease != nil {
+			lease.Release()
+		}
+		if store != nil {
+			store.Release()
+		}
+		end.log(s)
+	}
+	s := upstreams.NewSession(client, up, opts)
 	info := pool.SessionInfo{ID: c.id, Protocol: string(c.cls.proto), RemoteIP: remoteIP(c.r), Attempts: c.tries}
 	if quota != nil {
 		info.Client = quota.Shown()

@@ -40,7 +40,7 @@ const clientKeyRetry = 5 * time.Second
 // own, and the status' keys differ from the other nodes' until it has
 // the shared one.
 func (h *Handler) provisionClientKeys(ctx caddy.Context) {
-	if h.ClientLimit == nil {
+	if h.ClientLimit == nil && h.ResumeKey == "" {
 		return
 	}
 	secret, err := storedSecret(ctx)

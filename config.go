@@ -91,6 +91,15 @@ type Handler struct {
 	// this long, and ends the session when that side answers none of two
 	// pings. Default: 0, off.
 	Keepalive caddy.Duration `json:"keepalive,omitempty"`
+	// Resume lets a CDP client whose session ended from its side (its
+	// close frame, or its connection dropping) take the same browser back
+	// within a window, by its session ID. Default: off.
+	Resume *ResumeConfig `json:"resume,omitempty"`
+	// ResumeKey binds each resumable session to the value this
+	// placeholder had for its client (e.g. {http.auth.user.id}): only a
+	// client with the same value resumes it. Needs Resume. Default: none,
+	// the session ID alone.
+	ResumeKey string `json:"resume_key,omitempty"`
 
 	// given holds the options stated explicitly (see explicit).
 	given explicit
@@ -523,6 +532,7 @@ func (h *Handler) validateOwn() error {
 	if err := validateForwardHeaders(h.ForwardHeaders); err != nil {
 		errs = append(errs, badOpt("forward_headers", "%v", err))
 	}
+	errs = append(errs, h.Resume.validate(), h.validateResumeKey())
 	if len(h.Providers) == 0 {
 		errs = append(errs, &optionError{msg: "no providers: declare at least one provider", whole: true})
 	}

@@ -86,6 +86,10 @@ type opStatusDoc struct {
 	Providers []opProvider `json:"providers"`
 	Queues    []opQueue    `json:"queues"`
 	Clients   []opClient   `json:"clients"`
+	Parked    struct {
+		Sessions int `json:"sessions"`
+		Held     int `json:"held"`
+	} `json:"parked"`
 }
 
 // opClient is a client_limit key's entry.
@@ -139,7 +143,7 @@ func opStatus(t *testing.T, g *testgw.Gateway) (opStatusDoc, []byte) {
 		t.Fatalf("status: %d %s", code, body)
 	}
 	var doc opStatusDoc
-	opStrict(t, body, &doc, []string{"clients", "providers", "queues"})
+	opStrict(t, body, &doc, []string{"clients", "parked", "providers", "queues"})
 	var raw struct {
 		Providers []map[string]json.RawMessage `json:"providers"`
 		Queues    []map[string]json.RawMessage `json:"queues"`

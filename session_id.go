@@ -35,9 +35,10 @@ const (
 	PlaceholderQueueWaitMS = "http.browser_failover.queue_wait_ms"
 )
 
-// sessionIDBytes is the randomness of a session ID: 96 bits, 16 characters
-// of URL-safe base64.
-const sessionIDBytes = 12
+// sessionIDBytes is the randomness of a session ID: 128 bits, 22
+// characters of URL-safe base64. With resume on, an ID alone takes a
+// parked session back, so it must not be guessable.
+const sessionIDBytes = 16
 
 // newSessionID returns a fresh random session ID.
 func newSessionID() string {

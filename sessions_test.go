@@ -33,7 +33,7 @@ import (
 
 // sessionIDForm is what a session ID looks like: URL-safe base64 of at
 // least 64 bits.
-var sessionIDForm = regexp.MustCompile(`^[A-Za-z0-9_-]{11,}$`)
+var sessionIDForm = regexp.MustCompile(`^[A-Za-z0-9_-]{22}$`)
 
 func checkID(t *testing.T, id string) {
 	t.Helper()

@@ -316,7 +316,9 @@ const (
 	ReasonRelayed      = "relayed"
 	ReasonUnservable   = "unservable"
 	ReasonClientLimit  = "client_limit"
-	reasonOther        = "other"
+	// ReasonResume: a resume that could not be served (410, 409).
+	ReasonResume = "resume"
+	reasonOther  = "other"
 )
 
 // ReasonWord maps why a client was rejected, as the handler words it in its
@@ -332,6 +334,9 @@ func ReasonWord(why string) string {
 		return ReasonNoProvider
 	case ReasonRelayed, ReasonUnservable, ReasonClientLimit:
 		return why
+	}
+	if strings.HasPrefix(why, ReasonResume) {
+		return ReasonResume
 	}
 	return reasonOther
 }

@@ -152,3 +152,19 @@ func CloseAll(code int, reason string, deadline time.Time) {
 		}
 	}
 }
+
+// RenameSession gives the live session s a new ID and client address (a
+// held session joined by a resuming client).
+func RenameSession(s *upstreams.Session, id, remoteIP string) {
+	sessionsMu.Lock()
+	defer sessionsMu.Unlock()
+	e, ok := sessions[s]
+	if !ok {
+		return
+	}
+	if sessionIDs[e.ID] == e {
+		delete(sessionIDs, e.ID)
+	}
+	e.ID, e.RemoteIP = id, remoteIP
+	sessionIDs[id] = e
+}

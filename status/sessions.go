@@ -38,6 +38,12 @@ type Session struct {
 	// Attempts counts the provider attempts its way took, the successful
 	// one included.
 	Attempts int `json:"attempts"`
+	// Parked is set while the session's client has left it and it may be
+	// resumed, until ResumableUntil (UTC). A held parked session keeps its
+	// provider connection and slot; one that is not held has no
+	// connection: its duration and bytes are those it had when parked.
+	Parked         bool       `json:"parked"`
+	ResumableUntil *time.Time `json:"resumable_until,omitempty"`
 }
 
 // sessionOf builds a registry entry's Session object, its duration and
@@ -59,17 +65,52 @@ func sessionOf(e pool.LiveSession) Session {
 		c := e.Client
 		out.Client = &c
 	}
+	if p, ok := pool.ParkedByID(e.ID); ok && p.Held == e.Session {
+		out.Parked = true
+		until := p.Until.UTC()
+		out.ResumableUntil = &until
+	}
 	return out
 }
 
-// ListSessions returns this node's live sessions, oldest first (never a
-// nil list). It reads the session registry and each session's counters,
+// parkedOf builds the Session object of a parked session that is not
+// held (it has no connection).
+func parkedOf(p pool.Parked) Session {
+	until := p.Until.UTC()
+	out := Session{
+		ID:             p.ID,
+		Provider:       p.Provider,
+		Protocol:       p.Protocol,
+		Started:        p.Started.UTC(),
+		DurationMS:     p.Parked.Sub(p.Started).Milliseconds(),
+		BytesUp:        p.BytesUp,
+		BytesDown:      p.BytesDown,
+		RemoteIP:       p.RemoteIP,
+		Parked:         true,
+		ResumableUntil: &until,
+	}
+	if p.Client != "" {
+		c := p.Client
+		out.Client = &c
+	}
+	return out
+}
+
+// ListSessions returns this node's live sessions and then its parked
+// sessions that are not held, each oldest first (never a nil list). It
+// reads the session and resume registries and each session's counters,
 // nothing else.
 func ListSessions() Sessions {
 	live := pool.Sessions()
-	out := Sessions{Sessions: make([]Session, 0, len(live))}
+	parked := pool.ParkedSessions()
+	out := Sessions{Sessions: make([]Session, 0, len(live)+len(parked))}
 	for _, e := range live {
 		out.Sessions = append(out.Sessions, sessionOf(e))
+	}
+	for _, p := range parked {
+		if p.Held == nil {
+			out.Sessions = append(out.Sessions, parkedOf(p))
+		}
 	}
 	return out
 }
@@ -84,12 +125,19 @@ const endWait = 2 * upstreams.CloseWait
 // session to end, so that its slot and client_limit share are free when it
 // returns, and returns the session's object as of then. An unknown ID is
 // an ErrNotFound.
+//
+// A parked session is ended too: a held one like a live one (its
+// provider gets the close frame), one that is not held is no longer
+// resumable (and a provider session created for it is released).
 func EndSession(id string) (Session, error) {
 	e, found, _ := pool.EndSession(id, endWait)
-	if !found {
-		return Session{}, fmt.Errorf("%w: no live session %q", ErrNotFound, id)
+	if found {
+		return sessionOf(e), nil
 	}
-	return sessionOf(e), nil
+	if p, ok := pool.DropParked(id); ok {
+		return parkedOf(p), nil
+	}
+	return Session{}, fmt.Errorf("%w: no live or parked session %q", ErrNotFound, id)
 }
 
 func (Admin) handleSessions(w http.ResponseWriter, r *http.Request) error {

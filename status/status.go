@@ -75,6 +75,16 @@ type Status struct {
 	// otherwise. While it is down the status still answers at once, with
 	// the local figures.
 	SharedStateUp *bool `json:"shared_state_up,omitempty"`
+	// Parked counts the sessions that may be resumed now (their clients
+	// left them within the resume window), and Held those of them whose
+	// provider connection is kept open.
+	Parked Parked `json:"parked"`
+}
+
+// Parked counts this node's resumable sessions.
+type Parked struct {
+	Sessions int `json:"sessions"`
+	Held     int `json:"held"`
 }
 
 // Client is one client_limit key value in use, counted over every handler
@@ -247,6 +257,7 @@ func Snapshot() Status {
 		st.Providers = append(st.Providers, local(p, clusters))
 	}
 	st.SharedStateUp = up
+	st.Parked.Sessions, st.Parked.Held = pool.ParkedCount()
 	return st
 }
 

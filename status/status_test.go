@@ -82,6 +82,7 @@ func TestAdminRoutes(t *testing.T) {
 		Providers []Provider `json:"providers"`
 		Queues    []Queue    `json:"queues"`
 		Clients   []Client   `json:"clients"`
+		Parked    Parked     `json:"parked"`
 	}
 	dec := json.NewDecoder(bytes.NewReader(rec.Body.Bytes()))
 	dec.DisallowUnknownFields()

@@ -44,6 +44,9 @@ type Conn struct {
 	// session API (nil without one): Close, CloseLost and Release release
 	// it.
 	Remote *Remote
+	// Point is where the connection was made, to come back to the same
+	// browser (resume.go).
+	Point ResumePoint
 }
 
 // Close closes the connection and releases its provider session, if any.
@@ -108,8 +111,16 @@ func (p *Provider) attempt(ctx, actx context.Context, deadline time.Time, hs *Ha
 		}
 		path, query, rawQuery, host = dpath, dquery, "", dhost
 	}
-	t := p.wsTarget(hs, path, query, rawQuery, host)
+	return p.upgrade(ctx, actx, deadline, hs, p.wsTarget(hs, path, query, rawQuery, host), replace)
+}
 
+// upgrade dials p and sends the upgrade to t, within actx (ctx is the
+// client's).
+func (p *Provider) upgrade(ctx, actx context.Context, deadline time.Time, hs *Handshake, t target, replace func(string) string) Result {
+	fail := func(err error) Result {
+		word, kind := ClassifyError(err, errors.Is(ctx.Err(), context.Canceled))
+		return Result{Outcome: Outcome{Word: word, Kind: kind, Err: err}}
+	}
 	conn, err := p.dial(actx)
 	if err != nil {
 		return fail(err)
@@ -156,7 +167,7 @@ func (p *Provider) attempt(ctx, actx context.Context, deadline time.Time, hs *Ha
 			return Result{Outcome: Outcome{Word: word, Kind: kind, Err: err}}
 		}
 		conn.SetDeadline(time.Time{})
-		c := &Conn{Conn: conn, Answer: ans}
+		c := &Conn{Conn: conn, Answer: ans, Point: ResumePoint{Host: t.host, URI: t.requestURI}}
 		if n := br.Buffered(); n > 0 {
 			c.Leftover = make([]byte, n)
 			br.Read(c.Leftover)

@@ -99,6 +99,8 @@ type SessionOptions struct {
 	Keepalive time.Duration
 	// OnEnd is called once, after both connections are closed.
 	OnEnd func(*Session)
+	Hold   bool
+	OnPark func(*Session)
 }
 
 // NewSession prepares the relay between client and the upstream connection

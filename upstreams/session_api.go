@@ -525,6 +525,7 @@ func (p *Provider) connectAPI(ctx, actx context.Context, deadline time.Time, hs 
 	res := t.attempt(ctx, actx, deadline, hs, replace)
 	if res.Outcome.Kind == Success {
 		res.Conn.Remote = c.remote
+		res.Conn.Point.ConnectURL = c.connectURL
 	} else {
 		c.remote.Release()
 	}

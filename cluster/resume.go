@@ -1,0 +1,96 @@
+package cluster
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Resumable sessions shared by every node: a session that ended from its
+// client's side is kept under <prefix>resume:<id>:<key> for its resume
+// window (PX), where key is the hashed resume key it is bound to ("-" for
+// none), so a resume with another key finds nothing and leaves the entry
+// for its owner. The value is the caller's (the provider and where its
+// browser was dialled), opaque here. Taking one is one script: read,
+// remaining time and delete at once, so each ID is resumed at most once
+// across nodes.
+
+func (s *Store) resumeKey(id, key string) string {
+	if key == "" {
+		key = "-"
+	}
+	return s.cfg.KeyPrefix + "resume:" + id + ":" + key
+}
+
+// ParkResume keeps value for id under key for window. Errors wrap
+// ErrUnavailable.
+func (s *Store) ParkResume(ctx context.Context, id, key string, value []byte, window time.Duration) error {
+	const op = "park a resumable session"
+	if s.isClosed() {
+		return s.fail(op, errClosed)
+	}
+	if window <= 0 {
+		return nil
+	}
+	ctx, cancel := s.ctx(ctx)
+	defer cancel()
+	if err := s.rdb.Set(ctx, s.resumeKey(id, key), value, window).Err(); err != nil {
+		return s.fail(op, err)
+	}
+	return nil
+}
+
+// ClaimResume takes the entry of id under key: its value and how long its
+// window had left. ok is false when there is none (unknown, over, taken
+// by another node, or bound to another key). Errors wrap ErrUnavailable.
+func (s *Store) ClaimResume(ctx context.Context, id, key string) (value []byte, left time.Duration, ok bool, err error) {
+	const op = "claim a resumable session"
+	if s.isClosed() {
+		return nil, 0, false, s.fail(op, errClosed)
+	}
+	ctx, cancel := s.ctx(ctx)
+	defer cancel()
+	res, err := claimResumeScript.Run(ctx, s.rdb, []string{s.resumeKey(id, key)}).Slice()
+	if errors.Is(err, redis.Nil) {
+		return nil, 0, false, nil
+	}
+	if err != nil {
+		return nil, 0, false, s.fail(op, err)
+	}
+	if len(res) != 2 {
+		return nil, 0, false, s.fail(op, errors.New("unexpected answer"))
+	}
+	v, _ := res[0].(string)
+	ms, _ := res[1].(int64)
+	if ms <= 0 {
+		return nil, 0, false, nil
+	}
+	return []byte(v), time.Duration(ms) * time.Millisecond, true, nil
+}
+
+// DropResume deletes the entry of id under key, if any (resumed or ended
+// on this node). Errors wrap ErrUnavailable.
+func (s *Store) DropResume(ctx context.Context, id, key string) error {
+	const op = "drop a resumable session"
+	if s.isClosed() {
+		return s.fail(op, errClosed)
+	}
+	ctx, cancel := s.ctx(ctx)
+	defer cancel()
+	if err := s.rdb.Del(ctx, s.resumeKey(id, key)).Err(); err != nil {
+		return s.fail(op, err)
+	}
+	return nil
+}
+
+// claimResumeScript returns {value, pttl} of KEYS[1] and deletes it, or
+// nil when it does not exist.
+var claimResumeScript = redis.NewScript(`
+local v = redis.call('GET', KEYS[1])
+if not v then return false end
+local t = redis.call('PTTL', KEYS[1])
+redis.call('DEL', KEYS[1])
+return {v, t}
+`)

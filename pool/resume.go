@@ -1,0 +1,230 @@
+package pool
+
+import (
+	"cmp"
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/hex"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/browserfailover/caddy-browser-failover/queue"
+	"github.com/browserfailover/caddy-browser-failover/upstreams"
+)
+
+// The resume registry: sessions that ended from their client's side (its
+// close frame, or its connection dropping) and that the client may take
+// back within a window, by their session ID. A session without hold is
+// parked here once its provider connection is closed: only where it was
+// is kept (the provider, the URL dialled), to dial the same browser
+// again. A held session keeps its provider connection open, and its slot,
+// and is parked here as well while no client is joined to it. Each ID is
+// taken back at most once, and only with the key it was parked under.
+// Entries are process-wide: reloads keep them. Their windows run on Clock.
+
+// Parked is one resumable session.
+type Parked struct {
+	// ID is the session's ID: what the client resumes with.
+	ID string
+	// Provider is the provider's name.
+	Provider string
+	// Protocol is what the client spoke (only cdp sessions are parked).
+	Protocol string
+	// Point is where the provider connection was made.
+	Point upstreams.ResumePoint
+	// Key is the hashed resume key it was parked under ("" when the
+	// handler binds resumes to no key).
+	Key string
+	// Started is when the session was first established; Parked when it
+	// was parked; Until the end of its window.
+	Started, Parked, Until time.Time
+	// Client and RemoteIP are the session's, as the sessions list shows
+	// them.
+	Client, RemoteIP string
+	// BytesUp and BytesDown are what the session relayed before it was
+	// parked (a held session's live counters are read from Held).
+	BytesUp, BytesDown int64
+	// CloseCode is the code of the client's close frame (1001 when its
+	// connection dropped).
+	CloseCode int
+	// Held is the session kept open with its provider (nil without hold).
+	Held *upstreams.Session
+	// Remote is the provider session created over a session API, whose
+	// release waits for the window's end (nil without one).
+	Remote *upstreams.Remote
+	// Shared tells that the entry is also in the shared store.
+	Shared bool
+	// Data is the parker's own, given back with the entry.
+	Data any
+
+	timer  queue.Timer
+	expire func(*Parked)
+}
+
+var (
+	parkedMu sync.Mutex
+	parked   = map[string]*Parked{}
+)
+
+// Park registers e until e.Until. When the window ends unclaimed, e leaves
+// the registry and expire is called with it (in its own goroutine), to
+// release what it holds.
+func Park(e *Parked, expire func(*Parked)) {
+	parkedMu.Lock()
+	defer parkedMu.Unlock()
+	if old, ok := parked[e.ID]; ok && old != e {
+		old.timer.Stop()
+	}
+	e.expire = expire
+	parked[e.ID] = e
+	e.arm()
+}
+
+// arm starts e's window timer (parkedMu held).
+func (e *Parked) arm() {
+	e.timer = Clock.AfterFunc(e.Until.Sub(now()), func() {
+		parkedMu.Lock()
+		if parked[e.ID] != e {
+			parkedMu.Unlock()
+			return
+		}
+		delete(parked, e.ID)
+		parkedMu.Unlock()
+		if e.expire != nil {
+			e.expire(e)
+		}
+	})
+}
+
+// ClaimParked takes the entry id out of the registry for a resume: only while
+// its window runs and only with the key it was parked under. A wrong key
+// leaves it in place. The caller gives it back with Unclaim when the
+// resume cannot go on for a reason that is not the client's.
+func ClaimParked(id, key string) (*Parked, bool) {
+	parkedMu.Lock()
+	defer parkedMu.Unlock()
+	e, ok := parked[id]
+	if !ok || e.Key != key || !now().Before(e.Until) {
+		return nil, false
+	}
+	delete(parked, id)
+	e.timer.Stop()
+	return e, true
+}
+
+// Unclaim puts back an entry ClaimParked took, for the rest of its window. It
+// reports false, and calls its expire, when the window has ended
+// meanwhile.
+func Unclaim(e *Parked) bool {
+	parkedMu.Lock()
+	if !now().Before(e.Until) {
+		parkedMu.Unlock()
+		if e.expire != nil {
+			e.expire(e)
+		}
+		return false
+	}
+	parked[e.ID] = e
+	e.arm()
+	parkedMu.Unlock()
+	return true
+}
+
+// Unpark removes the entry id whatever its key (an operator ended it, or
+// its held session ended on its own) and returns it; its expire is not
+// called.
+func Unpark(id string) (*Parked, bool) {
+	parkedMu.Lock()
+	defer parkedMu.Unlock()
+	e, ok := parked[id]
+	if !ok {
+		return nil, false
+	}
+	delete(parked, id)
+	e.timer.Stop()
+	return e, true
+}
+
+// ParkedByID finds a parked entry, for the sessions list.
+func ParkedByID(id string) (Parked, bool) {
+	parkedMu.Lock()
+	defer parkedMu.Unlock()
+	e, ok := parked[id]
+	if !ok {
+		return Parked{}, false
+	}
+	return *e, true
+}
+
+// ParkedSessions lists the parked entries, oldest first.
+func ParkedSessions() []Parked {
+	parkedMu.Lock()
+	out := make([]Parked, 0, len(parked))
+	for _, e := range parked {
+		out = append(out, *e)
+	}
+	parkedMu.Unlock()
+	slices.SortFunc(out, func(a, b Parked) int {
+		if c := a.Started.Compare(b.Started); c != 0 {
+			return c
+		}
+		return cmp.Compare(a.ID, b.ID)
+	})
+	return out
+}
+
+// ParkedCount counts the parked entries, and those of them held open.
+func ParkedCount() (all, held int) {
+	parkedMu.Lock()
+	defer parkedMu.Unlock()
+	for _, e := range parked {
+		all++
+		if e.Held != nil {
+			held++
+		}
+	}
+	return all, held
+}
+
+// ExpireAll ends every window now (the process is exiting): each entry
+// leaves the registry and its expire runs before ExpireAll returns.
+func ExpireAll() {
+	parkedMu.Lock()
+	all := make([]*Parked, 0, len(parked))
+	for id, e := range parked {
+		e.timer.Stop()
+		delete(parked, id)
+		all = append(all, e)
+	}
+	parkedMu.Unlock()
+	for _, e := range all {
+		if e.expire != nil {
+			e.expire(e)
+		}
+	}
+}
+
+// ResumeKeyHash is how a resume key value is kept: the whole HMAC-SHA256
+// keyed with the deployment's secret, hex (the same on every node). The
+// value itself (a user id, a token) is never kept.
+func ResumeKeyHash(value string) string {
+	m := hmac.New(sha256.New, *keySecret.Load())
+	m.Write([]byte("resume\x00"))
+	m.Write([]byte(value))
+	return hex.EncodeToString(m.Sum(nil))
+}
+
+// DropParked ends the entry id now, as an operator asked: it leaves the
+// registry and its expire runs (a held session is closed, a created
+// provider session released).
+func DropParked(id string) (Parked, bool) {
+	e, ok := Unpark(id)
+	if !ok {
+		return Parked{}, false
+	}
+	if e.expire != nil {
+		e.expire(e)
+	}
+	return *e, true
+}

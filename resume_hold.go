@@ -1,0 +1,151 @@
+package browserfailover
+
+import (
+	"net/http"
+	"strings"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/browserfailover/caddy-browser-failover/observe"
+	"github.com/browserfailover/caddy-browser-failover/pool"
+	"github.com/browserfailover/caddy-browser-failover/upstreams"
+)
+
+// joinHeld joins the resuming client to a held session: the gateway
+// answers its upgrade itself (the provider's has been given once), with
+// the subprotocol the session speaks, and the session goes on with it at
+// a frame boundary. A client that cannot take the session as it is (it
+// does not offer its subprotocol, or the session negotiated an extension
+// such as compression, whose state a new connection cannot share) gets
+// 409 and the session stays parked.
+func (c *connect) joinHeld(e *pool.Parked) {
+	pk, _ := e.Data.(*parking)
+	s := e.Held
+	if pk == nil || !s.Parked() {
+		c.refuseResume(resumeFailure{observe.ResumeUnknown, http.StatusGone, "the session has ended"})
+		return
+	}
+	conflict := func(msg string) {
+		pool.Unclaim(e)
+		c.refuseResume(resumeFailure{observe.ResumeConflict, http.StatusConflict, msg})
+	}
+	if ext := pk.answer.Header.Get("Sec-Websocket-Extensions"); ext != "" {
+		conflict("the session negotiated a WebSocket extension (" + extensionNames(ext) + "): a new connection cannot join it")
+		return
+	}
+	sub := pk.answer.Header.Get("Sec-Websocket-Protocol")
+	if sub != "" && !offersProtocol(c.r.Header, sub) {
+		conflict("the session speaks the subprotocol " + sub + ": ask for it to resume")
+		return
+	}
+	c.finished = true
+	c.learnt(e.Provider)
+	c.add(attempt{Provider: e.Provider, Outcome: upstreams.WordOK})
+	pk.mu.Lock()
+	pk.id, pk.remoteIP = c.id, remoteIP(c.r)
+	pk.joined = make(chan struct{})
+	joined := pk.joined
+	pk.mu.Unlock()
+	pool.RenameSession(s, c.id, pk.remoteIP)
+
+	var client netConn
+	var pending []byte
+	if c.hs.ExtendedConnect {
+		hd := c.w.Header()
+		if sub != "" {
+			hd.Set("Sec-Websocket-Protocol", sub)
+		}
+		hd.Set(SessionHeader, c.id)
+		rc := http.NewResponseController(c.w)
+		sc := newStreamConn(c.r, c.w, rc)
+		c.w.WriteHeader(http.StatusOK)
+		if err := rc.Flush(); err != nil {
+			pk.left()
+			c.resumeBroke(e, err)
+			return
+		}
+		client = sc
+	} else {
+		conn, brw, err := http.NewResponseController(c.w).Hijack()
+		if err != nil {
+			c.resumeBroke(e, err)
+			return
+		}
+		conn.SetDeadline(time.Time{})
+		if n := brw.Reader.Buffered(); n > 0 {
+			pending = make([]byte, n)
+			brw.Read(pending)
+		}
+		if _, err := conn.Write(switching(c.hs.Key, sub, c.id)); err != nil {
+			conn.Close()
+			c.resumeBroke(e, err)
+			return
+		}
+		client = conn
+	}
+	if err := s.Resume(client, pending); err != nil {
+		client.Close()
+		c.resumeBroke(e, err)
+		return
+	}
+	observe.Resume(observe.ResumeOK)
+	c.h.logger.Info("session resumed", zap.String("session_id", c.id), zap.String("resumed_from", e.ID),
+		zap.String("provider", e.Provider), zap.Bool("held", true))
+	if c.hs.ExtendedConnect {
+		// The stream lives as long as this request: until the client
+		// leaves again, or the session ends.
+		select {
+		case <-joined:
+		case <-s.Done():
+		}
+	}
+}
+
+// resumeBroke notes a held session that could not be joined after all:
+// it ended meanwhile, or the client's connection failed.
+func (c *connect) resumeBroke(e *pool.Parked, err error) {
+	observe.Resume(observe.ResumeRefused)
+	c.h.logger.Info("resume failed", zap.String("session_id", c.id), zap.String("resumed_from", e.ID),
+		zap.String("provider", e.Provider), zap.Error(err))
+}
+
+// switching is the gateway's own 101 to a client joining a held session.
+func switching(key, subprotocol, id string) []byte {
+	b := make([]byte, 0, 256)
+	b = append(b, "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Accept: "...)
+	b = append(b, upstreams.AcceptFor(key)...)
+	if subprotocol != "" {
+		b = append(b, "\r\nSec-WebSocket-Protocol: "...)
+		b = append(b, subprotocol...)
+	}
+	b = append(b, "\r\n"+SessionHeader+": "...)
+	b = append(b, id...)
+	return append(b, "\r\n\r\n"...)
+}
+
+// offersProtocol reports whether the client's handshake offers the
+// subprotocol want.
+func offersProtocol(h http.Header, want string) bool {
+	for _, v := range h.Values("Sec-Websocket-Protocol") {
+		for _, p := range strings.Split(v, ",") {
+			if strings.TrimSpace(p) == want {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// extensionNames lists the extension names of a Sec-WebSocket-Extensions
+// value, without their parameters.
+func extensionNames(v string) string {
+	var names []string
+	for _, ext := range strings.Split(v, ",") {
+		name, _, _ := strings.Cut(ext, ";")
+		if name = strings.TrimSpace(name); name != "" {
+			names = append(names, name)
+		}
+	}
+	return strings.Join(names, ", ")
+}
