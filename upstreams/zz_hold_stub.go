@@ -7,7 +7,10 @@ import (
 
 // TEMPORARY: replaced by the hold branch.
 
-func (s *Session) ClientEnded() bool                           { return false }
+func (s *Session) ClientEnded() bool {
+	r := s.Reason()
+	return r == EndClientClosed || r == EndClientError
+}
 func (s *Session) ClientCloseCode() int                        { return 1001 }
 func (s *Session) Parked() bool                                { return false }
 func (s *Session) Resume(client net.Conn, pending []byte) error { return errors.New("stub") }

@@ -1,0 +1,521 @@
+package browserfailover_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/coder/websocket"
+
+	"github.com/browserfailover/caddy-browser-failover/internal/fakes"
+	"github.com/browserfailover/caddy-browser-failover/internal/testgw"
+	"github.com/browserfailover/caddy-browser-failover/pool"
+)
+
+// fakeBrowser is a provider that behaves like Chrome for what resume needs:
+// /json/version names its browser's DevTools URL, and the browser's state
+// (one value, set and read over the WebSocket) outlives a connection to it.
+// With killOnClose it is like a provider that ends the browser when its
+// connection closes: the state is gone and the old URL answers 404.
+type fakeBrowser struct {
+	name        string
+	killOnClose bool
+	contacts    *fakes.Contacts
+
+	mu       sync.Mutex
+	id       int
+	value    string
+	conns    int // WebSocket connections accepted
+	closes   []int
+	srv      *http.Server
+	addr     string
+	upgrades int
+	lastURI  string
+	// failing: /json/version answers 500 (a provider that is down).
+	failing bool
+}
+
+func startFakeBrowser(t *testing.T, name string, contacts *fakes.Contacts, killOnClose bool) *fakeBrowser {
+	t.Helper()
+	b := &fakeBrowser{name: name, killOnClose: killOnClose, contacts: contacts, id: 1}
+	mux := http.NewServeMux()
+	mux.HandleFunc("/json/version", func(w http.ResponseWriter, r *http.Request) {
+		b.mu.Lock()
+		id, failing := b.id, b.failing
+		b.mu.Unlock()
+		if failing {
+			http.Error(w, "down", http.StatusInternalServerError)
+			return
+		}
+		fmt.Fprintf(w, `{"Browser":"Fake/1","webSocketDebuggerUrl":"ws://%s/devtools/browser/%s-%d"}`, r.Host, name, id)
+	})
+	mux.HandleFunc("/devtools/browser/", func(w http.ResponseWriter, r *http.Request) {
+		b.contacts.Add(name)
+		b.mu.Lock()
+		b.upgrades++
+		b.lastURI = r.RequestURI
+		want := fmt.Sprintf("%s-%d", name, b.id)
+		b.mu.Unlock()
+		if strings.TrimPrefix(r.URL.Path, "/devtools/browser/") != want {
+			http.Error(w, "no such browser", http.StatusNotFound)
+			return
+		}
+		c, err := websocket.Accept(w, r, &websocket.AcceptOptions{CompressionMode: websocket.CompressionDisabled})
+		if err != nil {
+			return
+		}
+		b.mu.Lock()
+		b.conns++
+		b.mu.Unlock()
+		b.serve(c)
+	})
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.addr = ln.Addr().String()
+	b.srv = &http.Server{Handler: mux}
+	go b.srv.Serve(ln)
+	t.Cleanup(func() { b.srv.Close() })
+	return b
+}
+
+// serve answers "set <v>", "get" and "who" until the connection ends.
+func (b *fakeBrowser) serve(c *websocket.Conn) {
+	defer c.CloseNow()
+	ctx := context.Background()
+	for {
+		_, msg, err := c.Read(ctx)
+		if err != nil {
+			b.mu.Lock()
+			b.closes = append(b.closes, int(websocket.CloseStatus(err)))
+			if b.killOnClose {
+				b.id++
+				b.value = ""
+			}
+			b.mu.Unlock()
+			return
+		}
+		var reply string
+		switch m := string(msg); {
+		case strings.HasPrefix(m, "set "):
+			b.mu.Lock()
+			b.value = strings.TrimPrefix(m, "set ")
+			b.mu.Unlock()
+			reply = "ok"
+		case m == "get":
+			b.mu.Lock()
+			reply = b.value
+			b.mu.Unlock()
+		case m == "who":
+			reply = b.name
+		}
+		if err := c.Write(ctx, websocket.MessageText, []byte(reply)); err != nil {
+			return
+		}
+	}
+}
+
+func (b *fakeBrowser) url() string { return "http://" + b.addr }
+
+func (b *fakeBrowser) setFailing(on bool) {
+	b.mu.Lock()
+	b.failing = on
+	b.mu.Unlock()
+}
+
+func (b *fakeBrowser) uri() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.lastURI
+}
+
+func (b *fakeBrowser) closeCodes() []int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return append([]int(nil), b.closes...)
+}
+
+// ask sends msg and returns the answer.
+func ask(t *testing.T, c *websocket.Conn, msg string) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := c.Write(ctx, websocket.MessageText, []byte(msg)); err != nil {
+		t.Fatalf("write %q: %v", msg, err)
+	}
+	_, got, err := c.Read(ctx)
+	if err != nil {
+		t.Fatalf("read the answer to %q: %v", msg, err)
+	}
+	return string(got)
+}
+
+// resumeConnect dials the gateway and returns the connection and its
+// session ID.
+func resumeConnect(t *testing.T, url string, h http.Header) (*websocket.Conn, string) {
+	t.Helper()
+	c, resp, err := dial(t, url, &websocket.DialOptions{HTTPHeader: h})
+	if err != nil {
+		t.Fatalf("dial %s: %v", url, err)
+	}
+	id := resp.Header.Get("Browser-Failover-Session")
+	if id == "" {
+		t.Fatal("no session ID on the 101")
+	}
+	return c, id
+}
+
+// resumeRefused dials a resume that must be refused with status, and
+// returns the JSON error.
+func resumeRefused(t *testing.T, url string, h http.Header, status int) string {
+	t.Helper()
+	c, resp, err := dial(t, url, &websocket.DialOptions{HTTPHeader: h})
+	if err == nil {
+		c.CloseNow()
+		t.Fatalf("resume at %s was served, want %d", url, status)
+	}
+	if resp == nil || resp.StatusCode != status {
+		t.Fatalf("resume at %s: %v (response %v), want %d", url, err, resp, status)
+	}
+	var body struct {
+		Error string `json:"error"`
+	}
+	json.NewDecoder(resp.Body).Decode(&body)
+	if body.Error == "" {
+		t.Fatalf("a %d without a JSON error", status)
+	}
+	return body.Error
+}
+
+// waitParked waits for the session id to be parked.
+func waitParked(t *testing.T, g *testgw.Gateway, id string) map[string]any {
+	t.Helper()
+	var e map[string]any
+	testgw.Eventually(t, 10*time.Second, "session "+id+" parked", func() bool {
+		for _, x := range g.LogEntries("session parked") {
+			if x["session_id"] == id {
+				e = x
+				return true
+			}
+		}
+		return false
+	})
+	return e
+}
+
+// TestResumeSameBrowser: a client whose connection drops, and one that
+// closes cleanly, take the same browser back with bf_resume (the query
+// item or the header), at the same provider whatever the strategy says,
+// with a new session ID each time; the query item never reaches the
+// provider.
+func TestResumeSameBrowser(t *testing.T) {
+	t.Cleanup(pool.ExpireAll)
+	var contacts fakes.Contacts
+	a := startFakeBrowser(t, "rs-a", &contacts, false)
+	b := startFakeBrowser(t, "rs-b", &contacts, false)
+	g := testgw.Start(t, handler(`"strategy":"round_robin","resume":{"window":"1m"}`,
+		provider("rs-a", a.url(), ""), provider("rs-b", b.url(), "")))
+
+	c, id := resumeConnect(t, g.WS("/"), nil)
+	first := ask(t, c, "who")
+	if ask(t, c, "set 42") != "ok" {
+		t.Fatal("set")
+	}
+	// The connection drops: no close frame.
+	c.CloseNow()
+	e := waitParked(t, g, id)
+	if e["provider"] != first || e["held"] != false {
+		t.Fatalf("parked entry %v", e)
+	}
+	contacts.Reset()
+
+	// The next fresh client would go to the other provider (round robin);
+	// the resume goes back.
+	c2, id2 := resumeConnect(t, g.WS("/?bf_resume="+id), nil)
+	if got := ask(t, c2, "who"); got != first {
+		t.Fatalf("resumed at %s, want %s", got, first)
+	}
+	if got := ask(t, c2, "get"); got != "42" {
+		t.Fatalf("the browser's state after resume: %q, want 42", got)
+	}
+	if id2 == id || len(id2) != 22 {
+		t.Fatalf("resumed session ID %q (first %q): want a new 22-character ID", id2, id)
+	}
+	if l := contacts.List(); len(l) != 1 || l[0] != first {
+		t.Fatalf("providers contacted for the resume: %v, want only %s", l, first)
+	}
+	res := g.LogEntries("session resumed")
+	if len(res) != 1 || res[0]["session_id"] != id2 || res[0]["resumed_from"] != id || res[0]["provider"] != first {
+		t.Fatalf("session resumed log: %v", res)
+	}
+
+	// A clean close, then the header form.
+	c2.Close(websocket.StatusNormalClosure, "bye")
+	waitParked(t, g, id2)
+	contacts.Reset()
+	c3, _ := resumeConnect(t, g.WS("/"), http.Header{"Browser-Failover-Resume": {id2}})
+	if got := ask(t, c3, "get"); got != "42" {
+		t.Fatalf("state after the second resume: %q", got)
+	}
+	if l := contacts.List(); len(l) != 1 || l[0] != first {
+		t.Fatalf("providers contacted for the second resume: %v", l)
+	}
+	c3.Close(websocket.StatusNormalClosure, "")
+
+	// Each ID resumes once.
+	resumeRefused(t, g.WS("/?bf_resume="+id), nil, http.StatusGone)
+	resumeRefused(t, g.WS("/?bf_resume="+id2), nil, http.StatusGone)
+}
+
+// TestResumeRefused: whatever cannot be resumed is answered 410 with a JSON
+// error, and no provider is contacted for it (none at all, or only the
+// session's own when it is asked and refuses): an unknown ID, a window that
+// is over, a second resume, another resume_key value, a Playwright client,
+// a route without resume, the provider drained or in cooldown (the window
+// goes on: the same ID resumes once the provider is back).
+func TestResumeRefused(t *testing.T) {
+	t.Cleanup(pool.ExpireAll)
+	var contacts fakes.Contacts
+	a := startFakeBrowser(t, "rr-a", &contacts, false)
+	b := startFakeBrowser(t, "rr-b", &contacts, false)
+	g := testgw.Start(t, handler(`"resume":{"window":"1m"},"resume_key":"{http.request.header.X-User}","queue":{"size":0},`+
+		`"cooldown":{"min_requests":1,"failure_threshold":0.1,"duration":"1s","max_duration":"1s"}`,
+		provider("rr-a", a.url(), `"priority":1,"pass_query":true`), provider("rr-b", b.url(), `"priority":2`)))
+	alice, bob := http.Header{"X-User": {"alice"}}, http.Header{"X-User": {"bob"}}
+
+	c, id := resumeConnect(t, g.WS("/?token=t1"), alice)
+	ask(t, c, "set 42")
+	c.CloseNow()
+	waitParked(t, g, id)
+	contacts.Reset()
+
+	refused := func(what, url string, h http.Header, status int) string {
+		t.Helper()
+		msg := resumeRefused(t, url, h, status)
+		if l := contacts.List(); len(l) != 0 {
+			t.Fatalf("%s: providers contacted: %v", what, l)
+		}
+		return msg
+	}
+	refused("unknown ID", g.WS("/?bf_resume=AAAAAAAAAAAAAAAAAAAAAA"), alice, http.StatusGone)
+	refused("another key", g.WS("/?bf_resume="+id), bob, http.StatusGone)
+	refused("no key", g.WS("/?bf_resume="+id), nil, http.StatusGone)
+	pw := http.Header{"X-User": {"alice"}, "X-Playwright-Browser": {"chromium"}}
+	if msg := refused("Playwright", g.WS("/?bf_resume="+id), pw, http.StatusGone); !strings.Contains(msg, "Playwright") {
+		t.Fatalf("Playwright refusal: %q", msg)
+	}
+
+	// Drained: refused, and the window goes on.
+	opAction(t, g, "rr-a", "drain")
+	if msg := refused("drained", g.WS("/?bf_resume="+id), alice, http.StatusGone); !strings.Contains(msg, "drained") {
+		t.Fatalf("drained refusal: %q", msg)
+	}
+	opAction(t, g, "rr-a", "undrain")
+
+	// In cooldown: a fresh client finds rr-a down and lands on rr-b; the
+	// resume is refused without trying rr-a or rr-b.
+	a.setFailing(true)
+	fresh, _ := resumeConnect(t, g.WS("/"), alice)
+	if got := ask(t, fresh, "who"); got != "rr-b" {
+		t.Fatalf("fresh client at %s", got)
+	}
+	fresh.Close(websocket.StatusNormalClosure, "")
+	contacts.Reset()
+	if msg := refused("cooldown", g.WS("/?bf_resume="+id), alice, http.StatusGone); !strings.Contains(msg, "cooldown") {
+		t.Fatalf("cooldown refusal: %q", msg)
+	}
+	a.setFailing(false)
+	testgw.Eventually(t, 10*time.Second, "rr-a's cooldown to end", func() bool {
+		p, ok := pool.Lookup("rr-a")
+		return ok && p.Health.Available()
+	})
+
+	// Still resumable, with the right key, at rr-a only, and the
+	// bf_resume item never reaches it (pass_query passes the rest).
+	c2, id2 := resumeConnect(t, g.WS("/?bf_resume="+id+"&token=t2"), alice)
+	if got := ask(t, c2, "get"); got != "42" {
+		t.Fatalf("state after resume: %q", got)
+	}
+	if l := contacts.List(); len(l) != 1 || l[0] != "rr-a" {
+		t.Fatalf("contacted for the resume: %v", l)
+	}
+	if u := a.uri(); strings.Contains(u, "bf_resume") || !strings.Contains(u, "token=t1") {
+		t.Fatalf("the resume dialled %q: want the first connection's URL, without bf_resume", u)
+	}
+	contacts.Reset()
+	refused("second resume", g.WS("/?bf_resume="+id), alice, http.StatusGone)
+
+	// A short window: over, then 410.
+	g.Reload(handler(`"resume":{"window":"300ms"}`, provider("rr-a", a.url(), ""), provider("rr-b", b.url(), "")))
+	c3, id3 := resumeConnect(t, g.WS("/"), nil)
+	ask(t, c3, "who")
+	c3.CloseNow()
+	c2.CloseNow()
+	waitParked(t, g, id3)
+	testgw.Eventually(t, 10*time.Second, "the window to end", func() bool {
+		for _, e := range g.LogEntries("resume window over") {
+			if e["session_id"] == id3 {
+				return true
+			}
+		}
+		return false
+	})
+	contacts.Reset()
+	refused("window over", g.WS("/?bf_resume="+id3), nil, http.StatusGone)
+	// The session parked under the old config's resume_key is bound to it
+	// still.
+	if t.Failed() {
+		return
+	}
+	defer func() {
+		if t.Failed() {
+			t.Log(g.Logs())
+		}
+	}()
+	refused("old key", g.WS("/?bf_resume="+id2), nil, http.StatusGone)
+
+	// A route without resume.
+	g.Reload(handler("", provider("rr-a", a.url(), "")))
+	if msg := refused("no resume here", g.WS("/?bf_resume="+id2), alice, http.StatusGone); !strings.Contains(msg, "not resumable") {
+		t.Fatalf("refusal without resume: %q", msg)
+	}
+	if _, ok := pool.ParkedByID(id2); !ok {
+		t.Fatalf("%s is no longer parked: its window goes on", id2)
+	}
+	if _, ok := pool.ParkedByID(id3); ok {
+		t.Fatalf("%s still parked after its window", id3)
+	}
+}
+
+// TestResumeSessionAPI: a session created over a provider's session API
+// is not released while parked; a resume dials the connect URL its create
+// answered, creating nothing; the session is released once, at the end of
+// the window after its last client left.
+func TestResumeSessionAPI(t *testing.T) {
+	t.Cleanup(pool.ExpireAll)
+	f, echo := echoREST(t)
+	g := testgw.Start(t, handler(`"resume":{"window":"1500ms"}`, apiProvider("rs-api", f, "")))
+	c, id := resumeConnect(t, g.WS("/"), nil)
+	echoOnce(t, c, []byte("one"))
+	c.CloseNow()
+	waitParked(t, g, id)
+	hits := echo.Hits.Load()
+	if b := f.Books(); len(b.Created) != 1 || len(b.Released) != 0 {
+		t.Fatalf("parked: created %d, released %d; want 1 and 0", len(b.Created), len(b.Released))
+	}
+
+	c2, id2 := resumeConnect(t, g.WS("/?bf_resume="+id), nil)
+	echoOnce(t, c2, []byte("two"))
+	if b := f.Books(); len(b.Created) != 1 || len(b.Released) != 0 {
+		t.Fatalf("resumed: created %d, released %d; want 1 and 0", len(b.Created), len(b.Released))
+	}
+	if echo.Hits.Load() != hits+1 {
+		t.Fatalf("the resume did not dial the created session's connect URL")
+	}
+	c2.Close(websocket.StatusNormalClosure, "")
+	waitParked(t, g, id2)
+	if b := f.Books(); len(b.Released) != 0 {
+		t.Fatal("released while parked")
+	}
+	// The window ends: released, once.
+	waitBooks(t, f, "rs-api", 1)
+	resumeRefused(t, g.WS("/?bf_resume="+id2), nil, http.StatusGone)
+	if b := f.Books(); len(b.Created) != 1 {
+		t.Fatalf("a refused resume created a session: %d", len(b.Created))
+	}
+}
+
+// TestResumeVisible: parked sessions in the status, the sessions list
+// (parked, resumable_until) and the metrics; an operator's DELETE ends a
+// parked session, which then cannot be resumed.
+func TestResumeVisible(t *testing.T) {
+	t.Cleanup(pool.ExpireAll)
+	var contacts fakes.Contacts
+	a := startFakeBrowser(t, "rv-a", &contacts, false)
+	g := testgw.Start(t, handler(`"resume":{"window":"1m"}`, provider("rv-a", a.url(), "")))
+	c, id := resumeConnect(t, g.WS("/"), nil)
+	ask(t, c, "set 1")
+	c.Close(websocket.StatusNormalClosure, "")
+	waitParked(t, g, id)
+
+	code, body, err := g.AdminDo(http.MethodGet, "/browser_failover/sessions", nil)
+	if err != nil || code != 200 {
+		t.Fatal(code, err)
+	}
+	var list struct {
+		Sessions []struct {
+			ID             string     `json:"id"`
+			Provider       string     `json:"provider"`
+			Parked         bool       `json:"parked"`
+			ResumableUntil *time.Time `json:"resumable_until"`
+			BytesUp        int64      `json:"bytes_up"`
+		} `json:"sessions"`
+	}
+	if err := json.Unmarshal(body, &list); err != nil {
+		t.Fatal(err)
+	}
+	found := false
+	for _, s := range list.Sessions {
+		if s.ID == id {
+			found = true
+			if !s.Parked || s.ResumableUntil == nil || s.Provider != "rv-a" || s.BytesUp == 0 ||
+				time.Until(*s.ResumableUntil) < 30*time.Second || time.Until(*s.ResumableUntil) > time.Minute {
+				t.Fatalf("parked session listed as %+v", s)
+			}
+		}
+	}
+	if !found {
+		t.Fatalf("parked session %s not listed: %s", id, body)
+	}
+	if strings.Contains(string(body), a.addr) || strings.Contains(string(body), "devtools") {
+		t.Fatalf("the sessions list shows where the browser is: %s", body)
+	}
+	var st struct {
+		Parked struct {
+			Sessions int `json:"sessions"`
+			Held     int `json:"held"`
+		} `json:"parked"`
+	}
+	_, sb, _ := g.AdminDo(http.MethodGet, "/browser_failover/status", nil)
+	if err := json.Unmarshal(sb, &st); err != nil || st.Parked.Sessions < 1 {
+		t.Fatalf("status parked: %s", sb)
+	}
+
+	// Resume once, refuse once: the metrics count both.
+	c2, id2 := resumeConnect(t, g.WS("/?bf_resume="+id), nil)
+	c2.Close(websocket.StatusNormalClosure, "")
+	resumeRefused(t, g.WS("/?bf_resume="+id), nil, http.StatusGone)
+	waitParked(t, g, id2)
+	_, m, _ := g.AdminDo(http.MethodGet, "/metrics", nil)
+	for _, want := range []string{
+		`caddy_browser_failover_resumes_total{result="resumed"}`,
+		`caddy_browser_failover_resumes_total{result="unknown"}`,
+		`caddy_browser_failover_parked_sessions{held="false"}`,
+		`caddy_browser_failover_rejections_total{reason="resume"}`,
+	} {
+		if !strings.Contains(string(m), want) {
+			t.Fatalf("metrics lack %s", want)
+		}
+	}
+
+	// The operator ends it.
+	code, body, _ = g.AdminDo(http.MethodDelete, "/browser_failover/sessions/"+id2, nil)
+	if code != 200 || !strings.Contains(string(body), `"parked":true`) {
+		t.Fatalf("DELETE of a parked session: %d %s", code, body)
+	}
+	if _, ok := pool.ParkedByID(id2); ok {
+		t.Fatal("still parked after DELETE")
+	}
+	resumeRefused(t, g.WS("/?bf_resume="+id2), nil, http.StatusGone)
+	code, _, _ = g.AdminDo(http.MethodDelete, "/browser_failover/sessions/"+id2, nil)
+	if code != 404 {
+		t.Fatalf("second DELETE: %d", code)
+	}
+}
