@@ -55,6 +55,12 @@ func dialAsync(ctx context.Context, url string) <-chan dialResult {
 	go func() {
 		start := time.Now()
 		c, resp, err := websocket.Dial(ctx, url, nil)
+		// A reload's listener swap can reset a connection before any
+		// answer (see dial): a real client tries again.
+		for try := 0; err != nil && resp == nil && try < 2 && resetBeforeAnswer(err) && ctx.Err() == nil; try++ {
+			time.Sleep(50 * time.Millisecond)
+			c, resp, err = websocket.Dial(ctx, url, nil)
+		}
 		r := dialResult{conn: c, err: err, elapsed: time.Since(start)}
 		if resp != nil {
 			r.status = resp.StatusCode
