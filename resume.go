@@ -313,6 +313,7 @@ func (c *connect) resume(id string) {
 // registry, or from the shared one.
 func (c *connect) claim(id string) (*pool.Parked, bool) {
 	key := c.resumeKey()
+	c.awaitLeaving(id)
 	e, ok := pool.ClaimParked(id, key)
 	sh := c.h.shared
 	if ok && !e.Shared {
@@ -346,6 +347,41 @@ func (c *connect) claim(id string) (*pool.Parked, bool) {
 	now := pool.Clock.Now()
 	return &pool.Parked{ID: id, Provider: sp.Provider, Protocol: string(upstreams.ProtocolCDP), Point: sp.Point,
 		Key: key, Started: sp.Started, Parked: now, Until: now.Add(left), Shared: true}, true
+}
+
+// leavingWait bounds how long a resume waits for the session it names to
+// finish ending: a client that reconnects at once after a drop often
+// arrives while the gateway is still closing its old session (it gives the
+// provider CloseWait to answer the close).
+const leavingWait = 2*upstreams.CloseWait + 500*time.Millisecond
+
+// awaitLeaving waits, a bounded time, while the session id is still live
+// and not parked, so that it is parked by the time the resume looks for
+// it. A session whose client is still connected stays live: the resume
+// then finds nothing to take.
+func (c *connect) awaitLeaving(id string) {
+	ls, ok := pool.SessionByID(id)
+	if !ok || ls.Session.Parked() {
+		return
+	}
+	t := time.NewTimer(leavingWait)
+	defer t.Stop()
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ls.Session.Done():
+			return
+		case <-tick.C:
+			if ls.Session.Parked() {
+				return
+			}
+		case <-t.C:
+			return
+		case <-c.r.Context().Done():
+			return
+		}
+	}
 }
 
 // giveBack puts a claimed entry back for the rest of its window: the

@@ -232,6 +232,7 @@ type soakStats struct {
 	tried, established, rejected, queuedGone, handshakeGone, heldGone atomic.Int64
 	badRequests, other, transportErrs, brokenSessions, echoed         atomic.Int64
 	flips, reloads, reloadErrs                                        atomic.Int64
+	resumes, resumed, resumeRefused                                   atomic.Int64
 	statuses                                                          sync.Map // int -> *atomic.Int64
 
 	goroutinesBefore, goroutinesAfter, fdsBefore, fdsAfter int
@@ -276,11 +277,12 @@ func (s *soakStats) log(t *testing.T, what string, d time.Duration) {
 	t.Logf("%s: %v of chaos; %d connections tried, %d sessions established (%d echoed, %d broken by a provider), "+
 		"%d rejections (503), %d bad requests (400), answers by status [%s], %d transport errors; "+
 		"clients vanished: %d mid-handshake, %d while queued/attempting, %d holding a session; "+
-		"%d provider mode flips, %d reloads (%d rejected); goroutines %d -> %d, fds %d -> %d",
+		"%d provider mode flips, %d reloads (%d rejected); %d resumes after a drop (%d resumed, %d refused); goroutines %d -> %d, fds %d -> %d",
 		what, d, s.tried.Load(), s.established.Load(), s.echoed.Load(), s.brokenSessions.Load(),
 		s.rejected.Load(), s.badRequests.Load(), s.statusList(), s.transportErrs.Load(),
 		s.handshakeGone.Load(), s.queuedGone.Load(), s.heldGone.Load(),
 		s.flips.Load(), s.reloads.Load(), s.reloadErrs.Load(),
+		s.resumes.Load(), s.resumed.Load(), s.resumeRefused.Load(),
 		s.goroutinesBefore, s.goroutinesAfter, s.fdsBefore, s.fdsAfter)
 	if len(s.transportErrSamples) > 0 {
 		t.Logf("%s: transport errors seen by clients (sample): %q", what, s.transportErrSamples)
@@ -332,6 +334,7 @@ type soakVariant struct {
 	maxSession bool
 	hedge      bool // hedge_after 40ms
 	quota      bool // client_limit 2 per X-Soak-Key
+	resume     int  // 0 off, 1 resume 400ms, 2 resume 400ms hold
 }
 
 var soakStrategies = []string{"priority", "round_robin", "least_conn", "weighted", "random", "latency"}
@@ -366,6 +369,12 @@ func (o *soakOpts) handlerJSON(fl []*flapper, v soakVariant) string {
 	if v.quota {
 		hx += `,"client_limit":{"key":"{http.request.header.X-Soak-Key}","limit":2}`
 	}
+	switch v.resume {
+	case 1:
+		hx += `,"resume":{"window":"400ms"}`
+	case 2:
+		hx += `,"resume":{"window":"400ms","hold":true}`
+	}
 	if o.handlerExtra != "" {
 		hx += "," + o.handlerExtra
 	}
@@ -373,7 +382,7 @@ func (o *soakOpts) handlerJSON(fl []*flapper, v soakVariant) string {
 }
 
 func (o *soakOpts) baseVariant() soakVariant {
-	v := soakVariant{strategy: "priority", drop: -1, queueSize: 16, queueMS: 800}
+	v := soakVariant{strategy: "priority", drop: -1, queueSize: 16, queueMS: 800, resume: 2}
 	for range o.providers {
 		v.maxConc = append(v.maxConc, 3)
 	}
@@ -389,6 +398,7 @@ func (o *soakOpts) randomVariant(rng *rand.Rand) soakVariant {
 		maxSession: rng.IntN(4) == 0,
 		hedge:      rng.IntN(2) == 0,
 		quota:      rng.IntN(2) == 0,
+		resume:     rng.IntN(3),
 	}
 	for range o.providers {
 		v.maxConc = append(v.maxConc, rng.IntN(5)) // 0: unlimited
@@ -576,6 +586,10 @@ func soakSettle(t *testing.T, g *testgw.Gateway, names []string, wait time.Durat
 				return false
 			}
 		}
+		if n, held := pool.ParkedCount(); n != 0 {
+			why = fmt.Sprintf("%d sessions parked (%d held)", n, held)
+			return false
+		}
 		if cl := pool.Clients(); len(cl) != 0 {
 			why = fmt.Sprintf("client quotas still counted: %+v", cl)
 			return false
@@ -650,11 +664,17 @@ func soakClient(g *testgw.Gateway, rng *rand.Rand, st *soakStats, onBody func(in
 			}
 			time.Sleep(time.Duration(rng.IntN(150)) * time.Millisecond)
 		}
-		if rng.IntN(4) == 0 {
+		drop := rng.IntN(4) == 0
+		if drop {
 			st.heldGone.Add(1)
 			c.CloseNow()
 		} else {
 			c.Close(websocket.StatusNormalClosure, "")
+		}
+		if rng.IntN(3) == 0 {
+			// Come back for it (with resume on, the same browser; off,
+			// or too late, or its provider unwell: 410).
+			soakResume(g, rng, st, resp.Header.Get("Browser-Failover-Session"), seen)
 		}
 	case p < 50: // vanish mid-handshake
 		conn, err := net.DialTimeout("tcp", g.Addr, 2*time.Second)
@@ -729,6 +749,48 @@ func soakClient(g *testgw.Gateway, rng *rand.Rand, st *soakStats, onBody func(in
 	}
 }
 
+// soakResume resumes the session id after a random pause and talks in it
+// once; refusals (410, 409, 429) are fine, anything else a problem.
+func soakResume(g *testgw.Gateway, rng *rand.Rand, st *soakStats, id string, seen func(int, []byte)) {
+	time.Sleep(time.Duration(rng.IntN(250)) * time.Millisecond)
+	st.resumes.Add(1)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	c, resp, err := websocket.Dial(ctx, g.WS("/?bf_resume="+id), &websocket.DialOptions{CompressionMode: websocket.CompressionDisabled})
+	if err != nil {
+		if resp == nil {
+			st.transportErr(err)
+			return
+		}
+		body, _ := io.ReadAll(resp.Body)
+		switch resp.StatusCode {
+		case http.StatusGone, http.StatusConflict, http.StatusTooManyRequests:
+			st.resumeRefused.Add(1)
+			seen(resp.StatusCode, body)
+		default:
+			seen(resp.StatusCode, body)
+			st.problem("resume answered %d: %s", resp.StatusCode, body)
+		}
+		return
+	}
+	defer c.CloseNow()
+	st.resumed.Add(1)
+	st.status(http.StatusSwitchingProtocols)
+	msg := []byte("resumed")
+	if c.Write(ctx, websocket.MessageBinary, msg) != nil {
+		st.brokenSessions.Add(1)
+		return
+	}
+	if _, got, err := c.Read(ctx); err != nil || string(got) != string(msg) {
+		st.brokenSessions.Add(1)
+		return
+	}
+	st.echoed.Add(1)
+	if rng.IntN(2) == 0 {
+		c.Close(websocket.StatusNormalClosure, "")
+	}
+}
+
 func soakPlain(req *http.Request, st *soakStats, seen func(int, []byte)) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
@@ -772,6 +834,9 @@ func TestSoak(t *testing.T) {
 	t.Logf("soak session API: created %d, released %d, unreleased 0", len(b.Created), len(b.Released))
 	if st.established.Load() == 0 || st.rejected.Load() == 0 || st.reloads.Load() == 0 {
 		t.Errorf("the soak did not exercise both sessions, rejections and reloads")
+	}
+	if st.resumed.Load() == 0 || st.resumeRefused.Load() == 0 {
+		t.Errorf("the soak resumed %d sessions and saw %d refused: want both", st.resumed.Load(), st.resumeRefused.Load())
 	}
 }
 
