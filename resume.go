@@ -248,8 +248,14 @@ func (pk *parking) park(held *upstreams.Session, code int) {
 		cancel()
 	}
 	logger := pk.h.logger
+	store := pk.store
 	pool.Park(e, func(e *pool.Parked) {
-		// The window ran out.
+		// The window ran out (or an operator ended it).
+		if e.Shared && store != nil && store.Usable() {
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+			store.Store().DropResume(ctx, e.ID, e.Key)
+			cancel()
+		}
 		if e.Held != nil {
 			e.Held.Close(e.CloseCode, EndResumeWindow)
 		} else {
@@ -343,6 +349,10 @@ func (c *connect) claim(id string) (*pool.Parked, bool) {
 	var sp sharedParked
 	if json.Unmarshal(v, &sp) != nil || sp.Point.IsZero() {
 		return nil, false
+	}
+	// The node that parked it forgets it.
+	if err := sh.s.Store().AnnounceResumed(c.r.Context(), sp.Provider, id); err != nil {
+		sh.s.Failed("announce resumed", err)
 	}
 	now := pool.Clock.Now()
 	return &pool.Parked{ID: id, Provider: sp.Provider, Protocol: string(upstreams.ProtocolCDP), Point: sp.Point,

@@ -82,6 +82,16 @@ func (h *Handler) provisionShared() error {
 		s.Store().Watch(m.up.Name)
 	}
 	h.shared.cancel = s.Store().Subscribe(func(e cluster.Event) {
+		if e.Kind == cluster.EventResumed {
+			// Taken back through another node: this node's entry of it
+			// is stale.
+			if e.Node != s.Store().Node() {
+				if p, ok := pool.ParkedByID(e.Session); ok && p.Shared {
+					pool.Unpark(e.Session)
+				}
+			}
+			return
+		}
 		m := byName[e.Provider]
 		if m == nil {
 			return

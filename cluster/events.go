@@ -26,6 +26,10 @@ const (
 	EventSkip = "skip"
 	// EventRecovered: the provider's shared cooldown and skip were cleared.
 	EventRecovered = "recovered"
+	// EventResumed: the parked session Event.Session of the provider was
+	// taken back (through the node that published it), or ended by an
+	// operator: other nodes forget their own entry of it.
+	EventResumed = "resumed"
 )
 
 // Event is a change of the shared state, as announced by a node.
@@ -41,6 +45,8 @@ type Event struct {
 	Streak int
 	// Node is the node that published the event.
 	Node string
+	// Session is the session ID of an EventResumed.
+	Session string
 }
 
 // wireEvent is Event on the channel. A cooldown or skip travels as its
@@ -52,6 +58,7 @@ type wireEvent struct {
 	ForMS    int64  `json:"for_ms,omitempty"`
 	Streak   int    `json:"streak,omitempty"`
 	Node     string `json:"node"`
+	Session  string `json:"session,omitempty"`
 }
 
 // event encodes an event published by this node; d is how long a
@@ -69,7 +76,7 @@ func decodeEvent(payload string, now time.Time) (Event, bool) {
 	if err := json.Unmarshal([]byte(payload), &w); err != nil || w.Kind == "" || w.Provider == "" {
 		return Event{}, false
 	}
-	ev := Event{Kind: w.Kind, Provider: w.Provider, Node: w.Node, Streak: w.Streak}
+	ev := Event{Kind: w.Kind, Provider: w.Provider, Node: w.Node, Streak: w.Streak, Session: w.Session}
 	if w.ForMS > 0 {
 		ev.Until = now.Add(time.Duration(w.ForMS) * time.Millisecond)
 	}

@@ -2,6 +2,7 @@ package cluster
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"time"
 
@@ -68,6 +69,23 @@ func (s *Store) ClaimResume(ctx context.Context, id, key string) (value []byte, 
 		return nil, 0, false, nil
 	}
 	return []byte(v), time.Duration(ms) * time.Millisecond, true, nil
+}
+
+// AnnounceResumed tells every node's subscribers that the parked session
+// id of provider was taken back or ended here (EventResumed), so that the
+// node that parked it forgets it. Errors wrap ErrUnavailable.
+func (s *Store) AnnounceResumed(ctx context.Context, provider, id string) error {
+	const op = "announce a resumed session"
+	if s.isClosed() {
+		return s.fail(op, errClosed)
+	}
+	ctx, cancel := s.ctx(ctx)
+	defer cancel()
+	b, _ := json.Marshal(wireEvent{Kind: EventResumed, Provider: provider, Node: s.node, Session: id})
+	if err := s.rdb.Publish(ctx, s.channel(), string(b)).Err(); err != nil {
+		return s.fail(op, err)
+	}
+	return nil
 }
 
 // DropResume deletes the entry of id under key, if any (resumed or ended

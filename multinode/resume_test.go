@@ -163,6 +163,11 @@ func TestClusterResume(t *testing.T) {
 	if len(res) != 1 || res[0]["resumed_from"] != id || res[0]["session_id"] != id2 {
 		t.Fatalf("gw-2's session resumed log: %v", res)
 	}
+	// gw-1 heard of it, and no longer lists it as parked.
+	eventually(t, 10*time.Second, "gw-1 to forget the session resumed elsewhere", func() (bool, string) {
+		b, err := gw1.get("/browser_failover/status")
+		return err == nil && strings.Contains(string(b), `"parked":{"sessions":0,`), string(b)
+	})
 	if _, _, code := connectAs(t, gw3.WS()+"?bf_resume="+id, "alice"); code != http.StatusGone {
 		t.Fatalf("second resume on gw-3: %d, want 410", code)
 	}
