@@ -132,6 +132,14 @@ func TestCaddyfileErrors(t *testing.T) {
 		{"queue size twice", "browser_failover {\n provider a ws://h:1\n queue {\n  size 1\n  size 2\n }\n}", "size given twice", 5},
 		{"state db twice", "browser_failover {\n provider a ws://h:1\n state redis h:1 {\n  db 1\n  db 2\n }\n}", "db given twice", 5},
 		{"webhook secret twice", "browser_failover {\n provider a ws://h:1\n webhook http://h/x {\n  secret a\n  secret b\n }\n}", "secret given twice", 5},
+		{"resume without window", "browser_failover {\n provider a ws://h:1\n resume\n}", "resume takes a window", 3},
+		{"resume zero", "browser_failover {\n provider a ws://h:1\n resume 0s\n}", "resume needs a positive window, got 0s", 3},
+		{"resume bad window", "browser_failover {\n provider a ws://h:1\n resume soon\n}", `resume: invalid window "soon"`, 3},
+		{"resume unknown word", "browser_failover {\n provider a ws://h:1\n resume 1m keep\n}", `resume: unknown word "keep" after the window (want hold)`, 3},
+		{"resume twice", "browser_failover {\n provider a ws://h:1\n resume 1m\n resume 2m hold\n}", "resume given twice", 4},
+		{"resume_key alone", "browser_failover {\n provider a ws://h:1\n resume_key {http.auth.user.id}\n}", "resume_key binds resumable sessions to a key: it needs resume", 3},
+		{"resume_key constant", "browser_failover {\n provider a ws://h:1\n resume 1m\n resume_key alice\n}", "resume_key must hold a placeholder", 4},
+		{"resume_key empty", "browser_failover {\n provider a ws://h:1\n resume 1m\n resume_key\n}", "resume_key needs a value", 4},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -215,6 +223,8 @@ browser_failover /browser* {
 	client_limit {http.request.header.X-Api-Key} 3
 	hedge_after 250ms
 	hedge_max 3
+	resume_key {http.auth.user.id}
+	resume 90s hold
 	state redis 127.0.0.1:6379 {
 		username gw
 		password {env.REDIS_PASSWORD}
@@ -289,7 +299,8 @@ browser_failover /pw* {
 		h.HedgeAfter != caddy.Duration(250*time.Millisecond) || h.HedgeMax != 3 ||
 		h.State == nil || h.State.Redis.Address != "127.0.0.1:6379" || h.State.Redis.Password != "{env.REDIS_PASSWORD}" ||
 		h.State.Redis.DB != 2 || h.State.Redis.TLS.ServerName != "redis.internal" || h.State.Node != "gw-1" ||
-		h.State.OnUnavailable != "reject" || h.State.Redis.LeaseTTL != caddy.Duration(10*time.Second) {
+		h.State.OnUnavailable != "reject" || h.State.Redis.LeaseTTL != caddy.Duration(10*time.Second) ||
+		h.Resume == nil || h.Resume.Window != caddy.Duration(90*time.Second) || !h.Resume.Hold || h.ResumeKey != "{http.auth.user.id}" {
 		t.Fatalf("parsed %s", raw)
 	}
 	if !strings.Contains(string(out), `"playwright_version":"1.65","protocol":"playwright"`) || !strings.Contains(string(out), `"protocol":"cdp"`) {
@@ -323,6 +334,8 @@ func TestJSONValidation(t *testing.T) {
 		{"client_limit key", `{"handler":"browser_failover","providers":[{"name":"a","url":"ws://h:1"}],"client_limit":{"key":"","limit":2}}`, "client_limit key"},
 		{"hedge_max", `{"handler":"browser_failover","providers":[{"name":"a","url":"ws://h:1"}],"hedge_max":1}`, "hedge_max must be at least 2"},
 		{"hedge_after", `{"handler":"browser_failover","providers":[{"name":"a","url":"ws://h:1"}],"hedge_after":-5}`, "hedge_after must not be negative"},
+		{"resume window", `{"handler":"browser_failover","providers":[{"name":"a","url":"ws://h:1"}],"resume":{"hold":true}}`, "resume needs a positive window"},
+		{"resume_key alone", `{"handler":"browser_failover","providers":[{"name":"a","url":"ws://h:1"}],"resume_key":"{http.auth.user.id}"}`, "resume_key binds resumable sessions to a key: it needs resume"},
 		{"state without backend", `{"handler":"browser_failover","providers":[{"name":"a","url":"ws://h:1"}],"state":{"node":"x"}}`, "state needs a backend: redis"},
 		{"state timeout", `{"handler":"browser_failover","providers":[{"name":"a","url":"ws://h:1"}],"state":{"redis":{"address":"h:1","lease_ttl":"1s","timeout":"2s"}}}`, "timeout must be shorter than lease_ttl"},
 		{"state mode", `{"handler":"browser_failover","providers":[{"name":"a","url":"ws://h:1"}],"state":{"redis":{"address":"h:1"},"on_unavailable":"maybe"}}`, `on_unavailable "maybe"`},
