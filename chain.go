@@ -87,6 +87,9 @@ type connect struct {
 	// answering 428 (a Playwright server of another version).
 	allIncompatible bool
 	finished        bool
+	// leftHeld is closed when the client of a held session is let go
+	// (resume.go); nil otherwise.
+	leftHeld <-chan struct{}
 }
 
 // class is what the queue knows of a waiting client: enough for the
@@ -757,10 +760,9 @@ func (c *connect) establish(m *member, up *upstreams.Conn) passEnd {
 	// as live, so a client never holds a session that status and
 	// max_concurrent do not see yet. It names the session.
 	answer := up.Answer.RawWithHeader(SessionHeader, c.id)
-	c.relay(m, conn, up, pending, func() {
-		if _, err := conn.Write(answer); err != nil {
-			conn.Close() // the relay ends at once and frees the slot
-		}
+	c.relay(m, conn, up, pending, func() error {
+		_, err := conn.Write(answer)
+		return err
 	})
 	return passEstablished
 }
@@ -778,23 +780,26 @@ func (c *connect) establishStream(m *member, up *upstreams.Conn) passEnd {
 	hd.Set(SessionHeader, c.id)
 	rc := http.NewResponseController(c.w)
 	sc := newStreamConn(c.r, c.w, rc)
-	s := c.relay(m, sc, up, nil, func() {
+	s := c.relay(m, sc, up, nil, func() error {
 		c.w.WriteHeader(http.StatusOK)
-		if err := rc.Flush(); err != nil {
-			sc.Close() // the relay ends at once and frees the slot
-		}
+		return rc.Flush()
 	})
 	// Return only once both relay directions are done with the
-	// ResponseWriter.
-	<-s.Done()
+	// ResponseWriter: the session has ended, or (held for a resume) its
+	// client has been let go.
+	select {
+	case <-s.Done():
+	case <-c.leftHeld:
+	}
 	return passEstablished
 }
 
 // 7. Relay: relay registers the session with its provider and in the
 // session registry, hands it what the client held (its quota share, its
 // cluster-wide slot), sets the placeholders of what the chain learnt,
-// answers the client (greet) and runs the relay.
-func (c *connect) relay(m *member, client netConn, up *upstreams.Conn, pending []byte, greet func()) *upstreams.Session {
+// answers the client (greet) and runs the relay. A greeting that fails
+// ends the session at once (its slot freed), never resumable.
+func (c *connect) relay(m *member, client netConn, up *upstreams.Conn, pending []byte, greet func() error) *upstreams.Session {
 	st := m.state
 	c.served(m)
 	end := &sessionEnd{
@@ -826,8 +831,9 @@ func (c *connect) relay(m *member, client netConn, up *upstreams.Conn, pending [
 		MaxDuration:   maxDur,
 		Keepalive:     time.Duration(c.h.Keepalive),
 	}
-	if pk != nil && pk.hold {
+	if pk != nil && pk.hold && !pk.compressed() {
 		opts.Hold, opts.OnPark = true, pk.onPark
+		c.leftHeld = pk.joined
 	}
 	opts.OnEnd = func(s *upstreams.Session) {
 		if pk != nil {
@@ -863,7 +869,9 @@ func (c *connect) relay(m *member, client netConn, up *upstreams.Conn, pending [
 	st.Establish(s, info)
 	c.learnt(m.up.Name)
 	if greet != nil {
-		greet()
+		if err := greet(); err != nil {
+			s.Close(upstreams.CloseGoingAway, upstreams.EndClientError)
+		}
 	}
 	s.Run()
 	return s

@@ -222,6 +222,9 @@ func (h *Handler) Cleanup() error {
 		pool.ReleaseClaim(name, h.gen)
 	}
 	if caddy.Exiting() {
+		// Parked sessions end with the process: held ones are closed,
+		// created provider sessions waiting for their window released.
+		pool.ExpireAll()
 		closeAllSessions()
 		finishReleases(h.logger)
 	}
@@ -277,6 +280,7 @@ func closeOnExit(ctx caddy.Context) {
 	}
 	srv.RegisterOnShutdown(func() {
 		if caddy.Exiting() {
+			pool.ExpireAll()
 			closeAllSessions()
 		}
 	})

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"net/http"
+	"net/url"
 	"strings"
 	"sync"
 	"time"
@@ -91,14 +92,23 @@ func resumeID(r *http.Request, hs *upstreams.Handshake) string {
 	if id != "" {
 		hs.Header.Del(ResumeHeader)
 	}
-	if strings.Contains(hs.RawQuery, ResumeQuery) {
-		q := r.URL.Query()
-		if v := q.Get(ResumeQuery); v != "" && id == "" {
-			id = v
-		}
-		q.Del(ResumeQuery)
-		hs.RawQuery = q.Encode()
+	if !strings.Contains(hs.RawQuery, ResumeQuery) {
+		return id
 	}
+	// Take the item out, leaving the rest of the query as the client
+	// wrote it.
+	var kept []string
+	for _, part := range strings.Split(hs.RawQuery, "&") {
+		k, v, _ := strings.Cut(part, "=")
+		if ku, err := url.QueryUnescape(k); err == nil && ku == ResumeQuery {
+			if vu, err := url.QueryUnescape(v); err == nil && id == "" {
+				id = strings.TrimSpace(vu)
+			}
+			continue
+		}
+		kept = append(kept, part)
+	}
+	hs.RawQuery = strings.Join(kept, "&")
 	return id
 }
 
@@ -191,11 +201,20 @@ func (pk *parking) left() {
 	}
 }
 
-// ended is called when a session without hold has ended: a session its
-// client ended is parked, and reports true (its created provider session,
-// if any, is then released at the window's end rather than now).
+// compressed reports whether the session negotiated a WebSocket extension
+// (compression): a new connection cannot share its state, so it is never
+// held.
+func (pk *parking) compressed() bool {
+	return pk.answer.Header.Get("Sec-Websocket-Extensions") != ""
+}
+
+// ended is called when a session that was not held has ended: a session
+// its client ended is parked, and reports true (its created provider
+// session, if any, is then released at the window's end rather than now).
+// A session that negotiated compression under hold is parked only to
+// answer its resume 409.
 func (pk *parking) ended(s *upstreams.Session) bool {
-	if pk == nil || pk.hold || !s.ClientEnded() {
+	if pk == nil || (pk.hold && !pk.compressed()) || !s.ClientEnded() {
 		return false
 	}
 	pk.bytesUp, pk.bytesDn = s.BytesUp(), s.BytesDown()
@@ -231,12 +250,18 @@ func (pk *parking) park(held *upstreams.Session, code int) {
 		Remote:    pk.remote,
 		Data:      pk,
 	}
+	if pk.hold && held == nil {
+		// Under hold, a session that is not held has nothing to go back
+		// to (its provider ends the browser with the connection).
+		e.Refuse = "the session negotiated a WebSocket extension (" + extensionNames(pk.answer.Header.Get("Sec-Websocket-Extensions")) +
+			"): it could not be held, and a new connection cannot join it"
+	}
 	if held != nil {
 		e.BytesUp, e.BytesDown = held.BytesUp(), held.BytesDown()
 	}
 	// Another node may take it back only when nothing of it lives here:
 	// no open connection, no provider session to release.
-	if pk.store != nil && held == nil && pk.remote == nil && pk.store.Usable() {
+	if pk.store != nil && held == nil && pk.remote == nil && e.Refuse == "" && pk.store.Usable() {
 		v, _ := json.Marshal(sharedParked{Provider: pk.provider, Point: pk.point, Started: pk.started})
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		if err := pk.store.Store().ParkResume(ctx, e.ID, pk.key, v, pk.window); err != nil {
@@ -306,6 +331,11 @@ func (c *connect) resume(id string) {
 	if !ok {
 		c.refuseResume(resumeFailure{observe.ResumeUnknown, http.StatusGone,
 			"no resumable session with this ID: unknown, its window is over, already resumed, or not yours"})
+		return
+	}
+	if e.Refuse != "" {
+		pool.Unclaim(e)
+		c.refuseResume(resumeFailure{observe.ResumeConflict, http.StatusConflict, e.Refuse})
 		return
 	}
 	if e.Held != nil {
@@ -470,6 +500,12 @@ func (c *connect) redial(e *pool.Parked) {
 	}
 	res := m.up.Reconnect(c.r.Context(), c.hs, e.Point, c.replace)
 	c.record(m, res.Outcome)
+	if res.Outcome.Kind == upstreams.Failure && strings.HasPrefix(res.Outcome.Word, "status_") {
+		// The provider answered: that browser is gone (Chrome answers a
+		// page that no longer exists with 500), the provider is not
+		// failing.
+		res.Outcome.Kind = upstreams.Relay
+	}
 	switch h.conclude(nil, m, permit, res, false) {
 	case verdictSuccess:
 		c.lease = lease

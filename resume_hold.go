@@ -30,10 +30,6 @@ func (c *connect) joinHeld(e *pool.Parked) {
 		pool.Unclaim(e)
 		c.refuseResume(resumeFailure{observe.ResumeConflict, http.StatusConflict, msg})
 	}
-	if ext := pk.answer.Header.Get("Sec-Websocket-Extensions"); ext != "" {
-		conflict("the session negotiated a WebSocket extension (" + extensionNames(ext) + "): a new connection cannot join it")
-		return
-	}
 	sub := pk.answer.Header.Get("Sec-Websocket-Protocol")
 	if sub != "" && !offersProtocol(c.r.Header, sub) {
 		conflict("the session speaks the subprotocol " + sub + ": ask for it to resume")
@@ -85,13 +81,19 @@ func (c *connect) joinHeld(e *pool.Parked) {
 		client = conn
 	}
 	if err := s.Resume(client, pending); err != nil {
+		// It ended meanwhile: the client had its 101, so it gets a close
+		// frame.
+		client.SetWriteDeadline(time.Now().Add(upstreams.CloseWait))
+		client.Write(upstreams.ServerCloseFrame(upstreams.CloseGoingAway, "session ended"))
 		client.Close()
 		c.resumeBroke(e, err)
 		return
 	}
+	frames, bytes := s.ParkedDropped()
 	observe.Resume(observe.ResumeOK)
 	c.h.logger.Info("session resumed", zap.String("session_id", c.id), zap.String("resumed_from", e.ID),
-		zap.String("provider", e.Provider), zap.Bool("held", true))
+		zap.String("provider", e.Provider), zap.Bool("held", true),
+		zap.Int64("dropped_frames", frames), zap.Int64("dropped_bytes", bytes))
 	if c.hs.ExtendedConnect {
 		// The stream lives as long as this request: until the client
 		// leaves again, or the session ends.
@@ -103,8 +105,17 @@ func (c *connect) joinHeld(e *pool.Parked) {
 }
 
 // resumeBroke notes a held session that could not be joined after all:
-// it ended meanwhile, or the client's connection failed.
+// it ended meanwhile, or the client's connection failed before the join.
+// A session still parked is given back, under its own ID, for the rest of
+// its window.
 func (c *connect) resumeBroke(e *pool.Parked, err error) {
+	if pk, ok := e.Data.(*parking); ok && e.Held.Parked() {
+		pk.mu.Lock()
+		pk.id, pk.remoteIP = e.ID, e.RemoteIP
+		pk.mu.Unlock()
+		pool.RenameSession(e.Held, e.ID, e.RemoteIP)
+		pool.Unclaim(e)
+	}
 	observe.Resume(observe.ResumeRefused)
 	c.h.logger.Info("resume failed", zap.String("session_id", c.id), zap.String("resumed_from", e.ID),
 		zap.String("provider", e.Provider), zap.Error(err))

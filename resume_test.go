@@ -66,7 +66,7 @@ func startFakeBrowser(t *testing.T, name string, contacts *fakes.Contacts, killO
 			http.Error(w, "no such browser", http.StatusNotFound)
 			return
 		}
-		c, err := websocket.Accept(w, r, &websocket.AcceptOptions{CompressionMode: websocket.CompressionDisabled})
+		c, err := websocket.Accept(w, r, &websocket.AcceptOptions{CompressionMode: websocket.CompressionDisabled, Subprotocols: []string{"cdp.v1"}})
 		if err != nil {
 			return
 		}
@@ -134,6 +134,12 @@ func (b *fakeBrowser) uri() string {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.lastURI
+}
+
+func (b *fakeBrowser) upgradeCount() int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.upgrades
 }
 
 func (b *fakeBrowser) closeCodes() []int {
@@ -517,5 +523,115 @@ func TestResumeVisible(t *testing.T) {
 	code, _, _ = g.AdminDo(http.MethodDelete, "/browser_failover/sessions/"+id2, nil)
 	if code != 404 {
 		t.Fatalf("second DELETE: %d", code)
+	}
+}
+
+// TestResumeHold: with hold, in front of a provider that ends the browser
+// when its connection closes, the provider connection stays open while the
+// client is away (and keeps its slot), and a resuming client is joined to
+// it: the browser's state survives. Without hold the same provider has
+// nothing to give back (410). A resuming client must offer the session's
+// subprotocol (409 otherwise). At the window's end the provider gets the
+// client's own close code.
+func TestResumeHold(t *testing.T) {
+	t.Cleanup(pool.ExpireAll)
+	var contacts fakes.Contacts
+	a := startFakeBrowser(t, "rh-a", &contacts, true)
+	b := startFakeBrowser(t, "rh-b", &contacts, false)
+	g := testgw.Start(t, handler(`"resume":{"window":"1m"}`,
+		provider("rh-a", a.url(), `"priority":1`), provider("rh-b", b.url(), `"priority":2`)))
+
+	// Without hold: the browser is gone with the connection.
+	c, id := resumeConnect(t, g.WS("/"), nil)
+	ask(t, c, "set 42")
+	c.CloseNow()
+	waitParked(t, g, id)
+	contacts.Reset()
+	if msg := resumeRefused(t, g.WS("/?bf_resume="+id), nil, http.StatusGone); !strings.Contains(msg, "did not give it back") {
+		t.Fatalf("refusal without hold: %q", msg)
+	}
+	if l := contacts.List(); len(l) != 1 || l[0] != "rh-a" {
+		t.Fatalf("contacted: %v, want rh-a alone", l)
+	}
+
+	// With hold.
+	if err := g.Reload(handler(`"resume":{"window":"3s","hold":true}`,
+		provider("rh-a", a.url(), `"priority":1`), provider("rh-b", b.url(), `"priority":2`))); err != nil {
+		t.Fatal(err)
+	}
+	proto := &websocket.DialOptions{Subprotocols: []string{"cdp.v1"}}
+	c, resp, err := dial(t, g.WS("/"), proto)
+	if err != nil {
+		t.Fatal(err)
+	}
+	id = resp.Header.Get("Browser-Failover-Session")
+	if c.Subprotocol() != "cdp.v1" {
+		t.Fatalf("subprotocol %q", c.Subprotocol())
+	}
+	ask(t, c, "set 42")
+	upgrades := a.upgradeCount()
+	c.CloseNow()
+	e := waitParked(t, g, id)
+	if e["held"] != true {
+		t.Fatalf("parked entry %v, want held", e)
+	}
+	if cc := a.closeCodes(); len(cc) != 1 {
+		t.Fatalf("the provider saw its connections close with %v: the held one must stay open", cc)
+	}
+	if active("rh-a") != 1 {
+		t.Fatalf("a held session keeps its slot: active %d", active("rh-a"))
+	}
+	contacts.Reset()
+
+	// A client that does not offer the subprotocol cannot join.
+	if msg := resumeRefused(t, g.WS("/?bf_resume="+id), nil, http.StatusConflict); !strings.Contains(msg, "cdp.v1") {
+		t.Fatalf("409: %q", msg)
+	}
+	c2, resp, err := dial(t, g.WS("/?bf_resume="+id), proto)
+	if err != nil {
+		t.Fatalf("resume of the held session: %v", err)
+	}
+	id2 := resp.Header.Get("Browser-Failover-Session")
+	if id2 == "" || id2 == id || c2.Subprotocol() != "cdp.v1" {
+		t.Fatalf("resumed: ID %q subprotocol %q", id2, c2.Subprotocol())
+	}
+	if got := ask(t, c2, "get"); got != "42" {
+		t.Fatalf("the held browser's state: %q, want 42", got)
+	}
+	if a.upgradeCount() != upgrades || len(contacts.List()) != 0 {
+		t.Fatalf("the provider was asked for a new connection: upgrades %d -> %d, contacts %v", upgrades, a.upgradeCount(), contacts.List())
+	}
+	res := g.LogEntries("session resumed")
+	if len(res) == 0 || res[len(res)-1]["held"] != true || res[len(res)-1]["resumed_from"] != id {
+		t.Fatalf("session resumed log: %v", res)
+	}
+	// The sessions list shows the live session under its new ID.
+	_, body, _ := g.AdminDo(http.MethodGet, "/browser_failover/sessions", nil)
+	if !strings.Contains(string(body), id2) || strings.Contains(string(body), `"id":"`+id+`"`) {
+		t.Fatalf("sessions list after the resume: %s", body)
+	}
+
+	// It leaves cleanly (code 4001), nobody comes back: at the window's end
+	// the provider gets 4001 "resume window over", and the slot is free.
+	c2.Close(4001, "later")
+	waitParked(t, g, id2)
+	testgw.Eventually(t, 15*time.Second, "the held connection to close at the window's end", func() bool {
+		return len(a.closeCodes()) == 2
+	})
+	if cc := a.closeCodes(); cc[1] != 4001 {
+		t.Fatalf("the provider's close code %d, want the client's 4001", cc[1])
+	}
+	testgw.Eventually(t, 10*time.Second, "the slot to be free", func() bool { return active("rh-a") == 0 })
+	var endReason string
+	for _, x := range g.LogEntries("session ended") {
+		if x["session_id"] == id2 {
+			endReason, _ = x["close_reason"].(string)
+		}
+	}
+	if endReason != "resume window over" {
+		t.Fatalf("the held session ended with %q", endReason)
+	}
+	if n, held := pool.ParkedCount(); held != 0 {
+		t.Fatalf("%d parked (%d held) after the window", n, held)
 	}
 }

@@ -55,6 +55,9 @@ type Parked struct {
 	Remote *upstreams.Remote
 	// Shared tells that the entry is also in the shared store.
 	Shared bool
+	// Refuse, when set, is why a resume of it is answered 409 (it cannot
+	// be joined).
+	Refuse string
 	// Data is the parker's own, given back with the entry.
 	Data any
 

@@ -55,3 +55,7 @@ func (p *Provider) Reconnect(ctx context.Context, hs *Handshake, rp ResumePoint,
 	}
 	return res
 }
+
+// ServerCloseFrame is a close frame from the gateway to a client (not
+// masked), with code and reason.
+func ServerCloseFrame(code int, reason string) []byte { return closeFrame(code, reason, false) }
