@@ -1051,3 +1051,123 @@ func TestResumeBrowserRestarted(t *testing.T) {
 	}
 	waitIdle(t, "rsr-a", "rsr-b")
 }
+
+// cdpCall sends one CDP command over c and returns its result.
+func cdpCall(t *testing.T, c *websocket.Conn, id int, method string, params any) json.RawMessage {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	msg, _ := json.Marshal(map[string]any{"id": id, "method": method, "params": params})
+	if err := c.Write(ctx, websocket.MessageText, msg); err != nil {
+		t.Fatalf("%s: %v", method, err)
+	}
+	for {
+		_, b, err := c.Read(ctx)
+		if err != nil {
+			t.Fatalf("%s: %v", method, err)
+		}
+		var m struct {
+			ID     int             `json:"id"`
+			Result json.RawMessage `json:"result"`
+			Error  any             `json:"error"`
+		}
+		if json.Unmarshal(b, &m) == nil && m.ID == id {
+			if m.Error != nil {
+				t.Fatalf("%s: %v", method, m.Error)
+			}
+			return m.Result
+		}
+	}
+}
+
+// TestResumeKey: with resume_key {http.request.header.X-User}, a session
+// left by alice's client (its connection dropped) is not resumed by bob's
+// or by a client without the header (410, no provider contacted, the entry
+// stays), and then is by alice's, with the Browser-Failover-Resume header
+// instead of the query: her tab is there. Both providers are proxies in
+// front of the same Chromium, so the proxies alone tell where each
+// connection went.
+func TestResumeKey(t *testing.T) {
+	Require(t, false)
+	bs := StartChromiums(t, 1)
+	px := []*cdpProxy{startProxy(t, bs[0], false), startProxy(t, bs[0], false)}
+	names := []string{"rsk-a", "rsk-b"}
+	g := testgw.Start(t, handler(`"strategy":"round_robin","queue":{"size":0},"connect_timeout":"10s",`+
+		`"resume":{"window":"2m"},"resume_key":"{http.request.header.X-User}"`,
+		provider(names[0], px[0].HTTPURL(), ""), provider(names[1], px[1].HTTPURL(), "")))
+	unknown0 := metric(t, g, resumes("unknown"))
+	dial := func(h http.Header, resumeQuery string) (*websocket.Conn, *http.Response, error) {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		return websocket.Dial(ctx, g.WS("/"+resumeQuery), &websocket.DialOptions{HTTPHeader: h})
+	}
+	alice := http.Header{"X-User": {"alice"}}
+
+	c, resp, err := dial(alice, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := resp.Header.Get("Browser-Failover-Session")
+	s, _ := listed(t, g, id)
+	own := 0
+	if s.Provider == names[1] {
+		own = 1
+	}
+	var created struct {
+		TargetID string `json:"targetId"`
+	}
+	json.Unmarshal(cdpCall(t, c, 1, "Target.createTarget", map[string]any{"url": "about:blank"}), &created)
+	c.CloseNow() // no close frame
+	logEntry(t, g, "session parked", "session_id", id)
+
+	before := []int{px[0].contacts(), px[1].contacts()}
+	for who, h := range map[string]http.Header{"bob": {"X-User": {"bob"}}, "no header": nil} {
+		c, resp, err := dial(h, "?bf_resume="+id)
+		if err == nil {
+			c.CloseNow()
+			t.Fatalf("%s resumed alice's session", who)
+		}
+		if resp == nil || resp.StatusCode != http.StatusGone {
+			t.Fatalf("%s's resume: %v %v, want 410", who, resp, err)
+		}
+	}
+	if after := []int{px[0].contacts(), px[1].contacts()}; after[0] != before[0] || after[1] != before[1] {
+		t.Fatalf("refused resumes contacted a provider: %v connections before, %v after", before, after)
+	}
+	if got := metric(t, g, resumes("unknown")) - unknown0; got != 2 {
+		t.Fatalf("resumes_total{result=unknown} went up by %v, want 2", got)
+	}
+	wantParked(t, g, id, names[own], 2*time.Minute)
+
+	h := alice.Clone()
+	h.Set("Browser-Failover-Resume", id)
+	c, resp, err = dial(h, "")
+	if err != nil {
+		t.Fatalf("alice's resume: %v", err)
+	}
+	id2 := resp.Header.Get("Browser-Failover-Session")
+	if res := logEntry(t, g, "session resumed", "session_id", id2); res["resumed_from"] != id || res["provider"] != names[own] {
+		t.Fatalf("session resumed: %v, want resumed_from %s at %s", res, id, names[own])
+	}
+	var targets struct {
+		TargetInfos []struct {
+			TargetID string `json:"targetId"`
+		} `json:"targetInfos"`
+	}
+	json.Unmarshal(cdpCall(t, c, 2, "Target.getTargets", map[string]any{}), &targets)
+	found := false
+	for _, ti := range targets.TargetInfos {
+		found = found || ti.TargetID == created.TargetID
+	}
+	if !found {
+		t.Fatalf("alice's tab %s is not among the targets %+v", created.TargetID, targets.TargetInfos)
+	}
+	if n := px[1-own].contacts(); n != 0 {
+		t.Fatalf("%s was contacted %d times", names[1-own], n)
+	}
+	cdpCall(t, c, 3, "Target.closeTarget", map[string]any{"targetId": created.TargetID})
+	c.Close(websocket.StatusNormalClosure, "")
+	logEntry(t, g, "session parked", "session_id", id2)
+	endParked(t, g, id2)
+	waitIdle(t, names...)
+}
