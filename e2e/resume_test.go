@@ -163,7 +163,9 @@ type cdpProxy struct {
 
 // proxied is one upgraded connection as the proxy saw it.
 type proxied struct {
-	Path           string
+	Path string
+	// Head is the upgrade request's head as the gateway sent it.
+	Head           string
 	Opened, Closed time.Time // Closed is zero while it is open
 	// By is the side whose TCP connection ended first: "gateway" or
 	// "browser" (Chrome closes its side first once it answered a close
@@ -286,7 +288,7 @@ func (p *cdpProxy) handle(c net.Conn) {
 	var rec *proxied
 	p.mu.Lock()
 	if upgrade {
-		rec = &proxied{Path: path, Opened: time.Now()}
+		rec = &proxied{Path: path, Head: head.String(), Opened: time.Now()}
 		p.ups = append(p.ups, rec)
 	} else {
 		p.plain++
@@ -632,6 +634,7 @@ func TestResumeAfterDrop(t *testing.T) {
 	// The same browser, dialled again at the URL it was connected to, with
 	// no discovery; the other browser never heard of it.
 	ups := px[own].upgrades()
+	// (bf_resume is not forwarded: the path is the first connection's.)
 	if len(ups) != upsBefore+1 || ups[len(ups)-1].Path != ups[0].Path || !strings.HasPrefix(ups[0].Path, "/devtools/browser/") {
 		t.Fatalf("%s's connections: %+v, want one more to %s", names[own], ups, ups[0].Path)
 	}
@@ -1164,6 +1167,10 @@ func TestResumeKey(t *testing.T) {
 	}
 	if n := px[1-own].contacts(); n != 0 {
 		t.Fatalf("%s was contacted %d times", names[1-own], n)
+	}
+	ups := px[own].upgrades()
+	if last := ups[len(ups)-1]; len(ups) != 2 || strings.Contains(strings.ToLower(last.Head), "browser-failover-resume") {
+		t.Fatalf("%s's upgrades %+v, want a second one, without the resume header", names[own], ups)
 	}
 	cdpCall(t, c, 3, "Target.closeTarget", map[string]any{"targetId": created.TargetID})
 	c.Close(websocket.StatusNormalClosure, "")
