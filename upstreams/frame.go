@@ -13,6 +13,10 @@ const (
 
 const opClose = 0x8
 
+// closeNoStatus stands for a close frame without a status code (it is
+// never sent on the wire).
+const closeNoStatus = 1005
+
 // frameTracker follows the frame boundaries of one direction of a WebSocket
 // byte stream by reading frame headers only: payload bytes are skipped by
 // count, never looked at. It lets the relay stop at a boundary to inject a
@@ -24,10 +28,20 @@ type frameTracker struct {
 	opcode    byte     // opcode of the current frame
 	// sawClose is set once a whole close frame has passed.
 	sawClose bool
+	// fragmented: a data message is in progress (its latest frame had
+	// FIN clear); control frames may come in between.
+	fragmented bool
+	// code collects the status code of the current close frame (its
+	// payload's first two bytes, unmasked), codeN how many are in.
+	code  [2]byte
+	codeN int
 }
 
 // atBoundary reports whether the stream is between two frames.
 func (t *frameTracker) atBoundary() bool { return t.hdrN == 0 && t.remaining == 0 }
+
+// atMessageBoundary reports whether the stream is between two messages.
+func (t *frameTracker) atMessageBoundary() bool { return t.atBoundary() && !t.fragmented }
 
 // headerLen returns the full header length once the first two bytes are
 // known.
@@ -59,11 +73,14 @@ func (t *frameTracker) advance(p []byte, stop bool) int {
 			if n > t.remaining {
 				n = t.remaining
 			}
+			if t.opcode == opClose {
+				t.takeCode(p[i : i+int(n)])
+				if t.remaining == n {
+					t.sawClose = true
+				}
+			}
 			t.remaining -= n
 			i += int(n)
-			if t.remaining == 0 && t.opcode == opClose {
-				t.sawClose = true
-			}
 			continue
 		}
 		// Collect header bytes.
@@ -99,21 +116,55 @@ func (t *frameTracker) advance(p []byte, stop bool) int {
 		}
 		t.hdrN = 0
 		t.remaining = length
-		if length == 0 && t.opcode == opClose {
-			t.sawClose = true
+		if t.opcode < opClose {
+			t.fragmented = t.hdr[0]&0x80 == 0
+		} else if t.opcode == opClose {
+			t.codeN = 0
+			if length == 0 {
+				t.sawClose = true
+			}
 		}
 	}
 	return i
+}
+
+// takeCode collects the first payload bytes of a close frame: its status
+// code. The header (with the mask key) is still in hdr.
+func (t *frameTracker) takeCode(b []byte) {
+	for j := 0; j < len(b) && t.codeN < 2; j++ {
+		c := b[j]
+		if t.hdr[1]&0x80 != 0 {
+			hl := headerLen(t.hdr[1])
+			c ^= t.hdr[hl-4+t.codeN]
+		}
+		t.code[t.codeN] = c
+		t.codeN++
+	}
+}
+
+// closeCode is the status code of the last close frame taken (whole or
+// not): closeNoStatus when its payload held none.
+func (t *frameTracker) closeCode() int {
+	if t.codeN < 2 {
+		return closeNoStatus
+	}
+	return int(binary.BigEndian.Uint16(t.code[:]))
 }
 
 // advanceTo is advance(p, false) that stops at the first frame boundary
 // where the next frame's first byte is first; it returns how many bytes it
 // took. Payloads are skipped by count, as by advance.
 func (t *frameTracker) advanceTo(p []byte, first byte) int {
+	return t.advanceToEither(p, first, first)
+}
+
+// advanceToEither is advanceTo stopping before a frame whose first byte is
+// a or b.
+func (t *frameTracker) advanceToEither(p []byte, a, b byte) int {
 	i := 0
 	for i < len(p) {
 		if t.atBoundary() {
-			if p[i] == first {
+			if c := p[i]; c == a || c == b {
 				return i
 			}
 			i += t.advance(p[i:i+1], false) // the frame's first byte

@@ -119,6 +119,7 @@ func (s *Session) keepaliveTimer(interval time.Duration) *time.Timer {
 		tick = time.Millisecond
 	}
 	toProvider, toClient := &pinger{interval: interval}, &pinger{interval: interval}
+	var epoch int64 // the client the pingers know (hold.go)
 	var tp atomic.Pointer[time.Timer]
 	t := time.AfterFunc(24*time.Hour, func() {
 		select {
@@ -127,6 +128,10 @@ func (s *Session) keepaliveTimer(interval time.Duration) *time.Timer {
 		default:
 		}
 		if s.closing.Load() {
+			return
+		}
+		if s.hold.on && s.keepaliveRests(&epoch, toProvider, toClient) {
+			tp.Load().Reset(tick)
 			return
 		}
 		now := time.Now()
@@ -140,6 +145,11 @@ func (s *Session) keepaliveTimer(interval time.Duration) *time.Timer {
 			case kaPing:
 				d.wantPing()
 			case kaDead:
+				if d == &s.down && s.clientDead() {
+					// The session parks instead (hold.go).
+					tp.Load().Reset(tick)
+					return
+				}
 				s.Close(CloseGoingAway, EndKeepalive)
 				return
 			}
@@ -163,7 +173,7 @@ func (d *direction) wantPing() {
 	s := d.s
 	s.closeMu.Lock()
 	defer s.closeMu.Unlock()
-	if s.closing.Load() || d.quiet || s.halfClosed {
+	if s.closing.Load() || d.quiet || s.halfClosed || d.holdKeepsDeadline() {
 		return
 	}
 	d.kaDue.Store(true)
@@ -179,11 +189,13 @@ func (d *direction) keepaliveStep() bool {
 	s.closeMu.Lock()
 	due := d.kaDue.Swap(false)
 	closing := s.closing.Load()
-	if !closing && !s.halfClosed {
+	// A read interrupted for parking stays interrupted (hold.go).
+	held := d.holdKeepsDeadline()
+	if !closing && !s.halfClosed && !held {
 		d.src.SetReadDeadline(time.Time{})
 	}
 	s.closeMu.Unlock()
-	if !due || closing || !d.frames.atBoundary() {
+	if !due || closing || held || !d.frames.atBoundary() {
 		// Mid-frame: the timer asks again at its next tick.
 		return true
 	}
@@ -191,6 +203,9 @@ func (d *direction) keepaliveStep() bool {
 	// nothing) counts as an unanswered ping.
 	d.kaPings.Add(1)
 	if _, err := d.dst.Write(pingFrame(s.pingToken[:], d.toUpstream)); err != nil {
+		if s.hold.on && d.lostClientWrite() {
+			return true
+		}
 		s.setReason(d.writeFailWord())
 		return false
 	}
@@ -275,11 +290,12 @@ func (h *pongHold) answers(token []byte) bool {
 
 // forwardWatching is forward for a session with keepalive: the same, but
 // pongs that answer the gateway's pings are taken out of the stream (and
-// counted as the answers of src's side) instead of relayed.
+// counted as the answers of src's side) instead of relayed. With hold, the
+// client's stream is watched for its close frame the same way.
 func (d *direction) forwardWatching(p []byte) bool {
 	for len(p) > 0 {
 		if d.pong.n == 0 {
-			n := d.frames.advanceTo(p, pongFirstByte)
+			n := d.frames.advanceToEither(p, d.h.watchA, d.h.watchB)
 			if n > 0 {
 				if !d.write(p[:n]) {
 					return false
@@ -303,10 +319,16 @@ func (d *direction) forwardWatching(p []byte) bool {
 			return true // the frame goes on in the next read
 		}
 		held := h.buf[:h.n]
-		if total > 0 && h.answers(d.s.pingToken[:]) {
+		if total > 0 && held[0] == pongFirstByte && d.s.keepalive && h.answers(d.s.pingToken[:]) {
 			h.n = 0
 			d.other().kaPongs.Add(1)
 			continue
+		}
+		if total > 0 && held[0] == closeFirstByte && d.h.parkClose && d.parkOnClose(held) {
+			// The session parks: the client's close frame is not relayed
+			// (nor anything behind it).
+			h.n = 0
+			return false
 		}
 		// Not the gateway's pong (or not a pong at all): relay it as it
 		// is, and let the tracker take it from there.

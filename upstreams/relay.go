@@ -76,6 +76,9 @@ type Session struct {
 	keepalive bool
 	pingToken [pingTokenLen]byte
 
+	// hold: how the client side ended, and parking (hold.go).
+	hold holdState
+
 	endOnce   sync.Once
 	reason    atomic.Value // string
 	done      chan struct{}
@@ -99,7 +102,12 @@ type SessionOptions struct {
 	Keepalive time.Duration
 	// OnEnd is called once, after both connections are closed.
 	OnEnd func(*Session)
-	Hold   bool
+	// Hold keeps the provider side open when the client side ends
+	// between two of its messages: the session parks until Resume joins a
+	// new client or it ends (hold.go).
+	Hold bool
+	// OnPark is called each time the session parks, on a relay goroutine,
+	// once the old client is let go; it must not block.
 	OnPark func(*Session)
 }
 
@@ -118,6 +126,7 @@ func NewSession(client net.Conn, up *Conn, o SessionOptions) *Session {
 	s.up.init()
 	s.down.init()
 	s.remaining.Store(2)
+	s.initHold(o)
 	if o.IdleTimeout > 0 {
 		s.timers = append(s.timers, s.idleTimer(o.IdleTimeout))
 	}
@@ -151,7 +160,8 @@ func (s *Session) idleTimer(idle time.Duration) *time.Timer {
 		default:
 		}
 		now := time.Now()
-		if b := s.up.bytes.Load() + s.down.bytes.Load(); b != last {
+		// A parked session is not idle: it waits for its client.
+		if b := s.up.bytes.Load() + s.down.bytes.Load(); b != last || s.idleHeld() {
 			last, lastChange = b, now
 		}
 		if now.Sub(lastChange) >= idle {
@@ -223,7 +233,11 @@ func (s *Session) Close(code int, reason string) {
 
 // abort closes both sockets at once.
 func (s *Session) abort() {
-	s.client.Close()
+	// The client changes when a parked session resumes.
+	s.closeMu.Lock()
+	client := s.client
+	s.closeMu.Unlock()
+	client.Close()
 	s.upstream.Close()
 }
 
@@ -291,6 +305,10 @@ type direction struct {
 	kaPings atomic.Int64
 	kaPongs atomic.Int64
 	pong    pongHold
+
+	// h: which frames forward watches for, and the direction's part in
+	// parking (hold.go).
+	h dirHold
 }
 
 // other is the opposite direction of the session.
@@ -323,8 +341,7 @@ func (d *direction) endWords() (clean, failed string) {
 }
 
 func (d *direction) run() {
-	defer d.s.directionDone()
-	defer d.goQuiet()
+	defer d.exit()
 	if len(d.pending) > 0 {
 		p := d.pending
 		d.pending = nil
@@ -350,6 +367,12 @@ func (d *direction) run() {
 			d.release(bp)
 		}
 		if err != nil {
+			if d.s.hold.on && d.holdInterrupt(err) {
+				if d.holdStep(err) {
+					continue
+				}
+				return
+			}
 			if d.s.closing.Load() && isTimeout(err) {
 				if d.closeStep() {
 					continue
@@ -435,6 +458,9 @@ func (d *direction) rawRead(fd uintptr) bool {
 // reports whether the direction goes on.
 func (d *direction) forward(p []byte) bool {
 	if d.s.closing.Load() {
+		if d.s.hold.on && d.stashParked(p) {
+			return true
+		}
 		n := d.frames.advance(p, true)
 		if n > 0 {
 			if _, err := d.dst.Write(p[:n]); err != nil {
@@ -449,7 +475,7 @@ func (d *direction) forward(p []byte) bool {
 		// The frame moves: give it another CloseWait.
 		return d.extend()
 	}
-	if d.s.keepalive {
+	if d.h.watch {
 		return d.forwardWatching(p)
 	}
 	d.frames.advance(p, false)
@@ -463,8 +489,14 @@ func (d *direction) write(p []byte) bool {
 		// session, whichever side hangs up the connection first.
 		d.closeNoted = true
 		d.s.setReason(d.cleanWord())
+		if d.toUpstream {
+			d.s.hold.clientCode.Store(int32(d.frames.closeCode()))
+		}
 	}
 	if _, err := d.dst.Write(p); err != nil {
+		if d.s.hold.on && d.lostClientWrite() {
+			return true
+		}
 		d.s.setReason(d.writeFailWord())
 		return false
 	}
@@ -501,6 +533,9 @@ func (d *direction) spliceFrame() bool {
 		d.bytes.Add(w)
 	}
 	if err != nil {
+		if d.s.hold.on && d.holdInterrupt(err) {
+			return d.holdStep(err)
+		}
 		if d.s.closing.Load() && isTimeout(err) {
 			return d.closeStep()
 		}

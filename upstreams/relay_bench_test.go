@@ -69,9 +69,13 @@ func benchPair(b *testing.B) (x, y net.Conn) {
 }
 
 func benchRelay(b *testing.B, size int, keepalive time.Duration) {
+	benchRelayWith(b, size, SessionOptions{Keepalive: keepalive})
+}
+
+func benchRelayWith(b *testing.B, size int, o SessionOptions) {
 	client, gwClient := benchPair(b)
 	gwUp, provider := benchPair(b)
-	s := NewSession(gwClient, &Conn{Conn: gwUp}, SessionOptions{Keepalive: keepalive})
+	s := NewSession(gwClient, &Conn{Conn: gwUp}, o)
 	s.Run()
 	b.Cleanup(func() { s.Close(CloseNormal, "done") })
 	go io.Copy(provider, provider) // the provider echoes the bytes as they are
