@@ -1,0 +1,1180 @@
+package e2e
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/binary"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/coder/websocket"
+
+	"github.com/browserfailover/caddy-browser-failover/internal/testgw"
+	"github.com/browserfailover/caddy-browser-failover/status"
+)
+
+// The tests of this file take sessions back after their client left them
+// (resume), with real Puppeteer and Playwright clients and real Chromium
+// providers. Each Chromium sits behind a small TCP proxy of this file that
+// records every connection the gateway makes to it, so that a test can
+// tell that a resume went to the session's browser and nowhere else; the
+// proxy can also play a provider that kills its browser as soon as the
+// gateway's WebSocket connection to it closes.
+
+// driver is js/resume.mjs: commands on its stdin, one answer line each.
+type driver struct {
+	n  *NodeProc
+	in io.WriteCloser
+}
+
+// startDriver starts js/resume.mjs; it ends at cleanup.
+func startDriver(t *testing.T) *driver {
+	t.Helper()
+	pr, pw := io.Pipe()
+	cmd := nodeCmd(context.Background(), t, "resume.mjs")
+	in, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := startProc(t, cmd, pw)
+	// Runs before startProc's kill: end of input first, then a polite stop.
+	t.Cleanup(func() {
+		in.Close()
+		select {
+		case <-p.done:
+		case <-time.After(5 * time.Second):
+		}
+		p.stop(5 * time.Second)
+	})
+	n := &NodeProc{p: p, lines: make(chan string, 100)}
+	go func() {
+		<-p.done
+		pw.Close()
+	}()
+	go func() {
+		sc := bufio.NewScanner(pr)
+		sc.Buffer(make([]byte, 64<<10), 1<<20)
+		for sc.Scan() {
+			n.lines <- sc.Text()
+		}
+		close(n.lines)
+		io.Copy(io.Discard, pr)
+	}()
+	return &driver{n: n, in: in}
+}
+
+// do sends one command and returns its answer, which must start with
+// want (an ERROR answer, the script's end or nodeTimeout fail the test).
+func (d *driver) do(t *testing.T, want, format string, args ...any) string {
+	t.Helper()
+	cmd := fmt.Sprintf(format, args...)
+	start := time.Now()
+	if _, err := io.WriteString(d.in, cmd+"\n"); err != nil {
+		t.Fatalf("driver: writing %q: %v\n%s", cmd, err, d.n.Output())
+	}
+	timer := time.NewTimer(nodeTimeout)
+	defer timer.Stop()
+	for {
+		select {
+		case line, ok := <-d.n.lines:
+			if !ok {
+				<-d.n.p.done
+				t.Fatalf("driver ended (%v) during %q; stderr:\n%s", d.n.p.err, cmd, d.n.Output())
+			}
+			t.Logf("driver: %s → %s (%v)", cmd, line, time.Since(start).Round(time.Millisecond))
+			if strings.HasPrefix(line, "ERROR ") {
+				t.Fatalf("driver: %s: %s\nstderr:\n%s", cmd, line, d.n.Output())
+			}
+			if strings.HasPrefix(line, want) {
+				return line
+			}
+		case <-timer.C:
+			t.Fatalf("driver: no answer to %q within %v; stderr:\n%s", cmd, nodeTimeout, d.n.Output())
+		}
+	}
+}
+
+// connect runs "connect label url [mode]" and returns the session ID the
+// gateway's 101 carried.
+func (d *driver) connect(t *testing.T, label, url, mode string) string {
+	t.Helper()
+	f := strings.Fields(d.do(t, "CONNECTED "+label+" ", "connect %s %s %s", label, url, mode))
+	if len(f) != 4 || len(f[2]) < 22 { // 128 bits, base64url
+		t.Fatalf("connect %s: answer %q has no session ID", label, strings.Join(f, " "))
+	}
+	return f[2]
+}
+
+// refused runs "connect label url" for a resume that must be refused with
+// status and returns the answer's body.
+func (d *driver) refused(t *testing.T, label, url string, status int) string {
+	t.Helper()
+	line := d.do(t, "", "connect %s %s", label, url)
+	prefix := fmt.Sprintf("REFUSED %s %d ", label, status)
+	if !strings.HasPrefix(line, prefix) {
+		t.Fatalf("connect %s: %q, want %q…", url, line, prefix)
+	}
+	body := strings.TrimPrefix(line, prefix)
+	var m map[string]any
+	if err := json.Unmarshal([]byte(body), &m); err != nil || m["error"] == nil {
+		t.Fatalf("refused resume's body %q is not a JSON error (%v)", body, err)
+	}
+	return body
+}
+
+// wantPage checks a CHECK, PW or RAW answer: the page was found, with
+// window.x === 42.
+func wantPage(t *testing.T, answer string) {
+	t.Helper()
+	if !strings.Contains(answer, " found=true ") || !strings.HasSuffix(answer, " x=42") {
+		t.Fatalf("the page is not there with x === 42: %s", answer)
+	}
+}
+
+// cdpProxy is a TCP proxy in front of one Chromium's DevTools port. It
+// tells HTTP connections (discovery) from WebSocket upgrades, and records
+// each upgrade: its path, when it opened and closed, which side ended it
+// first, and the close frames the gateway sent the browser. With kill, it
+// kills the browser as soon as an upgraded connection ends: a provider
+// whose browser lives as long as its socket.
+type cdpProxy struct {
+	t      *testing.T
+	ln     net.Listener
+	target *Chromium
+	kill   bool
+
+	mu      sync.Mutex
+	plain   int // connections that were not upgrades
+	failed  int // connections it could not pass on (the browser is gone)
+	ups     []*proxied
+	conns   map[net.Conn]struct{}
+	closing bool
+	wg      sync.WaitGroup
+}
+
+// proxied is one upgraded connection as the proxy saw it.
+type proxied struct {
+	Path string
+	// Head is the upgrade request's head as the gateway sent it.
+	Head           string
+	Opened, Closed time.Time // Closed is zero while it is open
+	// By is the side whose TCP connection ended first: "gateway" or
+	// "browser" (Chrome closes its side first once it answered a close
+	// frame).
+	By string
+	// Closes are the close frames the gateway sent the browser, as
+	// "code reason".
+	Closes []string
+}
+
+// startProxy starts a proxy in front of c, closed at cleanup.
+func startProxy(t *testing.T, c *Chromium, kill bool) *cdpProxy {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &cdpProxy{t: t, ln: ln, target: c, kill: kill, conns: map[net.Conn]struct{}{}}
+	p.wg.Add(1)
+	go p.serve()
+	t.Cleanup(p.close)
+	return p
+}
+
+// HTTPURL is the provider URL of the browser behind the proxy.
+func (p *cdpProxy) HTTPURL() string { return "http://" + p.ln.Addr().String() }
+
+func (p *cdpProxy) close() {
+	p.mu.Lock()
+	p.closing = true
+	for c := range p.conns {
+		c.Close()
+	}
+	p.mu.Unlock()
+	p.ln.Close()
+	p.wg.Wait()
+}
+
+// track registers c (false: the proxy is closing).
+func (p *cdpProxy) track(c net.Conn) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closing {
+		c.Close()
+		return false
+	}
+	p.conns[c] = struct{}{}
+	return true
+}
+
+func (p *cdpProxy) untrack(c net.Conn) {
+	p.mu.Lock()
+	delete(p.conns, c)
+	p.mu.Unlock()
+	c.Close()
+}
+
+func (p *cdpProxy) serve() {
+	defer p.wg.Done()
+	for {
+		c, err := p.ln.Accept()
+		if err != nil {
+			return
+		}
+		if !p.track(c) {
+			continue
+		}
+		p.wg.Add(1)
+		go func() {
+			defer p.wg.Done()
+			p.handle(c)
+		}()
+	}
+}
+
+// handle reads the request's head, passes the connection on to the
+// browser, and records it.
+func (p *cdpProxy) handle(c net.Conn) {
+	defer p.untrack(c)
+	br := bufio.NewReader(c)
+	c.SetReadDeadline(time.Now().Add(30 * time.Second))
+	var head bytes.Buffer
+	path, upgrade := "", false
+	for head.Len() < 64<<10 {
+		line, err := br.ReadSlice('\n')
+		head.Write(line)
+		if err != nil {
+			return
+		}
+		s := strings.TrimSpace(string(line))
+		if path == "" {
+			if f := strings.Fields(s); len(f) == 3 {
+				path = f[1]
+			}
+		}
+		if k, v, ok := strings.Cut(s, ":"); ok && strings.EqualFold(strings.TrimSpace(k), "upgrade") &&
+			strings.EqualFold(strings.TrimSpace(v), "websocket") {
+			upgrade = true
+		}
+		if s == "" {
+			break
+		}
+	}
+	c.SetReadDeadline(time.Time{})
+	b, err := net.DialTimeout("tcp", p.target.Addr, 5*time.Second)
+	if err != nil {
+		// The browser is gone: the gateway's handshake fails.
+		p.mu.Lock()
+		p.failed++
+		p.mu.Unlock()
+		return
+	}
+	if !p.track(b) {
+		return
+	}
+	defer p.untrack(b)
+	if _, err := b.Write(head.Bytes()); err != nil {
+		return
+	}
+	var rec *proxied
+	p.mu.Lock()
+	if upgrade {
+		rec = &proxied{Path: path, Head: head.String(), Opened: time.Now()}
+		p.ups = append(p.ups, rec)
+	} else {
+		p.plain++
+	}
+	p.mu.Unlock()
+	ended := func(by string) {
+		p.mu.Lock()
+		first := rec != nil && rec.Closed.IsZero()
+		if first {
+			rec.Closed, rec.By = time.Now(), by
+		}
+		p.mu.Unlock()
+		if first && p.kill {
+			// The provider ends the browser with its socket.
+			p.target.Kill()
+		}
+		c.Close()
+		b.Close()
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		io.Copy(c, b)
+		ended("browser")
+	}()
+	var from io.Reader = br
+	if upgrade {
+		// What follows the 101 from the gateway is WebSocket frames.
+		from = io.TeeReader(br, &frameSniffer{onClose: func(s string) {
+			p.mu.Lock()
+			rec.Closes = append(rec.Closes, s)
+			p.mu.Unlock()
+		}})
+	}
+	io.Copy(b, from)
+	ended("gateway")
+	<-done
+}
+
+// upgrades returns a copy of the upgraded connections so far.
+func (p *cdpProxy) upgrades() []proxied {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	out := make([]proxied, len(p.ups))
+	for i, u := range p.ups {
+		out[i] = *u
+		out[i].Closes = append([]string(nil), u.Closes...)
+	}
+	return out
+}
+
+// contacts counts every connection the gateway made to the proxy.
+func (p *cdpProxy) contacts() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.plain + p.failed + len(p.ups)
+}
+
+// frameSniffer follows the WebSocket frames of a client-to-server stream
+// (masked) and reports each close frame's code and reason. It only reads.
+type frameSniffer struct {
+	head    []byte // the current frame's header, while incomplete
+	left    uint64 // payload bytes of the current frame still to come
+	isClose bool
+	mask    [4]byte
+	payload []byte // a close frame's payload so far
+	onClose func(string)
+}
+
+func (f *frameSniffer) Write(b []byte) (int, error) {
+	n := len(b)
+	for len(b) > 0 {
+		if f.left > 0 {
+			k := uint64(len(b))
+			if k > f.left {
+				k = f.left
+			}
+			if f.isClose {
+				f.payload = append(f.payload, b[:k]...)
+			}
+			f.left -= k
+			b = b[k:]
+			if f.left == 0 && f.isClose {
+				f.closeFrame()
+			}
+			continue
+		}
+		f.head = append(f.head, b[0])
+		b = b[1:]
+		if len(f.head) < 2 {
+			continue
+		}
+		size := 2
+		switch f.head[1] & 0x7f {
+		case 126:
+			size += 2
+		case 127:
+			size += 8
+		}
+		if f.head[1]&0x80 != 0 {
+			size += 4
+		}
+		if len(f.head) < size {
+			continue
+		}
+		var length uint64
+		switch l := f.head[1] & 0x7f; l {
+		case 126:
+			length = uint64(binary.BigEndian.Uint16(f.head[2:4]))
+		case 127:
+			length = binary.BigEndian.Uint64(f.head[2:10])
+		default:
+			length = uint64(l)
+		}
+		if f.head[1]&0x80 != 0 {
+			copy(f.mask[:], f.head[size-4:size])
+		} else {
+			f.mask = [4]byte{}
+		}
+		f.isClose = f.head[0]&0x0f == 0x8
+		f.left, f.payload, f.head = length, f.payload[:0], f.head[:0]
+		if f.left == 0 && f.isClose {
+			f.closeFrame()
+		}
+	}
+	return n, nil
+}
+
+func (f *frameSniffer) closeFrame() {
+	p := make([]byte, len(f.payload))
+	for i := range f.payload {
+		p[i] = f.payload[i] ^ f.mask[i%4]
+	}
+	if len(p) < 2 {
+		f.onClose("1005")
+		return
+	}
+	f.onClose(strconv.Itoa(int(binary.BigEndian.Uint16(p))) + " " + string(p[2:]))
+}
+
+// logEntry waits for the log entry msg whose field key is value, and
+// returns it.
+func logEntry(t *testing.T, g *testgw.Gateway, msg, key, value string) map[string]any {
+	t.Helper()
+	var found map[string]any
+	testgw.Eventually(t, 30*time.Second, fmt.Sprintf("a %q log entry with %s %s", msg, key, value), func() bool {
+		for _, e := range g.LogEntries(msg) {
+			if e[key] == value {
+				found = e
+				return true
+			}
+		}
+		return false
+	})
+	return found
+}
+
+// logTime is a log entry's time.
+func logTime(e map[string]any) time.Time {
+	ts, _ := e["ts"].(float64)
+	return time.Unix(0, int64(ts*1e9))
+}
+
+// sessionsList reads the admin API's sessions list.
+func sessionsList(t *testing.T, g *testgw.Gateway) []status.Session {
+	t.Helper()
+	code, b, err := g.AdminDo(http.MethodGet, status.SessionsPath, nil)
+	var l status.Sessions
+	if err != nil || code != http.StatusOK || json.Unmarshal(b, &l) != nil {
+		t.Fatalf("sessions list: %d %s (%v)", code, b, err)
+	}
+	return l.Sessions
+}
+
+// listed returns the sessions list's entry id (ok false when absent).
+func listed(t *testing.T, g *testgw.Gateway, id string) (status.Session, bool) {
+	t.Helper()
+	for _, s := range sessionsList(t, g) {
+		if s.ID == id {
+			return s, true
+		}
+	}
+	return status.Session{}, false
+}
+
+// wantParked checks that the sessions list shows id parked at provider,
+// resumable for about window more.
+func wantParked(t *testing.T, g *testgw.Gateway, id, provider string, window time.Duration) {
+	t.Helper()
+	s, ok := listed(t, g, id)
+	if !ok || !s.Parked || s.Provider != provider || s.ResumableUntil == nil {
+		t.Fatalf("sessions list: %s is %+v (listed %v), want parked at %s", id, s, ok, provider)
+	}
+	if left := time.Until(*s.ResumableUntil); left <= 0 || left > window {
+		t.Fatalf("sessions list: %s resumable for %v more, want within (0, %v]", id, left, window)
+	}
+}
+
+// endParked ends a parked session as an operator does (DELETE on the
+// admin API), so that nothing outlives the test.
+func endParked(t *testing.T, g *testgw.Gateway, id string) {
+	t.Helper()
+	code, b, err := g.AdminDo(http.MethodDelete, status.SessionsPath+"/"+id, nil)
+	if err != nil || code != http.StatusOK {
+		t.Fatalf("DELETE session %s: %d %s (%v)", id, code, b, err)
+	}
+	if _, ok := listed(t, g, id); ok {
+		t.Fatalf("session %s still listed after DELETE", id)
+	}
+}
+
+// act runs an operator's provider action (drain, undrain) on the admin API.
+func act(t *testing.T, g *testgw.Gateway, provider, action string) {
+	t.Helper()
+	code, b, err := g.AdminDo(http.MethodPost, status.ProvidersPath+provider+"/"+action, nil)
+	if err != nil || code != http.StatusOK {
+		t.Fatalf("%s %s: %d %s (%v)", action, provider, code, b, err)
+	}
+}
+
+// metric reads one series of the admin API's /metrics (0 when absent).
+func metric(t *testing.T, g *testgw.Gateway, series string) float64 {
+	t.Helper()
+	code, b, err := g.AdminDo(http.MethodGet, "/metrics", nil)
+	if err != nil || code != http.StatusOK {
+		t.Fatalf("/metrics: %d (%v)", code, err)
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, series+" "); ok {
+			f, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
+			if err != nil {
+				t.Fatalf("/metrics: %q", line)
+			}
+			return f
+		}
+	}
+	return 0
+}
+
+func resumes(result string) string {
+	return `caddy_browser_failover_resumes_total{result="` + result + `"}`
+}
+
+// freshSession opens a plain CDP connection to the gateway and returns the
+// provider the sessions list shows it at; it is closed at once, and its
+// parked entry ended.
+func freshSession(t *testing.T, g *testgw.Gateway) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	c, resp, err := websocket.Dial(ctx, g.WS("/"), nil)
+	if err != nil {
+		t.Fatalf("a fresh connection: %v", err)
+	}
+	defer c.CloseNow()
+	id := resp.Header.Get("Browser-Failover-Session")
+	s, ok := listed(t, g, id)
+	if !ok {
+		t.Fatalf("the fresh session %q is not listed", id)
+	}
+	c.Close(websocket.StatusNormalClosure, "")
+	logEntry(t, g, "session parked", "session_id", id)
+	endParked(t, g, id)
+	return s.Provider
+}
+
+// TestResumeAfterDrop: real Puppeteer through the gateway in front of two
+// real Chromiums under round_robin. A page gets window.x = 42, the
+// client's TCP connection is reset (no close frame), and a Puppeteer that
+// connects with ?bf_resume=<id> finds that page, x === 42, in the same
+// browser, although the strategy would send a fresh connection to the
+// other one, which never hears of the session. While the session's
+// provider is drained, the resume gets 410 and the window goes on. The
+// same ID does not resume twice.
+func TestResumeAfterDrop(t *testing.T) {
+	Require(t, true)
+	bs := StartChromiums(t, 2)
+	px := []*cdpProxy{startProxy(t, bs[0], false), startProxy(t, bs[1], false)}
+	names := []string{"rsd-a", "rsd-b"}
+	const window = 2 * time.Minute
+	g := testgw.Start(t, handler(`"strategy":"round_robin","queue":{"size":0},"connect_timeout":"10s","resume":{"window":"2m"}`,
+		provider(names[0], px[0].HTTPURL(), ""), provider(names[1], px[1].HTTPURL(), "")))
+	resumed0, unknown0 := metric(t, g, resumes("resumed")), metric(t, g, resumes("unknown"))
+	unavailable0 := metric(t, g, resumes("unavailable"))
+	d := startDriver(t)
+
+	id1 := d.connect(t, "c1", g.WS("/"), "")
+	s1, ok := listed(t, g, id1)
+	if !ok {
+		t.Fatalf("session %s is not listed", id1)
+	}
+	own, other := 0, 1
+	if s1.Provider == names[1] {
+		own, other = 1, 0
+	}
+	d.do(t, "OPENED", "open c1 resume-drop")
+	upsBefore, otherBefore := len(px[own].upgrades()), px[other].contacts()
+
+	d.do(t, "DROPPED", "drop c1")
+	parked := logEntry(t, g, "session parked", "session_id", id1)
+	if parked["provider"] != names[own] || parked["held"] != false || parked["close_code"] != float64(1001) {
+		t.Fatalf("session parked: %v, want provider %s, held false, close_code 1001 (its connection dropped)", parked, names[own])
+	}
+	wantParked(t, g, id1, names[own], window)
+	if ups := px[own].upgrades(); ups[len(ups)-1].Closed.IsZero() {
+		t.Fatalf("without hold, the provider connection is still open after the drop: %+v", ups)
+	}
+
+	// Its provider drained: 410, the window goes on, and no other
+	// provider is asked.
+	act(t, g, names[own], "drain")
+	body := d.refused(t, "c2", g.WS("/?bf_resume="+id1), http.StatusGone)
+	t.Logf("resume at a drained provider: 410 %s", body)
+	if n := px[other].contacts(); n != 0 || len(px[own].upgrades()) != upsBefore {
+		t.Fatalf("a resume at a drained provider contacted %s %d times, %s %d times",
+			names[other], n, names[own], len(px[own].upgrades())-upsBefore)
+	}
+	if got := metric(t, g, resumes("unavailable")) - unavailable0; got != 1 {
+		t.Fatalf("resumes_total{result=unavailable} went up by %v, want 1", got)
+	}
+	wantParked(t, g, id1, names[own], window)
+	act(t, g, names[own], "undrain")
+
+	resuming := time.Now()
+	id2 := d.connect(t, "c2", g.WS("/?bf_resume="+id1), "")
+	took := time.Since(resuming)
+	if id2 == id1 {
+		t.Fatalf("the resumed session kept ID %s, want a new one", id1)
+	}
+	wantPage(t, d.do(t, "CHECK", "check c2 resume-drop"))
+	t.Logf("a resumed Puppeteer (upgrade, puppeteer.connect) in %v", took.Round(time.Millisecond))
+
+	res := logEntry(t, g, "session resumed", "session_id", id2)
+	if res["resumed_from"] != id1 || res["provider"] != names[own] || res["held"] != false {
+		t.Fatalf("session resumed: %v, want resumed_from %s at %s, held false", res, id1, names[own])
+	}
+	if s, ok := listed(t, g, id2); !ok || s.Parked || s.Provider != names[own] {
+		t.Fatalf("resumed session %s listed as %+v (%v), want live at %s", id2, s, ok, names[own])
+	}
+	if _, ok := listed(t, g, id1); ok {
+		t.Fatalf("session %s still listed after its resume", id1)
+	}
+	// The same browser, dialled again at the URL it was connected to, with
+	// no discovery; the other browser never heard of it.
+	ups := px[own].upgrades()
+	// (bf_resume is not forwarded: the path is the first connection's.)
+	if len(ups) != upsBefore+1 || ups[len(ups)-1].Path != ups[0].Path || !strings.HasPrefix(ups[0].Path, "/devtools/browser/") {
+		t.Fatalf("%s's connections: %+v, want one more to %s", names[own], ups, ups[0].Path)
+	}
+	if n := px[other].contacts(); n != otherBefore || n != 0 {
+		t.Fatalf("%s was contacted %d times (%d before the resume), want never", names[other], n, otherBefore)
+	}
+	if got := metric(t, g, resumes("resumed")) - resumed0; got != 1 {
+		t.Fatalf("resumes_total{result=resumed} went up by %v, want 1", got)
+	}
+
+	// The strategy sends a fresh client to the other browser.
+	if p := freshSession(t, g); p != names[other] {
+		t.Fatalf("a fresh connection went to %s, want %s (round_robin)", p, names[other])
+	}
+
+	// A second resume of the same ID: 410, and no provider is asked.
+	before := []int{px[0].contacts(), px[1].contacts()}
+	body = d.refused(t, "c3", g.WS("/?bf_resume="+id1), http.StatusGone)
+	t.Logf("second resume of %s: 410 %s", id1, body)
+	if after := []int{px[0].contacts(), px[1].contacts()}; after[0] != before[0] || after[1] != before[1] {
+		t.Fatalf("a refused resume contacted a provider: %v connections before, %v after", before, after)
+	}
+	if got := metric(t, g, resumes("unknown")) - unknown0; got != 1 {
+		t.Fatalf("resumes_total{result=unknown} went up by %v, want 1", got)
+	}
+
+	// The resumed session ends like any other: parked again when its
+	// client leaves; the operator ends it.
+	d.do(t, "DISCONNECTED", "disconnect c2")
+	logEntry(t, g, "session parked", "session_id", id2)
+	endParked(t, g, id2)
+	waitIdle(t, names...)
+}
+
+// TestResumeAfterDisconnect: clean disconnects (close frames) and the
+// clients of the docs, chained on one browser page. Puppeteer with the
+// transport leaves with browser.disconnect(); Puppeteer's own
+// puppeteer.connect({browserWSEndpoint: gw + '?bf_resume=' + id}) takes it
+// back and leaves; Playwright's chromium.connectOverCDP(gw + '/?bf_resume='
+// + id) takes it back (the page among its default context's pages) and
+// leaves with browser.close(); Puppeteer takes it back from Playwright;
+// and Playwright once more with the http:// URL form (it fetches
+// /json/version with the query first). Each resume gets a new ID, read
+// from the log when the client cannot see it; the page keeps x === 42
+// throughout, in the same browser, and the other browser is never asked.
+func TestResumeAfterDisconnect(t *testing.T) {
+	Require(t, true)
+	bs := StartChromiums(t, 2)
+	px := []*cdpProxy{startProxy(t, bs[0], false), startProxy(t, bs[1], false)}
+	names := []string{"rsc-a", "rsc-b"}
+	g := testgw.Start(t, handler(`"strategy":"round_robin","queue":{"size":0},"connect_timeout":"10s","resume":{"window":"2m"}`,
+		provider(names[0], px[0].HTTPURL(), ""), provider(names[1], px[1].HTTPURL(), "")))
+	d := startDriver(t)
+
+	id := d.connect(t, "c1", g.WS("/"), "")
+	s1, _ := listed(t, g, id)
+	own, other := 0, 1
+	if s1.Provider == names[1] {
+		own, other = 1, 0
+	}
+	d.do(t, "OPENED", "open c1 resume-clean")
+	otherBefore := px[other].contacts()
+
+	// left checks the parking of the session id its client just left
+	// with a close frame.
+	left := func(id string) {
+		t.Helper()
+		// Puppeteer's (ws's) and Playwright's close frames carry no
+		// code: the gateway keeps 1000 for them.
+		e := logEntry(t, g, "session parked", "session_id", id)
+		if e["close_code"] != float64(1000) || e["held"] != false || e["provider"] != names[own] {
+			t.Fatalf("session parked: %v, want close_code 1000, held false, at %s", e, names[own])
+		}
+	}
+	// resume runs the next client's command, which resumes id, and
+	// returns its answer and the new session's ID (from the log).
+	resume := func(id, cmd string, args ...any) (string, string) {
+		t.Helper()
+		start := time.Now()
+		answer := d.do(t, "", cmd, args...)
+		res := logEntry(t, g, "session resumed", "resumed_from", id)
+		if res["provider"] != names[own] || res["held"] != false {
+			t.Fatalf("session resumed: %v, want provider %s, held false", res, names[own])
+		}
+		t.Logf("resume of %s: %v", id, time.Since(start).Round(time.Millisecond))
+		return answer, fmt.Sprint(res["session_id"])
+	}
+
+	// Puppeteer with the transport → Puppeteer's own browserWSEndpoint.
+	d.do(t, "DISCONNECTED", "disconnect c1")
+	left(id)
+	_, id = resume(id, "connect-url c2 %s", g.WS("/?bf_resume="+id))
+	wantPage(t, d.do(t, "CHECK", "check c2 resume-clean"))
+	d.do(t, "DISCONNECTED", "disconnect c2")
+	left(id)
+
+	// → Playwright's connectOverCDP (ws:// URL).
+	answer, id := resume(id, "pw p3 %s resume-clean", g.WS("/?bf_resume="+id))
+	wantPage(t, answer)
+	d.do(t, "PWCLOSED", "pwclose p3")
+	left(id)
+
+	// → Puppeteer with the transport, which reads the new ID itself.
+	prev := id
+	id = d.connect(t, "c4", g.WS("/?bf_resume="+prev), "")
+	if res := logEntry(t, g, "session resumed", "session_id", id); res["resumed_from"] != prev {
+		t.Fatalf("session resumed: %v, want resumed_from %s", res, prev)
+	}
+	wantPage(t, d.do(t, "CHECK", "check c4 resume-clean"))
+	d.do(t, "DISCONNECTED", "disconnect c4")
+	left(id)
+
+	// → Playwright's connectOverCDP with the http:// URL.
+	answer, id = resume(id, "pw p5 %s resume-clean", g.HTTP("/?bf_resume="+id))
+	wantPage(t, answer)
+	d.do(t, "PWCLOSED", "pwclose p5")
+	left(id)
+	endParked(t, g, id)
+
+	if n := px[other].contacts(); n != otherBefore {
+		t.Fatalf("%s was contacted %d times during the resumes", names[other], n-otherBefore)
+	}
+	if ups := px[own].upgrades(); len(ups) != 5 {
+		t.Fatalf("%s got %d WebSocket connections, want 5 (one per client)", names[own], len(ups))
+	}
+	waitIdle(t, names...)
+}
+
+// TestResumeHoldKillingProvider: a provider that kills its browser as soon
+// as the gateway's connection to it closes (the proxy of this file in
+// front of a real Chromium). Without hold, a dropped client's browser is
+// gone and its resume is answered 410; with hold, the gateway keeps that
+// connection open while the client is away, and the page survives the
+// drop with x === 42, over several resumes of the same held connection.
+//
+// A client joining a held connection shares the CDP connection state
+// earlier clients left in the browser: their target discovery and
+// auto-attach stay on, so the browser reports no target again, and a
+// Puppeteer (or a Playwright after a Playwright) sees no page. Undoing
+// them first (Target.setAutoAttach {autoAttach: false, flatten: true} and
+// Target.setDiscoverTargets {discover: false}, over Puppeteer's transport
+// or by a bare client that resumes and leaves again) makes every page
+// visible. What the clients see without it is logged, not asserted: it is
+// the browser's and the clients' behaviour, not the gateway's.
+func TestResumeHoldKillingProvider(t *testing.T) {
+	Require(t, true)
+	bs := StartChromiums(t, 3)
+	kNo, kHold := startProxy(t, bs[0], true), startProxy(t, bs[1], true)
+	otherPx := startProxy(t, bs[2], false)
+	d := startDriver(t)
+	base := `"queue":{"size":0},"connect_timeout":"10s",`
+	g := testgw.Start(t, handler(base+`"resume":{"window":"2m"}`,
+		provider("rkp-nohold", kNo.HTTPURL(), `"priority":1`),
+		provider("rkp-other", otherPx.HTTPURL(), `"priority":2`)))
+
+	t.Run("without-hold", func(t *testing.T) {
+		refused0 := metric(t, g, resumes("refused"))
+		id := d.connect(t, "n1", g.WS("/"), "")
+		if s, _ := listed(t, g, id); s.Provider != "rkp-nohold" {
+			t.Fatalf("session at %q, want rkp-nohold", s.Provider)
+		}
+		d.do(t, "OPENED", "open n1 resume-killed")
+		d.do(t, "DROPPED", "drop n1")
+		logEntry(t, g, "session parked", "session_id", id)
+		testgw.Eventually(t, 30*time.Second, "the provider to kill its browser", bs[0].p.exited)
+		ups := kNo.upgrades()
+		if len(ups) != 1 || ups[0].By != "gateway" {
+			t.Fatalf("provider connections %+v, want one, ended by the gateway", ups)
+		}
+		t.Logf("the gateway closed the provider connection with close frames %v (its client's connection dropped)", ups[0].Closes)
+		body := d.refused(t, "n2", g.WS("/?bf_resume="+id), http.StatusGone)
+		t.Logf("resume of a killed browser: 410 %s", body)
+		if got := metric(t, g, resumes("refused")) - refused0; got != 1 {
+			t.Fatalf("resumes_total{result=refused} went up by %v, want 1", got)
+		}
+		if n := otherPx.contacts(); n != 0 {
+			t.Fatalf("rkp-other was contacted %d times", n)
+		}
+		if _, ok := listed(t, g, id); ok {
+			t.Fatalf("a session whose browser is gone is still listed")
+		}
+	})
+
+	t.Run("with-hold", func(t *testing.T) {
+		if err := g.Reload(handler(base+`"resume":{"window":"2m","hold":true}`,
+			provider("rkp-hold", kHold.HTTPURL(), `"priority":1`),
+			provider("rkp-other", otherPx.HTTPURL(), `"priority":2`))); err != nil {
+			t.Fatal(err)
+		}
+		otherBefore := otherPx.contacts()
+		resumed0 := metric(t, g, resumes("resumed"))
+		id1 := d.connect(t, "h1", g.WS("/"), "")
+		if s, _ := listed(t, g, id1); s.Provider != "rkp-hold" {
+			t.Fatalf("session at %q, want rkp-hold", s.Provider)
+		}
+		d.do(t, "OPENED", "open h1 resume-held")
+		dropped := time.Now()
+		d.do(t, "DROPPED", "drop h1")
+		parked := logEntry(t, g, "session parked", "session_id", id1)
+		if parked["held"] != true || parked["close_code"] != float64(1001) {
+			t.Fatalf("session parked: %v, want held, close_code 1001", parked)
+		}
+		wantParked(t, g, id1, "rkp-hold", 2*time.Minute)
+		if n := active("rkp-hold"); n != 1 {
+			t.Fatalf("rkp-hold holds %d sessions while one is held, want 1 (it keeps its slot)", n)
+		}
+		// A while away: the provider connection stays open, the browser
+		// lives.
+		time.Sleep(3 * time.Second)
+		if ups := kHold.upgrades(); len(ups) != 1 || !ups[0].Closed.IsZero() || bs[1].p.exited() {
+			t.Fatalf("held: provider connections %+v, browser exited %v; want one, open, and the browser alive", ups, bs[1].p.exited())
+		}
+
+		// A plain puppeteer.connect over the held connection: its
+		// Target.setDiscoverTargets and Target.setAutoAttach are
+		// answered without a targetCreated or attachedToTarget event.
+		resuming := time.Now()
+		id2 := d.connect(t, "h2", g.WS("/?bf_resume="+id1), "")
+		took := time.Since(resuming)
+		res := logEntry(t, g, "session resumed", "session_id", id2)
+		if res["resumed_from"] != id1 || res["held"] != true || res["provider"] != "rkp-hold" {
+			t.Fatalf("session resumed: %v, want resumed_from %s, held, rkp-hold", res, id1)
+		}
+		t.Logf("a resumed Puppeteer over the held connection in %v, %v after the drop",
+			took.Round(time.Millisecond), time.Since(dropped).Round(time.Millisecond))
+		plain := d.do(t, "CHECK", "check h2 resume-held")
+		t.Logf("plain puppeteer.connect over a held connection sees: %s", plain)
+		d.do(t, "DROPPED", "drop h2")
+		logEntry(t, g, "session parked", "session_id", id2)
+
+		// With the attachments reset first, Puppeteer sees every page.
+		id3 := d.connect(t, "h3", g.WS("/?bf_resume="+id2), "reset")
+		wantPage(t, d.do(t, "CHECK", "check h3 resume-held"))
+		d.do(t, "DISCONNECTED", "disconnect h3")
+		if e := logEntry(t, g, "session parked", "session_id", id3); e["held"] != true || e["close_code"] != float64(1000) {
+			t.Fatalf("session parked: %v, want held, close_code 1000", e)
+		}
+
+		// A bare CDP client over the same held connection.
+		raw := d.do(t, "RAW", "raw r4 %s resume-held", g.WS("/?bf_resume="+id3))
+		wantPage(t, raw)
+		id4 := strings.Fields(raw)[2]
+		if res := logEntry(t, g, "session resumed", "session_id", id4); res["resumed_from"] != id3 {
+			t.Fatalf("session resumed: %v, want resumed_from %s", res, id3)
+		}
+		d.do(t, "RAWCLOSED", "rawclose r4")
+		logEntry(t, g, "session parked", "session_id", id4)
+
+		// Playwright's connectOverCDP over the held connection: what it
+		// sees depends on what earlier clients left attached (logged);
+		// after a bare client's reset, it sees the page.
+		pwResume := func(label, id string) (string, string) {
+			t.Helper()
+			answer := d.do(t, "PW", "pw %s %s resume-held", label, g.WS("/?bf_resume="+id))
+			next := fmt.Sprint(logEntry(t, g, "session resumed", "resumed_from", id)["session_id"])
+			d.do(t, "PWCLOSED", "pwclose %s", label)
+			logEntry(t, g, "session parked", "session_id", next)
+			return answer, next
+		}
+		answer, id5 := pwResume("p5", id4)
+		t.Logf("connectOverCDP over a held connection, after Puppeteer and a bare client: %s", answer)
+		answer, id6 := pwResume("p6", id5)
+		t.Logf("connectOverCDP over a held connection, after connectOverCDP: %s", answer)
+		reset := strings.Fields(d.do(t, "RESET", "reset x7 %s", g.WS("/?bf_resume="+id6)))
+		id7 := reset[2]
+		d.do(t, "RAWCLOSED", "rawclose x7")
+		logEntry(t, g, "session parked", "session_id", id7)
+		answer, id8 := pwResume("p8", id7)
+		wantPage(t, answer)
+
+		// One provider connection all along, never closed, the browser
+		// alive; the other provider never heard of it.
+		if ups := kHold.upgrades(); len(ups) != 1 || !ups[0].Closed.IsZero() || len(ups[0].Closes) != 0 || bs[1].p.exited() {
+			t.Fatalf("provider connections %+v, browser exited %v; want one, open, no close frame, the browser alive", ups, bs[1].p.exited())
+		}
+		if n := otherPx.contacts(); n != otherBefore {
+			t.Fatalf("rkp-other was contacted %d times", n-otherBefore)
+		}
+		if got := metric(t, g, resumes("resumed")) - resumed0; got != 7 {
+			t.Fatalf("resumes_total{result=resumed} went up by %v, want 7", got)
+		}
+		if got := metric(t, g, `caddy_browser_failover_parked_sessions{held="true"}`); got != 1 {
+			t.Fatalf("parked_sessions{held=true} is %v, want 1", got)
+		}
+
+		// The operator ends it: now the provider gets its close frame,
+		// and kills its browser.
+		endParked(t, g, id8)
+		testgw.Eventually(t, 30*time.Second, "the provider to kill its browser", bs[1].p.exited)
+		ups := kHold.upgrades()
+		t.Logf("held connection: open %v, ended by the %s with %v", ups[0].Closed.Sub(ups[0].Opened).Round(time.Millisecond), ups[0].By, ups[0].Closes)
+		if len(ups[0].Closes) != 1 || !strings.HasPrefix(ups[0].Closes[0], "1000 ") {
+			t.Fatalf("held connection ended %+v, want the gateway's close 1000", ups[0])
+		}
+		waitIdle(t, "rkp-hold", "rkp-other")
+	})
+}
+
+// TestResumeAfterWindow: a resume after the window is answered 410 and
+// contacts no provider, without hold (the entry is gone) and with it (the
+// gateway closed the held provider connection at the window's end, with
+// the client's close code, 1001 for a dropped connection).
+func TestResumeAfterWindow(t *testing.T) {
+	Require(t, true)
+	bs := StartChromiums(t, 2)
+	px := []*cdpProxy{startProxy(t, bs[0], false), startProxy(t, bs[1], false)}
+	names := []string{"rsw-a", "rsw-b"}
+	const window = 3 * time.Second
+	conf := func(hold bool) string {
+		return handler(fmt.Sprintf(`"strategy":"round_robin","queue":{"size":0},"connect_timeout":"10s","resume":{"window":"3s","hold":%v}`, hold),
+			provider(names[0], px[0].HTTPURL(), ""), provider(names[1], px[1].HTTPURL(), ""))
+	}
+	g := testgw.Start(t, conf(false))
+	d := startDriver(t)
+
+	for _, hold := range []bool{false, true} {
+		t.Run(fmt.Sprintf("hold=%v", hold), func(t *testing.T) {
+			if hold {
+				if err := g.Reload(conf(true)); err != nil {
+					t.Fatal(err)
+				}
+			}
+			unknown0 := metric(t, g, resumes("unknown"))
+			id := d.connect(t, "w1", g.WS("/"), "")
+			s, _ := listed(t, g, id)
+			own := 0
+			if s.Provider == names[1] {
+				own = 1
+			}
+			d.do(t, "OPENED", "open w1 resume-late")
+			d.do(t, "DROPPED", "drop w1")
+			parked := logEntry(t, g, "session parked", "session_id", id)
+			over := logEntry(t, g, "resume window over", "session_id", id)
+			if w := logTime(over).Sub(logTime(parked)); w < window {
+				t.Fatalf("the window ended %v after the park, want at least %v", w, window)
+			}
+			if over["held"] != hold {
+				t.Fatalf("resume window over: %v, want held %v", over, hold)
+			}
+			if _, ok := listed(t, g, id); ok {
+				t.Fatalf("session %s still listed after its window", id)
+			}
+			ups := px[own].upgrades()
+			last := ups[len(ups)-1]
+			if hold {
+				// Closed by the gateway at the window's end, not before.
+				testgw.Eventually(t, 10*time.Second, "the held connection to close", func() bool {
+					ups = px[own].upgrades()
+					last = ups[len(ups)-1]
+					return !last.Closed.IsZero()
+				})
+				if last.Closed.Before(logTime(parked).Add(window)) || len(last.Closes) != 1 || last.Closes[0] != "1001 resume window over" {
+					t.Fatalf("held connection %+v (parked at %v), want closed after the window with the gateway's close 1001 resume window over",
+						last, logTime(parked))
+				}
+				t.Logf("held connection closed %v after the park, with %v", last.Closed.Sub(logTime(parked)).Round(time.Millisecond), last.Closes)
+			}
+			before := []int{px[0].contacts(), px[1].contacts()}
+			body := d.refused(t, "w2", g.WS("/?bf_resume="+id), http.StatusGone)
+			t.Logf("resume after the window: 410 %s", body)
+			if after := []int{px[0].contacts(), px[1].contacts()}; after[0] != before[0] || after[1] != before[1] {
+				t.Fatalf("a resume after the window contacted a provider: %v connections before, %v after", before, after)
+			}
+			if got := metric(t, g, resumes("unknown")) - unknown0; got != 1 {
+				t.Fatalf("resumes_total{result=unknown} went up by %v, want 1", got)
+			}
+			waitIdle(t, names...)
+		})
+	}
+}
+
+// TestResumeBrowserRestarted: the provider's browser was restarted at the
+// same address while the session was parked (a new browser, with another
+// /devtools/browser/<id>). The resume dials the old URL, Chrome answers
+// 404, and the client gets 410: not the new browser, which is not its
+// own. That answer is not the provider's failure: it stays out of
+// cooldown, and the next fresh client gets the new browser there.
+func TestResumeBrowserRestarted(t *testing.T) {
+	Require(t, true)
+	bs := StartChromiums(t, 2)
+	px := []*cdpProxy{startProxy(t, bs[0], false), startProxy(t, bs[1], false)}
+	g := testgw.Start(t, handler(`"queue":{"size":0},"connect_timeout":"10s","resume":{"window":"2m"}`,
+		provider("rsr-a", px[0].HTTPURL(), `"priority":1`), provider("rsr-b", px[1].HTTPURL(), `"priority":2`)))
+	refused0 := metric(t, g, resumes("refused"))
+	d := startDriver(t)
+
+	id := d.connect(t, "c1", g.WS("/"), "")
+	if s, _ := listed(t, g, id); s.Provider != "rsr-a" {
+		t.Fatalf("session at %q, want rsr-a", s.Provider)
+	}
+	d.do(t, "OPENED", "open c1 resume-restarted")
+	d.do(t, "DROPPED", "drop c1")
+	logEntry(t, g, "session parked", "session_id", id)
+
+	_, port, _ := net.SplitHostPort(bs[0].Addr)
+	bs[0].Kill()
+	again := StartChromiumAt(t, port)
+	if again.WSPath == bs[0].WSPath {
+		t.Fatalf("the restarted browser has the same path %s", again.WSPath)
+	}
+	body := d.refused(t, "c2", g.WS("/?bf_resume="+id), http.StatusGone)
+	t.Logf("resume after the browser restarted: 410 %s", body)
+	if !strings.Contains(body, "status_404") {
+		t.Fatalf("refused resume %s, want Chrome's 404 among its attempts", body)
+	}
+	if got := metric(t, g, resumes("refused")) - refused0; got != 1 {
+		t.Fatalf("resumes_total{result=refused} went up by %v, want 1", got)
+	}
+	if n := px[1].contacts(); n != 0 {
+		t.Fatalf("rsr-b was contacted %d times", n)
+	}
+	if p := providerStatus(t, g, "rsr-a"); !p.Healthy || p.CooldownUntil != nil || p.Failures != 0 {
+		t.Fatalf("rsr-a after a resume its new browser refused: %+v, want healthy, no cooldown, no failure", p)
+	}
+	if p := freshSession(t, g); p != "rsr-a" {
+		t.Fatalf("a fresh connection went to %s, want rsr-a's new browser", p)
+	}
+	waitIdle(t, "rsr-a", "rsr-b")
+}
+
+// cdpCall sends one CDP command over c and returns its result.
+func cdpCall(t *testing.T, c *websocket.Conn, id int, method string, params any) json.RawMessage {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	msg, _ := json.Marshal(map[string]any{"id": id, "method": method, "params": params})
+	if err := c.Write(ctx, websocket.MessageText, msg); err != nil {
+		t.Fatalf("%s: %v", method, err)
+	}
+	for {
+		_, b, err := c.Read(ctx)
+		if err != nil {
+			t.Fatalf("%s: %v", method, err)
+		}
+		var m struct {
+			ID     int             `json:"id"`
+			Result json.RawMessage `json:"result"`
+			Error  any             `json:"error"`
+		}
+		if json.Unmarshal(b, &m) == nil && m.ID == id {
+			if m.Error != nil {
+				t.Fatalf("%s: %v", method, m.Error)
+			}
+			return m.Result
+		}
+	}
+}
+
+// TestResumeKey: with resume_key {http.request.header.X-User}, a session
+// left by alice's client (its connection dropped) is not resumed by bob's
+// or by a client without the header (410, no provider contacted, the entry
+// stays), and then is by alice's, with the Browser-Failover-Resume header
+// instead of the query: her tab is there. Both providers are proxies in
+// front of the same Chromium, so the proxies alone tell where each
+// connection went.
+func TestResumeKey(t *testing.T) {
+	Require(t, false)
+	bs := StartChromiums(t, 1)
+	px := []*cdpProxy{startProxy(t, bs[0], false), startProxy(t, bs[0], false)}
+	names := []string{"rsk-a", "rsk-b"}
+	g := testgw.Start(t, handler(`"strategy":"round_robin","queue":{"size":0},"connect_timeout":"10s",`+
+		`"resume":{"window":"2m"},"resume_key":"{http.request.header.X-User}"`,
+		provider(names[0], px[0].HTTPURL(), ""), provider(names[1], px[1].HTTPURL(), "")))
+	unknown0 := metric(t, g, resumes("unknown"))
+	dial := func(h http.Header, resumeQuery string) (*websocket.Conn, *http.Response, error) {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		return websocket.Dial(ctx, g.WS("/"+resumeQuery), &websocket.DialOptions{HTTPHeader: h})
+	}
+	alice := http.Header{"X-User": {"alice"}}
+
+	c, resp, err := dial(alice, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := resp.Header.Get("Browser-Failover-Session")
+	s, _ := listed(t, g, id)
+	own := 0
+	if s.Provider == names[1] {
+		own = 1
+	}
+	var created struct {
+		TargetID string `json:"targetId"`
+	}
+	json.Unmarshal(cdpCall(t, c, 1, "Target.createTarget", map[string]any{"url": "about:blank"}), &created)
+	c.CloseNow() // no close frame
+	logEntry(t, g, "session parked", "session_id", id)
+
+	before := []int{px[0].contacts(), px[1].contacts()}
+	for who, h := range map[string]http.Header{"bob": {"X-User": {"bob"}}, "no header": nil} {
+		c, resp, err := dial(h, "?bf_resume="+id)
+		if err == nil {
+			c.CloseNow()
+			t.Fatalf("%s resumed alice's session", who)
+		}
+		if resp == nil || resp.StatusCode != http.StatusGone {
+			t.Fatalf("%s's resume: %v %v, want 410", who, resp, err)
+		}
+	}
+	if after := []int{px[0].contacts(), px[1].contacts()}; after[0] != before[0] || after[1] != before[1] {
+		t.Fatalf("refused resumes contacted a provider: %v connections before, %v after", before, after)
+	}
+	if got := metric(t, g, resumes("unknown")) - unknown0; got != 2 {
+		t.Fatalf("resumes_total{result=unknown} went up by %v, want 2", got)
+	}
+	wantParked(t, g, id, names[own], 2*time.Minute)
+
+	h := alice.Clone()
+	h.Set("Browser-Failover-Resume", id)
+	c, resp, err = dial(h, "")
+	if err != nil {
+		t.Fatalf("alice's resume: %v", err)
+	}
+	id2 := resp.Header.Get("Browser-Failover-Session")
+	if res := logEntry(t, g, "session resumed", "session_id", id2); res["resumed_from"] != id || res["provider"] != names[own] {
+		t.Fatalf("session resumed: %v, want resumed_from %s at %s", res, id, names[own])
+	}
+	var targets struct {
+		TargetInfos []struct {
+			TargetID string `json:"targetId"`
+		} `json:"targetInfos"`
+	}
+	json.Unmarshal(cdpCall(t, c, 2, "Target.getTargets", map[string]any{}), &targets)
+	found := false
+	for _, ti := range targets.TargetInfos {
+		found = found || ti.TargetID == created.TargetID
+	}
+	if !found {
+		t.Fatalf("alice's tab %s is not among the targets %+v", created.TargetID, targets.TargetInfos)
+	}
+	if n := px[1-own].contacts(); n != 0 {
+		t.Fatalf("%s was contacted %d times", names[1-own], n)
+	}
+	ups := px[own].upgrades()
+	if last := ups[len(ups)-1]; len(ups) != 2 || strings.Contains(strings.ToLower(last.Head), "browser-failover-resume") {
+		t.Fatalf("%s's upgrades %+v, want a second one, without the resume header", names[own], ups)
+	}
+	cdpCall(t, c, 3, "Target.closeTarget", map[string]any{"targetId": created.TargetID})
+	c.Close(websocket.StatusNormalClosure, "")
+	logEntry(t, g, "session parked", "session_id", id2)
+	endParked(t, g, id2)
+	waitIdle(t, names...)
+}
