@@ -218,6 +218,13 @@ func (pk *parking) ended(s *upstreams.Session) bool {
 		return false
 	}
 	pk.bytesUp, pk.bytesDn = s.BytesUp(), s.BytesDown()
+	if pk.hold {
+		// Nothing to go back to: a provider session created for it is
+		// released now.
+		pk.remote = nil
+		pk.park(nil, s.ClientCloseCode())
+		return false
+	}
 	pk.park(nil, s.ClientCloseCode())
 	return true
 }

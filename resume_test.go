@@ -27,6 +27,8 @@ type fakeBrowser struct {
 	name        string
 	killOnClose bool
 	contacts    *fakes.Contacts
+	// compress: accept permessage-deflate when the client offers it.
+	compress bool
 
 	mu       sync.Mutex
 	id       int
@@ -66,7 +68,11 @@ func startFakeBrowser(t *testing.T, name string, contacts *fakes.Contacts, killO
 			http.Error(w, "no such browser", http.StatusNotFound)
 			return
 		}
-		c, err := websocket.Accept(w, r, &websocket.AcceptOptions{CompressionMode: websocket.CompressionDisabled, Subprotocols: []string{"cdp.v1"}})
+		mode := websocket.CompressionDisabled
+		if b.compress {
+			mode = websocket.CompressionContextTakeover
+		}
+		c, err := websocket.Accept(w, r, &websocket.AcceptOptions{CompressionMode: mode, Subprotocols: []string{"cdp.v1"}})
 		if err != nil {
 			return
 		}
@@ -633,5 +639,37 @@ func TestResumeHold(t *testing.T) {
 	}
 	if n, held := pool.ParkedCount(); held != 0 {
 		t.Fatalf("%d parked (%d held) after the window", n, held)
+	}
+}
+
+// TestResumeHoldCompressed: a session that negotiated compression cannot
+// be held (a new connection cannot share its compression state): under
+// hold, its resume is answered 409 and nothing is kept open for it.
+func TestResumeHoldCompressed(t *testing.T) {
+	t.Cleanup(pool.ExpireAll)
+	var contacts fakes.Contacts
+	a := startFakeBrowser(t, "rz-a", &contacts, true)
+	a.compress = true
+	g := testgw.Start(t, handler(`"resume":{"window":"1m","hold":true}`, provider("rz-a", a.url(), "")))
+	c, resp, err := dial(t, g.WS("/"), &websocket.DialOptions{CompressionMode: websocket.CompressionContextTakeover})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(resp.Header.Get("Sec-WebSocket-Extensions"), "permessage-deflate") {
+		t.Fatalf("no compression negotiated: %v", resp.Header)
+	}
+	id := resp.Header.Get("Browser-Failover-Session")
+	ask(t, c, "set 42")
+	c.CloseNow()
+	if e := waitParked(t, g, id); e["held"] != false {
+		t.Fatalf("parked %v: a compressed session is not held", e)
+	}
+	testgw.Eventually(t, 10*time.Second, "the slot to be free", func() bool { return active("rz-a") == 0 })
+	contacts.Reset()
+	if msg := resumeRefused(t, g.WS("/?bf_resume="+id), nil, http.StatusConflict); !strings.Contains(msg, "permessage-deflate") {
+		t.Fatalf("409: %q", msg)
+	}
+	if l := contacts.List(); len(l) != 0 {
+		t.Fatalf("contacted: %v", l)
 	}
 }
