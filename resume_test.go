@@ -673,3 +673,72 @@ func TestResumeHoldCompressed(t *testing.T) {
 		t.Fatalf("contacted: %v", l)
 	}
 }
+
+// TestResumeHoldHTTP2: an HTTP/2 client (extended CONNECT) leaves a held
+// session and another HTTP/2 client resumes it: its stream gets the same
+// browser; each client's request ends when it leaves, not with the
+// session.
+func TestResumeHoldHTTP2(t *testing.T) {
+	t.Cleanup(pool.ExpireAll)
+	var contacts fakes.Contacts
+	a := startFakeBrowser(t, "r2-a", &contacts, true)
+	g, tr := startH2(t, handler(`"resume":{"window":"1m","hold":true}`, provider("r2-a", a.url(), "")))
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	talk := func(c *h2WS, msg string) string {
+		t.Helper()
+		if err := c.writeFrame(0x1, []byte(msg)); err != nil {
+			t.Fatalf("write: %v", err)
+		}
+		_, p, err := c.readFrame()
+		if err != nil {
+			t.Fatalf("read: %v", err)
+		}
+		return string(p)
+	}
+	c, err := dialH2(ctx, tr, "https://"+g.addr+"/", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := c.resp.Header.Get("Browser-Failover-Session")
+	talk(c, "set 42")
+	c.close() // the stream ends without a close frame
+	testgw.Eventually(t, 10*time.Second, "parked", func() bool {
+		for _, e := range logEntries(g.logPath, "session parked") {
+			if e["session_id"] == id && e["held"] == true {
+				return true
+			}
+		}
+		return false
+	})
+	c2, err := dialH2(ctx, tr, "https://"+g.addr+"/?bf_resume="+id, nil)
+	if err != nil {
+		t.Fatalf("resume over HTTP/2: %v", err)
+	}
+	if got := talk(c2, "get"); got != "42" {
+		t.Fatalf("state after an HTTP/2 resume: %q", got)
+	}
+	id2 := c2.resp.Header.Get("Browser-Failover-Session")
+	if err := c2.closeFrame(1000, "bye"); err != nil {
+		t.Fatal(err)
+	}
+	// The gateway answers the close itself, and the stream ends.
+	if op, _, err := c2.readFrame(); err != nil || op != 0x8 {
+		t.Fatalf("after the client's close: op %d, %v", op, err)
+	}
+	if _, _, err := c2.readFrame(); err == nil {
+		t.Fatal("the stream goes on after the close")
+	}
+	c2.close()
+	testgw.Eventually(t, 10*time.Second, "parked again", func() bool {
+		for _, e := range logEntries(g.logPath, "session parked") {
+			if e["session_id"] == id2 {
+				return true
+			}
+		}
+		return false
+	})
+	if cc := a.closeCodes(); len(cc) != 0 {
+		t.Fatalf("the provider connection closed: %v", cc)
+	}
+}
