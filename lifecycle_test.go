@@ -361,14 +361,17 @@ func readRawFrame(br *bufio.Reader) (op byte, masked bool, payload []byte, err e
 }
 
 // TestCloseAfterMessageInFlight: max_duration fires while the client is
-// receiving a 32 MiB single-frame message that the provider sends slowly,
+// receiving an 8 MiB single-frame message that the provider sends slowly,
 // taking well over CloseWait after the limit. The client gets the whole
 // message, intact, and then close 1000; the provider gets a masked close
 // frame.
 func TestCloseAfterMessageInFlight(t *testing.T) {
-	payload := bigPayload(32 << 20)
-	// 64 chunks of 512 KiB, 45ms apart: about 2.9s on the wire.
-	p := newSlowProvider(t, payload, 512<<10, 45*time.Millisecond)
+	// 64 chunks of 128 KiB, 45ms apart: about 2.9s on the wire, at a
+	// pace a client slowed down by the race detector on a busy machine
+	// still keeps up with (a write to a client that takes nothing for
+	// CloseWait is cut, by design).
+	payload := bigPayload(8 << 20)
+	p := newSlowProvider(t, payload, 128<<10, 45*time.Millisecond)
 	g := testgw.Start(t, handler(`"session":{"max_duration":"300ms"}`, provider("slow", "ws://"+p.addr+"/", "")))
 	start := time.Now()
 	c, _, err := dial(t, g.WS("/"), nil)
