@@ -1,7 +1,11 @@
 package browserfailover
 
 import (
+	"bytes"
+	"encoding/json"
+	"fmt"
 	"net/http"
+	"strconv"
 	"strings"
 	"time"
 
@@ -15,10 +19,11 @@ import (
 // joinHeld joins the resuming client to a held session: the gateway
 // answers its upgrade itself (the provider's has been given once), with
 // the subprotocol the session speaks, and the session goes on with it at
-// a frame boundary. A client that cannot take the session as it is (it
-// does not offer its subprotocol, or the session negotiated an extension
-// such as compression, whose state a new connection cannot share) gets
-// 409 and the session stays parked.
+// a message boundary, once the browser has been told to forget what the
+// clients before it set up on the connection (heldReset). A client that
+// cannot take the session as it is (it does not offer its subprotocol, or
+// the session negotiated an extension such as compression, whose state a
+// new connection cannot share) gets 409 and the session stays parked.
 func (c *connect) joinHeld(e *pool.Parked) {
 	pk, _ := e.Data.(*parking)
 	s := e.Held
@@ -80,7 +85,7 @@ func (c *connect) joinHeld(e *pool.Parked) {
 		}
 		client = conn
 	}
-	if err := s.Resume(client, pending); err != nil {
+	if err := s.ResumeWith(client, c.heldReset(pending, e.ID)); err != nil {
 		// It ended meanwhile: the client had its 101, so it gets a close
 		// frame.
 		client.SetWriteDeadline(time.Now().Add(upstreams.CloseWait))
@@ -159,4 +164,79 @@ func extensionNames(v string) string {
 		}
 	}
 	return strings.Join(names, ", ")
+}
+
+// A client joining a held session shares the DevTools connection with the
+// clients that used it before, and Chrome keeps what they set up on it:
+// their target discovery and auto-attach stay on, and Chrome reports each
+// target to a connection once. A new Puppeteer or Playwright client then
+// turns them on again, gets plain answers and no target events, and sees
+// no page. So before the client joins, the gateway turns both off again
+// on the connection, speaking as the client: the browser forgets what it
+// has already reported, and reports every target afresh to the new
+// client's own commands. The commands carry IDs of the gateway's own, at
+// the top of the range Chrome accepts (31-bit), far above those clients
+// count up from 1; their answers and the events in between are dropped
+// with everything else the browser sends while no client is joined.
+
+// Held-session reset commands and their IDs.
+const (
+	heldResetAutoAttachID = 2147480001
+	heldResetDiscoverID   = 2147480002
+	// heldResetWait bounds the wait for the browser's answers; the client
+	// joins when it is over, answered or not.
+	heldResetWait = 2 * time.Second
+)
+
+var heldResetCommands = [][]byte{
+	fmt.Appendf(nil, `{"id":%d,"method":"Target.setAutoAttach","params":{"autoAttach":false,"waitForDebuggerOnStart":false,"flatten":true}}`, heldResetAutoAttachID),
+	fmt.Appendf(nil, `{"id":%d,"method":"Target.setDiscoverTargets","params":{"discover":false}}`, heldResetDiscoverID),
+}
+
+// heldResetIDs are the reset commands' IDs as they appear in an answer.
+var heldResetIDs = [][]byte{strconv.AppendInt(nil, heldResetAutoAttachID, 10), strconv.AppendInt(nil, heldResetDiscoverID, 10)}
+
+// heldReset is how the resuming client joins: the reset commands first,
+// their answers awaited. from is the session ID it resumes (for the log).
+func (c *connect) heldReset(pending []byte, from string) upstreams.ResumeOptions {
+	logger, id := c.h.logger, c.id
+	return upstreams.ResumeOptions{
+		Pending:   pending,
+		Preamble:  heldResetCommands,
+		IsReply:   newResetReplies(),
+		ReplyWait: heldResetWait,
+		OnJoin: func(r upstreams.JoinReport) {
+			fields := []zap.Field{zap.String("session_id", id), zap.String("resumed_from", from),
+				zap.Int("answered", r.Replies), zap.Int("sent", r.Sent), zap.Float64("waited_ms", roundMS(r.Waited))}
+			if !r.Answered() {
+				logger.Info("held session reset unanswered: the client joins anyway", fields...)
+				return
+			}
+			logger.Debug("held session reset", fields...)
+		},
+	}
+}
+
+// newResetReplies returns the IsReply of one join: it takes a message for
+// an answer when it is a top-level answer (no CDP session) carrying the ID
+// of a reset command not answered yet.
+func newResetReplies() func(msg []byte) bool {
+	answered := map[int64]bool{}
+	return func(msg []byte) bool {
+		if !bytes.Contains(msg, heldResetIDs[0]) && !bytes.Contains(msg, heldResetIDs[1]) {
+			return false // an event, or another answer: not parsed
+		}
+		var m struct {
+			ID        int64  `json:"id"`
+			SessionID string `json:"sessionId"`
+		}
+		if json.Unmarshal(msg, &m) != nil || m.SessionID != "" {
+			return false
+		}
+		if (m.ID != heldResetAutoAttachID && m.ID != heldResetDiscoverID) || answered[m.ID] {
+			return false
+		}
+		answered[m.ID] = true
+		return true
+	}
 }

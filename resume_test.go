@@ -41,6 +41,11 @@ type fakeBrowser struct {
 	lastURI  string
 	// failing: /json/version answers 500 (a provider that is down).
 	failing bool
+	// got lists the messages the browser received, in order; a CDP
+	// command (a JSON object with an id) is answered {"id":…,"result":{}}
+	// unless cdpMute is set.
+	got     []string
+	cdpMute bool
 }
 
 func startFakeBrowser(t *testing.T, name string, contacts *fakes.Contacts, killOnClose bool) *fakeBrowser {
@@ -108,8 +113,20 @@ func (b *fakeBrowser) serve(c *websocket.Conn) {
 			b.mu.Unlock()
 			return
 		}
+		b.mu.Lock()
+		b.got = append(b.got, string(msg))
+		mute := b.cdpMute
+		b.mu.Unlock()
 		var reply string
+		var cmd struct {
+			ID *int64 `json:"id"`
+		}
 		switch m := string(msg); {
+		case strings.HasPrefix(m, "{") && json.Unmarshal(msg, &cmd) == nil && cmd.ID != nil:
+			if mute {
+				continue
+			}
+			reply = fmt.Sprintf(`{"id":%d,"result":{}}`, *cmd.ID)
 		case strings.HasPrefix(m, "set "):
 			b.mu.Lock()
 			b.value = strings.TrimPrefix(m, "set ")
@@ -146,6 +163,13 @@ func (b *fakeBrowser) upgradeCount() int {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.upgrades
+}
+
+// received returns the messages the browser received, from the i-th on.
+func (b *fakeBrowser) received(i int) []string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return append([]string(nil), b.got[min(i, len(b.got)):]...)
 }
 
 func (b *fakeBrowser) closeCodes() []int {
@@ -204,6 +228,22 @@ func resumeRefused(t *testing.T, url string, h http.Header, status int) string {
 		t.Fatalf("a %d without a JSON error", status)
 	}
 	return body.Error
+}
+
+// waitLog waits for a log entry msg of the session id.
+func waitLog(t *testing.T, g *testgw.Gateway, msg, id string) map[string]any {
+	t.Helper()
+	var e map[string]any
+	testgw.Eventually(t, 10*time.Second, fmt.Sprintf("a %q log entry of session %s", msg, id), func() bool {
+		for _, x := range g.LogEntries(msg) {
+			if x["session_id"] == id {
+				e = x
+				return true
+			}
+		}
+		return false
+	})
+	return e
 }
 
 // waitParked waits for the session id to be parked.
@@ -593,6 +633,7 @@ func TestResumeHold(t *testing.T) {
 	if msg := resumeRefused(t, g.WS("/?bf_resume="+id), nil, http.StatusConflict); !strings.Contains(msg, "cdp.v1") {
 		t.Fatalf("409: %q", msg)
 	}
+	seen := len(a.received(0))
 	c2, resp, err := dial(t, g.WS("/?bf_resume="+id), proto)
 	if err != nil {
 		t.Fatalf("resume of the held session: %v", err)
@@ -602,13 +643,23 @@ func TestResumeHold(t *testing.T) {
 		t.Fatalf("resumed: ID %q subprotocol %q", id2, c2.Subprotocol())
 	}
 	if got := ask(t, c2, "get"); got != "42" {
-		t.Fatalf("the held browser's state: %q, want 42", got)
+		t.Fatalf("the held browser's state: %q, want 42 (the answers to the reset are not the client's)", got)
+	}
+	// Before the client's first message, the gateway turned off what the
+	// earlier client may have set up on the connection; the browser's
+	// answers were not relayed.
+	if got := a.received(seen); len(got) != 3 || !strings.Contains(got[0], `"Target.setAutoAttach"`) ||
+		!strings.Contains(got[1], `"Target.setDiscoverTargets"`) || got[2] != "get" {
+		t.Fatalf("the held browser received %q, want the two reset commands, then the client's get", got)
+	}
+	if e := waitLog(t, g, "held session reset", id2); e["answered"] != float64(2) || e["sent"] != float64(2) {
+		t.Fatalf("held session reset: %v, want 2 sent, 2 answered", e)
 	}
 	if a.upgradeCount() != upgrades || len(contacts.List()) != 0 {
 		t.Fatalf("the provider was asked for a new connection: upgrades %d -> %d, contacts %v", upgrades, a.upgradeCount(), contacts.List())
 	}
-	res := g.LogEntries("session resumed")
-	if len(res) == 0 || res[len(res)-1]["held"] != true || res[len(res)-1]["resumed_from"] != id {
+	// (The entry follows the join, which may have been quicker.)
+	if res := waitLog(t, g, "session resumed", id2); res["held"] != true || res["resumed_from"] != id {
 		t.Fatalf("session resumed log: %v", res)
 	}
 	// The sessions list shows the live session under its new ID.
@@ -741,4 +792,43 @@ func TestResumeHoldHTTP2(t *testing.T) {
 	if cc := a.closeCodes(); len(cc) != 0 {
 		t.Fatalf("the provider connection closed: %v", cc)
 	}
+}
+
+// TestResumeHoldResetUnanswered: a held provider that does not answer the
+// gateway's reset commands delays the join by the reset's bound, and no
+// more: the client joins then, its first message reaches the browser
+// behind the commands, and it gets nothing but its own answers.
+func TestResumeHoldResetUnanswered(t *testing.T) {
+	t.Cleanup(pool.ExpireAll)
+	var contacts fakes.Contacts
+	a := startFakeBrowser(t, "rhu-a", &contacts, true)
+	a.mu.Lock()
+	a.cdpMute = true
+	a.mu.Unlock()
+	g := testgw.Start(t, handler(`"resume":{"window":"1m","hold":true}`, provider("rhu-a", a.url(), "")))
+	c, id := resumeConnect(t, g.WS("/"), nil)
+	ask(t, c, "set 42")
+	c.CloseNow()
+	waitParked(t, g, id)
+	seen := len(a.received(0))
+	start := time.Now()
+	c2, id2 := resumeConnect(t, g.WS("/?bf_resume="+id), nil)
+	if got := ask(t, c2, "get"); got != "42" {
+		t.Fatalf("the held browser's state: %q, want 42", got)
+	}
+	took := time.Since(start)
+	if took < 2*time.Second {
+		t.Fatalf("the client joined %v after its resume, before the reset's 2 s were over", took)
+	}
+	t.Logf("joined and answered %v after the resume", took.Round(time.Millisecond))
+	if got := a.received(seen); len(got) != 3 || got[2] != "get" {
+		t.Fatalf("the held browser received %q, want the two reset commands, then get", got)
+	}
+	e := waitLog(t, g, "held session reset unanswered: the client joins anyway", id2)
+	if e["answered"] != float64(0) || e["sent"] != float64(2) || e["level"] != "info" {
+		t.Fatalf("log entry %v, want 0 answered of 2, at info", e)
+	}
+	// Parked again before the cleanup ends every parked session.
+	c2.CloseNow()
+	waitParked(t, g, id2)
 }

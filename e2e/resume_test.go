@@ -103,11 +103,11 @@ func (d *driver) do(t *testing.T, want, format string, args ...any) string {
 	}
 }
 
-// connect runs "connect label url [mode]" and returns the session ID the
+// connect runs "connect label url" and returns the session ID the
 // gateway's 101 carried.
-func (d *driver) connect(t *testing.T, label, url, mode string) string {
+func (d *driver) connect(t *testing.T, label, url string) string {
 	t.Helper()
-	f := strings.Fields(d.do(t, "CONNECTED "+label+" ", "connect %s %s %s", label, url, mode))
+	f := strings.Fields(d.do(t, "CONNECTED "+label+" ", "connect %s %s", label, url))
 	if len(f) != 4 || len(f[2]) < 22 { // 128 bits, base64url
 		t.Fatalf("connect %s: answer %q has no session ID", label, strings.Join(f, " "))
 	}
@@ -575,7 +575,7 @@ func TestResumeAfterDrop(t *testing.T) {
 	unavailable0 := metric(t, g, resumes("unavailable"))
 	d := startDriver(t)
 
-	id1 := d.connect(t, "c1", g.WS("/"), "")
+	id1 := d.connect(t, "c1", g.WS("/"))
 	s1, ok := listed(t, g, id1)
 	if !ok {
 		t.Fatalf("session %s is not listed", id1)
@@ -613,7 +613,7 @@ func TestResumeAfterDrop(t *testing.T) {
 	act(t, g, names[own], "undrain")
 
 	resuming := time.Now()
-	id2 := d.connect(t, "c2", g.WS("/?bf_resume="+id1), "")
+	id2 := d.connect(t, "c2", g.WS("/?bf_resume="+id1))
 	took := time.Since(resuming)
 	if id2 == id1 {
 		t.Fatalf("the resumed session kept ID %s, want a new one", id1)
@@ -689,7 +689,7 @@ func TestResumeAfterDisconnect(t *testing.T) {
 		provider(names[0], px[0].HTTPURL(), ""), provider(names[1], px[1].HTTPURL(), "")))
 	d := startDriver(t)
 
-	id := d.connect(t, "c1", g.WS("/"), "")
+	id := d.connect(t, "c1", g.WS("/"))
 	s1, _ := listed(t, g, id)
 	own, other := 0, 1
 	if s1.Provider == names[1] {
@@ -739,7 +739,7 @@ func TestResumeAfterDisconnect(t *testing.T) {
 
 	// → Puppeteer with the transport, which reads the new ID itself.
 	prev := id
-	id = d.connect(t, "c4", g.WS("/?bf_resume="+prev), "")
+	id = d.connect(t, "c4", g.WS("/?bf_resume="+prev))
 	if res := logEntry(t, g, "session resumed", "session_id", id); res["resumed_from"] != prev {
 		t.Fatalf("session resumed: %v, want resumed_from %s", res, prev)
 	}
@@ -770,15 +770,15 @@ func TestResumeAfterDisconnect(t *testing.T) {
 // connection open while the client is away, and the page survives the
 // drop with x === 42, over several resumes of the same held connection.
 //
-// A client joining a held connection shares the CDP connection state
-// earlier clients left in the browser: their target discovery and
-// auto-attach stay on, so the browser reports no target again, and a
-// Puppeteer (or a Playwright after a Playwright) sees no page. Undoing
-// them first (Target.setAutoAttach {autoAttach: false, flatten: true} and
-// Target.setDiscoverTargets {discover: false}, over Puppeteer's transport
-// or by a bare client that resumes and leaves again) makes every page
-// visible. What the clients see without it is logged, not asserted: it is
-// the browser's and the clients' behaviour, not the gateway's.
+// A client joining a held connection shares the CDP connection with the
+// clients before it, and Chrome keeps what they set up on it (target
+// discovery, auto-attach), reporting each target to a connection once:
+// a plain Puppeteer or Playwright would see no page. The gateway turns
+// both off on the connection before each join, so every client here is a
+// plain one, with no reset of its own — Puppeteer with the docs'
+// transport, Puppeteer's own puppeteer.connect({browserWSEndpoint}),
+// Playwright's connectOverCDP after Puppeteer, after a bare CDP client,
+// after itself — and each finds the page with x === 42.
 func TestResumeHoldKillingProvider(t *testing.T) {
 	Require(t, true)
 	bs := StartChromiums(t, 3)
@@ -792,7 +792,7 @@ func TestResumeHoldKillingProvider(t *testing.T) {
 
 	t.Run("without-hold", func(t *testing.T) {
 		refused0 := metric(t, g, resumes("refused"))
-		id := d.connect(t, "n1", g.WS("/"), "")
+		id := d.connect(t, "n1", g.WS("/"))
 		if s, _ := listed(t, g, id); s.Provider != "rkp-nohold" {
 			t.Fatalf("session at %q, want rkp-nohold", s.Provider)
 		}
@@ -826,7 +826,7 @@ func TestResumeHoldKillingProvider(t *testing.T) {
 		}
 		otherBefore := otherPx.contacts()
 		resumed0 := metric(t, g, resumes("resumed"))
-		id1 := d.connect(t, "h1", g.WS("/"), "")
+		id1 := d.connect(t, "h1", g.WS("/"))
 		if s, _ := listed(t, g, id1); s.Provider != "rkp-hold" {
 			t.Fatalf("session at %q, want rkp-hold", s.Provider)
 		}
@@ -848,62 +848,106 @@ func TestResumeHoldKillingProvider(t *testing.T) {
 			t.Fatalf("held: provider connections %+v, browser exited %v; want one, open, and the browser alive", ups, bs[1].p.exited())
 		}
 
-		// A plain puppeteer.connect over the held connection: its
-		// Target.setDiscoverTargets and Target.setAutoAttach are
-		// answered without a targetCreated or attachedToTarget event.
-		resuming := time.Now()
-		id2 := d.connect(t, "h2", g.WS("/?bf_resume="+id1), "")
-		took := time.Since(resuming)
-		res := logEntry(t, g, "session resumed", "session_id", id2)
-		if res["resumed_from"] != id1 || res["held"] != true || res["provider"] != "rkp-hold" {
-			t.Fatalf("session resumed: %v, want resumed_from %s, held, rkp-hold", res, id1)
+		// reset checks the gateway's reset of the held connection before
+		// the join of session id: both commands answered; the time the
+		// join waited for the answers goes to waits.
+		var waits []time.Duration
+		reset := func(id string) {
+			t.Helper()
+			e := logEntry(t, g, "held session reset", "session_id", id)
+			if e["answered"] != float64(2) || e["sent"] != float64(2) {
+				t.Fatalf("held session reset: %v, want 2 sent, 2 answered", e)
+			}
+			w := time.Duration(e["waited_ms"].(float64) * float64(time.Millisecond))
+			waits = append(waits, w)
+			t.Logf("the reset before session %s's join waited %v for Chrome's answers", id, w)
 		}
-		t.Logf("a resumed Puppeteer over the held connection in %v, %v after the drop",
-			took.Round(time.Millisecond), time.Since(dropped).Round(time.Millisecond))
-		plain := d.do(t, "CHECK", "check h2 resume-held")
-		t.Logf("plain puppeteer.connect over a held connection sees: %s", plain)
-		d.do(t, "DROPPED", "drop h2")
-		logEntry(t, g, "session parked", "session_id", id2)
+		// resumed reads the session the client's resume of id made (from
+		// the log, for clients that cannot see the 101).
+		resumed := func(id string) string {
+			t.Helper()
+			res := logEntry(t, g, "session resumed", "resumed_from", id)
+			if res["held"] != true || res["provider"] != "rkp-hold" {
+				t.Fatalf("session resumed: %v, want held, at rkp-hold", res)
+			}
+			next := fmt.Sprint(res["session_id"])
+			reset(next)
+			return next
+		}
+		// leftHeld checks that session id is held again, its client gone
+		// with code.
+		leftHeld := func(id string, code int) {
+			t.Helper()
+			if e := logEntry(t, g, "session parked", "session_id", id); e["held"] != true || e["close_code"] != float64(code) {
+				t.Fatalf("session parked: %v, want held, close_code %d", e, code)
+			}
+		}
 
-		// With the attachments reset first, Puppeteer sees every page.
-		id3 := d.connect(t, "h3", g.WS("/?bf_resume="+id2), "reset")
+		// Puppeteer with the docs' transport, nothing of its own before
+		// puppeteer.connect.
+		resuming := time.Now()
+		id2 := d.connect(t, "h2", g.WS("/?bf_resume="+id1))
+		took := time.Since(resuming)
+		if next := resumed(id1); next != id2 {
+			t.Fatalf("the resume of %s made session %s, the client was told %s", id1, next, id2)
+		}
+		t.Logf("a resumed Puppeteer over the held connection in %v (upgrade, reset, puppeteer.connect), %v after the drop",
+			took.Round(time.Millisecond), time.Since(dropped).Round(time.Millisecond))
+		wantPage(t, d.do(t, "CHECK", "check h2 resume-held"))
+		d.do(t, "DROPPED", "drop h2")
+		leftHeld(id2, 1001)
+
+		// Puppeteer's own puppeteer.connect({browserWSEndpoint}).
+		resuming = time.Now()
+		d.do(t, "CONNECTED h3 ", "connect-url h3 %s", g.WS("/?bf_resume="+id2))
+		took = time.Since(resuming)
+		id3 := resumed(id2)
+		t.Logf("puppeteer.connect({browserWSEndpoint}) over the held connection in %v", took.Round(time.Millisecond))
 		wantPage(t, d.do(t, "CHECK", "check h3 resume-held"))
 		d.do(t, "DISCONNECTED", "disconnect h3")
-		if e := logEntry(t, g, "session parked", "session_id", id3); e["held"] != true || e["close_code"] != float64(1000) {
-			t.Fatalf("session parked: %v, want held, close_code 1000", e)
-		}
+		leftHeld(id3, 1000)
 
-		// A bare CDP client over the same held connection.
-		raw := d.do(t, "RAW", "raw r4 %s resume-held", g.WS("/?bf_resume="+id3))
-		wantPage(t, raw)
-		id4 := strings.Fields(raw)[2]
-		if res := logEntry(t, g, "session resumed", "session_id", id4); res["resumed_from"] != id3 {
-			t.Fatalf("session resumed: %v, want resumed_from %s", res, id3)
-		}
-		d.do(t, "RAWCLOSED", "rawclose r4")
-		logEntry(t, g, "session parked", "session_id", id4)
-
-		// Playwright's connectOverCDP over the held connection: what it
-		// sees depends on what earlier clients left attached (logged);
-		// after a bare client's reset, it sees the page.
-		pwResume := func(label, id string) (string, string) {
+		// Playwright's connectOverCDP, after Puppeteer.
+		pwResume := func(label, id string) string {
 			t.Helper()
+			start := time.Now()
 			answer := d.do(t, "PW", "pw %s %s resume-held", label, g.WS("/?bf_resume="+id))
-			next := fmt.Sprint(logEntry(t, g, "session resumed", "resumed_from", id)["session_id"])
+			took := time.Since(start)
+			next := resumed(id)
+			wantPage(t, answer)
+			t.Logf("connectOverCDP over the held connection (connect, pages, window.x) in %v", took.Round(time.Millisecond))
 			d.do(t, "PWCLOSED", "pwclose %s", label)
-			logEntry(t, g, "session parked", "session_id", next)
-			return answer, next
+			leftHeld(next, 1000)
+			return next
 		}
-		answer, id5 := pwResume("p5", id4)
-		t.Logf("connectOverCDP over a held connection, after Puppeteer and a bare client: %s", answer)
-		answer, id6 := pwResume("p6", id5)
-		t.Logf("connectOverCDP over a held connection, after connectOverCDP: %s", answer)
-		reset := strings.Fields(d.do(t, "RESET", "reset x7 %s", g.WS("/?bf_resume="+id6)))
-		id7 := reset[2]
-		d.do(t, "RAWCLOSED", "rawclose x7")
-		logEntry(t, g, "session parked", "session_id", id7)
-		answer, id8 := pwResume("p8", id7)
-		wantPage(t, answer)
+		id4 := pwResume("p4", id3)
+
+		// A bare CDP client (Target.attachToTarget on its own).
+		raw := d.do(t, "RAW", "raw r5 %s resume-held", g.WS("/?bf_resume="+id4))
+		wantPage(t, raw)
+		id5 := strings.Fields(raw)[2]
+		if next := resumed(id4); next != id5 {
+			t.Fatalf("the resume of %s made session %s, the client was told %s", id4, next, id5)
+		}
+		d.do(t, "RAWCLOSED", "rawclose r5")
+		leftHeld(id5, 1000)
+
+		// connectOverCDP after a bare client, then after connectOverCDP.
+		id6 := pwResume("p6", id5)
+		id7 := pwResume("p7", id6)
+
+		// And Puppeteer after Playwright.
+		d.do(t, "CONNECTED h8 ", "connect-url h8 %s", g.WS("/?bf_resume="+id7))
+		id8 := resumed(id7)
+		wantPage(t, d.do(t, "CHECK", "check h8 resume-held"))
+		d.do(t, "DISCONNECTED", "disconnect h8")
+		leftHeld(id8, 1000)
+
+		var most time.Duration
+		for _, w := range waits {
+			most = max(most, w)
+		}
+		t.Logf("the reset delayed %d joins by at most %v", len(waits), most)
 
 		// One provider connection all along, never closed, the browser
 		// alive; the other provider never heard of it.
@@ -958,7 +1002,7 @@ func TestResumeAfterWindow(t *testing.T) {
 				}
 			}
 			unknown0 := metric(t, g, resumes("unknown"))
-			id := d.connect(t, "w1", g.WS("/"), "")
+			id := d.connect(t, "w1", g.WS("/"))
 			s, _ := listed(t, g, id)
 			own := 0
 			if s.Provider == names[1] {
@@ -1021,7 +1065,7 @@ func TestResumeBrowserRestarted(t *testing.T) {
 	refused0 := metric(t, g, resumes("refused"))
 	d := startDriver(t)
 
-	id := d.connect(t, "c1", g.WS("/"), "")
+	id := d.connect(t, "c1", g.WS("/"))
 	if s, _ := listed(t, g, id); s.Provider != "rsr-a" {
 		t.Fatalf("session at %q, want rsr-a", s.Provider)
 	}

@@ -25,10 +25,12 @@ import (
 // the idle timeout and keepalive rest; the time limit still applies.
 // Resume joins a new client where the provider's stream is next between
 // two messages (so its first frame starts a message), and the relay goes
-// on as before: it may park and resume again. A client that leaves in the
-// middle of one of its frames (or between the frames of a fragmented
-// message) cannot be held: the provider would wait for the rest of it. The
-// session then ends as it would without hold.
+// on as before: it may park and resume again. ResumeWith may have the
+// gateway send the provider messages of its own first, and await their
+// answers (hold_preamble.go). A client that leaves in the middle of one of
+// its frames (or between the frames of a fragmented message) cannot be
+// held: the provider would wait for the rest of it. The session then ends
+// as it would without hold.
 //
 // The relay's hot path pays nothing for hold when it is off; with hold,
 // the client's stream is watched for close frames the way keepalive
@@ -107,6 +109,7 @@ type holdState struct {
 type resumeReq struct {
 	client  net.Conn
 	pending []byte
+	opts    ResumeOptions
 }
 
 // dirHold is a direction's part in watching frames and parking.
@@ -127,6 +130,9 @@ type dirHold struct {
 	// parked loop took over).
 	entered, dropped, left bool
 	stash                  []byte
+	// wait: the answers to a joining client's preamble are awaited
+	// (hold_preamble.go).
+	wait *replyWait
 }
 
 // initHold sets up the frame watching of both directions: keepalive's
@@ -217,12 +223,16 @@ func (s *Session) ParkedDropped() (frames, bytes int64) {
 // ErrNotParked when the session is not parked: it ended or is closing
 // meanwhile, or another client resumed it first.
 func (s *Session) Resume(client net.Conn, pending []byte) error {
+	return s.resume(&resumeReq{client: client, pending: pending})
+}
+
+func (s *Session) resume(req *resumeReq) error {
 	s.closeMu.Lock()
 	defer s.closeMu.Unlock()
 	if !s.hold.parked.Load() || s.closing.Load() || s.hold.resume != nil {
 		return ErrNotParked
 	}
-	s.hold.resume = &resumeReq{client: client, pending: pending}
+	s.hold.resume = req
 	s.hold.resumeWanted.Store(true)
 	s.hold.parked.Store(false)
 	// Wake the down direction.
@@ -485,8 +495,9 @@ func (d *direction) parkedRun(err error) bool {
 		closing := s.closing.Load()
 		if !closing {
 			// Interruptions (parking, a resume, Close) come under closeMu:
-			// none is missed.
-			d.src.SetReadDeadline(time.Time{})
+			// none is missed. The wait for a preamble's answers ends at
+			// its deadline.
+			d.src.SetReadDeadline(d.parkedDeadline())
 		}
 		s.closeMu.Unlock()
 		if closing {
@@ -495,8 +506,14 @@ func (d *direction) parkedRun(err error) bool {
 		if st == hsParked && !d.h.left {
 			d.leaveClient()
 		}
-		if d.h.left && d.frames.atMessageBoundary() && d.pong.n == 0 && s.hold.resumeWanted.Load() && d.join() {
-			return true
+		if d.h.left && s.hold.resumeWanted.Load() {
+			ready, ok := d.joinReady()
+			if !ok {
+				return d.parkedFailed()
+			}
+			if ready && d.frames.atMessageBoundary() && d.pong.n == 0 && d.join() {
+				return true
+			}
 		}
 		bp, n, rerr := d.read()
 		if n > 0 {
@@ -534,7 +551,7 @@ func (d *direction) dropRead(p []byte) (joined, ok bool) {
 		case evClose:
 			return false, d.providerClosed()
 		case evFailed:
-			return false, false
+			return false, d.parkedFailed()
 		}
 		return false, true
 	}
@@ -557,11 +574,21 @@ func (d *direction) dropBytes(p []byte) ([]byte, int) {
 	for len(p) > 0 {
 		if h.n == 0 {
 			if !d.frames.atBoundary() {
-				p = p[d.frames.advance(p, true):]
+				if d.collecting() {
+					p = d.collect(p)
+				} else {
+					p = p[d.frames.advance(p, true):]
+				}
 				continue
 			}
 			if d.h.left && !d.frames.fragmented && s.hold.resumeWanted.Load() {
-				return p, evJoin
+				ready, ok := d.joinReady()
+				if !ok {
+					return p, evFailed
+				}
+				if ready {
+					return p, evJoin
+				}
 			}
 			s.hold.droppedFrames.Add(1)
 			if b := p[0]; b != pingFirstByte && b != closeFirstByte {
@@ -688,6 +715,7 @@ func (d *direction) join() bool {
 	d.src.SetReadDeadline(time.Time{})
 	s.closeMu.Unlock()
 	go u.run()
+	d.joinedReport()
 	return true
 }
 

@@ -3,15 +3,11 @@
 // "ERROR <command> <message>"). Connections are kept under labels, so that
 // a test can open a session, drop it, and take it back with another client.
 //
-//   connect <label> <url> [reset]
+//   connect <label> <url>
 //       Puppeteer over a transport on the ws package (as the docs show),
 //       which reads the gateway's Browser-Failover-Session header from the
 //       101: "CONNECTED <label> <session id> <ms>". A refused upgrade is
-//       answered "REFUSED <label> <status> <body>". With reset, before
-//       Puppeteer starts, it tells the browser to forget what an earlier
-//       client set up on the same CDP connection (a held session):
-//       Target.setAutoAttach {autoAttach: false} and
-//       Target.setDiscoverTargets {discover: false}.
+//       answered "REFUSED <label> <status> <body>".
 //   connect-url <label> <url>
 //       puppeteer.connect({browserWSEndpoint: url}), Puppeteer's own
 //       connection: "CONNECTED <label> - <ms>".
@@ -36,10 +32,6 @@
 //       Target.attachToTarget {flatten: true} to the page with that title,
 //       and Runtime.evaluate window.x in it:
 //       "RAW <label> <session id> targets=<n> found=<bool> x=<window.x>".
-//   reset <label> <url>
-//       A bare CDP client that tells the browser to forget what earlier
-//       clients set up on the connection (as connect … reset does), and
-//       stays connected: "RESET <label> <session id>".
 //   rawclose <label>
 //       Closes that connection with a close frame: "RAWCLOSED <label>".
 //   quit
@@ -121,36 +113,6 @@ function cdpClient(ws) {
   }));
 }
 
-// The commands that make the browser forget the target attachments and
-// the discovery earlier clients set up on a CDP connection: a client that
-// joins a held connection would otherwise hear of no target (the browser
-// reports a target to a connection once).
-const resetCommands = [
-  ['Target.setAutoAttach', { autoAttach: false, waitForDebuggerOnStart: false, flatten: true }],
-  ['Target.setDiscoverTargets', { discover: false }],
-];
-
-// resetHeld sends resetCommands over t, each answered, before Puppeteer
-// takes the transport over.
-async function resetHeld(t) {
-  let next = 1;
-  const pending = new Map();
-  t.onmessage = (s) => {
-    const m = JSON.parse(s);
-    if (m.id && pending.has(m.id)) {
-      pending.get(m.id)(m);
-      pending.delete(m.id);
-    }
-  };
-  const send = (method, params) => within(protocolTimeout, method, new Promise((resolve, reject) => {
-    const id = 2_000_000 + next++;
-    pending.set(id, (m) => (m.error ? reject(new Error(`${method}: ${m.error.message}`)) : resolve(m.result)));
-    t.send(JSON.stringify({ id, method, params }));
-  }));
-  for (const [method, params] of resetCommands) await send(method, params);
-  t.onmessage = null;
-}
-
 async function findPage(pages, title) {
   for (const p of pages) {
     let tt = '';
@@ -186,7 +148,7 @@ async function rawOpen(label, url) {
 const dataPage = (title) => 'data:text/html,' + encodeURIComponent(`<title>${title}</title><p>resume</p>`);
 
 const commands = {
-  async connect(label, url, mode) {
+  async connect(label, url) {
     const start = Date.now();
     let t;
     try {
@@ -195,7 +157,6 @@ const commands = {
       if (err instanceof Refused) return `REFUSED ${label} ${err.status} ${err.body}`;
       throw err;
     }
-    if (mode === 'reset') await resetHeld(t);
     const browser = await within(protocolTimeout, 'puppeteer.connect', puppeteer.connect({ transport: t, protocolTimeout }));
     conns.set(label, { t, browser });
     return `CONNECTED ${label} ${t.sessionId || '-'} ${Date.now() - start}`;
@@ -260,12 +221,6 @@ const commands = {
       x = String(result.value);
     }
     return `RAW ${label} ${sessionId || '-'} targets=${targetInfos.length} found=${!!target} x=${x}`;
-  },
-  async reset(label, url) {
-    const { ws, sessionId } = await rawOpen(label, url);
-    const send = cdpClient(ws);
-    for (const [method, params] of resetCommands) await send(method, params);
-    return `RESET ${label} ${sessionId || '-'}`;
   },
   async rawclose(label) {
     const { ws } = conns.get(label);
