@@ -215,7 +215,7 @@ func (c *h2WS) echo(t *testing.T, op byte, msg []byte) {
 // then close 1000; the client gets close 1000, then the end of the stream.
 func TestHTTP2ExtendedConnect(t *testing.T) {
 	rec := newRecorder(t)
-	g, tr := startH2(t, handler(`"session":{"max_duration":"2500ms"}`, provider("rec", rec.url, "")))
+	g, tr := startH2(t, handler(`"session":{"max_duration":"6s"}`, provider("rec", rec.url, "")))
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 
@@ -235,7 +235,7 @@ func TestHTTP2ExtendedConnect(t *testing.T) {
 	// A reload (a changed config) keeps the HTTP/2 session going: the old
 	// server sends GOAWAY, and its open streams go on.
 	resp, err := http.Post("http://"+g.admin+"/load", "application/json",
-		strings.NewReader(string(g.config(handler(`"session":{"max_duration":"2500ms"},"connect_timeout":"7s"`, provider("rec", rec.url, ""))))))
+		strings.NewReader(string(g.config(handler(`"session":{"max_duration":"6s"},"connect_timeout":"7s"`, provider("rec", rec.url, ""))))))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -272,13 +272,14 @@ func TestHTTP2ExtendedConnect(t *testing.T) {
 		<-rec.got
 	}
 
-	// max_duration (2.5s) fires while the client sends 4 MiB slowly
-	// (64 KiB every 30ms from 1.8s on: until about 3.7s).
+	// max_duration (6s, room for a slow machine before it) fires while the
+	// client sends 4 MiB slowly (64 KiB every 30ms from 5.3s on: until
+	// about 7.2s).
 	msg := bigPayload(4 << 20)
-	if time.Since(start) > 2200*time.Millisecond {
+	if time.Since(start) > 5200*time.Millisecond {
 		t.Fatalf("the first part took %v: too slow for the timing below", time.Since(start))
 	}
-	time.Sleep(time.Until(start.Add(1800 * time.Millisecond)))
+	time.Sleep(time.Until(start.Add(5300 * time.Millisecond)))
 	wrote := make(chan error, 1)
 	go func() { wrote <- a.writeSlowly(msg, 64<<10, 30*time.Millisecond) }()
 	op, p, err := a.readFrame()
@@ -288,8 +289,8 @@ func TestHTTP2ExtendedConnect(t *testing.T) {
 	if code, reason := binary.BigEndian.Uint16(p), string(p[2:]); code != 1000 || reason != "session time limit" {
 		t.Fatalf("close %d %q", code, reason)
 	}
-	if d := time.Since(start); d < 2400*time.Millisecond || d > 10*time.Second {
-		t.Fatalf("close after %v, want about 2.5s", d)
+	if d := time.Since(start); d < 5900*time.Millisecond || d > 15*time.Second {
+		t.Fatalf("close after %v, want about 6s", d)
 	}
 	if err := <-wrote; err != nil {
 		t.Fatalf("the gateway stopped taking the message: %v", err)
