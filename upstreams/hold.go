@@ -867,6 +867,11 @@ func controlFrame(op byte, payload []byte, masked bool) []byte {
 		return append(b, payload...)
 	}
 	b = append(b, 0x80|byte(len(payload)))
+	return appendMasked(b, payload)
+}
+
+// appendMasked appends a fresh masking key and payload masked with it.
+func appendMasked(b, payload []byte) []byte {
 	var key [4]byte
 	binary.LittleEndian.PutUint32(key[:], rand.Uint32())
 	b = append(b, key[:]...)

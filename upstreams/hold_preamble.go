@@ -3,7 +3,6 @@ package upstreams
 import (
 	"encoding/binary"
 	"errors"
-	"math/rand/v2"
 	"net"
 	"time"
 )
@@ -289,13 +288,5 @@ func appendDataFrame(b []byte, op byte, payload []byte) []byte {
 		b = append(b, 0x80|127)
 		b = binary.BigEndian.AppendUint64(b, uint64(n))
 	}
-	var key [4]byte
-	binary.LittleEndian.PutUint32(key[:], rand.Uint32())
-	b = append(b, key[:]...)
-	start := len(b)
-	b = append(b, payload...)
-	for i := start; i < len(b); i++ {
-		b[i] ^= key[(i-start)&3]
-	}
-	return b
+	return appendMasked(b, payload)
 }

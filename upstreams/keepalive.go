@@ -219,24 +219,7 @@ func (d *direction) keepaliveInterrupt(err error) bool {
 }
 
 // pingFrame builds a ping carrying payload; masked for the provider side.
-func pingFrame(payload []byte, masked bool) []byte {
-	b := make([]byte, 0, 6+len(payload))
-	b = append(b, 0x80|opPing)
-	if !masked {
-		b = append(b, byte(len(payload)))
-		return append(b, payload...)
-	}
-	b = append(b, 0x80|byte(len(payload)))
-	var key [4]byte
-	binary.LittleEndian.PutUint32(key[:], rand.Uint32())
-	b = append(b, key[:]...)
-	start := len(b)
-	b = append(b, payload...)
-	for i := start; i < len(b); i++ {
-		b[i] ^= key[(i-start)&3]
-	}
-	return b
-}
+func pingFrame(payload []byte, masked bool) []byte { return controlFrame(opPing, payload, masked) }
 
 // newPingToken is a session's ping payload: random, so a pong that
 // carries it answers this gateway's ping and no one else's.
