@@ -598,16 +598,8 @@ func (d *direction) dropBytes(p []byte) ([]byte, int) {
 			}
 		}
 		// p starts with (the rest of) a control frame: collect it.
-		for len(p) > 0 && (h.n < 2 || h.n < h.frameLen()) {
-			h.buf[h.n] = p[0]
-			h.n++
-			p = p[1:]
-			if h.frameLen() < 0 {
-				break
-			}
-		}
-		total := h.frameLen()
-		if total == 0 || (total > 0 && h.n < total) {
+		var total int
+		if p, total = h.collect(p); total == 0 || (total > 0 && h.n < total) {
 			break // the frame goes on in the next read
 		}
 		if total < 0 {
@@ -840,21 +832,8 @@ func (d *direction) parkedClose(st int32) bool {
 	}
 	stash := d.h.stash
 	d.h.stash = nil
-	if d.frames.advance(stash, false); d.frames.sawClose {
-		return false
-	}
-	for {
-		bp, n, err := d.read()
-		if n > 0 {
-			d.frames.advance((*bp)[:n], false)
-		}
-		if bp != nil {
-			d.release(bp)
-		}
-		if err != nil || d.frames.sawClose {
-			return false
-		}
-	}
+	d.awaitClose(stash)
+	return false
 }
 
 // controlFrame builds a control frame (payload at most 125 bytes), masked

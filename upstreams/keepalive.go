@@ -252,6 +252,21 @@ func (h *pongHold) frameLen() int {
 	return 2 + l
 }
 
+// collect moves bytes of p into the held frame until it is whole, or
+// known not to be a control frame; it returns the rest of p and the held
+// frame's length (see frameLen).
+func (h *pongHold) collect(p []byte) ([]byte, int) {
+	for len(p) > 0 && (h.n < 2 || h.n < h.frameLen()) {
+		h.buf[h.n] = p[0]
+		h.n++
+		p = p[1:]
+		if h.frameLen() < 0 {
+			break
+		}
+	}
+	return p, h.frameLen()
+}
+
 // answers reports whether the held (whole) frame is a pong carrying token.
 func (h *pongHold) answers(token []byte) bool {
 	f := h.buf[:h.n]
@@ -289,16 +304,8 @@ func (d *direction) forwardWatching(p []byte) bool {
 		}
 		// p starts with (the rest of) a pong frame.
 		h := &d.pong
-		for len(p) > 0 && (h.n < 2 || h.n < h.frameLen()) {
-			h.buf[h.n] = p[0]
-			h.n++
-			p = p[1:]
-			if h.frameLen() < 0 {
-				break
-			}
-		}
-		total := h.frameLen()
-		if total == 0 || (total > 0 && h.n < total) {
+		var total int
+		if p, total = h.collect(p); total == 0 || (total > 0 && h.n < total) {
 			return true // the frame goes on in the next read
 		}
 		held := h.buf[:h.n]

@@ -620,6 +620,13 @@ func (d *direction) sendClose(rest []byte) {
 		d.frames.advance(d.pong.buf[:d.pong.n], false)
 		d.pong.n = 0
 	}
+	d.awaitClose(rest)
+}
+
+// awaitClose follows src's frames, rest first (bytes already read), and
+// reads src, discarding it, until a close frame has passed or the read
+// fails (its deadline is the caller's).
+func (d *direction) awaitClose(rest []byte) {
 	if d.frames.advance(rest, false); d.frames.sawClose {
 		return
 	}
