@@ -315,25 +315,8 @@ func TestResumePreambleRaces(t *testing.T) {
 				h.client.Close()
 				h.waitPark(t)
 				c, gw := tcpPair(t)
-				provDone := make(chan struct{})
-				go func() {
-					defer close(provDone)
-					for {
-						f, err := readFrame(h.pr)
-						if err != nil {
-							return
-						}
-						// The preamble (when the resume won) goes
-						// unanswered.
-						if f.op == opClose {
-							if rival == "Close" {
-								h.provider.Write(closeFrame(CloseNormal, "", false))
-							}
-							h.provider.Close()
-							return
-						}
-					}
-				}()
+				// The preamble (when the resume won) goes unanswered.
+				provDone := h.hangUpAtClose(rival == "Close")
 				var err error
 				joined := make(chan JoinReport, 1)
 				var wg sync.WaitGroup

@@ -550,25 +550,7 @@ func TestHoldResumeRaces(t *testing.T) {
 				h.client.Close()
 				h.waitPark(t)
 				c, gw := tcpPair(t)
-				// The provider answers a close frame (or, having sent its
-				// own, takes the answer), then hangs up.
-				provDone := make(chan struct{})
-				go func() {
-					defer close(provDone)
-					for {
-						f, err := readFrame(h.pr)
-						if err != nil {
-							return
-						}
-						if f.op == opClose {
-							if rival == "Close" {
-								h.provider.Write(closeFrame(CloseNormal, "", false))
-							}
-							h.provider.Close()
-							return
-						}
-					}
-				}()
+				provDone := h.hangUpAtClose(rival == "Close")
 				var err error
 				var wg sync.WaitGroup
 				wg.Add(2)
@@ -854,4 +836,29 @@ func BenchmarkRelayHold(b *testing.B) {
 			})
 		}
 	}
+}
+
+// hangUpAtClose plays the provider of a resume race: it reads frames until
+// a close frame, answers it when answer is set (the gateway's Close) or
+// takes it as the answer to its own, then hangs up. The channel closes
+// when it is done.
+func (h *holdRelay) hangUpAtClose(answer bool) <-chan struct{} {
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			f, err := readFrame(h.pr)
+			if err != nil {
+				return
+			}
+			if f.op == opClose {
+				if answer {
+					h.provider.Write(closeFrame(CloseNormal, "", false))
+				}
+				h.provider.Close()
+				return
+			}
+		}
+	}()
+	return done
 }
