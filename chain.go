@@ -760,7 +760,7 @@ func (c *connect) establish(m *member, up *upstreams.Conn) passEnd {
 	// as live, so a client never holds a session that status and
 	// max_concurrent do not see yet. It names the session.
 	answer := up.Answer.RawWithHeader(SessionHeader, c.id)
-	c.relay(m, conn, up, pending, func() error {
+	c.relay(m, relayConn(conn), up, pending, func() error {
 		_, err := conn.Write(answer)
 		return err
 	})

@@ -83,7 +83,7 @@ func (c *connect) joinHeld(e *pool.Parked) {
 			c.resumeBroke(e, err)
 			return
 		}
-		client = conn
+		client = relayConn(conn)
 	}
 	if err := s.ResumeWith(client, c.heldReset(pending, e.ID)); err != nil {
 		// It ended meanwhile: the client had its 101, so it gets a close
