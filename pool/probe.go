@@ -24,6 +24,10 @@ import (
 // has run out, and a passing probe makes the provider healthy again before
 // any client is sent to it. A probe that reads capacity (browserless's
 // /pressure) marks the provider full while it says so.
+//
+// What a probe costs the process: probe times are aligned on a grid, and
+// the probes of all loops due at one time run together, from one timer
+// (see probeBatches and runProbes).
 
 // Prober runs one probe: an HTTP GET that never opens a browser session.
 // *upstreams.Prober is one.
@@ -92,23 +96,29 @@ type probeReg struct {
 
 // probeLoop is the probe loop of one provider. Guarded by Provider.pmu.
 type probeLoop struct {
-	regs    []probeReg // the newest last
-	active  bool
-	ctx     context.Context
-	cancel  context.CancelFunc
-	timer   queue.Timer
-	due     time.Time // when the timer fires
+	regs   []probeReg // the newest last
+	active bool
+	ctx    context.Context
+	cancel context.CancelFunc
+	// at is the batch of probes the loop's next one belongs to (nil:
+	// none pending), seq the number of its place there: a place taken
+	// before the last scheduling is void.
+	at      *probeBatch
+	seq     uint64
+	due     time.Time // when the batch runs
 	running bool      // a probe is in flight
 	// lastStart is when the last probe was due (zero: none yet);
-	// interval is the one the timer was set with.
+	// interval is the one the pending probe was scheduled with.
 	lastStart time.Time
 	interval  time.Duration
-	// epoch changes whenever the loop stops, so a timer that fires late
-	// for a stopped loop does nothing.
+	// epoch changes whenever the loop stops, so a probe in flight then
+	// finds out it was the stopped loop's.
 	epoch uint64
 
-	last     *ProbeRecord
+	last     ProbeRecord // zero At: never probed
 	capacity *CapacityRecord
+	// job is the probe in flight (while running).
+	job probeJob
 }
 
 func (l *probeLoop) newest() *probeReg {
@@ -173,10 +183,7 @@ func (p *Provider) Unprobe(owner any) {
 	}
 	l.active = false
 	l.epoch++
-	if l.timer != nil {
-		l.timer.Stop()
-		l.timer = nil
-	}
+	p.unscheduleLocked()
 	l.cancel()
 	wasFull := l.capacity != nil && l.capacity.Full
 	l.capacity = nil
@@ -229,23 +236,27 @@ func gridOf(interval time.Duration) time.Duration {
 	return min(max(interval/10, time.Millisecond), probeGrid)
 }
 
-// scheduleLocked sets the loop's timer to fire at t (rounded up to the
-// grid).
+// scheduleLocked makes the loop's next probe due at t (rounded up to the
+// grid), in the batch of the probes due then.
 func (p *Provider) scheduleLocked(t time.Time) {
 	l := &p.probe
-	if l.timer != nil {
-		l.timer.Stop()
-	}
+	p.unscheduleLocked()
 	if g := gridOf(l.interval); !t.Truncate(g).Equal(t) {
 		t = t.Truncate(g).Add(g)
 	}
 	l.due = t
-	epoch := l.epoch
-	d := t.Sub(now())
-	if d < 0 {
-		d = 0
+	l.seq++
+	l.at = probeBatches.join(t, probeDue{p: p, seq: l.seq})
+}
+
+// unscheduleLocked voids the loop's pending probe, if any.
+func (p *Provider) unscheduleLocked() {
+	l := &p.probe
+	if l.at != nil {
+		probeBatches.leave(l.at)
+		l.at = nil
 	}
-	l.timer = Clock.AfterFunc(d, func() { p.fire(epoch) })
+	l.seq++
 }
 
 // ProbeBy moves the next probe to t when that is sooner. The failover
@@ -261,31 +272,143 @@ func (p *Provider) ProbeBy(t time.Time) {
 	p.scheduleLocked(t)
 }
 
-// fire starts a probe, unless a cooldown or skip still runs: then the
-// probe waits for its end.
-func (p *Provider) fire(epoch uint64) {
+// Probe batches: the probes due at one time run together, from one timer,
+// on one probe worker. The grid makes most probes of many providers due
+// together, so the process wakes once for all of them, and the probes of
+// kept connections run in the batch without a goroutine or a wake-up each
+// (see runProbes).
+var probeBatches = batchSet{at: map[int64]*probeBatch{}}
+
+// batchSet is the pending batches, by due time.
+type batchSet struct {
+	mu sync.Mutex
+	at map[int64]*probeBatch
+	// last is the batch last joined (most join the one before them
+	// did); size, the places the last batch run had (a new one starts
+	// with room for as many).
+	last *probeBatch
+	size int
+}
+
+// probeBatch is the probes due at one time.
+type probeBatch struct {
+	when  int64
+	due   []probeDue
+	live  int // places not left
+	timer queue.Timer
+	ran   bool
+}
+
+// probeDue is a loop's place in a batch: void unless the loop's seq still
+// is the place's.
+type probeDue struct {
+	p   *Provider
+	seq uint64
+}
+
+// join adds d to the batch due at t, made (with its timer) if there is
+// none.
+func (s *batchSet) join(t time.Time, d probeDue) *probeBatch {
+	key := t.UnixNano()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	b := s.last
+	if b == nil || b.when != key {
+		b = s.at[key]
+	}
+	if b == nil {
+		b = &probeBatch{when: key, due: make([]probeDue, 0, s.size)}
+		s.at[key] = b
+		b.timer = Clock.AfterFunc(max(t.Sub(now()), 0), func() { batchGo(b.run) })
+	}
+	b.due = append(b.due, d)
+	b.live++
+	s.last = b
+	return b
+}
+
+// leave gives up a place in b; a batch with none left is dropped, its
+// timer stopped.
+func (s *batchSet) leave(b *probeBatch) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if b.ran {
+		return
+	}
+	if b.live--; b.live == 0 {
+		b.timer.Stop()
+		s.drop(b)
+	}
+}
+
+// drop takes b out of the pending batches.
+func (s *batchSet) drop(b *probeBatch) {
+	b.ran = true
+	if s.at[b.when] == b {
+		delete(s.at, b.when)
+	}
+	if s.last == b {
+		s.last = nil
+	}
+}
+
+// batchGo runs a batch on a probe worker, whose stack has grown to what
+// probes take already; tests with a fake clock run it in place.
+var batchGo = onProbeWorker
+
+// run runs the probes of b that are still due.
+func (b *probeBatch) run() {
+	s := &probeBatches
+	s.mu.Lock()
+	if b.ran {
+		s.mu.Unlock()
+		return
+	}
+	s.drop(b)
+	s.size = len(b.due)
+	s.mu.Unlock()
+	jobs := make([]*probeJob, 0, len(b.due))
+	for _, d := range b.due {
+		if j := d.p.fire(d.seq); j != nil {
+			jobs = append(jobs, j)
+		}
+	}
+	runProbes(jobs)
+}
+
+// probeJob is one probe to run.
+type probeJob struct {
+	p          *Provider
+	ctx        context.Context
+	epoch      uint64
+	reg        probeReg
+	permit     cooldown.Permit
+	start, due time.Time
+}
+
+// fire takes the loop's place seq in the batch that runs: the probe to
+// run, or nil when the place is void, a cooldown or skip still runs (the
+// probe then waits for its end), or another trial is in flight.
+func (p *Provider) fire(seq uint64) *probeJob {
 	p.pmu.Lock()
+	defer p.pmu.Unlock()
 	l := &p.probe
-	if !l.active || l.epoch != epoch || l.running {
-		p.pmu.Unlock()
-		return
+	if !l.active || l.seq != seq || l.running {
+		return nil
 	}
-	l.timer = nil
+	l.at = nil
 	t := now()
-	if u := p.Health.Until(); u.After(t) {
-		p.scheduleLocked(u)
-		p.pmu.Unlock()
-		return
-	}
 	permit, ok := p.Health.AcquireProbe()
 	if !ok {
+		if u := p.Health.Until(); u.After(t) {
+			p.scheduleLocked(u)
+			return nil
+		}
 		// Another trial is in flight (taken before the loop started):
 		// look again after an interval.
 		p.scheduleLocked(t.Add(l.interval))
-		p.pmu.Unlock()
-		return
+		return nil
 	}
-	reg := *l.newest()
 	l.running = true
 	// The pace follows the times the probes were due, not the moments
 	// their timers ran: a late timer does not push the next probe back.
@@ -294,19 +417,93 @@ func (p *Provider) fire(epoch uint64) {
 		due = t
 	}
 	l.lastStart = due
-	ctx := l.ctx
-	p.pmu.Unlock()
-	probeGo(func() { p.runProbe(ctx, epoch, reg, permit, t, due) })
+	l.job = probeJob{p: p, ctx: l.ctx, epoch: l.epoch, reg: *l.newest(), permit: permit, start: t, due: due}
+	return &l.job
 }
+
+// BatchProber is a Prober whose probe may run in two steps: Send writes
+// the request and returns at once (false: the probe cannot run so, and
+// Probe runs it); Collect ends the probe if its answer is already there
+// (false: it is not); Finish ends it, waiting for the answer.
+// *upstreams.Prober is one.
+type BatchProber interface {
+	Prober
+	Send(ctx context.Context) bool
+	Collect(ctx context.Context) (upstreams.ProbeResult, bool)
+	Finish(ctx context.Context) upstreams.ProbeResult
+	// Await waits at most d for the answer to begin to come; false when
+	// it has not.
+	Await(d time.Duration) bool
+}
+
+// runProbes runs the probes due together. Those a BatchProber may run in
+// two steps are all sent first; then the batch waits, for at most
+// probeAwait, for the answers, and reads and applies each in place as it
+// is there, with no goroutine and no wake-up per probe: from a provider on
+// loopback or a fast network, most answers come while the batch's other
+// requests are sent. The rest wait on probe workers, as do the probes that
+// dial (the first, or after the provider closed the kept connection),
+// which may take their whole timeout.
+func runProbes(jobs []*probeJob) {
+	sent := jobs[:0]
+	for _, j := range jobs {
+		if bp, ok := j.reg.cfg.Prober.(BatchProber); ok && bp.Send(j.ctx) {
+			sent = append(sent, j)
+			continue
+		}
+		probeGo(j.probe)
+	}
+	// Wait for the answer to the last request sent (it is most often the
+	// last to come), read all that came meanwhile, and so on while some
+	// are missing, for at most probeAwait.
+	waiting := sent
+	for end := time.Now().Add(probeAwait); len(waiting) > 0; {
+		d := time.Until(end)
+		came := d > 0 && waiting[len(waiting)-1].reg.cfg.Prober.(BatchProber).Await(d)
+		waiting = collect(waiting)
+		if !came {
+			break
+		}
+	}
+	for _, j := range waiting {
+		probeGo(j.finish)
+	}
+}
+
+// probeAwait is how long a batch waits for the answers not there yet,
+// which then wait on probe workers: long enough for a provider on a fast
+// network to answer the batch's requests, short enough that a slow one
+// does not hold up the others' results (nor their ms in status).
+const probeAwait = 5 * time.Millisecond
+
+// collect ends the probes sent whose answers are there, and returns the
+// others.
+func collect(sent []*probeJob) []*probeJob {
+	waiting := sent[:0]
+	for _, j := range sent {
+		if res, ok := j.reg.cfg.Prober.(BatchProber).Collect(j.ctx); ok {
+			j.p.applyProbe(j, res)
+			continue
+		}
+		waiting = append(waiting, j)
+	}
+	return waiting
+}
+
+// probe runs the whole probe.
+func (j *probeJob) probe() { j.p.applyProbe(j, j.reg.cfg.Prober.Probe(j.ctx)) }
+
+// finish ends the probe sent, waiting for its answer.
+func (j *probeJob) finish() { j.p.applyProbe(j, j.reg.cfg.Prober.(BatchProber).Finish(j.ctx)) }
 
 // probeGo runs a probe on a probe worker; tests with a fake clock may run
 // it in place.
 var probeGo = onProbeWorker
 
-// Probe workers: probes run on goroutines kept between probes, not on the
-// short-lived goroutine of each timer, whose stack would have to grow
-// for every probe. A probe goes to an idle worker, or a new one; a worker
-// idle for probeWorkerIdle ends.
+// Probe workers: probes run on goroutines kept between probes, not on a
+// short-lived goroutine each, whose stack would have to grow for every
+// probe. A probe goes to an idle worker, or a new one; a worker idle for
+// probeWorkerIdle ends.
 var probeWork = make(chan func())
 
 const probeWorkerIdle = 30 * time.Second
@@ -334,9 +531,12 @@ func probeWorker(f func()) {
 	}
 }
 
-// runProbe runs one probe and applies its result.
-func (p *Provider) runProbe(ctx context.Context, epoch uint64, reg probeReg, permit cooldown.Permit, start, due time.Time) {
-	res := reg.cfg.Prober.Probe(ctx)
+// applyProbe applies a probe's result, tells the handler, and schedules
+// the loop's next probe.
+func (p *Provider) applyProbe(j *probeJob, res upstreams.ProbeResult) {
+	// (The job is the loop's, reused by its next probe: read it before
+	// the loop may go on.)
+	epoch, permit, start, due := j.epoch, j.permit, j.start, j.due
 	o := res.Outcome
 	rep := ProbeReport{Result: res, Trial: permit.Trial()}
 	switch o.Kind {
@@ -354,7 +554,7 @@ func (p *Provider) runProbe(ctx context.Context, epoch uint64, reg probeReg, per
 	l := &p.probe
 	stopped := !l.active || l.epoch != epoch
 	if o.Kind != upstreams.ClientGone && !stopped {
-		l.last = &ProbeRecord{At: start, Outcome: o.Word, MS: float64(o.Elapsed.Microseconds()) / 1000}
+		l.last = ProbeRecord{At: start, Outcome: o.Word, MS: float64(o.Elapsed.Microseconds()) / 1000}
 		wasFull := l.capacity != nil && l.capacity.Full
 		if pr := res.Pressure; pr != nil && o.Kind == upstreams.Success {
 			l.capacity = &CapacityRecord{Running: pr.Running, Max: pr.MaxConcurrent, Queued: pr.Queued, Full: pr.Full()}
@@ -426,10 +626,10 @@ func later(a, b time.Time) time.Time {
 func (p *Provider) LastProbe() (ProbeRecord, bool) {
 	p.pmu.Lock()
 	defer p.pmu.Unlock()
-	if p.probe.last == nil {
+	if p.probe.last.At.IsZero() {
 		return ProbeRecord{}, false
 	}
-	return *p.probe.last, true
+	return p.probe.last, true
 }
 
 // Capacity is what the last capacity read said; false when there is none

@@ -2,6 +2,7 @@ package pool
 
 import (
 	"context"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -97,14 +98,21 @@ func (c *fakeClock) Advance(d time.Duration) {
 func useFakeClock(t *testing.T, inline bool) *fakeClock {
 	t.Helper()
 	c := &fakeClock{now: time.Unix(1_700_000_000, 0)}
-	oldClock, oldJitter, oldGo := Clock, probeJitter, probeGo
+	oldClock, oldJitter, oldGo, oldBatchGo := Clock, probeJitter, probeGo, batchGo
+	// The batches pending are the real clock's (none, in these tests).
+	probeBatches.mu.Lock()
+	if len(probeBatches.at) != 0 {
+		t.Fatalf("%d probe batches pending before the test", len(probeBatches.at))
+	}
+	probeBatches.mu.Unlock()
 	Clock = c
 	probeJitter = func(time.Duration) time.Duration { return 0 }
+	batchGo = func(f func()) { f() }
 	probeGo = func(f func()) { go f() }
 	if inline {
 		probeGo = func(f func()) { f() }
 	}
-	t.Cleanup(func() { Clock, probeJitter, probeGo = oldClock, oldJitter, oldGo })
+	t.Cleanup(func() { Clock, probeJitter, probeGo, batchGo = oldClock, oldJitter, oldGo, oldBatchGo })
 	return c
 }
 
@@ -512,4 +520,160 @@ func (p *Provider) probing() bool {
 	p.pmu.Lock()
 	defer p.pmu.Unlock()
 	return p.probe.running
+}
+
+// ---- probes in two steps ----
+
+// stepProber is a fakeProber that runs in two steps (a BatchProber), and
+// logs each step to a log shared by several.
+type stepProber struct {
+	fakeProber
+	log     *stepLog
+	decline bool // Send declines: Probe runs it
+	ready   bool // the answer is there: Collect ends the probe
+	// comes: the answer is there once Await asked for it; never:
+	// Await finds nothing.
+	comes, never bool
+}
+
+type stepLog struct {
+	mu  sync.Mutex
+	got []string
+}
+
+func (l *stepLog) add(s string) {
+	l.mu.Lock()
+	l.got = append(l.got, s)
+	l.mu.Unlock()
+}
+
+func (l *stepLog) list() []string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return append([]string(nil), l.got...)
+}
+
+func (f *stepProber) Probe(ctx context.Context) upstreams.ProbeResult {
+	f.log.add("probe " + f.name)
+	return f.fakeProber.Probe(ctx)
+}
+
+func (f *stepProber) Send(context.Context) bool {
+	if f.decline {
+		return false
+	}
+	f.log.add("send " + f.name)
+	f.calls.Add(1)
+	f.inFlight.Add(1)
+	return true
+}
+
+func (f *stepProber) Collect(context.Context) (upstreams.ProbeResult, bool) {
+	f.log.add("collect " + f.name)
+	if !f.ready {
+		return upstreams.ProbeResult{}, false
+	}
+	f.inFlight.Add(-1)
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.result, true
+}
+
+func (f *stepProber) Await(time.Duration) bool {
+	f.log.add("await " + f.name)
+	if f.comes {
+		f.ready = true
+	}
+	return f.ready
+}
+
+func (f *stepProber) Finish(context.Context) upstreams.ProbeResult {
+	f.log.add("finish " + f.name)
+	f.inFlight.Add(-1)
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.result
+}
+
+// TestProbeBatches: the probes of many providers due at one time run from
+// one timer; those in two steps are all sent before any answer is read;
+// the answers there are read and applied in place, the batch waits for the
+// last one sent, and what does not come is left to Finish; a probe that
+// cannot run in two steps runs whole. Every loop still gets one probe and
+// one report per interval, and a stopped loop leaves no timer.
+func TestProbeBatches(t *testing.T) {
+	c := useFakeClock(t, true)
+	var log stepLog
+	var ps []*Provider
+	var fps []*stepProber
+	var rs []*reports
+	owner := new(int)
+	for _, f := range []*stepProber{
+		{fakeProber: fakeProber{name: "a"}, ready: true},
+		{fakeProber: fakeProber{name: "d"}, never: true},
+		{fakeProber: fakeProber{name: "c"}, decline: true},
+		{fakeProber: fakeProber{name: "b"}, comes: true},
+	} {
+		f.log = &log
+		f.set(passing())
+		p := claimProbed(t, "probe-batch-"+f.name, cooldown.Config{}, 0)
+		r := &reports{}
+		p.Probe(owner, ProbeConfig{Prober: f, Interval: time.Second, Report: r.add})
+		ps, fps, rs = append(ps, p), append(fps, f), append(rs, r)
+	}
+	timers := func() int {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		return len(c.timers)
+	}
+	if n := timers(); n != 1 {
+		t.Fatalf("%d timers for four probes due at once", n)
+	}
+	c.Advance(0)
+	want := []string{
+		"send a", "send d", "probe c", "send b",
+		"await b", "collect a", "collect d", "collect b",
+		"await d", "collect d",
+		"finish d",
+	}
+	if got := log.list(); strings.Join(got, ", ") != strings.Join(want, ", ") {
+		t.Fatalf("steps:\n%s\nwant\n%s", strings.Join(got, ", "), strings.Join(want, ", "))
+	}
+	for i, f := range fps {
+		if n := f.calls.Load(); n != 1 || f.inFlight.Load() != 0 {
+			t.Fatalf("%s: %d probes, %d in flight", f.name, n, f.inFlight.Load())
+		}
+		if got := rs[i].list(); len(got) != 1 || got[0].Result.Outcome.Kind != upstreams.Success {
+			t.Fatalf("%s: reports %+v", f.name, got)
+		}
+		if r, ok := ps[i].LastProbe(); !ok || r.Outcome != upstreams.WordOK {
+			t.Fatalf("%s: last probe %+v", f.name, r)
+		}
+	}
+	if n := timers(); n != 1 {
+		t.Fatalf("%d timers for the four next probes", n)
+	}
+	// A failing answer collected in place counts like any other.
+	fps[0].set(failing(upstreams.StatusWord(503)))
+	c.Advance(time.Second)
+	if got := rs[0].list(); len(got) != 2 || got[1].Result.Outcome.Word != "status_503" || ps[0].LastError() != "status_503" {
+		t.Fatalf("a: reports %+v", got)
+	}
+	for _, f := range fps {
+		if f.calls.Load() != 2 {
+			t.Fatalf("%s: %d probes after two intervals", f.name, f.calls.Load())
+		}
+	}
+	// One loop moved to another time leaves its batch; the last to leave
+	// stops its timer.
+	ps[0].ProbeBy(c.Now().Add(300 * time.Millisecond))
+	if n := timers(); n != 2 {
+		t.Fatalf("%d timers, want 2", n)
+	}
+	for _, p := range ps {
+		p.Unprobe(owner)
+	}
+	if n := timers(); n != 0 {
+		t.Fatalf("%d timers left after the loops stopped", n)
+	}
 }

@@ -160,6 +160,18 @@ type Prober struct {
 	req  []byte
 	conn net.Conn
 	br   *bufio.Reader
+	// rd is what br reads: the connection, after any bytes read ahead
+	// by Collect.
+	rd probeReader
+	// sent: Send wrote the request, at start, and the probe is not over
+	// (mu stays locked until Collect or Finish ends it).
+	sent  bool
+	start time.Time
+	// deadlineSet: the connection has a read deadline, which must go
+	// before Collect reads without waiting.
+	deadlineSet bool
+	// closed: Close was called; no connection is kept from then on.
+	closed bool
 	// hostRetried: Chrome refused the Host header, and the dialed
 	// address is sent instead from now on. remote is the address the
 	// last connection reached.
@@ -325,24 +337,40 @@ func (pr *Prober) request(host string) []byte {
 
 // Probe runs one probe within the options' timeout (or ctx's end, which
 // calls it off).
-func (pr *Prober) Probe(ctx context.Context) (res ProbeResult) {
+func (pr *Prober) Probe(ctx context.Context) ProbeResult {
 	pr.mu.Lock()
 	defer pr.mu.Unlock()
-	start := time.Now()
+	return pr.probe(ctx, time.Now(), false)
+}
+
+// probe runs one probe that started at start; sent: Send has written its
+// request on the kept connection.
+func (pr *Prober) probe(ctx context.Context, start time.Time, sent bool) (res ProbeResult) {
 	defer func() { res.Outcome.Elapsed = time.Since(start) }()
 	// The timeout is the connection's deadline (a context deadline would
 	// arm one more timer per probe); ctx only calls the probe off.
 	deadline := start.Add(pr.opts.Timeout)
 
-	ans, body, err := pr.exchange(ctx, deadline)
-	if err == nil && ans.status == http.StatusInternalServerError && !pr.hostRetried && pr.remote != "" &&
-		bytes.Contains(body, []byte("Host header")) && net.ParseIP(hostOnly(pr.host)) == nil {
+	ans, body, err := pr.exchange(ctx, deadline, sent)
+	if err == nil && pr.hostRefused(ans, body) {
 		// Chrome answers /json/* only when Host is an IP address or
 		// localhost: from now on send the address it was dialed at.
 		pr.hostRetried = true
 		pr.req = pr.request(pr.remote)
-		ans, body, err = pr.exchange(ctx, deadline)
+		ans, body, err = pr.exchange(ctx, deadline, false)
 	}
+	return pr.result(ctx, ans, body, err)
+}
+
+// hostRefused reports whether the answer is Chrome's refusal of the Host
+// header, which the probe takes once as a sign to send the dialed address.
+func (pr *Prober) hostRefused(ans probeAnswer, body []byte) bool {
+	return ans.status == http.StatusInternalServerError && !pr.hostRetried && pr.remote != "" &&
+		bytes.Contains(body, []byte("Host header")) && net.ParseIP(hostOnly(pr.host)) == nil
+}
+
+// result classifies an exchange.
+func (pr *Prober) result(ctx context.Context, ans probeAnswer, body []byte, err error) (res ProbeResult) {
 	if err != nil {
 		if ctx.Err() != nil {
 			return ProbeResult{Outcome: Outcome{Word: WordClientGone, Kind: ClientGone, Err: ctx.Err()}}
@@ -362,13 +390,15 @@ func (pr *Prober) Probe(ctx context.Context) (res ProbeResult) {
 }
 
 // exchange sends the request and reads the answer and its body (up to
-// maxProbeBody), on the kept connection if there is one. A kept connection
-// that fails before any answer (the provider closed it while idle) is
-// replaced once by a fresh one: a GET may be sent again.
-func (pr *Prober) exchange(ctx context.Context, deadline time.Time) (probeAnswer, []byte, error) {
+// maxProbeBody), on the kept connection if there is one; sent: Send has
+// already written the request there. A kept connection that fails before
+// any answer (the provider closed it while idle) is replaced once by a
+// fresh one: a GET may be sent again.
+func (pr *Prober) exchange(ctx context.Context, deadline time.Time, sent bool) (probeAnswer, []byte, error) {
 	for try := 0; ; try++ {
 		reused := pr.conn != nil
 		if !reused {
+			sent = false
 			dctx, cancel := context.WithDeadline(ctx, deadline)
 			conn, err := dialTo(dctx, pr.address, pr.tlsConfig)
 			if err != nil && ctx.Err() == nil && errors.Is(dctx.Err(), context.DeadlineExceeded) {
@@ -382,32 +412,37 @@ func (pr *Prober) exchange(ctx context.Context, deadline time.Time) (probeAnswer
 			if ra, ok := conn.RemoteAddr().(*net.TCPAddr); ok {
 				pr.remote = ra.String()
 			}
+			pr.rd.reset(conn)
 			if pr.br == nil {
-				pr.br = bufio.NewReaderSize(conn, 4096)
+				pr.br = bufio.NewReaderSize(&pr.rd, 4096)
 			} else {
-				pr.br.Reset(conn)
+				pr.br.Reset(&pr.rd)
 			}
 		}
 		conn := pr.conn
-		if pr.watching != ctx {
-			// Calling the probes off (ctx ending) interrupts the
-			// connection; watched once per connection and context, not
-			// once per probe.
-			if pr.unwatch != nil {
-				pr.unwatch()
-			}
-			pr.watching = ctx
-			pr.unwatch = context.AfterFunc(ctx, func() { conn.SetDeadline(aLongTimeAgo) })
-		}
+		pr.watch(ctx)
+		// (A probe that waits sets the read deadline; Send, which
+		// does not, takes it away.)
 		// Only the answer may keep the probe waiting: the request is
 		// small, and a connection never holds more than one unanswered
 		// (one that timed out is dropped), so its write cannot block.
-		conn.SetReadDeadline(deadline)
-		ans, body, keep, err := pr.roundTrip(conn)
+		pr.setReadDeadline(ctx, deadline)
+		pr.deadlineSet = true
+		var ans probeAnswer
+		var body []byte
+		var keep bool
+		var err error
+		if !sent {
+			_, err = conn.Write(pr.req)
+		}
+		sent = false
+		if err == nil {
+			ans, body, keep, err = pr.readExchange()
+		}
 		if ctx.Err() != nil {
 			keep = false // called off: the connection's deadline is spent
 		}
-		if err != nil || !keep {
+		if err != nil || !keep || pr.closed {
 			pr.drop()
 		}
 		if err != nil && reused && try == 0 && ctx.Err() == nil && !isTimeout(err) {
@@ -420,14 +455,34 @@ func (pr *Prober) exchange(ctx context.Context, deadline time.Time) (probeAnswer
 	}
 }
 
-// roundTrip writes the request on conn and reads the answer. keep tells
-// whether the connection may serve the next probe: HTTP/1.1, no
-// "Connection: close", and a body of known length read whole. The body is
-// the prober's buffer, valid until the next probe.
-func (pr *Prober) roundTrip(conn net.Conn) (ans probeAnswer, body []byte, keep bool, err error) {
-	if _, err = conn.Write(pr.req); err != nil {
-		return ans, nil, false, err
+// watch makes ctx's end (calling the probes off) interrupt the kept
+// connection; watched once per connection and context, not once per probe.
+func (pr *Prober) watch(ctx context.Context) {
+	if pr.watching == ctx {
+		return
 	}
+	if pr.unwatch != nil {
+		pr.unwatch()
+	}
+	conn := pr.conn
+	pr.watching = ctx
+	pr.unwatch = context.AfterFunc(ctx, func() { conn.SetDeadline(aLongTimeAgo) })
+}
+
+// setReadDeadline sets the kept connection's read deadline, unless ctx has
+// ended: calling the probes off wins over any deadline.
+func (pr *Prober) setReadDeadline(ctx context.Context, t time.Time) {
+	pr.conn.SetReadDeadline(t)
+	if ctx.Err() != nil {
+		pr.conn.SetDeadline(aLongTimeAgo)
+	}
+}
+
+// readExchange reads the answer to the request sent. keep tells whether
+// the connection may serve the next probe: HTTP/1.1, no "Connection:
+// close", and a body of known length read whole. The body is the prober's
+// buffer, valid until the next probe.
+func (pr *Prober) readExchange() (ans probeAnswer, body []byte, keep bool, err error) {
 	if ans, err = pr.readAnswer(); err != nil {
 		return ans, nil, false, err
 	}
@@ -483,23 +538,8 @@ func (pr *Prober) readAnswer() (probeAnswer, error) {
 	if err != nil {
 		return a, err
 	}
-	// "HTTP/1.1 200 OK"
-	if len(line) < 12 || !bytes.HasPrefix(line, []byte("HTTP/1.")) || line[8] != ' ' {
-		return a, fmt.Errorf("%w: bad status line", errMalformed)
-	}
-	a.http11 = line[7] == '1'
-	code := line[9:12]
-	if len(line) > 12 && line[12] != ' ' {
-		return a, fmt.Errorf("%w: bad status code", errMalformed)
-	}
-	for _, c := range code {
-		if c < '0' || c > '9' {
-			return a, fmt.Errorf("%w: bad status code", errMalformed)
-		}
-		a.status = a.status*10 + int(c-'0')
-	}
-	if a.status < 100 {
-		return a, fmt.Errorf("%w: bad status code", errMalformed)
+	if err := a.statusLine(line); err != nil {
+		return a, err
 	}
 	for n := 0; ; n++ {
 		line, err := readLine(pr.br, &raw, MaxAnswerHeader)
@@ -509,39 +549,75 @@ func (pr *Prober) readAnswer() (probeAnswer, error) {
 		if len(line) == 0 {
 			break
 		}
-		if n >= maxAnswerFields {
-			return a, fmt.Errorf("%w: too many header fields", errMalformed)
+		if err := a.field(n, line); err != nil {
+			return a, err
 		}
-		k, v, ok := bytes.Cut(line, []byte{':'})
-		if !ok || len(k) == 0 || bytes.ContainsAny(k, " \t") {
-			return a, fmt.Errorf("%w: bad header line", errMalformed)
+	}
+	a.headDone()
+	return a, nil
+}
+
+// statusLine reads an answer's status line ("HTTP/1.1 200 OK").
+func (a *probeAnswer) statusLine(line []byte) error {
+	if len(line) < 12 || !bytes.HasPrefix(line, []byte("HTTP/1.")) || line[8] != ' ' {
+		return fmt.Errorf("%w: bad status line", errMalformed)
+	}
+	a.http11 = line[7] == '1'
+	code := line[9:12]
+	if len(line) > 12 && line[12] != ' ' {
+		return fmt.Errorf("%w: bad status code", errMalformed)
+	}
+	for _, c := range code {
+		if c < '0' || c > '9' {
+			return fmt.Errorf("%w: bad status code", errMalformed)
 		}
-		v = bytes.TrimSpace(v)
-		switch {
-		case bytes.EqualFold(k, []byte("Content-Length")):
-			n, err := strconv.ParseInt(string(v), 10, 64)
-			if err != nil || n < 0 || (a.length >= 0 && a.length != n) {
-				return a, fmt.Errorf("%w: bad Content-Length", errMalformed)
-			}
-			a.length = n
-		case bytes.EqualFold(k, []byte("Transfer-Encoding")):
-			if bytes.EqualFold(v, []byte("chunked")) {
-				a.chunked = true
-			} else {
-				a.other = true
-			}
-		case bytes.EqualFold(k, []byte("Connection")):
-			for _, tok := range bytes.Split(v, []byte{','}) {
-				if bytes.EqualFold(bytes.TrimSpace(tok), []byte("close")) {
-					a.close = true
-				}
+		a.status = a.status*10 + int(c-'0')
+	}
+	if a.status < 100 {
+		return fmt.Errorf("%w: bad status code", errMalformed)
+	}
+	return nil
+}
+
+// field reads the n-th header line of an answer, keeping only what a probe
+// needs.
+func (a *probeAnswer) field(n int, line []byte) error {
+	if n >= maxAnswerFields {
+		return fmt.Errorf("%w: too many header fields", errMalformed)
+	}
+	k, v, ok := bytes.Cut(line, []byte{':'})
+	if !ok || len(k) == 0 || bytes.ContainsAny(k, " \t") {
+		return fmt.Errorf("%w: bad header line", errMalformed)
+	}
+	v = bytes.TrimSpace(v)
+	switch {
+	case bytes.EqualFold(k, []byte("Content-Length")):
+		n, err := strconv.ParseInt(string(v), 10, 64)
+		if err != nil || n < 0 || (a.length >= 0 && a.length != n) {
+			return fmt.Errorf("%w: bad Content-Length", errMalformed)
+		}
+		a.length = n
+	case bytes.EqualFold(k, []byte("Transfer-Encoding")):
+		if bytes.EqualFold(v, []byte("chunked")) {
+			a.chunked = true
+		} else {
+			a.other = true
+		}
+	case bytes.EqualFold(k, []byte("Connection")):
+		for tok := range bytes.SplitSeq(v, []byte{','}) {
+			if bytes.EqualFold(bytes.TrimSpace(tok), []byte("close")) {
+				a.close = true
 			}
 		}
 	}
+	return nil
+}
+
+// headDone settles what the header lines said of the body.
+func (a *probeAnswer) headDone() {
 	if a.other {
 		a.chunked, a.length = false, -1
 	}
-	return a, nil
 }
 
 // drop closes the kept connection.
@@ -556,9 +632,11 @@ func (pr *Prober) drop() {
 	}
 }
 
-// Close closes the connection kept for the next probe.
+// Close closes the connection kept for the next probe, once a probe in
+// flight is over; a probe run after it keeps no connection.
 func (pr *Prober) Close() {
 	pr.mu.Lock()
+	pr.closed = true
 	pr.drop()
 	pr.mu.Unlock()
 }
