@@ -453,17 +453,24 @@ func runProbes(jobs []*probeJob) {
 		}
 		probeGo(j.probe)
 	}
-	// Wait for the answer to the last request sent (it is most often the
-	// last to come), read all that came meanwhile, and so on while some
-	// are missing, for at most probeAwait.
-	waiting := sent
-	for end := time.Now().Add(probeAwait); len(waiting) > 0; {
-		d := time.Until(end)
-		came := d > 0 && waiting[len(waiting)-1].reg.cfg.Prober.(BatchProber).Await(d)
-		waiting = collect(waiting)
-		if !came {
-			break
+	// Wait for the answer to the last request sent (once it has come,
+	// most others have), then read the answers in turn, waiting for one
+	// not there yet: for at most probeAwait in all.
+	end := time.Now().Add(probeAwait)
+	if len(sent) > 0 {
+		sent[len(sent)-1].reg.cfg.Prober.(BatchProber).Await(time.Until(end))
+	}
+	waiting := sent[:0]
+	for _, j := range sent {
+		bp := j.reg.cfg.Prober.(BatchProber)
+		if d := time.Until(end); d > 0 {
+			bp.Await(d)
 		}
+		if res, ok := bp.Collect(j.ctx); ok {
+			j.p.applyProbe(j, res)
+			continue
+		}
+		waiting = append(waiting, j)
 	}
 	for _, j := range waiting {
 		probeGo(j.finish)
@@ -475,20 +482,6 @@ func runProbes(jobs []*probeJob) {
 // network to answer the batch's requests, short enough that a slow one
 // does not hold up the others' results (nor their ms in status).
 const probeAwait = 5 * time.Millisecond
-
-// collect ends the probes sent whose answers are there, and returns the
-// others.
-func collect(sent []*probeJob) []*probeJob {
-	waiting := sent[:0]
-	for _, j := range sent {
-		if res, ok := j.reg.cfg.Prober.(BatchProber).Collect(j.ctx); ok {
-			j.p.applyProbe(j, res)
-			continue
-		}
-		waiting = append(waiting, j)
-	}
-	return waiting
-}
 
 // probe runs the whole probe.
 func (j *probeJob) probe() { j.p.applyProbe(j, j.reg.cfg.Prober.Probe(j.ctx)) }

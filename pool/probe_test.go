@@ -597,9 +597,9 @@ func (f *stepProber) Finish(context.Context) upstreams.ProbeResult {
 
 // TestProbeBatches: the probes of many providers due at one time run from
 // one timer; those in two steps are all sent before any answer is read;
-// the answers there are read and applied in place, the batch waits for the
-// last one sent, and what does not come is left to Finish; a probe that
-// cannot run in two steps runs whole. Every loop still gets one probe and
+// the batch waits for the answer to the last one sent, then reads and
+// applies each answer in turn, and what does not come is left to Finish;
+// a probe that cannot run in two steps runs whole. Every loop still gets one probe and
 // one report per interval, and a stopped loop leaves no timer.
 func TestProbeBatches(t *testing.T) {
 	c := useFakeClock(t, true)
@@ -632,8 +632,8 @@ func TestProbeBatches(t *testing.T) {
 	c.Advance(0)
 	want := []string{
 		"send a", "send d", "probe c", "send b",
-		"await b", "collect a", "collect d", "collect b",
-		"await d", "collect d",
+		"await b",
+		"await a", "collect a", "await d", "collect d", "await b", "collect b",
 		"finish d",
 	}
 	if got := log.list(); strings.Join(got, ", ") != strings.Join(want, ", ") {

@@ -83,13 +83,13 @@ func (pr *Prober) Collect(ctx context.Context) (res ProbeResult, done bool) {
 }
 
 // Await waits at most d (and not past the probe's timeout) for the answer
-// to the request Send wrote to begin to come; false when it has not.
-// Collect reads it then.
+// to the request Send wrote to begin to come, and reads what has; false
+// when nothing has. Collect reads the rest.
 func (pr *Prober) Await(d time.Duration) bool {
 	if !pr.sent {
 		panic("upstreams: Prober.Await without Send")
 	}
-	if len(pr.rd.ahead) > 0 || pr.rd.aheadErr != nil {
+	if len(pr.rd.ahead) > 0 || pr.rd.aheadErr != nil || pr.rd.readAhead() {
 		return true
 	}
 	until := time.Now().Add(d)
