@@ -428,6 +428,9 @@ func (pr *Prober) exchange(ctx context.Context, deadline time.Time, sent bool) (
 		// (one that timed out is dropped), so its write cannot block.
 		pr.setReadDeadline(ctx, deadline)
 		pr.deadlineSet = true
+		if pr.rd.raw != nil {
+			pr.rd.raw.quiet(false) // this read may wait
+		}
 		var ans probeAnswer
 		var body []byte
 		var keep bool

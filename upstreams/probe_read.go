@@ -47,6 +47,11 @@ type rawReader interface {
 	readWait(p []byte) (n int, again bool, err error)
 	// write writes p whole, waiting only while the socket takes no more.
 	write(p []byte) error
+	// quiet says whether data that comes in may go unannounced: while
+	// on, an answer smaller than the probe's read-ahead limit wakes no
+	// thread waiting on the runtime's poller (it is read without
+	// waiting); it must be off before a read waits.
+	quiet(on bool)
 }
 
 // reset makes r read conn, with nothing read ahead.

@@ -23,6 +23,10 @@ type sysReader struct {
 	errno   error
 	readFn  func(fd uintptr) bool
 	writeFn func(fd uintptr) bool
+	// lowat is the socket's receive low-water mark (0: the default,
+	// one byte); lowatFn sets it to lowatTo.
+	lowat, lowatTo int32
+	lowatFn        func(fd uintptr)
 }
 
 func newRawReader(conn net.Conn) rawReader {
@@ -35,7 +39,7 @@ func newRawReader(conn net.Conn) rawReader {
 		return nil
 	}
 	s := &sysReader{conn: tc, rc: rc}
-	s.readFn, s.writeFn = s.readFD, s.writeFD
+	s.readFn, s.writeFn, s.lowatFn = s.readFD, s.writeFD, s.setLowat
 	return s
 }
 
@@ -111,4 +115,30 @@ func (s *sysReader) read(p []byte, wait bool) (n int, again bool, err error) {
 		return 0, false, io.EOF
 	}
 	return n, false, nil
+}
+
+// quiet raises the socket's receive low-water mark above any answer read
+// without waiting (on), or puts it back to one byte: below the mark, data
+// that comes in does not make the socket readable to the runtime's poller,
+// so the thread the poller sleeps on is not woken for each answer of a
+// batch, which the batch reads itself. A read finds the data whatever the
+// mark (it does not wait); one that waits goes through the poller, so the
+// mark must be back to one byte first: what came before is then read at
+// once, and what comes after is announced.
+func (s *sysReader) quiet(on bool) {
+	to := int32(0)
+	if on {
+		to = maxReadAhead
+	}
+	if s.lowat == to {
+		return
+	}
+	s.lowatTo = max(to, 1)
+	if s.rc.Control(s.lowatFn) == nil {
+		s.lowat = to
+	}
+}
+
+func (s *sysReader) setLowat(fd uintptr) {
+	syscall.RawSyscall6(syscall.SYS_SETSOCKOPT, fd, syscall.SOL_SOCKET, syscall.SO_RCVLOWAT, uintptr(unsafe.Pointer(&s.lowatTo)), 4, 0)
 }

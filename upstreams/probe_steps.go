@@ -73,6 +73,9 @@ func (pr *Prober) Collect(ctx context.Context) (res ProbeResult, done bool) {
 	}
 	if !keep || ctx.Err() != nil {
 		pr.drop()
+	} else {
+		// The next answer too will most likely be read without waiting.
+		pr.rd.raw.quiet(true)
 	}
 	res = pr.result(ctx, ans, body, nil)
 	res.Outcome.Elapsed = time.Since(pr.start)
@@ -92,6 +95,7 @@ func (pr *Prober) Await(d time.Duration) bool {
 	if len(pr.rd.ahead) > 0 || pr.rd.aheadErr != nil || pr.rd.readAhead() {
 		return true
 	}
+	pr.rd.raw.quiet(false)
 	until := time.Now().Add(d)
 	if end := pr.start.Add(pr.opts.Timeout); end.Before(until) {
 		until = end

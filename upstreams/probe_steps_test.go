@@ -93,7 +93,13 @@ func TestProbeStepsWaitForAnswer(t *testing.T) {
 	var n atomic.Int64
 	release := make(chan struct{})
 	full := `{"pressure":{"running":1,"maxConcurrent":4,"queued":0,"isAvailable":false}}`
+	var late atomic.Bool
 	ps := newProbeServer(t, func(w http.ResponseWriter, r *http.Request) {
+		if late.Swap(false) {
+			<-release
+			fmt.Fprint(w, full)
+			return
+		}
 		switch n.Add(1) {
 		case 2: // late
 			<-release
@@ -108,11 +114,12 @@ func TestProbeStepsWaitForAnswer(t *testing.T) {
 			fmt.Fprint(w, full)
 		}
 	})
-	pr, _ := probedProvider(t, Options{URL: ps.URL}).NewProber(ProbeOptions{Capacity: CapacityBrowserless})
+	pr, _ := probedProvider(t, Options{URL: ps.URL}).NewProber(ProbeOptions{Capacity: CapacityBrowserless, Timeout: 5 * time.Second})
 	defer pr.Close()
 	probeOnce(t, pr)
 
 	ctx := context.Background()
+	var ok bool
 	if !pr.Send(ctx) {
 		t.Fatal("Send declined")
 	}
@@ -144,6 +151,36 @@ func TestProbeStepsWaitForAnswer(t *testing.T) {
 	}
 	if r, collected := steps(t, pr, ctx); r.Outcome.Kind != Success || !collected {
 		t.Fatalf("after: %+v, collected %v", r, collected)
+	}
+	// An answer read without waiting leaves the connection quiet (its
+	// answers wake no poller thread); a late answer after that is still
+	// waited for, by Await, Finish or Probe, and not taken for a timeout.
+	for i, how := range []string{"await", "finish", "probe"} {
+		if r, collected := steps(t, pr, ctx); r.Outcome.Kind != Success || !collected {
+			t.Fatalf("%s: the answer before: %+v, collected %v", how, r, collected)
+		}
+		late.Store(true) // the next answer is late
+		time.AfterFunc(50*time.Millisecond, func() { release <- struct{}{} })
+		start := time.Now()
+		switch how {
+		case "await":
+			if !pr.Send(ctx) || !pr.Await(5*time.Second) {
+				t.Fatal("Await missed a late answer on a quiet connection")
+			}
+			if r, ok = pr.Collect(ctx); !ok {
+				r = pr.Finish(ctx)
+			}
+		case "finish":
+			if !pr.Send(ctx) {
+				t.Fatal("Send declined")
+			}
+			r = pr.Finish(ctx)
+		case "probe":
+			r = probeOnce(t, pr)
+		}
+		if r.Outcome.Kind != Success || time.Since(start) > 4*time.Second {
+			t.Fatalf("%d %s: late answer on a quiet connection: %+v after %v", i, how, r, time.Since(start))
+		}
 	}
 	if c := ps.conns.Load(); c != 1 {
 		t.Fatalf("%d connections, want the kept one", c)
