@@ -319,7 +319,9 @@ func (s *batchSet) join(t time.Time, d probeDue) *probeBatch {
 	if b == nil {
 		b = &probeBatch{when: key, due: make([]probeDue, 0, s.size)}
 		s.at[key] = b
-		b.timer = Clock.AfterFunc(max(t.Sub(now()), 0), func() { batchGo(b.run) })
+		// The batch runs on the timer's own goroutine: handing it to a
+		// probe worker would wake one more thread for each batch.
+		b.timer = Clock.AfterFunc(max(t.Sub(now()), 0), b.run)
 	}
 	b.due = append(b.due, d)
 	b.live++
@@ -351,10 +353,6 @@ func (s *batchSet) drop(b *probeBatch) {
 		s.last = nil
 	}
 }
-
-// batchGo runs a batch on a probe worker, whose stack has grown to what
-// probes take already; tests with a fake clock run it in place.
-var batchGo = onProbeWorker
 
 // run runs the probes of b that are still due.
 func (b *probeBatch) run() {

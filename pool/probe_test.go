@@ -98,7 +98,7 @@ func (c *fakeClock) Advance(d time.Duration) {
 func useFakeClock(t *testing.T, inline bool) *fakeClock {
 	t.Helper()
 	c := &fakeClock{now: time.Unix(1_700_000_000, 0)}
-	oldClock, oldJitter, oldGo, oldBatchGo := Clock, probeJitter, probeGo, batchGo
+	oldClock, oldJitter, oldGo := Clock, probeJitter, probeGo
 	// The batches pending are the real clock's (none, in these tests).
 	probeBatches.mu.Lock()
 	if len(probeBatches.at) != 0 {
@@ -107,12 +107,11 @@ func useFakeClock(t *testing.T, inline bool) *fakeClock {
 	probeBatches.mu.Unlock()
 	Clock = c
 	probeJitter = func(time.Duration) time.Duration { return 0 }
-	batchGo = func(f func()) { f() }
 	probeGo = func(f func()) { go f() }
 	if inline {
 		probeGo = func(f func()) { f() }
 	}
-	t.Cleanup(func() { Clock, probeJitter, probeGo, batchGo = oldClock, oldJitter, oldGo, oldBatchGo })
+	t.Cleanup(func() { Clock, probeJitter, probeGo = oldClock, oldJitter, oldGo })
 	return c
 }
 
