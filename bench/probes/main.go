@@ -4,25 +4,33 @@
 // on 127.0.0.1 in a child process (so the server's own work is not
 // counted).
 //
-//	go run ./bench/probes [-providers 1000] [-interval 1s] [-duration 20s]
+//	go run ./bench/probes [-providers 1000] [-interval 1s] [-duration 6s] [-rounds 3]
 //
 // The process loads a config of -providers providers (http://<server>/p<i>,
 // so each provider is its own probe target, on its own kept connection)
-// and first measures it idle with no health check (the baseline), then
-// reloads it with `health_check { interval <interval> }` on every
-// provider, lets every probe loop start (one interval, as the first probes
-// are spread over it), and measures again over -duration. CPU time is the
-// process's user + system time from getrusage(RUSAGE_SELF); the probes
-// counted are the requests the server answered in the same window.
+// and first measures it idle with no health check (the baseline). Then,
+// -rounds times, it measures side by side:
 //
-// It prints the CPU used as a share of one core, the CPU time per probe,
-// and whether the cost stays under -budget percent of one core (exit
-// status 1 when it does not). With -naive (default on) it first measures
-// the same number of GETs sent by a naive loop, for reference. The server
-// being on loopback, the kernel's work of delivering each request to it
-// is counted in this process's system time too. Everything is bounded:
-// the run lasts about -baseline + 2×(-interval + -duration) and stops by
-// itself.
+//   - the floor: the same GETs, at the same times, sent by a bare loop in
+//     the same process, on connections of its own: plain write, poll and
+//     read calls, nothing else (Linux only). It is what the kernel's work
+//     for those GETs costs on this machine;
+//   - the probes: the config reloaded with `health_check { interval
+//     <interval> }` on every provider, measured once every probe loop has
+//     started (an interval and a half), then reloaded without.
+//
+// CPU time is the process's user + system time from
+// getrusage(RUSAGE_SELF); the GETs counted are the requests the server
+// answered in the same window. The server being on loopback, the kernel's
+// work of delivering each request to it (and of waking it) is counted in
+// this process's system time too, as it would not be with providers on
+// other machines; the floor shows how much that is.
+//
+// It prints every window, the medians, the probes' cost as a multiple of
+// the floor, and whether the median cost with probes stays under -budget
+// percent of one core (exit status 1 when it does not). Everything is
+// bounded: the run lasts about -baseline + -rounds × (2 × -duration +
+// 1.5 × -interval + 2s) and stops by itself.
 package main
 
 import (
@@ -37,9 +45,9 @@ import (
 	"os/exec"
 	"runtime"
 	"runtime/pprof"
+	"sort"
 	"strconv"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -54,19 +62,20 @@ import (
 func main() {
 	providers := flag.Int("providers", 1000, "providers, each probed every -interval")
 	interval := flag.Duration("interval", time.Second, "health_check interval")
-	duration := flag.Duration("duration", 20*time.Second, "measured time with health checks on")
+	duration := flag.Duration("duration", 6*time.Second, "each measured window")
+	rounds := flag.Int("rounds", 3, "windows of each kind (floor, probes), side by side")
 	baseline := flag.Duration("baseline", 5*time.Second, "measured time with health checks off")
 	budget := flag.Float64("budget", 2, "the most CPU the probes may cost, in percent of one core")
 	serve := flag.Bool("serve", false, "run the fake provider server (the child process)")
-	floor := flag.Bool("naive", true, "also measure a naive loop for reference: one goroutine and timer per connection writing a GET every interval and reading its answer, nothing else")
-	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of the measured window with health checks on to this file")
+	withFloor := flag.Bool("floor", true, "measure the floor side by side with the probes")
+	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of the last measured window with health checks on to this file")
 	flag.Parse()
 	if *serve {
 		runServer()
 		return
 	}
-	if *providers < 1 || *providers > 5000 || *interval <= 0 || *duration <= 0 || *duration > 10*time.Minute {
-		fmt.Fprintln(os.Stderr, "probes: want 1..5000 providers, a positive interval and a duration of at most 10m")
+	if *providers < 1 || *providers > 5000 || *interval <= 0 || *duration <= 0 || *duration > 10*time.Minute || *rounds < 1 || *rounds > 20 {
+		fmt.Fprintln(os.Stderr, "probes: want 1..5000 providers, a positive interval, a duration of at most 10m and 1..20 rounds")
 		os.Exit(2)
 	}
 
@@ -84,58 +93,84 @@ func main() {
 	}
 	defer caddy.Stop()
 
-	fmt.Printf("browser_failover health checks: %d providers, interval %v, Go %s, %d CPUs (%s/%s)\n",
-		*providers, *interval, runtime.Version(), runtime.NumCPU(), runtime.GOOS, runtime.GOARCH)
+	fmt.Printf("browser_failover health checks: %d providers, interval %v, Go %s, %d CPUs (%s/%s), %d rounds of %v\n",
+		*providers, *interval, runtime.Version(), runtime.NumCPU(), runtime.GOOS, runtime.GOARCH, *rounds, *duration)
 	time.Sleep(time.Second) // the load settles
 	base := measure(server, *baseline)
 	fmt.Printf("health checks off: %6.3f%% of one core over %v (%d requests at the server)\n", base.pct(), *baseline, base.probes)
-	if *floor {
-		fl := bareFloor(server, *providers, *interval, *duration)
-		fmt.Printf("naive loop:        %6.3f%% of one core over %v (user %.3f%%, system %.3f%%): %d plain GETs on kept connections, %v CPU each\n",
-			fl.pct(), *duration, 100*fl.user.Seconds()/fl.wall.Seconds(), 100*fl.sys.Seconds()/fl.wall.Seconds(),
-			fl.probes, (fl.cpu / time.Duration(max(fl.probes, 1))).Round(100*time.Nanosecond))
-	}
 
-	if err := caddy.Load(config(listen, server, *providers, *interval), true); err != nil {
-		fmt.Fprintln(os.Stderr, "probes: reloading with health checks:", err)
-		os.Exit(1)
-	}
-	// The first probes of the loops are spread over one interval.
-	time.Sleep(*interval + *interval/2)
-	probed := 0
-	for _, p := range pool.All() {
-		if p.Probed() {
-			probed++
+	var fl *floorLoop
+	if *withFloor {
+		if fl, err = newFloor(server, *providers, *interval); err != nil {
+			fmt.Fprintln(os.Stderr, "probes: the floor:", err)
+			os.Exit(1)
+		}
+		if fl == nil {
+			fmt.Println("floor: measured on Linux only")
+		} else {
+			defer fl.close()
 		}
 	}
+	var profile *os.File
 	if *cpuprofile != "" {
-		f, err := os.Create(*cpuprofile)
-		if err != nil {
+		if profile, err = os.Create(*cpuprofile); err != nil {
 			fmt.Fprintln(os.Stderr, "probes:", err)
 			os.Exit(1)
 		}
-		pprof.StartCPUProfile(f)
-		defer f.Close()
+		defer profile.Close()
 	}
-	on := measure(server, *duration)
-	if *cpuprofile != "" {
-		pprof.StopCPUProfile()
+	want := float64(*providers) * duration.Seconds() / interval.Seconds()
+	var floors, ons []float64
+	fewest := 1.0
+	for r := range *rounds {
+		if fl != nil {
+			s := fl.run(server, *duration)
+			floors = append(floors, s.pct())
+			fmt.Printf("round %d floor:     %6.3f%% of one core (user %.3f%%, system %.3f%%): %d GETs, %v CPU each\n",
+				r+1, s.pct(), 100*s.user.Seconds()/s.wall.Seconds(), 100*s.sys.Seconds()/s.wall.Seconds(), s.probes, s.each())
+		}
+		if err := caddy.Load(config(listen, server, *providers, *interval), true); err != nil {
+			fmt.Fprintln(os.Stderr, "probes: reloading with health checks:", err)
+			os.Exit(1)
+		}
+		// The first probes of the loops are spread over one interval.
+		time.Sleep(*interval + *interval/2)
+		probed := 0
+		for _, p := range pool.All() {
+			if p.Probed() {
+				probed++
+			}
+		}
+		last := r == *rounds-1
+		if profile != nil && last {
+			pprof.StartCPUProfile(profile) // the last window with probes
+		}
+		on := measure(server, *duration)
+		if profile != nil && last {
+			pprof.StopCPUProfile()
+		}
+		ons = append(ons, on.pct())
+		fewest = min(fewest, float64(on.probes)/want)
+		fmt.Printf("round %d probes:    %6.3f%% of one core (user %.3f%%, system %.3f%%): %d probes (%.1f%% of the %d due), %v CPU each, %d probe loops, %d goroutines\n",
+			r+1, on.pct(), 100*on.user.Seconds()/on.wall.Seconds(), 100*on.sys.Seconds()/on.wall.Seconds(),
+			on.probes, 100*float64(on.probes)/want, int(want), on.each(), probed, runtime.NumGoroutine())
+		if err := caddy.Load(config(listen, server, *providers, 0), true); err != nil {
+			fmt.Fprintln(os.Stderr, "probes: reloading without health checks:", err)
+			os.Exit(1)
+		}
+		time.Sleep(time.Second)
 	}
-	perProbe := time.Duration(0)
-	if on.probes > 0 {
-		perProbe = on.cpu / time.Duration(on.probes)
+	cost := median(ons)
+	fmt.Printf("median: probes %.3f%% of one core", cost)
+	if len(floors) > 0 {
+		fmt.Printf(", floor %.3f%%: the probes cost %.2f× the floor", median(floors), cost/median(floors))
 	}
-	want := float64(*providers) * on.wall.Seconds() / interval.Seconds()
-	fmt.Printf("health checks on:  %6.3f%% of one core over %v (user %.3f%%, system %.3f%%): %d probes (%.0f/s, %.1f%% of the %d due), %v CPU per probe, %d probe loops, %d goroutines\n",
-		on.pct(), *duration, 100*on.user.Seconds()/on.wall.Seconds(), 100*on.sys.Seconds()/on.wall.Seconds(),
-		on.probes, float64(on.probes)/on.wall.Seconds(), 100*float64(on.probes)/want, int(want), perProbe.Round(100*time.Nanosecond), probed, runtime.NumGoroutine())
-	cost := on.pct() - base.pct()
-	fmt.Printf("cost of the probes: %.3f%% of one core (budget %.1f%%): ", cost, *budget)
+	fmt.Printf("\ncost of the probes: %.3f%% of one core, the median (budget %.1f%%): ", cost, *budget)
 	switch {
-	case on.probes < int64(want*0.9):
+	case fewest < 0.9:
 		fmt.Println("FAIL (too few probes: the loops fell behind)")
 		os.Exit(1)
-	case on.pct() >= *budget:
+	case cost >= *budget:
 		fmt.Println("FAIL")
 		os.Exit(1)
 	default:
@@ -143,50 +178,15 @@ func main() {
 	}
 }
 
-// bareFloor measures, for reference, what the same number of keep-alive
-// GETs costs done the naive way with nothing around them: n goroutines,
-// one connection and timer each, a GET every interval (their starts
-// spread over it), one read of the answer. The difference to the probes
-// is what aligning the probe times (one wake-up for many probes) and
-// keeping the probe goroutines save.
-func bareFloor(server string, n int, interval, d time.Duration) sample {
-	req := []byte("GET /floor HTTP/1.1\r\nHost: " + server + "\r\nUser-Agent: floor\r\nAccept: application/json\r\n\r\n")
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
-	for i := range n {
-		c, err := net.Dial("tcp", server)
-		if err != nil {
-			panic(err)
-		}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			defer c.Close()
-			buf := make([]byte, 4096)
-			t := time.NewTimer(time.Duration(i) * interval / time.Duration(n))
-			defer t.Stop()
-			for {
-				select {
-				case <-t.C:
-				case <-stop:
-					return
-				}
-				c.SetReadDeadline(time.Now().Add(2 * time.Second))
-				if _, err := c.Write(req); err != nil {
-					return
-				}
-				if _, err := c.Read(buf); err != nil {
-					return
-				}
-				t.Reset(interval)
-			}
-		}()
+// median of xs (not empty).
+func median(xs []float64) float64 {
+	s := append([]float64(nil), xs...)
+	sort.Float64s(s)
+	if n := len(s); n%2 == 1 {
+		return s[n/2]
+	} else {
+		return (s[n/2-1] + s[n/2]) / 2
 	}
-	time.Sleep(interval + interval/2)
-	s := measure(server, d)
-	close(stop)
-	wg.Wait()
-	return s
 }
 
 // config is a Caddy config with one browser_failover handler of n
@@ -228,6 +228,11 @@ type sample struct {
 }
 
 func (s sample) pct() float64 { return 100 * s.cpu.Seconds() / s.wall.Seconds() }
+
+// each is the CPU time per GET.
+func (s sample) each() time.Duration {
+	return (s.cpu / time.Duration(max(s.probes, 1))).Round(100 * time.Nanosecond)
+}
 
 // measure takes the process's CPU time and the server's request count over
 // d.
