@@ -174,23 +174,26 @@ func (f *fakeProber) Probe(ctx context.Context) upstreams.ProbeResult {
 
 func (f *fakeProber) Close() { f.closed.Add(1) }
 
-// reports collects what a registration is told.
-type reports struct {
+// recorder collects values added from any goroutine.
+type recorder[T any] struct {
 	mu  sync.Mutex
-	got []ProbeReport
+	got []T
 }
 
-func (r *reports) add(rep ProbeReport) {
+func (r *recorder[T]) add(v T) {
 	r.mu.Lock()
-	r.got = append(r.got, rep)
+	r.got = append(r.got, v)
 	r.mu.Unlock()
 }
 
-func (r *reports) list() []ProbeReport {
+func (r *recorder[T]) list() []T {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return append([]ProbeReport(nil), r.got...)
+	return append([]T(nil), r.got...)
 }
+
+// reports collects what a registration is told.
+type reports = recorder[ProbeReport]
 
 func claimProbed(t *testing.T, name string, cfg cooldown.Config, max int) *Provider {
 	t.Helper()
@@ -535,22 +538,8 @@ type stepProber struct {
 	comes, never bool
 }
 
-type stepLog struct {
-	mu  sync.Mutex
-	got []string
-}
-
-func (l *stepLog) add(s string) {
-	l.mu.Lock()
-	l.got = append(l.got, s)
-	l.mu.Unlock()
-}
-
-func (l *stepLog) list() []string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return append([]string(nil), l.got...)
-}
+// stepLog is the steps of several stepProbers, in order.
+type stepLog = recorder[string]
 
 func (f *stepProber) Probe(ctx context.Context) upstreams.ProbeResult {
 	f.log.add("probe " + f.name)
