@@ -272,8 +272,8 @@ func (p *Provider) ProbeBy(t time.Time) {
 	p.scheduleLocked(t)
 }
 
-// Probe batches: the probes due at one time run together, from one timer,
-// on one probe worker. The grid makes most probes of many providers due
+// Probe batches: the probes due at one time run together, on the goroutine
+// of one timer. The grid makes most probes of many providers due
 // together, so the process wakes once for all of them, and the probes of
 // kept connections run in the batch without a goroutine or a wake-up each
 // (see runProbes).
