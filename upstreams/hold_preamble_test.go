@@ -263,45 +263,18 @@ func TestResumePreambleLongMessages(t *testing.T) {
 func TestResumePreambleRaces(t *testing.T) {
 	t.Run("two resumes", func(t *testing.T) {
 		h := newHoldRelay(t, SessionOptions{Hold: true})
-		h.client.Close()
-		h.waitPark(t)
 		r := &replies{}
-		var clients, gws [2]net.Conn
-		var errs [2]error
 		reports := make(chan JoinReport, 2)
-		for i := range clients {
-			clients[i], gws[i] = tcpPair(t)
-		}
-		var wg sync.WaitGroup
-		for i := range clients {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				errs[i] = h.s.ResumeWith(gws[i], ResumeOptions{Preamble: testPreamble, IsReply: r.isReply,
-					OnJoin: func(jr JoinReport) { reports <- jr }})
-			}()
-		}
-		wg.Wait()
-		won := -1
-		for i, err := range errs {
-			switch {
-			case err == nil && won >= 0:
-				t.Fatal("both resumes won")
-			case err == nil:
-				won = i
-			case !errors.Is(err, ErrNotParked):
-				t.Fatalf("resume: %v", err)
-			}
-		}
-		if won < 0 {
-			t.Fatal("no resume won")
-		}
+		winner := twoResumes(t, h, func(gw net.Conn) error {
+			return h.s.ResumeWith(gw, ResumeOptions{Preamble: testPreamble, IsReply: r.isReply,
+				OnJoin: func(jr JoinReport) { reports <- jr }})
+		})
 		h.readPreamble(t)
 		h.provider.Write(append(mkFrame(true, 0x1, []byte(`{"id":901}`), false, 0), mkFrame(true, 0x1, []byte(`{"id":902}`), false, 0)...))
 		joinReport(t, reports)
 		msg := mkFrame(true, 0x1, []byte("to the winner"), false, 0)
 		h.provider.Write(msg)
-		if got := readRaw(t, clients[won], clients[won], len(msg)); !bytes.Equal(got, msg) {
+		if got := readRaw(t, winner, winner, len(msg)); !bytes.Equal(got, msg) {
 			t.Fatalf("winner got % x", got)
 		}
 		// One preamble only.
@@ -309,48 +282,23 @@ func TestResumePreambleRaces(t *testing.T) {
 	})
 	for _, rival := range []string{"Close", "provider close"} {
 		t.Run("resume and "+rival, func(t *testing.T) {
-			won := 0
-			for i := 0; i < 20; i++ {
-				h := newHoldRelay(t, SessionOptions{Hold: true})
-				h.client.Close()
-				h.waitPark(t)
-				c, gw := tcpPair(t)
+			resumeAgainstRival(t, rival, func(h *holdRelay) (func(net.Conn) error, func(int)) {
 				// The preamble (when the resume won) goes unanswered.
-				provDone := h.hangUpAtClose(rival == "Close")
-				var err error
 				joined := make(chan JoinReport, 1)
-				var wg sync.WaitGroup
-				wg.Add(2)
-				go func() {
-					defer wg.Done()
-					err = h.s.ResumeWith(gw, ResumeOptions{Preamble: testPreamble, IsReply: (&replies{}).isReply,
+				resume := func(gw net.Conn) error {
+					return h.s.ResumeWith(gw, ResumeOptions{Preamble: testPreamble, IsReply: (&replies{}).isReply,
 						OnJoin: func(jr JoinReport) { joined <- jr }})
-				}()
-				go func() {
-					defer wg.Done()
-					if rival == "Close" {
-						h.s.Close(CloseGoingAway, EndShutdown)
-					} else {
-						h.provider.Write(closeFrame(CloseNormal, "done", false))
-					}
-				}()
-				wg.Wait()
-				if err == nil {
-					fs := answerAndHangUp(c, closeFrame(CloseNormal, "", true))
-					if len(fs) != 1 || fs[0].op != opClose {
-						t.Fatalf("round %d: the resumed client got %+v, want a close frame alone", i, fs)
-					}
-					won++
-				} else if !errors.Is(err, ErrNotParked) {
-					t.Fatalf("round %d: resume: %v", i, err)
 				}
-				h.waitEnd(t)
-				<-provDone
-				if len(joined) != 0 {
-					t.Fatalf("round %d: the client joined a session that ended", i)
+				return resume, func(i int) {
+					if len(joined) != 0 {
+						t.Fatalf("round %d: the client joined a session that ended", i)
+					}
 				}
-			}
-			t.Logf("the resume won %d rounds of 20", won)
+			}, func(i int, fs []frame) {
+				if len(fs) != 1 || fs[0].op != opClose {
+					t.Fatalf("round %d: the resumed client got %+v, want a close frame alone", i, fs)
+				}
+			})
 		})
 	}
 	t.Run("Close while waiting", func(t *testing.T) {

@@ -508,79 +508,104 @@ func TestHoldClientDropsMidFrame(t *testing.T) {
 func TestHoldResumeRaces(t *testing.T) {
 	t.Run("two resumes", func(t *testing.T) {
 		h := newHoldRelay(t, SessionOptions{Hold: true})
-		h.client.Close()
-		h.waitPark(t)
-		var clients [2]net.Conn
-		var errs [2]error
-		var gws [2]net.Conn
-		for i := range clients {
-			clients[i], gws[i] = tcpPair(t)
-		}
-		var wg sync.WaitGroup
-		for i := range clients {
-			wg.Add(1)
-			go func() { defer wg.Done(); errs[i] = h.s.Resume(gws[i], nil) }()
-		}
-		wg.Wait()
-		won := -1
-		for i, err := range errs {
-			if err == nil {
-				if won >= 0 {
-					t.Fatal("both resumes won")
-				}
-				won = i
-			} else if !errors.Is(err, ErrNotParked) {
-				t.Fatalf("resume: %v", err)
-			}
-		}
-		if won < 0 {
-			t.Fatal("no resume won")
-		}
+		winner := twoResumes(t, h, func(gw net.Conn) error { return h.s.Resume(gw, nil) })
 		msg := mkFrame(true, 0x1, []byte("to the winner"), false, 0)
 		h.provider.Write(msg)
-		if got := readRaw(t, clients[won], clients[won], len(msg)); !bytes.Equal(got, msg) {
+		if got := readRaw(t, winner, winner, len(msg)); !bytes.Equal(got, msg) {
 			t.Fatalf("winner got % x", got)
 		}
 	})
 	for _, rival := range []string{"Close", "provider close"} {
 		t.Run("resume and "+rival, func(t *testing.T) {
-			won := 0
-			for i := 0; i < 20; i++ {
-				h := newHoldRelay(t, SessionOptions{Hold: true})
-				h.client.Close()
-				h.waitPark(t)
-				c, gw := tcpPair(t)
-				provDone := h.hangUpAtClose(rival == "Close")
-				var err error
-				var wg sync.WaitGroup
-				wg.Add(2)
-				go func() { defer wg.Done(); err = h.s.Resume(gw, nil) }()
-				go func() {
-					defer wg.Done()
-					if rival == "Close" {
-						h.s.Close(CloseGoingAway, EndShutdown)
-					} else {
-						h.provider.Write(closeFrame(CloseNormal, "done", false))
-					}
-				}()
-				wg.Wait()
-				if err == nil {
-					// The client won: it gets a close frame (the rival's)
-					// and its connection ends.
-					fs := answerAndHangUp(c, closeFrame(CloseNormal, "", true))
-					if len(fs) == 0 || fs[len(fs)-1].op != opClose {
-						t.Fatalf("round %d: the resumed client got %+v, no close frame", i, fs)
-					}
-					won++
-				} else if !errors.Is(err, ErrNotParked) {
-					t.Fatalf("round %d: resume: %v", i, err)
+			resumeAgainstRival(t, rival, func(h *holdRelay) (func(net.Conn) error, func(int)) {
+				return func(gw net.Conn) error { return h.s.Resume(gw, nil) }, nil
+			}, func(i int, fs []frame) {
+				// The client won: it gets a close frame (the rival's) and
+				// its connection ends.
+				if len(fs) == 0 || fs[len(fs)-1].op != opClose {
+					t.Fatalf("round %d: the resumed client got %+v, no close frame", i, fs)
 				}
-				h.waitEnd(t)
-				<-provDone
-			}
-			t.Logf("the resume won %d rounds of 20", won)
+			})
 		})
 	}
+}
+
+// twoResumes parks h's session and races two resumes of it: exactly one
+// must win, the other get ErrNotParked. It returns the winner's client.
+func twoResumes(t *testing.T, h *holdRelay, resume func(gw net.Conn) error) net.Conn {
+	t.Helper()
+	h.client.Close()
+	h.waitPark(t)
+	var clients, gws [2]net.Conn
+	var errs [2]error
+	for i := range clients {
+		clients[i], gws[i] = tcpPair(t)
+	}
+	var wg sync.WaitGroup
+	for i := range clients {
+		wg.Add(1)
+		go func() { defer wg.Done(); errs[i] = resume(gws[i]) }()
+	}
+	wg.Wait()
+	won := -1
+	for i, err := range errs {
+		switch {
+		case err == nil && won >= 0:
+			t.Fatal("both resumes won")
+		case err == nil:
+			won = i
+		case !errors.Is(err, ErrNotParked):
+			t.Fatalf("resume: %v", err)
+		}
+	}
+	if won < 0 {
+		t.Fatal("no resume won")
+	}
+	return clients[won]
+}
+
+// resumeAgainstRival runs 20 rounds, each on a fresh parked session, of a
+// resume racing rival ("Close" or the provider's "provider close"); the
+// provider hangs up at the close frame (answering it after Close). round
+// gives the round's resume and what to check once its session has ended
+// (nil: nothing); won checks the frames a client that won got before the
+// gateway hung up. A resume that loses must get ErrNotParked.
+func resumeAgainstRival(t *testing.T, rival string, round func(h *holdRelay) (resume func(gw net.Conn) error, ended func(i int)), won func(i int, fs []frame)) {
+	t.Helper()
+	wins := 0
+	for i := 0; i < 20; i++ {
+		h := newHoldRelay(t, SessionOptions{Hold: true})
+		h.client.Close()
+		h.waitPark(t)
+		c, gw := tcpPair(t)
+		provDone := h.hangUpAtClose(rival == "Close")
+		resume, ended := round(h)
+		var err error
+		var wg sync.WaitGroup
+		wg.Add(2)
+		go func() { defer wg.Done(); err = resume(gw) }()
+		go func() {
+			defer wg.Done()
+			if rival == "Close" {
+				h.s.Close(CloseGoingAway, EndShutdown)
+			} else {
+				h.provider.Write(closeFrame(CloseNormal, "done", false))
+			}
+		}()
+		wg.Wait()
+		if err == nil {
+			won(i, answerAndHangUp(c, closeFrame(CloseNormal, "", true)))
+			wins++
+		} else if !errors.Is(err, ErrNotParked) {
+			t.Fatalf("round %d: resume: %v", i, err)
+		}
+		h.waitEnd(t)
+		<-provDone
+		if ended != nil {
+			ended(i)
+		}
+	}
+	t.Logf("the resume won %d rounds of 20", wins)
 }
 
 // TestHoldKeepaliveDeadClient: with keepalive, a client that answers no
