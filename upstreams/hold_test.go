@@ -147,20 +147,11 @@ func readEnd(t *testing.T, c net.Conn) []byte {
 // reply and closes c; it returns the frames read.
 func answerAndHangUp(c net.Conn, reply []byte) []frame {
 	c.SetReadDeadline(time.Now().Add(5 * time.Second))
-	br := bufio.NewReader(c)
-	var out []frame
-	for {
-		f, err := readFrame(br)
-		if err != nil {
-			return out
-		}
-		out = append(out, f)
-		if f.op == opClose {
-			c.Write(reply)
-			c.Close()
-			return out
-		}
+	out, closed := readToClose(bufio.NewReader(c), c, reply)
+	if closed {
+		c.Close()
 	}
+	return out
 }
 
 func resetConn(c net.Conn) {

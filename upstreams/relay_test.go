@@ -127,22 +127,29 @@ func answerClose(c net.Conn, reply []byte) chan []frame {
 	ch := make(chan []frame, 1)
 	go func() {
 		br := bufio.NewReader(c)
-		var out []frame
-		for {
-			f, err := readFrame(br)
-			if err != nil {
-				ch <- out
-				return
-			}
-			out = append(out, f)
-			if f.op == opClose {
-				c.Write(reply)
-				ch <- append(out, readFrames(br)...)
-				return
-			}
+		out, closed := readToClose(br, c, reply)
+		if closed {
+			out = append(out, readFrames(br)...)
 		}
+		ch <- out
 	}()
 	return ch
+}
+
+// readToClose reads frames from br until a close frame, which it answers
+// on c with reply; closed tells whether one came before br ended.
+func readToClose(br *bufio.Reader, c net.Conn, reply []byte) (out []frame, closed bool) {
+	for {
+		f, err := readFrame(br)
+		if err != nil {
+			return out, false
+		}
+		out = append(out, f)
+		if f.op == opClose {
+			c.Write(reply)
+			return out, true
+		}
+	}
 }
 
 func isClose(f frame, code int, reason string) bool {
