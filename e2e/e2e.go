@@ -390,6 +390,12 @@ func StartNode(t testing.TB, script string, args ...string) *NodeProc {
 	p := startProc(t, nodeCmd(context.Background(), t, script, args...), pw)
 	// Runs before startProc's kill: a polite stop first.
 	t.Cleanup(func() { p.stop(5 * time.Second) })
+	return nodeLines(p, pr, pw)
+}
+
+// nodeLines is the NodeProc of p, whose stdout goes to pw: its lines are
+// read from pr, and pw closes when p ends.
+func nodeLines(p *proc, pr *io.PipeReader, pw *io.PipeWriter) *NodeProc {
 	n := &NodeProc{p: p, lines: make(chan string, 100)}
 	go func() {
 		<-p.done
@@ -397,6 +403,7 @@ func StartNode(t testing.TB, script string, args ...string) *NodeProc {
 	}()
 	go func() {
 		sc := bufio.NewScanner(pr)
+		sc.Buffer(make([]byte, 64<<10), 1<<20)
 		for sc.Scan() {
 			n.lines <- sc.Text()
 		}

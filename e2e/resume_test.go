@@ -55,21 +55,7 @@ func startDriver(t *testing.T) *driver {
 		}
 		p.stop(5 * time.Second)
 	})
-	n := &NodeProc{p: p, lines: make(chan string, 100)}
-	go func() {
-		<-p.done
-		pw.Close()
-	}()
-	go func() {
-		sc := bufio.NewScanner(pr)
-		sc.Buffer(make([]byte, 64<<10), 1<<20)
-		for sc.Scan() {
-			n.lines <- sc.Text()
-		}
-		close(n.lines)
-		io.Copy(io.Discard, pr)
-	}()
-	return &driver{n: n, in: in}
+	return &driver{n: nodeLines(p, pr, pw), in: in}
 }
 
 // do sends one command and returns its answer, which must start with
