@@ -753,10 +753,7 @@ func (d *direction) parkedEnd(err error) bool {
 	if !errors.Is(err, net.ErrClosed) {
 		s.setReason(word)
 	}
-	if !d.h.left {
-		d.dst.Close()
-		d.h.left = true
-	}
+	d.letClientGo()
 	return false
 }
 
@@ -782,10 +779,7 @@ func (d *direction) providerClosed() bool {
 		// provider): it finds this direction gone and ends the session.
 		return false
 	}
-	if !d.h.left {
-		d.dst.Close()
-		d.h.left = true
-	}
+	d.letClientGo()
 	d.src.SetWriteDeadline(time.Now().Add(CloseWait))
 	if _, err := d.src.Write(controlFrame(opClose, echo, true)); err != nil {
 		return false
@@ -796,6 +790,15 @@ func (d *direction) providerClosed() bool {
 		if _, err := d.src.Read(buf[:]); err != nil {
 			return false
 		}
+	}
+}
+
+// letClientGo closes the down direction's client connection, once: the
+// session no longer writes to the client that left.
+func (d *direction) letClientGo() {
+	if !d.h.left {
+		d.dst.Close()
+		d.h.left = true
 	}
 }
 
@@ -814,10 +817,7 @@ func (d *direction) parkedClose(st int32) bool {
 		// the provider.
 		return false
 	}
-	if !d.h.left {
-		d.dst.Close()
-		d.h.left = true
-	}
+	d.letClientGo()
 	d.src.SetWriteDeadline(time.Now().Add(CloseWait))
 	if _, err := d.src.Write(closeFrame(code, reason, true)); err != nil {
 		return false

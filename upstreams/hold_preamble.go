@@ -267,10 +267,7 @@ func (d *direction) joinedReport() {
 // to: a client waiting to join gets a close frame.
 func (d *direction) parkedFailed() bool {
 	d.takeResume(CloseGoingAway, EndProviderError)
-	if !d.h.left {
-		d.dst.Close()
-		d.h.left = true
-	}
+	d.letClientGo()
 	return false
 }
 
