@@ -138,7 +138,3 @@ func (s *sysReader) quiet(on bool) {
 		s.lowat = to
 	}
 }
-
-func (s *sysReader) setLowat(fd uintptr) {
-	syscall.RawSyscall6(syscall.SYS_SETSOCKOPT, fd, syscall.SOL_SOCKET, syscall.SO_RCVLOWAT, uintptr(unsafe.Pointer(&s.lowatTo)), 4, 0)
-}

@@ -324,10 +324,7 @@ func (d *direction) init() {
 	if !ok {
 		return
 	}
-	if raw, err := st.SyscallConn(); err == nil {
-		d.raw = raw
-		d.rawFn = d.rawRead // bound once: no allocation per read
-	}
+	d.bindRaw(st)
 	_, dstTCP := d.dst.(*net.TCPConn)
 	d.splice = dstTCP
 }
@@ -430,27 +427,6 @@ func (d *direction) release(bp *[]byte) {
 	if bp != d.small {
 		relayBufs.Put(bp)
 	}
-}
-
-// rawRead reads src's socket into a pooled buffer taken only now that the
-// socket may be readable; it reports false (and keeps no buffer) when
-// nothing is there yet, and the runtime then waits for readability.
-func (d *direction) rawRead(fd uintptr) bool {
-	b := relayBufs.Get().(*[]byte)
-	var n int
-	var err error
-	for {
-		n, err = syscall.Read(int(fd), *b)
-		if err != syscall.EINTR {
-			break
-		}
-	}
-	if err == syscall.EAGAIN {
-		relayBufs.Put(b)
-		return false
-	}
-	d.rbuf, d.rn, d.rerr = b, n, err
-	return true
 }
 
 // forward writes p to dst, tracking frames. While the session is closing it
