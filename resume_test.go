@@ -679,13 +679,8 @@ func TestResumeHold(t *testing.T) {
 		t.Fatalf("the provider's close code %d, want the client's 4001", cc[1])
 	}
 	testgw.Eventually(t, 10*time.Second, "the slot to be free", func() bool { return active("rh-a") == 0 })
-	var endReason string
-	for _, x := range g.LogEntries("session ended") {
-		if x["session_id"] == id2 {
-			endReason, _ = x["close_reason"].(string)
-		}
-	}
-	if endReason != "resume window over" {
+	// The slot is given back before the session's log entry is written.
+	if endReason, _ := waitLog(t, g, "session ended", id2)["close_reason"].(string); endReason != "resume window over" {
 		t.Fatalf("the held session ended with %q", endReason)
 	}
 	if n, held := pool.ParkedCount(); held != 0 {
