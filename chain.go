@@ -431,10 +431,14 @@ func (c *connect) pick(ps *passState) (*member, cooldown.Permit, *cluster.Lease)
 
 // attemptInTurn attempts the candidates one after the other.
 func (c *connect) attemptInTurn(ctx context.Context, ps *passState) passEnd {
+	var failed *member // the attempt before, when it failed
 	for {
 		m, permit, lease := c.pick(ps)
 		if m == nil {
 			return passNothing
+		}
+		if failed != nil {
+			observe.Failover(failed.up.Name)
 		}
 		res := m.up.Connect(ctx, c.hs, c.replace)
 		c.record(m, res.Outcome)
@@ -454,6 +458,7 @@ func (c *connect) attemptInTurn(ctx context.Context, ps *passState) passEnd {
 		if ctx.Err() != nil && c.r.Context().Err() != nil {
 			return passClientGone
 		}
+		failed = m
 	}
 }
 
@@ -546,8 +551,8 @@ func (c *connect) attemptHedged(ctx context.Context, ps *passState) passEnd {
 			releaseLease(l.f.lease)
 			// Failed on its own: with nothing else in flight the next
 			// candidate starts at once, as without hedging.
-			if len(live) == 0 && !(ctx.Err() != nil && c.r.Context().Err() != nil) {
-				launch(false)
+			if len(live) == 0 && !(ctx.Err() != nil && c.r.Context().Err() != nil) && launch(false) {
+				observe.Failover(l.f.m.up.Name)
 			}
 		}
 	}

@@ -217,6 +217,7 @@ func TestHedgeOwnFailureCounts(t *testing.T) {
 		provider("hf-slow", slow.URL(), `"priority":1`),
 		provider("hf-500", bad.URL(), `"priority":2`),
 		provider("hf-fast", fast.URL(), `"priority":3`)))
+	before, _ := opScrape(t, g)
 	c, _, err := dial(t, g.WS("/"), nil)
 	if err != nil {
 		t.Fatal(err)
@@ -232,4 +233,38 @@ func TestHedgeOwnFailureCounts(t *testing.T) {
 	}
 	settled(t, "hf-slow", "hf-500", "hf-fast")
 	noFailures(t, "hf-slow", "hf-fast")
+	after, _ := opScrape(t, g)
+	if d := after.get(failovers, "provider=hf-500") - before.get(failovers, "provider=hf-500"); d != 0 {
+		t.Fatalf("hf-500 failovers moved %v: it failed beside another attempt, nothing started in its place", d)
+	}
 }
+
+// TestHedgeFailoverCounted: with hedging on, an attempt that fails with
+// nothing else in flight is a failover when the next provider starts in
+// its place; a hedge that fails beside another attempt is not.
+func TestHedgeFailoverCounted(t *testing.T) {
+	bad := fakes.Status("hc-500", nil, 500, nil, "boom")
+	defer bad.Close()
+	fast := fakes.Echo("hc-fast", nil)
+	defer fast.Close()
+	g := testgw.Start(t, handler(`"hedge_after":"5s"`,
+		provider("hc-500", bad.URL(), `"priority":1`),
+		provider("hc-fast", fast.URL(), `"priority":2`)))
+	before, _ := opScrape(t, g)
+	c, _, err := dial(t, g.WS("/"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	echoOnce(t, c, []byte("x"))
+	c.Close(websocket.StatusNormalClosure, "")
+	after, _ := opScrape(t, g)
+	if d := after.get(failovers, "provider=hc-500") - before.get(failovers, "provider=hc-500"); d != 1 {
+		t.Fatalf("hc-500 failovers moved %v, want 1", d)
+	}
+	if d := after.get(failovers, "provider=hc-fast") - before.get(failovers, "provider=hc-fast"); d != 0 {
+		t.Fatalf("hc-fast failovers moved %v, want 0", d)
+	}
+}
+
+// failovers is the failover counter's full name.
+const failovers = "caddy_browser_failover_failovers_total"

@@ -200,16 +200,19 @@ func Register(reg *prometheus.Registry) error {
 	return nil
 }
 
-// Attempt counts one attempt at provider: its outcome, a failover when the
-// chain moves on from it, and the handshake time of a success.
+// Attempt counts one attempt at provider: its outcome and the handshake
+// time of a success.
 func Attempt(provider string, o upstreams.Outcome) {
 	attempts.WithLabelValues(provider, OutcomeLabel(o.Word)).Inc()
-	if o.Kind.Next() {
-		failovers.WithLabelValues(provider).Inc()
-	}
 	if o.Kind == upstreams.Success {
 		handshake.WithLabelValues(provider).Observe(o.Elapsed.Seconds())
 	}
+}
+
+// Failover counts a failover from provider: its attempt failed and the
+// same client's next attempt, right after it, went to another provider.
+func Failover(provider string) {
+	failovers.WithLabelValues(provider).Inc()
 }
 
 // Probe counts one active health check probe of provider and its outcome

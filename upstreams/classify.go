@@ -55,9 +55,6 @@ func (k Kind) String() string {
 	return "unknown"
 }
 
-// Next reports whether the chain goes on to the next provider.
-func (k Kind) Next() bool { return k == Failure || k == Capacity || k == Incompatible }
-
 // Outcome words for failures that are not an HTTP status, as they appear in
 // 503 bodies, logs and metric labels.
 const (
