@@ -33,7 +33,7 @@ var (
 	failovers = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: namespace, Subsystem: subsystem,
 		Name: "failovers_total",
-		Help: "Attempts after which the chain moved on from a provider (failure, 408/429, 428), by the provider that failed.",
+		Help: "Failovers: a client's attempt failed (failure, 408/429, 428) and its next attempt went straight to another provider, by the provider that failed.",
 	}, []string{"provider"})
 
 	rejections = prometheus.NewCounterVec(prometheus.CounterOpts{
