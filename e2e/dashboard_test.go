@@ -18,6 +18,7 @@ import (
 	"github.com/caddyserver/caddy/v2/caddyconfig"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp/caddyauth"
 
+	"github.com/browserfailover/caddy-browser-failover/internal/fakes"
 	"github.com/browserfailover/caddy-browser-failover/internal/testgw"
 	"github.com/browserfailover/caddy-browser-failover/pool"
 	"github.com/browserfailover/caddy-browser-failover/upstreams"
@@ -26,7 +27,9 @@ import (
 // TestDashboardInChromium: the dashboard page in real headless Chromium,
 // on the same site as the gateway behind basic_auth (controls off), and on
 // a localhost-only site under a stripped prefix (controls on). The page
-// shows every provider and a live Puppeteer session; its Drain button
+// shows every provider and a live Puppeteer session (on a provider that
+// creates its browsers over REST: the row says the session is created and
+// not released, until the session ends); its Drain button
 // drains a provider (the status JSON says so) and its End button ends the
 // session (the Puppeteer client sees the disconnect). A screenshot is
 // saved and must not be blank (DASHBOARD_SCREENSHOT=<file> copies it
@@ -41,8 +44,13 @@ func TestDashboardInChromium(t *testing.T) {
 		secretPass  = "e2ePaSs9x"
 		secretQuery = "e2eQuErY-t0ken"
 		secretHdr   = "e2eHeAdEr-k3y"
+		secretAPI   = "e2eApIkEy-0q8"
 	)
 	bs := StartChromiums(t, 2)
+	// A provider that creates each browser over REST; its sessions are the
+	// first Chromium.
+	rest := fakes.NewREST(func(string) string { return bs[0].WSURL() })
+	defer rest.Close()
 	dead := testgw.FreePort(t) // nothing listens there
 
 	hash, err := caddyauth.BcryptHash{}.Hash([]byte(pass))
@@ -74,12 +82,23 @@ http://%[3]s {
 				duration 5m
 			}
 		}
-		provider dash-a %[8]s {
+		provider dash-api %[12]s {
 			priority 2
+			max_concurrent 4
+			session_api {
+				create POST /v1/sessions
+				header X-BB-API-Key %[13]s
+				connect_url /connectUrl
+				session_id /id
+				release POST /v1/sessions/{session_id}/release
+			}
+		}
+		provider dash-a %[8]s {
+			priority 3
 			max_concurrent 4
 		}
 		provider dash-b %[9]s {
-			priority 3
+			priority 4
 			max_concurrent 4
 			header_up X-Api-Key %[10]s
 		}
@@ -94,7 +113,7 @@ http://%[11]s {
 		}
 	}
 }
-`, admin, logPath, addr, user, hash, dead, secretQuery, withUser, bs[1].HTTPURL(), secretHdr, ops)
+`, admin, logPath, addr, user, hash, dead, secretQuery, withUser, bs[1].HTTPURL(), secretHdr, ops, rest.URL(), secretAPI)
 	cfg, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(caddyfile), map[string]any{"filename": "Caddyfile"})
 	if err != nil {
 		t.Fatal(err)
@@ -104,13 +123,13 @@ http://%[11]s {
 	}
 	t.Cleanup(func() { caddy.Stop() })
 
-	// A live Puppeteer session: dash-down fails (and cools down), dash-a
-	// serves.
+	// A live Puppeteer session: dash-down fails (and cools down), dash-api
+	// creates the browser and serves.
 	n := StartNode(t, "client.mjs", "puppeteer-hold", "ws://"+addr+"/")
 	n.Expect(t, "READY", 60*time.Second)
 	sessions := pool.Sessions()
-	if len(sessions) != 1 || sessions[0].Provider != "dash-a" {
-		t.Fatalf("live sessions %+v, want one on dash-a", sessions)
+	if len(sessions) != 1 || sessions[0].Provider != "dash-api" {
+		t.Fatalf("live sessions %+v, want one on dash-api", sessions)
 	}
 	id := sessions[0].ID
 
@@ -119,8 +138,8 @@ http://%[11]s {
 	arg, _ := json.Marshal(map[string]any{
 		"authURL": "http://" + addr + "/dash/", "user": user, "pass": pass,
 		"controlsURL": "http://" + ops + "/ops/",
-		"providers":   []string{"dash-down", "dash-a", "dash-b"},
-		"session":     id, "drain": "dash-b",
+		"providers":   []string{"dash-down", "dash-api", "dash-a", "dash-b"},
+		"session":     id, "drain": "dash-b", "unreleased": "dash-api",
 		"screenshot": shot, "bodies": bodies,
 	})
 	RunNode(t, "dashboard.mjs", string(arg))
@@ -142,7 +161,11 @@ http://%[11]s {
 		}
 		return false
 	})
-	waitIdle(t, "dash-a")
+	waitIdle(t, "dash-api")
+	testgw.Eventually(t, 15*time.Second, "the ended session released", func() bool {
+		b := rest.Books()
+		return len(b.Created) == 1 && b.Balanced() == nil
+	})
 
 	// The admin API agrees that dash-b is drained.
 	resp, err := http.Get("http://" + admin + "/browser_failover/status")
@@ -180,7 +203,7 @@ http://%[11]s {
 			t.Fatalf("the browser's loads do not hold %q: the secret search would prove little", want)
 		}
 	}
-	for _, s := range []string{secretUser, secretPass, secretQuery, secretHdr, pass, string(hash)} {
+	for _, s := range []string{secretUser, secretPass, secretQuery, secretHdr, secretAPI, pass, string(hash)} {
 		for _, f := range []string{s, url.QueryEscape(s), base64.StdEncoding.EncodeToString([]byte(s)), base64.StdEncoding.EncodeToString([]byte(secretUser + ":" + secretPass))} {
 			if i := strings.Index(loaded, f); i >= 0 {
 				t.Errorf("the dashboard showed a secret %q: …%s…", f, loaded[max(0, i-120):min(len(loaded), i+60)])

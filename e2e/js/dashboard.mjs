@@ -9,6 +9,9 @@
 //   providers    every provider name the page must show
 //   session      the ID of a live session the page must show
 //   drain        the provider to drain from the page
+//   unreleased   the provider of the session, which creates its browsers
+//                over REST: its row must say one is created, not released
+//                yet, while the session is live, and no more once it ended
 //   screenshot   where to save a PNG of the page
 //   bodies       where to write everything the browser loaded (the page's
 //                HTML and every JSON answer), for the caller's secret search
@@ -17,16 +20,19 @@
 //   1. without credentials the page is refused (401);
 //   2. with them the page shows every provider and the session, no button,
 //      and an action from the page is refused (403: controls off);
-//   3. on the controls site the page shows the same; "Drain" on the
+//   3. on the controls site the page shows the same, and the session's
+//      provider's row says one session is created, not released yet;
+//      "Drain" on the
 //      provider (confirmed) makes status.json say it is draining and the row
 //      say so; the screenshot is taken; "End" on the session (confirmed)
-//      removes it from the page.
+//      removes it from the page, and the provider's row no longer says
+//      anything unreleased.
 // Exit 0 when every check held; 1 otherwise, with the reason on stderr.
 import puppeteer from 'puppeteer-core';
 import { writeFileSync } from 'node:fs';
 
 const cfg = JSON.parse(process.argv[2] || '{}');
-for (const k of ['authURL', 'user', 'pass', 'controlsURL', 'providers', 'session', 'drain', 'screenshot', 'bodies']) {
+for (const k of ['authURL', 'user', 'pass', 'controlsURL', 'providers', 'session', 'drain', 'unreleased', 'screenshot', 'bodies']) {
   if (cfg[k] === undefined) {
     console.error(`usage: node dashboard.mjs '<json>' (missing ${k})`);
     process.exit(2);
@@ -98,6 +104,13 @@ async function shows(page) {
   await page.waitForSelector(`tr[data-session=${JSON.stringify(cfg.session)}]`, { timeout });
 }
 
+// unreleasedSays waits until the row of provider name says want of the
+// sessions it created and did not release yet ('' when it says nothing).
+const unreleasedSays = (page, name, want) => page.waitForFunction((name, want) => {
+  const s = document.querySelector(`tr[data-provider=${JSON.stringify(name)}] .unreleased`);
+  return (s ? s.textContent : '') === want;
+}, { timeout }, name, want);
+
 const browser = await puppeteer.launch({
   executablePath: process.env.E2E_CHROMIUM || '/usr/bin/chromium',
   headless: true,
@@ -143,7 +156,8 @@ try {
   const resp = await page.goto(cfg.controlsURL, { timeout, waitUntil: 'domcontentloaded' });
   if (resp.status() !== 200) throw new Error(`controls page: HTTP ${resp.status()}`);
   await shows(page);
-  console.log(`${el()} STEP controls page shows every provider and the session`);
+  await unreleasedSays(page, cfg.unreleased, '1 created, not released yet');
+  console.log(`${el()} STEP controls page shows every provider and the session, and its provider's unreleased session`);
 
   const drained = page.waitForResponse(async (r) => {
     if (!r.url().endsWith('/status.json')) return false;
@@ -170,7 +184,8 @@ try {
   if (dialogs.length !== before + 1 || !dialogs[dialogs.length - 1].includes(cfg.session)) {
     throw new Error('ending the session did not ask for confirmation');
   }
-  console.log(`${el()} STEP ended ${cfg.session} from the page`);
+  await unreleasedSays(page, cfg.unreleased, '');
+  console.log(`${el()} STEP ended ${cfg.session} from the page; its provider released it`);
   const banner = await page.$eval('#banner', (e) => e.textContent);
   if (banner) throw new Error(`the page shows an error: ${banner}`);
   await settle();
