@@ -233,15 +233,15 @@ func TestHedgeOwnFailureCounts(t *testing.T) {
 	}
 	settled(t, "hf-slow", "hf-500", "hf-fast")
 	noFailures(t, "hf-slow", "hf-fast")
-	after, _ := opScrape(t, g)
-	if d := after.get(failovers, "provider=hf-500") - before.get(failovers, "provider=hf-500"); d != 0 {
+	if d := failoversSince(t, g, before, "hf-500"); d != 0 {
 		t.Fatalf("hf-500 failovers moved %v: it failed beside another attempt, nothing started in its place", d)
 	}
 }
 
 // TestHedgeFailoverCounted: with hedging on, an attempt that fails with
 // nothing else in flight is a failover when the next provider starts in
-// its place; a hedge that fails beside another attempt is not.
+// its place (TestHedgeOwnFailureCounts: a hedge that fails beside another
+// attempt is not).
 func TestHedgeFailoverCounted(t *testing.T) {
 	bad := fakes.Status("hc-500", nil, 500, nil, "boom")
 	defer bad.Close()
@@ -257,14 +257,19 @@ func TestHedgeFailoverCounted(t *testing.T) {
 	}
 	echoOnce(t, c, []byte("x"))
 	c.Close(websocket.StatusNormalClosure, "")
-	after, _ := opScrape(t, g)
-	if d := after.get(failovers, "provider=hc-500") - before.get(failovers, "provider=hc-500"); d != 1 {
+	if d := failoversSince(t, g, before, "hc-500"); d != 1 {
 		t.Fatalf("hc-500 failovers moved %v, want 1", d)
 	}
-	if d := after.get(failovers, "provider=hc-fast") - before.get(failovers, "provider=hc-fast"); d != 0 {
+	if d := failoversSince(t, g, before, "hc-fast"); d != 0 {
 		t.Fatalf("hc-fast failovers moved %v, want 0", d)
 	}
 }
 
-// failovers is the failover counter's full name.
-const failovers = "caddy_browser_failover_failovers_total"
+// failoversSince is how much failovers_total of provider moved since the
+// scrape before (the counters are the process's: -count runs add up).
+func failoversSince(t *testing.T, g *testgw.Gateway, before opSeries, provider string) float64 {
+	t.Helper()
+	const name = "caddy_browser_failover_failovers_total"
+	now, _ := opScrape(t, g)
+	return now.get(name, "provider="+provider) - before.get(name, "provider="+provider)
+}
