@@ -206,8 +206,10 @@ func TestProbesFindDeadProviderWithoutClients(t *testing.T) {
 	if a.upgrades.Load() != 0 {
 		t.Fatal("a client paid for the trial")
 	}
+	// The log entry follows the state change.
+	testgw.Eventually(t, 5*time.Second, "the recovered log entry", func() bool { return len(g.LogEntries("provider recovered")) > 0 })
 	recovered := g.LogEntries("provider recovered")
-	if len(recovered) == 0 || recovered[len(recovered)-1]["by"] != "health check" {
+	if recovered[len(recovered)-1]["by"] != "health check" {
 		t.Fatalf("recovered log %v", recovered)
 	}
 	testgw.Eventually(t, 5*time.Second, "the recovered event", func() bool {
