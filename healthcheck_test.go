@@ -182,8 +182,9 @@ func TestProbesFindDeadProviderWithoutClients(t *testing.T) {
 	if a.upgrades.Load() != 0 {
 		t.Fatal("a client was sent to the provider before the probes found it dead")
 	}
+	testgw.Eventually(t, 5*time.Second, "the cooldown log entry", func() bool { return len(g.LogEntries("provider cooling down")) > 0 })
 	cooling := g.LogEntries("provider cooling down")
-	if len(cooling) == 0 || cooling[0]["provider"] != "hc-dead-a" || cooling[0]["reason"] != "refused" || cooling[0]["by"] != "health check" {
+	if cooling[0]["provider"] != "hc-dead-a" || cooling[0]["reason"] != "refused" || cooling[0]["by"] != "health check" {
 		t.Fatalf("cooldown log %v", cooling)
 	}
 	testgw.Eventually(t, 5*time.Second, "the cooldown event", func() bool {
@@ -206,7 +207,7 @@ func TestProbesFindDeadProviderWithoutClients(t *testing.T) {
 	if a.upgrades.Load() != 0 {
 		t.Fatal("a client paid for the trial")
 	}
-	// The log entry follows the state change.
+	// Log entries follow the state change.
 	testgw.Eventually(t, 5*time.Second, "the recovered log entry", func() bool { return len(g.LogEntries("provider recovered")) > 0 })
 	recovered := g.LogEntries("provider recovered")
 	if recovered[len(recovered)-1]["by"] != "health check" {
