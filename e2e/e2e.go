@@ -202,7 +202,14 @@ func StartChromiumAt(t testing.TB, port string) *Chromium {
 	return startChromium(t, port)
 }
 
-func startChromium(t testing.TB, port string) *Chromium {
+// StartChromiumWith starts a headless Chromium as StartChromium does, with
+// more command-line flags (--host-resolver-rules=…).
+func StartChromiumWith(t testing.TB, flags ...string) *Chromium {
+	t.Helper()
+	return startChromium(t, "0", flags...)
+}
+
+func startChromium(t testing.TB, port string, flags ...string) *Chromium {
 	t.Helper()
 	profile, err := os.MkdirTemp("", "e2e-chromium-")
 	if err != nil {
@@ -215,13 +222,14 @@ func startChromium(t testing.TB, port string) *Chromium {
 			time.Sleep(50 * time.Millisecond)
 		}
 	})
-	cmd := exec.Command(ChromiumPath(),
+	args := append([]string{
 		"--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
 		"--disable-background-networking", "--disable-component-update", "--disable-sync",
 		"--disable-dev-shm-usage", "--no-default-browser-check", "--mute-audio",
-		"--user-data-dir="+profile,
-		"--remote-debugging-address=127.0.0.1", "--remote-debugging-port="+port,
-		"about:blank")
+		"--user-data-dir=" + profile,
+		"--remote-debugging-address=127.0.0.1", "--remote-debugging-port=" + port,
+	}, flags...)
+	cmd := exec.Command(ChromiumPath(), append(args, "about:blank")...)
 	p := startProc(t, cmd, nil)
 	c := &Chromium{p: p}
 	deadline := time.Now().Add(30 * time.Second)

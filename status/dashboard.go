@@ -2,11 +2,16 @@ package status
 
 import (
 	"bytes"
+	"context"
 	"crypto/sha256"
 	_ "embed"
 	"encoding/base64"
 	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
 	"net/http"
+	"net/netip"
 	"net/url"
 	"regexp"
 	"strconv"
@@ -42,12 +47,31 @@ func init() {
 // X-Browser-Failover-Dashboard, which a cross-site form cannot send and a
 // cross-site script cannot send without the site's consent, and its Origin
 // and Sec-Fetch-Site, when present, must say same origin.
+//
+// Before anything else, every request's Host (its port aside) must be one
+// the dashboard knows: an IP address, localhost, a host name the server's
+// sites are addressed by (the host matchers of its top-level routes), or
+// one of Hosts. Anything else gets 403: a page of another site whose name
+// was made to resolve to this listener (DNS rebinding) reaches it with its
+// own name as Host, and must neither read the JSON nor act. A site with a
+// host matcher only passes requests that matched it, so it is unchanged;
+// a site without one (:8081, http://) answers IP addresses, localhost and
+// Hosts.
 type Dashboard struct {
 	// Controls shows the action buttons and allows the actions; default
 	// off (a read-only page).
 	Controls bool `json:"controls,omitempty"`
 
-	page []byte
+	// Hosts are more names the dashboard answers to, besides IP
+	// addresses, localhost and the site's own host names: the names a
+	// proxy in front of it, a tunnel or /etc/hosts gives it. They are
+	// matched as Caddy's host matcher matches (case does not matter, a
+	// wildcard label as in *.example.com); a name has no scheme, path or
+	// port (any port is accepted).
+	Hosts []string `json:"hosts,omitempty"`
+
+	page  []byte
+	names caddyhttp.MatchHost // Hosts and the site's host names
 }
 
 // CaddyModule returns the Caddy module information.
@@ -81,19 +105,160 @@ var dashboardCSP = func() string {
 		"; connect-src 'self'; img-src data:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
 }()
 
-// Provision renders the page for this handler's Controls setting.
-func (d *Dashboard) Provision(caddy.Context) error {
+// Provision renders the page for this handler's Controls setting and
+// gathers the host names it answers to.
+func (d *Dashboard) Provision(ctx caddy.Context) error {
 	on := "off"
 	if d.Controls {
 		on = "on"
 	}
 	d.page = bytes.Replace(dashboardHTML, []byte("{{controls}}"), []byte(on), 1)
+
+	// The names of Hosts are normalised (to ASCII, lower case) by a
+	// matcher of their own first, so that a site's name given again in
+	// Hosts is seen as the same; the site's are normalised already.
+	// Names alike are dropped rather than failing the matcher's
+	// Provision: validate, which Caddy runs next, says which one it is.
+	own := uniqueHosts(d.Hosts)
+	if err := own.Provision(ctx); err != nil {
+		return fmt.Errorf("hosts: %w", err)
+	}
+	names := uniqueHosts(append(own, siteHosts(ctx)...))
+	if err := names.Provision(ctx); err != nil {
+		return fmt.Errorf("hosts: %w", err)
+	}
+	d.names = names
 	return nil
+}
+
+// uniqueHosts returns names without the ones equal to an earlier one,
+// case aside, as a new host matcher (to be provisioned).
+func uniqueHosts(names []string) caddyhttp.MatchHost {
+	var out caddyhttp.MatchHost
+	seen := make(map[string]bool, len(names))
+	for _, name := range names {
+		if key := strings.ToLower(name); !seen[key] {
+			seen[key] = true
+			out = append(out, name)
+		}
+	}
+	return out
+}
+
+// siteHosts returns the names in the host matchers of the top-level routes
+// of the server the handler is provisioned in: the addresses of its
+// Caddyfile sites. Caddy provisions those matchers before any handler.
+func siteHosts(ctx caddy.Context) []string {
+	if ctx.Context == nil {
+		return nil
+	}
+	srv, ok := ctx.Value(caddyhttp.ServerCtxKey).(*caddyhttp.Server)
+	if !ok {
+		return nil
+	}
+	var out []string
+	for _, route := range srv.Routes {
+		for _, set := range route.MatcherSets {
+			for _, m := range set {
+				if hm, ok := m.(*caddyhttp.MatchHost); ok {
+					out = append(out, *hm...)
+				}
+			}
+		}
+	}
+	return out
+}
+
+// Validate checks the configuration.
+func (d *Dashboard) Validate() error { return d.validate() }
+
+// validate checks the values the Caddyfile parser also checks.
+func (d *Dashboard) validate() error {
+	seen := make(map[string]bool, len(d.Hosts))
+	for _, name := range d.Hosts {
+		if err := checkHostName(name); err != nil {
+			return fmt.Errorf("hosts: %w", err)
+		}
+		key := strings.ToLower(name)
+		if seen[key] {
+			return fmt.Errorf("hosts: %q given twice", name)
+		}
+		seen[key] = true
+	}
+	return nil
+}
+
+// checkHostName tells what is wrong with a name of Hosts, if anything.
+func checkHostName(name string) error {
+	switch {
+	case name == "":
+		return errors.New("an empty name")
+	case strings.Contains(name, "://"):
+		return fmt.Errorf("%q has a scheme: give the host name alone", name)
+	case strings.Contains(name, "/"):
+		return fmt.Errorf("%q has a path: give the host name alone", name)
+	case strings.ContainsFunc(name, func(c rune) bool { return c <= ' ' || c == 0x7f || strings.ContainsRune(`?#@\`, c) }):
+		return fmt.Errorf("%q is not a host name", name)
+	}
+	if _, _, err := net.SplitHostPort(name); err == nil {
+		return fmt.Errorf("%q has a port: give the host name alone (the dashboard answers on any port)", name)
+	}
+	return nil
+}
+
+// hostAllowed tells whether the Host of r, its port aside, is one the
+// dashboard answers to: an IP address, localhost or one of d.names. The
+// names are matched as Caddy's host matcher matches them (case aside,
+// wildcards and placeholders), with the request's placeholders.
+func (d *Dashboard) hostAllowed(r *http.Request) bool {
+	host := requestHost(r)
+	if host == "" {
+		return false
+	}
+	if _, err := netip.ParseAddr(host); err == nil || strings.EqualFold(host, "localhost") {
+		return true
+	}
+	if len(d.names) == 0 {
+		return false
+	}
+	if _, ok := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer); !ok {
+		// Served outside a Caddy server (which always sets one).
+		r = r.WithContext(context.WithValue(r.Context(), caddy.ReplacerCtxKey, caddy.NewReplacer()))
+	}
+	return d.names.Match(r)
+}
+
+// requestHost is the Host of r without its port or an IPv6 address's
+// brackets, as Caddy's host matcher reads it.
+func requestHost(r *http.Request) string {
+	if host, _, err := net.SplitHostPort(r.Host); err == nil {
+		return host
+	}
+	return strings.TrimSuffix(strings.TrimPrefix(r.Host, "["), "]")
+}
+
+// hostRefused is the answer to a request whose Host the dashboard does
+// not answer to.
+func hostRefused(r *http.Request) string {
+	host := requestHost(r)
+	if len(host) > 255 {
+		host = host[:255] + "…"
+	}
+	if host == "" {
+		return "refused: the request has no Host; the dashboard answers only its own names " +
+			"(an IP address, localhost, the site's host names, or a name of its hosts option)"
+	}
+	return fmt.Sprintf("refused: the Host %q is not one of the dashboard's names "+
+		"(an IP address, localhost, the site's host names, or a name of its hosts option); "+
+		"if it is yours, allow it with browser_failover_dashboard { hosts %s }", host, host)
 }
 
 // ServeHTTP serves the page, its JSON and its actions; it never calls
 // next.
 func (d *Dashboard) ServeHTTP(w http.ResponseWriter, r *http.Request, _ caddyhttp.Handler) error {
+	if !d.hostAllowed(r) {
+		return dashError(w, http.StatusForbidden, hostRefused(r))
+	}
 	segs := strings.Split(r.URL.EscapedPath(), "/")
 	n := len(segs)
 	switch {
@@ -235,5 +400,6 @@ func dashError(w http.ResponseWriter, status int, msg string) error {
 // Interface guards.
 var (
 	_ caddy.Provisioner           = (*Dashboard)(nil)
+	_ caddy.Validator             = (*Dashboard)(nil)
 	_ caddyhttp.MiddlewareHandler = (*Dashboard)(nil)
 )

@@ -24,22 +24,31 @@ func parseDashboard(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 // UnmarshalCaddyfile sets up the dashboard from Caddyfile tokens:
 //
 //	browser_failover_dashboard [<matcher>] {
-//		controls on|off   # default off
+//		controls on|off     # default off
+//		hosts <name>...     # more Host names it answers to
 //	}
+//
+// The dashboard answers only a Host (any port) that is an IP address,
+// localhost, a host name of the server's site addresses, or a name of
+// hosts; any other gets 403. A name of hosts is a bare host name (no
+// scheme, path or port), matched as the host matcher matches: case does
+// not matter, and *.example.com matches one label in place of the *:
+//
+//	hosts ops.example.com *.ops.internal
 func (d *Dashboard) UnmarshalCaddyfile(disp *caddyfile.Dispenser) error {
 	disp.Next() // the directive name
 	if disp.NextArg() {
 		return disp.Errf("browser_failover_dashboard takes no arguments (options go in its block), got %q", disp.Val())
 	}
-	var first *caddyfile.Token // the first controls line
+	first := make(map[string]caddyfile.Token) // each option's first line
 	for disp.NextBlock(0) {
-		switch disp.Val() {
+		opt := disp.Val()
+		if tok, ok := first[opt]; ok {
+			return disp.Errf("%s given twice in the same block (first at %s:%d)", opt, tok.File, tok.Line)
+		}
+		switch opt {
 		case "controls":
-			if first != nil {
-				return disp.Errf("controls given twice in the same block (first at %s:%d)", first.File, first.Line)
-			}
-			tok := disp.Token()
-			first = &tok
+			first[opt] = disp.Token()
 			if !disp.NextArg() {
 				return disp.Err("controls needs on or off")
 			}
@@ -54,8 +63,17 @@ func (d *Dashboard) UnmarshalCaddyfile(disp *caddyfile.Dispenser) error {
 			if disp.NextArg() {
 				return disp.Errf("controls takes one value, got another: %q", disp.Val())
 			}
+		case "hosts":
+			first[opt] = disp.Token()
+			d.Hosts = disp.RemainingArgs()
+			if len(d.Hosts) == 0 {
+				return disp.Err("hosts needs at least one host name")
+			}
+			if err := d.validate(); err != nil {
+				return disp.WrapErr(err)
+			}
 		default:
-			return disp.Errf("unknown browser_failover_dashboard option %q (want controls)", disp.Val())
+			return disp.Errf("unknown browser_failover_dashboard option %q (want controls or hosts)", opt)
 		}
 	}
 	return nil
