@@ -12,16 +12,20 @@ import "github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 //		session_id   <JSON pointer>
 //		release      <METHOD> <URL with {session_id}>
 //		release_body <json template>
+//		connect_hosts <host>...          # repeatable
 //	}
 //
 // A JSON template is one token: quote it with backticks, like
-// `{"projectId": "{env.BB_PROJECT_ID}"}`.
+// `{"projectId": "{env.BB_PROJECT_ID}"}`. connect_hosts names hosts the
+// connect URL of a create answer may point to besides the create URL's
+// host and the names under its registrable domain: host names or IP
+// addresses, or *.example.com for every name under example.com.
 func (r *reader) parseSessionAPI(prefix string) (*SessionAPIConfig, error) {
 	d := r.d
 	if d.NextArg() {
 		return nil, d.ArgErr()
 	}
-	b := r.open("header")
+	b := r.open("header", "connect_hosts")
 	c := &SessionAPIConfig{}
 	for nesting := d.Nesting(); d.NextBlock(nesting); {
 		opt := d.Val()
@@ -47,6 +51,12 @@ func (r *reader) parseSessionAPI(prefix string) (*SessionAPIConfig, error) {
 			c.ConnectURL, err = oneArg(d)
 		case "session_id":
 			c.SessionID, err = oneArg(d)
+		case "connect_hosts":
+			hosts := d.RemainingArgs()
+			if len(hosts) == 0 {
+				err = d.Errf("connect_hosts needs at least one host")
+			}
+			c.ConnectHosts = append(c.ConnectHosts, hosts...)
 		default:
 			return nil, d.Errf("%ssession_api: unknown option %q", prefix, opt)
 		}

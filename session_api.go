@@ -41,6 +41,14 @@ type SessionAPIConfig struct {
 	// ReleaseBody is the release call's JSON body, as text; {session_id}
 	// in its strings is replaced. Default: no body.
 	ReleaseBody string `json:"release_body,omitempty"`
+	// ConnectHosts names the hosts a connect URL may point to besides the
+	// create URL's host and the names under its registrable domain (so
+	// api.example.com allows connect.example.com, not example.net): exact
+	// host names or IP addresses, case-insensitive, or *.example.com for
+	// every name under example.com. Any port matches. Any other connect
+	// URL is not dialed: the attempt fails with bad_connect_url and the
+	// session is released, since the dial carries header_up.
+	ConnectHosts []string `json:"connect_hosts,omitempty"`
 }
 
 // HeaderConfig is one header field of a session API call.
@@ -56,6 +64,7 @@ func (c *SessionAPIConfig) options() upstreams.SessionAPI {
 		CreateMethod: c.CreateMethod, CreateURL: c.CreateURL,
 		Body: c.Body, ConnectURL: c.ConnectURL, SessionID: c.SessionID,
 		ReleaseMethod: c.ReleaseMethod, ReleaseURL: c.ReleaseURL, ReleaseBody: c.ReleaseBody,
+		ConnectHosts: append([]string(nil), c.ConnectHosts...),
 	}
 	for _, h := range c.Headers {
 		a.Headers = append(a.Headers, upstreams.Header{Field: h.Field, Value: h.Value})
@@ -109,6 +118,9 @@ func (c *SessionAPIConfig) resolve(repl *caddy.Replacer) (*upstreams.SessionAPI,
 	for i := range a.Headers {
 		a.Headers[i].Value = known(a.Headers[i].Value)
 	}
+	for i := range a.ConnectHosts {
+		a.ConnectHosts[i] = known(a.ConnectHosts[i])
+	}
 	var err error
 	if a.Body, err = upstreams.FillJSON(a.Body, known); err != nil {
 		return nil, fmt.Errorf("session_api: body: %w", err)
@@ -124,8 +136,9 @@ func (c *SessionAPIConfig) resolve(repl *caddy.Replacer) (*upstreams.SessionAPI,
 const releaseGrace = 15 * time.Second
 
 // finishReleases waits, at process exit, until the provider sessions whose
-// release is under way are released (or releaseGrace has passed); the
-// logger hears of any left.
+// release is under way are released, and the create calls still in flight
+// have answered and what they created is released (or releaseGrace has
+// passed); the logger hears of any left.
 func finishReleases(logger *zap.Logger) {
 	if upstreams.WaitReleases(time.Now().Add(releaseGrace)) || logger == nil {
 		return
@@ -140,5 +153,12 @@ func init() {
 	upstreams.OnReleaseFailure = func(provider string, err error) {
 		caddy.Log().Named("http.handlers.browser_failover").Warn("provider session release failed",
 			zap.String("provider", provider), zap.String("cause", err.Error()))
+	}
+	// A session nobody can release bills until the provider ends it: an
+	// operator must hear of it. The cause never holds a header, a URL or
+	// the answer's body.
+	upstreams.OnOrphan = func(provider, cause string) {
+		caddy.Log().Named("http.handlers.browser_failover").Error("provider session cannot be released: the create answer gave no session ID",
+			zap.String("provider", provider), zap.String("cause", cause))
 	}
 }

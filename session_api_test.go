@@ -583,3 +583,156 @@ func TestSessionAPISlowReleaseNeverDelays(t *testing.T) {
 	once.Do(func() { close(hold) })
 	waitBooks(t, f, "api-slowrel", 2)
 }
+
+// TestSessionAPIConnectHosts: a create answer whose connect URL points to
+// a host other than the create call's (here localhost, the create call
+// going to 127.0.0.1) is not dialed: the attempt fails with
+// bad_connect_url, counted like any failure, and the session is released.
+// connect_hosts opens that host; JSON and the Caddyfile check its values
+// alike.
+func TestSessionAPIConnectHosts(t *testing.T) {
+	echo := fakes.Echo("api-elsewhere-echo", nil)
+	defer echo.Close()
+	port := echo.Addr[strings.LastIndexByte(echo.Addr, ':')+1:]
+	f := fakes.NewREST(func(id string) string { return "ws://localhost:" + port + "/devtools/browser/" + id })
+	defer f.Close()
+
+	const name = "api-elsewhere"
+	g := testgw.Start(t, handler(`"queue":{"size":0}`, apiProvider(name, f, "")))
+	before, _ := opScrape(t, g) // the counters are the process's: -count runs add up
+	if w := rejectAttempts(t, g.WS("/")); len(w) != 1 || w[0] != upstreams.WordBadConnectURL {
+		t.Fatalf("attempts: %v, want [%s]", w, upstreams.WordBadConnectURL)
+	}
+	if n := echo.Hits.Load(); n != 0 {
+		t.Fatalf("the connect URL's host was dialed %d times", n)
+	}
+	waitBooks(t, f, name, 1)
+	if st := providerStatus(t, g, name); st.LastError != upstreams.WordBadConnectURL {
+		t.Fatalf("last_error %q", st.LastError)
+	}
+	after, _ := opScrape(t, g)
+	const attempts = "caddy_browser_failover_attempts_total"
+	if d := after.get(attempts, "outcome="+upstreams.WordBadConnectURL, "provider="+name) - before.get(attempts, "outcome="+upstreams.WordBadConnectURL, "provider="+name); d != 1 {
+		t.Fatalf("attempts_total{outcome=%q} moved %v, want 1", upstreams.WordBadConnectURL, d)
+	}
+
+	// Named in connect_hosts: dialed.
+	named := strings.Replace(apiProvider(name, f, ""), `"release_body"`, `"connect_hosts":["LocalHost"],"release_body"`, 1)
+	if err := g.Reload(handler(`"queue":{"size":0}`, named)); err != nil {
+		t.Fatal(err)
+	}
+	c, _, err := dial(t, g.WS("/"), nil)
+	if err != nil {
+		t.Fatalf("with connect_hosts: %v", err)
+	}
+	echoOnce(t, c, []byte("allowed"))
+	c.Close(websocket.StatusNormalClosure, "")
+	waitBooks(t, f, name, 2)
+	if strings.Contains(g.Logs(), apiSecret) {
+		t.Fatal("the API key shows in the logs")
+	}
+
+	// A bad value: JSON validation and the Caddyfile parser say the same,
+	// the Caddyfile at its line.
+	bad := strings.Replace(apiProvider("api-badhosts", f, ""), `"release_body"`, `"connect_hosts":["connect.example.com:443"],"release_body"`, 1)
+	if err := g.Reload(handler("", bad)); err == nil || !strings.Contains(err.Error(), `session_api: connect_hosts: \"connect.example.com:443\" is not a host name`) {
+		t.Fatalf("JSON: %v", err)
+	}
+	caddyfile := ":8080\nbrowser_failover {\n provider a https://api.example.com {\n  session_api {\n   create POST /v1/sessions\n   connect_hosts ok.example.net\n   connect_hosts *.com\n  }\n }\n}"
+	if _, err := adapt(t, caddyfile); err == nil || !strings.Contains(err.Error(), `session_api: connect_hosts: "*.com" would allow every site under the public suffix com`) ||
+		!strings.Contains(err.Error(), "Caddyfile:7") {
+		t.Fatalf("Caddyfile: %v", err)
+	}
+	if _, err := adapt(t, ":8080\nbrowser_failover {\n provider a https://api.example.com {\n  session_api {\n   connect_hosts\n  }\n }\n}"); err == nil ||
+		!strings.Contains(err.Error(), "connect_hosts needs at least one host") {
+		t.Fatalf("Caddyfile without a host: %v", err)
+	}
+	good := ":8080\nbrowser_failover {\n provider a https://api.example.com {\n  session_api {\n   create POST /v1/sessions\n   connect_url /connectUrl\n   session_id /id\n   release DELETE /v1/sessions/{session_id}\n   connect_hosts browsers.example.net 10.0.0.7\n   connect_hosts *.cdn.example.org\n  }\n }\n}"
+	out, err := adapt(t, good)
+	if err != nil || !strings.Contains(string(out), `"connect_hosts":["browsers.example.net","10.0.0.7","*.cdn.example.org"]`) {
+		t.Fatalf("Caddyfile: %v %s", err, out)
+	}
+}
+
+// TestSessionAPICreateAnswerLimit: a create answer over 64 KiB is read (up
+// to the 1 MiB limit); a larger one is bad_create, its session released
+// when its ID comes within the limit, otherwise counted in
+// session_orphans_total and logged at error level with the provider's
+// name, as is a 2xx answer without a session ID.
+func TestSessionAPICreateAnswerLimit(t *testing.T) {
+	const orphansTotal = "caddy_browser_failover_session_orphans_total"
+	const logMsg = "provider session cannot be released: the create answer gave no session ID"
+	t.Run("large answer connects", func(t *testing.T) {
+		f, _ := echoREST(t)
+		f.Pad = 300 << 10
+		g := testgw.Start(t, handler(`"queue":{"size":0}`, apiProvider("api-big-ok", f, "")))
+		c, _, err := dial(t, g.WS("/"), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		echoOnce(t, c, []byte("big"))
+		c.Close(websocket.StatusNormalClosure, "")
+		waitBooks(t, f, "api-big-ok", 1)
+	})
+	t.Run("over the limit, ID within it", func(t *testing.T) {
+		f, _ := echoREST(t)
+		f.Pad = 2 << 20
+		g := testgw.Start(t, handler(`"queue":{"size":0}`, apiProvider("api-big-id", f, "")))
+		before, _ := opScrape(t, g)
+		if w := rejectAttempts(t, g.WS("/")); len(w) != 1 || w[0] != upstreams.WordBadCreate {
+			t.Fatalf("attempts: %v", w)
+		}
+		waitBooks(t, f, "api-big-id", 1)
+		after, _ := opScrape(t, g)
+		if d := after.get(orphansTotal, "provider=api-big-id") - before.get(orphansTotal, "provider=api-big-id"); d != 0 {
+			t.Fatalf("orphans moved %v", d)
+		}
+	})
+	for _, tc := range []struct {
+		name  string
+		setup func(f *fakes.REST)
+	}{
+		{"over the limit, ID beyond it", func(f *fakes.REST) { f.Pad, f.PadFirst = 2<<20, true }},
+		{"no session ID", func(f *fakes.REST) {
+			f.OnCreate = func(w http.ResponseWriter, _ *http.Request) bool {
+				io.WriteString(w, `{"connectUrl":"ws://127.0.0.1:1/"}`)
+				return true
+			}
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f, _ := echoREST(t)
+			tc.setup(f)
+			name := "api-orphan-" + strings.ReplaceAll(tc.name, " ", "-")
+			name = strings.ReplaceAll(name, ",", "")
+			g := testgw.Start(t, handler(`"queue":{"size":0}`, apiProvider(name, f, "")))
+			before, _ := opScrape(t, g)
+			if w := rejectAttempts(t, g.WS("/")); len(w) != 1 || w[0] != upstreams.WordBadCreate {
+				t.Fatalf("attempts: %v", w)
+			}
+			after, body := opScrape(t, g)
+			if d := after.get(orphansTotal, "provider="+name) - before.get(orphansTotal, "provider="+name); d != 1 {
+				t.Fatalf("%s{provider=%q} moved %v, want 1", orphansTotal, name, d)
+			}
+			if strings.Contains(body, apiSecret) {
+				t.Fatal("the API key shows in the metrics")
+			}
+			var entries []map[string]any
+			testgw.Eventually(t, 5*time.Second, "the orphan logged", func() bool {
+				entries = nil
+				for _, e := range g.LogEntries(logMsg) {
+					if e["provider"] == name {
+						entries = append(entries, e)
+					}
+				}
+				return len(entries) == 1
+			})
+			if entries[0]["level"] != "error" {
+				t.Fatalf("logged at %v", entries[0]["level"])
+			}
+			if logs := g.Logs(); strings.Contains(logs, apiSecret) || strings.Contains(logs, "xxxxxxxx") || strings.Contains(logs, "ws://127.0.0.1:1/") {
+				t.Fatal("the log shows a header, a URL or the answer's body")
+			}
+		})
+	}
+}

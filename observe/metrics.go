@@ -175,10 +175,28 @@ func (poolCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 }
 
+// orphanCollector reads upstreams' session API books at scrape time: the
+// provider sessions a create answer may have made that nobody can release.
+type orphanCollector struct{}
+
+var orphansDesc = prometheus.NewDesc(prometheus.BuildFQName(namespace, subsystem, "session_orphans_total"),
+	"Provider sessions a 2xx create answer may have made that cannot be released, their ID unreadable (none at session_id, not JSON, over the read limit, cut short), by provider.",
+	[]string{"provider"}, nil)
+
+func (orphanCollector) Describe(ch chan<- *prometheus.Desc) { ch <- orphansDesc }
+
+func (orphanCollector) Collect(ch chan<- prometheus.Metric) {
+	names, books := upstreams.AllBooks()
+	for i, n := range names {
+		ch <- prometheus.MustNewConstMetric(orphansDesc, prometheus.CounterValue, float64(books[i].Orphans.Load()), n)
+	}
+}
+
 // collectors is everything Register puts in a registry.
 var collectors = []prometheus.Collector{
 	attempts, failovers, rejections, queueWait, handshake, sessionDuration,
 	eventDrops, webhookDeliveries, hedgesStarted, hedgesWon, hedgesWasted, sharedErrors, probes, poolCollector{},
+	orphanCollector{},
 }
 
 // Register adds the process-wide collectors to reg (a config load's
@@ -278,7 +296,7 @@ var outcomeWords = map[string]bool{
 	upstreams.WordOK: true, upstreams.WordRefused: true, upstreams.WordTimeout: true,
 	upstreams.WordDNS: true, upstreams.WordTLS: true, upstreams.WordReset: true,
 	upstreams.WordBadHandshake: true, upstreams.WordBadDiscovery: true,
-	upstreams.WordClientGone: true,
+	upstreams.WordClientGone: true, upstreams.WordBadConnectURL: true,
 }
 
 // statusCodes are the answer statuses kept exact in labels: the ones the
@@ -345,4 +363,7 @@ func ReasonWord(why string) string {
 }
 
 // Interface guards.
-var _ prometheus.Collector = poolCollector{}
+var (
+	_ prometheus.Collector = poolCollector{}
+	_ prometheus.Collector = orphanCollector{}
+)

@@ -2,6 +2,7 @@ package upstreams
 
 import (
 	"context"
+	"errors"
 	"sort"
 	"sync"
 	"sync/atomic"
@@ -11,7 +12,10 @@ import (
 // Releases of provider sessions run here, off the request path: a
 // process-wide releaser with a bounded number of calls in flight, each
 // session tried up to ReleaseTries times, each call bounded by
-// ReleaseTimeout. Submitting never blocks.
+// ReleaseTimeout. Submitting never blocks. Create calls in flight count
+// as pending too, until what they created is released or handed to a
+// connection, so that a process exit waits for them; StopCreates keeps
+// new ones from starting.
 
 // Release settings.
 var (
@@ -81,10 +85,75 @@ func LookupBooks(name string) (*Books, bool) {
 }
 
 type releaser struct {
-	slots   chan struct{}
-	mu      sync.Mutex
+	slots chan struct{}
+	mu    sync.Mutex
+	// pending counts releases submitted and not finished, and create
+	// calls not settled.
 	pending int
 	idle    *sync.Cond
+	// stopped: StopCreates was called; no create call starts.
+	stopped bool
+}
+
+// ErrCreatesStopped is the error of an attempt refused, or given up after
+// its create call answered, because StopCreates was called. Its Result
+// has kind ClientGone (nothing counted against the provider).
+var ErrCreatesStopped = errors.New("the gateway is shutting down: no provider session is created")
+
+// StopCreates stops session-API attempts for good, at process exit: from
+// now on an attempt at a provider with a session API ends at once, before
+// its create call, with kind ClientGone and ErrCreatesStopped; a create
+// call already in flight is still waited for by WaitReleases, and the
+// session it creates is released, not dialed (its attempt ends the same
+// way). Call it when the process begins to exit, before WaitReleases.
+func StopCreates() {
+	rel.mu.Lock()
+	rel.stopped = true
+	rel.mu.Unlock()
+}
+
+// AllowCreates undoes StopCreates (for tests, and for a process that
+// goes on after all).
+func AllowCreates() {
+	rel.mu.Lock()
+	rel.stopped = false
+	rel.mu.Unlock()
+}
+
+// CreatesStopped reports whether StopCreates is in effect.
+func CreatesStopped() bool {
+	rel.mu.Lock()
+	defer rel.mu.Unlock()
+	return rel.stopped
+}
+
+func stoppedResult() Result {
+	return Result{Outcome: Outcome{Word: WordClientGone, Kind: ClientGone, Err: ErrCreatesStopped}}
+}
+
+// startCreate counts a create call about to start as pending; ok is false
+// once creates are stopped. settled, called when what the call created is
+// released (submitted) or handed on, ends the count; calls after the
+// first do nothing.
+func (r *releaser) startCreate() (settled func(), ok bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.stopped {
+		return nil, false
+	}
+	r.pending++
+	var once sync.Once
+	return func() { once.Do(r.finished) }, true
+}
+
+// finished ends one pending count.
+func (r *releaser) finished() {
+	r.mu.Lock()
+	r.pending--
+	if r.pending == 0 {
+		r.idle.Broadcast()
+	}
+	r.mu.Unlock()
 }
 
 var rel = func() *releaser {
@@ -106,14 +175,7 @@ func (r *releaser) submit(s *Remote) {
 	r.pending++
 	r.mu.Unlock()
 	go func() {
-		defer func() {
-			r.mu.Lock()
-			r.pending--
-			if r.pending == 0 {
-				r.idle.Broadcast()
-			}
-			r.mu.Unlock()
-		}()
+		defer r.finished()
 		slots <- struct{}{}
 		defer func() { <-slots }()
 		s.run()
@@ -142,15 +204,18 @@ func (s *Remote) run() {
 	}
 }
 
-// PendingReleases is the number of releases not finished yet.
+// PendingReleases is the number of releases not finished yet, create
+// calls in flight included.
 func PendingReleases() int {
 	rel.mu.Lock()
 	defer rel.mu.Unlock()
 	return rel.pending
 }
 
-// WaitReleases waits until every submitted release has finished or the
-// deadline passes; it reports whether all finished.
+// WaitReleases waits until every submitted release has finished, and
+// every create call in flight has answered and what it created has been
+// released or handed to a connection, or until the deadline passes; it
+// reports whether all finished.
 func WaitReleases(deadline time.Time) bool {
 	t := time.AfterFunc(time.Until(deadline), func() {
 		rel.mu.Lock()

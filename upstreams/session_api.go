@@ -10,10 +10,13 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/netip"
 	"net/url"
 	"strconv"
 	"strings"
 	"time"
+
+	"golang.org/x/net/publicsuffix"
 )
 
 // Outcome words of a provider session API's create call.
@@ -21,16 +24,35 @@ const (
 	// WordCreateFailed: create answered a status other than 2xx, 408 or
 	// 429.
 	WordCreateFailed = "create_failed"
-	// WordBadCreate: create answered 2xx with a body that is not JSON or
-	// lacks the connect URL or session ID.
+	// WordBadCreate: create answered 2xx with a body that is not JSON, is
+	// larger than MaxCreateAnswer, or lacks the connect URL or session ID.
 	WordBadCreate = "bad_create"
+	// WordBadConnectURL: the connect URL of a create answer points to a
+	// host the gateway does not dial with the provider's headers (not the
+	// create call's host, not under its registrable domain, not named in
+	// ConnectHosts).
+	WordBadConnectURL = "bad_connect_url"
 )
+
+// MaxCreateAnswer bounds the create answer the gateway reads. A larger
+// answer is a failure (WordBadCreate); the session it names is still
+// released when its ID lies within the first MaxCreateAnswer bytes.
+const MaxCreateAnswer = 1 << 20
 
 // SessionIDPlaceholder stands for the created session's ID in the release
 // URL and body.
 const SessionIDPlaceholder = "{session_id}"
 
-var errBadCreate = errors.New("bad create answer")
+var (
+	errBadCreate     = errors.New("bad create answer")
+	errBadConnectURL = errors.New("connect URL refused")
+)
+
+// OnOrphan, when set, hears of each session a create answer may have made
+// that the gateway cannot release: a 2xx answer whose session ID could not
+// be read. It gets the provider's name and the cause, which never holds a
+// header, a URL or the answer's body.
+var OnOrphan func(provider, cause string)
 
 // SessionAPI describes a provider that creates a browser over REST before
 // each attempt: create it, dial the WebSocket URL the answer gives, release
@@ -57,6 +79,12 @@ type SessionAPI struct {
 	// ReleaseBody is the release call's JSON body template ("" for none);
 	// {session_id} in its strings is replaced.
 	ReleaseBody string
+	// ConnectHosts names the hosts, besides the create call's own and
+	// those under its registrable domain, that a connect URL may point to
+	// (any port): exact names or IP addresses, case-insensitive, or
+	// *.example.com for every name under example.com. See
+	// ValidateConnectHost.
+	ConnectHosts []string
 }
 
 // Header is one request header field of a session API call.
@@ -76,6 +104,7 @@ type sessionAPI struct {
 	client     *http.Client
 	books      *Books
 	provider   string
+	hosts      hostRule
 }
 
 // Books are a provider's session API counts, process-wide by provider name.
@@ -87,8 +116,9 @@ type Books struct {
 	Released counter
 	// ReleaseFailures: release calls that failed (each retry counts).
 	ReleaseFailures counter
-	// Orphans: sessions created that the gateway cannot release (a 2xx
-	// create answer without a session ID).
+	// Orphans: sessions a create answer may have made that the gateway
+	// cannot release (a 2xx answer whose session ID could not be read:
+	// none at the pointer, not JSON, over MaxCreateAnswer, cut short).
 	Orphans counter
 }
 
@@ -97,7 +127,7 @@ func (b *Books) Unreleased() int64 { return b.Created.Load() - b.Released.Load()
 
 // APIProblem is one problem with a session API's settings and the option
 // at fault, as the Caddyfile names it (create, header, body, connect_url,
-// session_id, release, release_body).
+// session_id, release, release_body, connect_hosts).
 type APIProblem struct {
 	Option string
 	Msg    string
@@ -158,6 +188,11 @@ func ValidateSessionAPI(a SessionAPI) error {
 			add("header", false, "header %s: the value must not contain a line break", h.Field)
 		}
 	}
+	for _, h := range a.ConnectHosts {
+		if err := ValidateConnectHost(h); err != nil {
+			add("connect_hosts", false, "connect_hosts: %v", err)
+		}
+	}
 	return errors.Join(errs...)
 }
 
@@ -208,6 +243,7 @@ func newSessionAPI(p *Provider, a SessionAPI, o TLSOptions) (*sessionAPI, error)
 	if s.createURL, err = resolveCall(base, a.CreateURL); err != nil {
 		return nil, fmt.Errorf("create: %w", err)
 	}
+	s.hosts = newHostRule(s.createURL.Hostname(), a.ConnectHosts)
 	if _, err := resolveCall(base, strings.ReplaceAll(a.ReleaseURL, SessionIDPlaceholder, "x")); err != nil {
 		return nil, fmt.Errorf("release: %w", err)
 	}
@@ -368,8 +404,9 @@ func (a *sessionAPI) prepare(replace func(string) string) ([]Header, []byte) {
 }
 
 // create makes the create call within ctx. A session the provider created
-// is never lost: when the answer lacks the connect URL its session is
-// released at once.
+// is never lost: when the answer cannot be used but names a session ID, the
+// session is released at once; when a 2xx answer names none the gateway
+// can read, it is counted as an orphan.
 func (a *sessionAPI) create(ctx context.Context, headers []Header, payload []byte) created {
 	var body io.Reader
 	if a.hasBody {
@@ -390,8 +427,8 @@ func (a *sessionAPI) create(ctx context.Context, headers []Header, payload []byt
 		return created{res: &Result{Outcome: Outcome{Err: fmt.Errorf("create: %w", err)}}}
 	}
 	defer resp.Body.Close()
-	raw, err := io.ReadAll(io.LimitReader(resp.Body, MaxRelayedBody))
 	if resp.StatusCode < 200 || resp.StatusCode > 299 {
+		io.Copy(io.Discard, io.LimitReader(resp.Body, MaxRelayedBody))
 		word, kind := ClassifyStatus(resp.StatusCode)
 		r := Result{Outcome: Outcome{Word: word, Kind: kind, Err: fmt.Errorf("create answered %d", resp.StatusCode)}}
 		if kind == Capacity {
@@ -401,31 +438,158 @@ func (a *sessionAPI) create(ctx context.Context, headers []Header, payload []byt
 		}
 		return created{res: &r}
 	}
-	bad := func(why string) *Result {
-		return &Result{Outcome: Outcome{Word: WordBadCreate, Kind: Failure, Err: fmt.Errorf("%w: %s", errBadCreate, why)}}
+	// One byte more than the limit tells an answer at the limit from a
+	// larger one.
+	raw, rerr := io.ReadAll(io.LimitReader(resp.Body, MaxCreateAnswer+1))
+	// fault is why the answer cannot be used ("" when it can).
+	var fault string
+	switch {
+	case rerr != nil:
+		fault = "the answer was cut short"
+	case len(raw) > MaxCreateAnswer:
+		fault = fmt.Sprintf("the answer is larger than %d bytes", MaxCreateAnswer)
+		raw = raw[:MaxCreateAnswer]
 	}
-	if err != nil {
-		return created{res: &Result{Outcome: Outcome{Err: fmt.Errorf("create: %w", err)}}}
-	}
-	dec := json.NewDecoder(bytes.NewReader(raw))
-	dec.UseNumber()
 	var doc any
-	if err := dec.Decode(&doc); err != nil {
-		return created{res: bad("the answer is not JSON")}
+	if fault == "" {
+		dec := json.NewDecoder(bytes.NewReader(raw))
+		dec.UseNumber()
+		if err := dec.Decode(&doc); err != nil {
+			fault = "the answer is not JSON"
+		}
 	}
-	id, ok := pointer(doc, a.SessionID)
+	failed := func(why string) created {
+		if rerr != nil {
+			return created{res: &Result{Outcome: Outcome{Err: fmt.Errorf("create: reading the answer: %w", rerr)}}}
+		}
+		return created{res: &Result{Outcome: Outcome{Word: WordBadCreate, Kind: Failure, Err: fmt.Errorf("%w: %s", errBadCreate, why)}}}
+	}
+	var id string
+	var ok bool
+	if fault == "" {
+		id, ok = pointer(doc, a.SessionID)
+	} else {
+		// What was read may still name the session.
+		id, ok = findPointer(raw, a.SessionID)
+	}
 	if !ok {
-		a.books.Orphans.Add(1)
-		return created{res: bad("no session ID at " + a.SessionID)}
+		why := fault
+		if why == "" {
+			why = "no session ID at " + a.SessionID
+		} else {
+			why += ", and no session ID at " + a.SessionID + " could be read"
+		}
+		a.orphan(why)
+		return failed(why)
 	}
 	r := &Remote{api: a, id: id, headers: headers}
 	a.books.Created.Add(1)
+	if fault != "" {
+		r.Release()
+		return failed(fault)
+	}
 	cu, ok := pointer(doc, a.ConnectURL)
 	if !ok {
 		r.Release()
-		return created{res: bad("no connect URL at " + a.ConnectURL)}
+		return failed("no connect URL at " + a.ConnectURL)
 	}
 	return created{remote: r, connectURL: cu}
+}
+
+// orphan books a session a 2xx create answer may have made that cannot be
+// released (its ID unknown), and tells OnOrphan.
+func (a *sessionAPI) orphan(why string) {
+	a.books.Orphans.Add(1)
+	if f := OnOrphan; f != nil {
+		f(a.provider, why)
+	}
+}
+
+// findPointer finds the string (or number) at the JSON pointer p in raw,
+// reading JSON tokens in order, so that it also finds it in a document cut
+// short after it, or malformed after it. The first value at p counts.
+func findPointer(raw []byte, p string) (string, bool) {
+	want := strings.Split(p, "/")[1:]
+	for i, tok := range want {
+		want[i] = strings.ReplaceAll(strings.ReplaceAll(tok, "~1", "/"), "~0", "~")
+	}
+	// One frame per open object or array: the key or index of the value
+	// read in it now.
+	type frame struct {
+		obj     bool
+		wantKey bool
+		key     string
+		idx     int
+	}
+	var stack []frame
+	here := func() bool {
+		if len(stack) != len(want) {
+			return false
+		}
+		for i, f := range stack {
+			if f.obj {
+				if f.key != want[i] {
+					return false
+				}
+			} else if n, err := strconv.Atoi(want[i]); err != nil || n != f.idx {
+				return false
+			}
+		}
+		return true
+	}
+	// next moves the innermost frame past the value just read.
+	next := func() {
+		if n := len(stack); n > 0 {
+			if stack[n-1].obj {
+				stack[n-1].wantKey = true
+			} else {
+				stack[n-1].idx++
+			}
+		}
+	}
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	dec.UseNumber()
+	for {
+		tok, err := dec.Token()
+		if err != nil {
+			return "", false
+		}
+		if n := len(stack); n > 0 && stack[n-1].obj && stack[n-1].wantKey {
+			if k, isKey := tok.(string); isKey {
+				stack[n-1].key, stack[n-1].wantKey = k, false
+				continue
+			}
+		}
+		switch v := tok.(type) {
+		case json.Delim:
+			switch v {
+			case '{', '[':
+				if here() {
+					return "", false // p names an object or an array
+				}
+				stack = append(stack, frame{obj: v == '{', wantKey: v == '{'})
+				continue
+			default: // '}' or ']'
+				stack = stack[:len(stack)-1]
+			}
+		case string:
+			if here() {
+				return v, v != ""
+			}
+		case json.Number:
+			if here() {
+				return v.String(), true
+			}
+		default:
+			if here() {
+				return "", false
+			}
+		}
+		if len(stack) == 0 {
+			return "", false // the whole document was read
+		}
+		next()
+	}
 }
 
 func setHeaders(req *http.Request, headers []Header, hasBody bool) {
@@ -489,12 +653,24 @@ var CreateGrace = 30 * time.Second
 // connectAPI is one attempt at a provider with a session API: create,
 // then dial the connect URL of the answer, all within actx. The created
 // session goes with the connection on success and is released on every
-// other end.
+// other end. From the create call's start until what it created is
+// settled (released, or handed to the connection) the attempt counts as
+// pending for WaitReleases; once StopCreates is called no create starts,
+// and a session created after it is released, not dialed.
 func (p *Provider) connectAPI(ctx, actx context.Context, deadline time.Time, hs *Handshake, replace func(string) string) Result {
 	fail := func(err error) Result {
 		word, kind := ClassifyError(err, errors.Is(ctx.Err(), context.Canceled))
 		return Result{Outcome: Outcome{Word: word, Kind: kind, Err: err}}
 	}
+	settled, ok := rel.startCreate()
+	if !ok {
+		return stoppedResult()
+	}
+	defer func() {
+		if settled != nil {
+			settled()
+		}
+	}()
 	headers, body := p.api.prepare(replace)
 	// The call is not cut when the attempt ends: a session created after
 	// that is still learnt and released.
@@ -508,7 +684,14 @@ func (p *Provider) connectAPI(ctx, actx context.Context, deadline time.Time, hs 
 	select {
 	case c = <-answer:
 	case <-actx.Done():
-		go func() { (<-answer).remote.Release() }()
+		done := settled
+		settled = nil
+		go func() {
+			// Release first: the release is pending before the create
+			// stops being so.
+			(<-answer).remote.Release()
+			done()
+		}()
 		return fail(actx.Err())
 	}
 	if c.res != nil {
@@ -517,15 +700,27 @@ func (p *Provider) connectAPI(ctx, actx context.Context, deadline time.Time, hs 
 		}
 		return *c.res
 	}
+	if CreatesStopped() {
+		c.remote.Release()
+		return stoppedResult()
+	}
 	t, err := p.retarget(c.connectURL)
 	if err != nil {
 		c.remote.Release()
-		return Result{Outcome: Outcome{Word: WordBadCreate, Kind: Failure, Err: fmt.Errorf("%w: %w", errBadCreate, err)}}
+		word := WordBadCreate
+		if errors.Is(err, errBadConnectURL) {
+			word = WordBadConnectURL
+		}
+		return Result{Outcome: Outcome{Word: word, Kind: Failure, Err: fmt.Errorf("%w: %w", errBadCreate, err)}}
 	}
 	res := t.attempt(ctx, actx, deadline, hs, replace)
 	if res.Outcome.Kind == Success {
 		res.Conn.Remote = c.remote
 		res.Conn.Point.ConnectURL = c.connectURL
+		if CreatesStopped() {
+			res.Conn.Close() // releases the session
+			return stoppedResult()
+		}
 	} else {
 		c.remote.Release()
 	}
@@ -538,6 +733,10 @@ func (p *Provider) retarget(raw string) (*Provider, error) {
 	u, err := url.Parse(raw)
 	if err != nil || u.Host == "" || u.Hostname() == "" {
 		return nil, errors.New("the connect URL is not an absolute URL")
+	}
+	if p.api != nil && !p.api.hosts.allows(u.Hostname()) {
+		// The host is named (never the URL: its query may hold a token).
+		return nil, fmt.Errorf("%w: host %q is neither the create call's host, under its domain, nor in connect_hosts", errBadConnectURL, u.Hostname())
 	}
 	t := *p
 	t.api, t.Discover, t.tlsConfig = nil, false, nil
@@ -587,4 +786,135 @@ func FillJSON(t string, replace func(string) string) (string, error) {
 		return "", errors.New("not valid JSON")
 	}
 	return string(fill(v, replace)), nil
+}
+
+// hostRule says which hosts a connect URL may point to, the provider's
+// header_up values going with the dial: the create call's host, names
+// under its registrable domain (public suffix list), and connect_hosts.
+type hostRule struct {
+	create   string          // the create call's host, normalized
+	site     string          // its registrable domain; "" when it has none
+	exact    map[string]bool // connect_hosts without a wildcard
+	suffixes []string        // ".example.com" for each *.example.com
+}
+
+func newHostRule(createHost string, named []string) hostRule {
+	h := hostRule{create: normHost(createHost), exact: map[string]bool{}}
+	h.site = registrable(h.create)
+	for _, n := range named {
+		if rest, ok := strings.CutPrefix(n, "*."); ok {
+			h.suffixes = append(h.suffixes, "."+normHost(rest))
+		} else if n = normHost(n); n != "" {
+			h.exact[n] = true
+		}
+	}
+	return h
+}
+
+// allows reports whether a connect URL may point to host (any port).
+func (h hostRule) allows(host string) bool {
+	host = normHost(host)
+	switch {
+	case host == "":
+		return false
+	case host == h.create, h.exact[host]:
+		return true
+	}
+	for _, s := range h.suffixes {
+		if strings.HasSuffix(host, s) {
+			return true
+		}
+	}
+	return h.site != "" && registrable(host) == h.site
+}
+
+// normHost is host lower-cased, without a trailing dot or brackets, and an
+// IP address in its canonical form.
+func normHost(host string) string {
+	host = strings.TrimSuffix(strings.ToLower(host), ".")
+	host = strings.TrimSuffix(strings.TrimPrefix(host, "["), "]")
+	if ip, err := netip.ParseAddr(host); err == nil {
+		return ip.String()
+	}
+	return host
+}
+
+// registrable is host's registrable domain (its public suffix and one
+// label more), or "" for an IP address, a single-label name such as
+// localhost, a public suffix itself, or a name that is not ASCII: those
+// match only themselves.
+func registrable(host string) string {
+	if host == "" || !strings.Contains(host, ".") || !isASCII(host) {
+		return ""
+	}
+	if _, err := netip.ParseAddr(host); err == nil {
+		return ""
+	}
+	site, err := publicsuffix.EffectiveTLDPlusOne(host)
+	if err != nil {
+		return ""
+	}
+	return site
+}
+
+func isASCII(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if s[i] >= 0x80 {
+			return false
+		}
+	}
+	return true
+}
+
+// ValidateConnectHost checks one connect_hosts value: a host name (like
+// connect.example.com), an IP address, or *.example.com for every name
+// under example.com (not example.com itself; not a public suffix, like
+// *.com or *.github.io). No scheme, port or path: any port matches. A
+// placeholder as a whole is accepted (checked once resolved).
+func ValidateConnectHost(h string) error {
+	if h == "" {
+		return errors.New("empty host")
+	}
+	if wholePlaceholder(h) {
+		return nil
+	}
+	what := fmt.Sprintf("%q is not a host name, an IP address or *.<domain> (no scheme, port or path: any port matches)", h)
+	if _, err := netip.ParseAddr(strings.TrimSuffix(strings.TrimPrefix(h, "["), "]")); err == nil {
+		return nil
+	}
+	name, wild := strings.CutPrefix(h, "*.")
+	if !isASCII(name) {
+		return fmt.Errorf("%q: write a non-ASCII name in its xn-- (punycode) form", h)
+	}
+	if !hostName(name) {
+		return errors.New(what)
+	}
+	if wild {
+		n := normHost(name)
+		if ps, icann := publicsuffix.PublicSuffix(n); ps == n && (icann || strings.Contains(n, ".")) {
+			return fmt.Errorf("%q would allow every site under the public suffix %s: name the provider's own domain", h, ps)
+		}
+	}
+	return nil
+}
+
+// hostName reports whether s is a DNS name: dot-separated labels of
+// letters, digits, '-' and '_', each 1 to 63 bytes, a trailing dot allowed.
+func hostName(s string) bool {
+	s = strings.TrimSuffix(s, ".")
+	if s == "" || len(s) > 253 {
+		return false
+	}
+	for _, label := range strings.Split(s, ".") {
+		if label == "" || len(label) > 63 || label[0] == '-' || label[len(label)-1] == '-' {
+			return false
+		}
+		for i := 0; i < len(label); i++ {
+			c := label[i]
+			if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '_') {
+				return false
+			}
+		}
+	}
+	return true
 }

@@ -62,11 +62,11 @@ func TestValidateSessionAPI(t *testing.T) {
 		!strings.Contains(err.Error(), "no create call") || !strings.Contains(err.Error(), "no release call") {
 		t.Fatalf("empty session API: %v", err)
 	}
-	p, err := New(Options{Name: "p", URL: "https://api.h", SessionAPI: &ok})
-	if err != nil || p.Discover || p.api.createURL.String() != "https://api.h/v1/sessions" {
+	p, err := New(Options{Name: "p", URL: "https://api.h.example", SessionAPI: &ok})
+	if err != nil || p.Discover || p.api.createURL.String() != "https://api.h.example/v1/sessions" {
 		t.Fatalf("%v %+v", err, p)
 	}
-	if _, err := p.retarget("wss://connect.h/?sessionId=1"); err != nil {
+	if _, err := p.retarget("wss://connect.h.example/?sessionId=1"); err != nil {
 		t.Fatal(err)
 	}
 	for _, u := range []string{"ftp://h/", "/relative", ""} {

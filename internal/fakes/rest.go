@@ -26,6 +26,11 @@ type REST struct {
 	// OnRelease, when set, may answer a release call itself (true when it
 	// did, and the session is then not released), or block.
 	OnRelease func(w http.ResponseWriter, r *http.Request, id string) bool
+	// Pad, when above 0, adds a "padding" string of that many bytes to
+	// each create answer (a large answer); with PadFirst it comes before
+	// the session's ID, otherwise after every other field.
+	Pad      int
+	PadFirst bool
 
 	mu        sync.Mutex
 	created   []string
@@ -76,7 +81,7 @@ func (f *REST) serve(w http.ResponseWriter, r *http.Request) {
 			cu = f.Connect(id)
 		}
 		w.Header().Set("Content-Type", "application/json")
-		json.NewEncoder(w).Encode(map[string]any{"id": id, "connectUrl": cu, "status": "RUNNING"})
+		f.writeCreated(w, id, cu)
 	case r.Method == http.MethodPost && strings.HasPrefix(path, "/v1/sessions/") && strings.HasSuffix(path, "/release"):
 		id := strings.TrimSuffix(strings.TrimPrefix(path, "/v1/sessions/"), "/release")
 		if f.OnRelease != nil && f.OnRelease(w, r, id) {
@@ -101,6 +106,22 @@ func (f *REST) serve(w http.ResponseWriter, r *http.Request) {
 	default:
 		http.Error(w, "not found", http.StatusNotFound)
 	}
+}
+
+// writeCreated writes a create answer, its fields in order (padding first
+// or last).
+func (f *REST) writeCreated(w io.Writer, id, connectURL string) {
+	str := func(v string) string { b, _ := json.Marshal(v); return string(b) }
+	fields := []string{`"id":` + str(id), `"connectUrl":` + str(connectURL), `"status":"RUNNING"`}
+	if f.Pad > 0 {
+		pad := `"padding":"` + strings.Repeat("x", f.Pad) + `"`
+		if f.PadFirst {
+			fields = append([]string{pad}, fields...)
+		} else {
+			fields = append(fields, pad)
+		}
+	}
+	io.WriteString(w, "{"+strings.Join(fields, ",")+"}\n")
 }
 
 // Books is what the fake created and released.
