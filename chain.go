@@ -73,7 +73,7 @@ type connect struct {
 	tries int
 
 	// Waiting.
-	mark    uint64 // the queue's offer counter before the first pass
+	mark    *queue.Mark // taken before the first pass; ended by Join, served or chain's end
 	waiter  *queue.Waiter
 	joined  time.Time
 	waited  time.Duration
@@ -106,7 +106,7 @@ type class struct {
 
 // chain runs the whole chain for one upgrade.
 func (h *Handler) chain(w http.ResponseWriter, r *http.Request, hs *upstreams.Handshake) {
-	c := &connect{h: h, w: w, r: r, hs: hs, start: time.Now(), mark: pool.Waiting.Mark(), id: newSessionID()}
+	c := &connect{h: h, w: w, r: r, hs: hs, start: time.Now(), id: newSessionID()}
 	if repl := replacerOf(r); repl != nil {
 		c.repl = repl
 		c.replace = func(s string) string { return repl.ReplaceKnown(s, "") }
@@ -118,7 +118,10 @@ func (h *Handler) chain(w http.ResponseWriter, r *http.Request, hs *upstreams.Ha
 		c.resume(id)
 		return
 	}
-	// 1. Join.
+	// 1. Join. The mark comes before the client's first look for room; a
+	// client that never joins the queue gives it back.
+	c.mark = pool.Waiting.Mark()
+	defer pool.Waiting.Forget(c.mark)
 	if !c.join() {
 		return
 	}
@@ -886,6 +889,7 @@ func (c *connect) relay(m *member, client netConn, up *upstreams.Conn, pending [
 // client hears of it, and passes on what it leaves: every provider it could
 // use that still has room is offered to the next waiter.
 func (c *connect) served(m *member) {
+	pool.Waiting.Forget(c.mark) // it never joins now; a stream's pass lasts as long as its session
 	c.finished = true
 	if c.waiter != nil {
 		c.waiter.Leave()

@@ -17,7 +17,13 @@
 //     woken. An offer nobody takes is remembered, so a client that looked
 //     for capacity before the offer and joins after it (Mark, then Join)
 //     does not miss it, and neither does a waiter that was busy running its
-//     own pass when it came.
+//     own pass when it came. It is remembered only while such a client or
+//     waiter is still there (a client that never joins gives its mark back
+//     with Forget), and at most a bounded number of them: past that bound
+//     the queue lets them go and wakes every client or waiter that could
+//     have missed one, a wake too many rather than one too few. What the
+//     queue remembers is so bounded by the clients under way, never by the
+//     resources ever offered.
 //   - A resource can be withdrawn (an operator drained the provider): a
 //     waiter whose every resource is withdrawn is ended at once with
 //     ErrUnavailable, since nothing it waits for can come.
@@ -33,8 +39,9 @@
 // Life of a client, as the handler drives it:
 //
 //	mark := q.Mark()             // before its first pass
+//	defer q.Forget(mark)         // whatever happens, the mark ends
 //	run a pass (skipping contended resources); served? done
-//	w, err := line.Join(mark, class, want, by)   // ErrFull, ErrUnavailable: answer
+//	w, err := line.Join(mark, class, want, by)   // ends the mark; ErrFull, ErrUnavailable: answer
 //	for {
 //		if err := w.Wait(ctx, retryAt); err != nil { answer; return }
 //		run a pass; served? w.Leave(); done
@@ -45,6 +52,7 @@ import (
 	"container/list"
 	"context"
 	"errors"
+	"hash/maphash"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -78,12 +86,38 @@ type Queue struct {
 	lines   []*Line   // live lines, oldest first
 	wanted  map[string]int
 	down    map[string]bool
-	// seq numbers offers; missed[r] is the seq of r's latest offer that
-	// found nobody to wake.
-	seq    uint64
-	missed map[string]uint64
-	timers map[string]*offerTimer
+	// seq numbers the offers that found nobody to wake. missed holds, by
+	// the hash of a resource (seeded by missedSeed), the seq of its latest
+	// such offer while something in held may still look at it: a hash,
+	// not the name, so that no client key's text is kept, and two names
+	// hashing alike cost a wake too many, never one too few.
+	seq        uint64
+	missed     map[uint64]uint64
+	missedSeed maphash.Seed
+	// held counts, by seq, what may still look at missed: marks neither
+	// joined nor forgotten, and waiters running a pass (their ranAt).
+	// Entries of missed not above its smallest seq are of no use to
+	// anyone. nheld is the sum of its counts.
+	held  map[uint64]int
+	nheld int
+	// lost is the seq of the latest missed offer let go of while something
+	// held could still look at it: whatever holds an older seq counts it
+	// as an offer of everything it wants.
+	lost uint64
+	// pruneAt is the size of missed at which it is pruned next.
+	pruneAt int
+	timers  map[string]*offerTimer
 }
+
+const (
+	// minPruneAt is the smallest size of missed that is pruned: below it,
+	// a prune would cost more than the entries it could drop.
+	minPruneAt = 64
+	// maxMissed is how many missed offers a prune keeps at most, or twice
+	// as many as there are marks and running passes when that is more;
+	// past it they are let go (lost).
+	maxMissed = 1024
+)
 
 // offerTimer is a pending OfferAt of one resource.
 type offerTimer struct {
@@ -97,11 +131,14 @@ func New(clock Clock) *Queue {
 		clock = RealClock()
 	}
 	return &Queue{
-		clock:  clock,
-		wanted: map[string]int{},
-		down:   map[string]bool{},
-		missed: map[string]uint64{},
-		timers: map[string]*offerTimer{},
+		clock:      clock,
+		wanted:     map[string]int{},
+		down:       map[string]bool{},
+		missed:     map[uint64]uint64{},
+		missedSeed: maphash.MakeSeed(),
+		held:       map[uint64]int{},
+		pruneAt:    minPruneAt,
+		timers:     map[string]*offerTimer{},
 	}
 }
 
@@ -152,13 +189,98 @@ func (l *Line) Len() int {
 	return l.n
 }
 
-// Mark returns the queue's offer counter. A client reads it before its
-// first pass and hands it to Join: an offer of a resource it wants that
-// nobody took in between wakes it as it joins.
-func (q *Queue) Mark() uint64 {
+// Mark is a client's place in the offers, taken before its first pass
+// (Queue.Mark) and ended by Join or Forget. Until then the queue
+// remembers the offers made since that nobody took.
+type Mark struct {
+	seq  uint64
+	done bool // guarded by the queue's lock
+}
+
+// Mark returns a new mark. A client takes it before its first pass and
+// hands it to Join: an offer of a resource it wants that nobody took in
+// between wakes it as it joins. A client that does not join gives it back
+// with Forget.
+func (q *Queue) Mark() *Mark {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	return q.seq
+	q.holdLocked(q.seq)
+	return &Mark{seq: q.seq}
+}
+
+// Forget ends mark m of this queue without a Join (the client was served
+// at once, or answered). Forgetting a mark that Join or Forget already
+// ended, or nil, does nothing.
+func (q *Queue) Forget(m *Mark) {
+	if m == nil {
+		return
+	}
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	q.forgetLocked(m)
+}
+
+func (q *Queue) forgetLocked(m *Mark) {
+	if m == nil || m.done {
+		return
+	}
+	m.done = true
+	q.releaseLocked(m.seq)
+}
+
+// holdLocked records that something may look at offers missed after seq.
+func (q *Queue) holdLocked(seq uint64) {
+	q.held[seq]++
+	q.nheld++
+}
+
+// releaseLocked undoes one holdLocked(seq). Once nothing is held, no
+// missed offer can matter to anyone.
+func (q *Queue) releaseLocked(seq uint64) {
+	if q.held[seq]--; q.held[seq] <= 0 {
+		delete(q.held, seq)
+	}
+	q.nheld--
+	if q.nheld == 0 && len(q.missed) > 0 {
+		if len(q.missed) <= minPruneAt {
+			clear(q.missed)
+		} else {
+			q.missed = map[uint64]uint64{} // a map never gives back its buckets
+		}
+		q.pruneAt = minPruneAt
+	}
+}
+
+// pruneLocked drops the missed offers that nothing held can look at any
+// more: those not after the smallest held seq. When more are left than
+// it keeps, it lets them all go: whatever holds an older seq than the
+// latest is then woken as if offered all it wants. The next prune comes
+// once missed has doubled, so pruning costs O(1) an offer.
+func (q *Queue) pruneLocked() {
+	floor := q.seq
+	for s := range q.held {
+		floor = min(floor, s)
+	}
+	n := 0
+	for _, s := range q.missed {
+		if s > floor {
+			n++
+		}
+	}
+	var kept map[uint64]uint64
+	if n > max(maxMissed, 2*q.nheld) {
+		q.lost = q.seq
+		kept = map[uint64]uint64{}
+	} else {
+		kept = make(map[uint64]uint64, n)
+		for h, s := range q.missed {
+			if s > floor {
+				kept[h] = s
+			}
+		}
+	}
+	q.missed = kept
+	q.pruneAt = max(minPruneAt, 2*len(kept), 2*len(q.held))
 }
 
 // Contended reports whether some waiter wants r: a newcomer leaves r to it.
@@ -180,13 +302,16 @@ func (q *Queue) Len() int {
 
 // Join adds a waiter at the back of the queue, in line l. class is the
 // caller's description of the client (handed to a line's WantsFunc after a
-// reload); want is what it waits for now. mark is Mark() read before the
-// client's pass. by, when not zero and before the line's own timeout, is
-// the waiter's deadline (a client that already waited elsewhere).
-func (l *Line) Join(mark uint64, class any, want []string, by time.Time) (*Waiter, error) {
+// reload); want is what it waits for now. mark is the client's Mark(),
+// taken before its pass; Join ends it, whatever it returns (nil: no offer
+// made before counts). by, when not zero and before the line's own
+// timeout, is the waiter's deadline (a client that already waited
+// elsewhere).
+func (l *Line) Join(mark *Mark, class any, want []string, by time.Time) (*Waiter, error) {
 	q := l.q
 	q.mu.Lock()
 	defer q.mu.Unlock()
+	defer q.forgetLocked(mark) // after the look at what it missed
 	if l.retired {
 		return nil, ErrUnavailable
 	}
@@ -205,7 +330,7 @@ func (l *Line) Join(mark uint64, class any, want []string, by time.Time) (*Waite
 	w.elem = q.waiters.PushBack(w)
 	q.total.Add(1)
 	w.setWantLocked(want)
-	if q.missedSinceLocked(want, mark) {
+	if mark != nil && !mark.done && q.missedSinceLocked(want, mark.seq) {
 		w.woken = true
 		w.kick()
 	}
@@ -232,7 +357,13 @@ func (q *Queue) offerLocked(r string) {
 		return
 	}
 	q.seq++
-	q.missed[r] = q.seq
+	if q.nheld == 0 {
+		return // no mark, no running pass: nobody could miss it
+	}
+	q.missed[maphash.String(q.missedSeed, r)] = q.seq
+	if len(q.missed) > q.pruneAt {
+		q.pruneLocked()
+	}
 }
 
 // OfferAt offers r at t (at once when t is not after now). Of several
@@ -390,7 +521,7 @@ type Waiter struct {
 	want    []string
 	woken   bool   // an offer was assigned to it and Wait has not taken it
 	running bool   // Wait returned nil; its pass is under way
-	ranAt   uint64 // q.seq when its pass began
+	ranAt   uint64 // q.seq when its pass began, held while running
 	// retrying: it waits with a retryAt, retrying resources that no offer
 	// will announce; leaving unserved, it hands that on.
 	retrying bool
@@ -448,9 +579,14 @@ func (q *Queue) allDownLocked(want []string) bool {
 	return true
 }
 
+// missedSinceLocked reports whether an offer of something in want found
+// nobody to wake after seq mark (or may have: see lost).
 func (q *Queue) missedSinceLocked(want []string, mark uint64) bool {
+	if len(want) > 0 && q.lost > mark {
+		return true
+	}
 	for _, r := range want {
-		if q.missed[r] > mark {
+		if q.missed[maphash.String(q.missedSeed, r)] > mark {
 			return true
 		}
 	}
@@ -482,6 +618,7 @@ func (w *Waiter) Wait(ctx context.Context, retryAt time.Time) error {
 		if w.elem != nil && q.missedSinceLocked(w.want, w.ranAt) {
 			w.woken = true
 		}
+		q.releaseLocked(w.ranAt)
 	}
 	done, err := w.checkLocked(ctx, retryAt)
 	q.mu.Unlock()
@@ -533,6 +670,7 @@ func (w *Waiter) checkLocked(ctx context.Context, retryAt time.Time) (bool, erro
 		w.woken = false
 		w.running = true
 		w.ranAt = q.seq
+		q.holdLocked(w.ranAt)
 		return true, nil
 	}
 	return false, nil
@@ -560,7 +698,10 @@ func (w *Waiter) removeLocked(err error) {
 			q.offerLocked(r)
 		}
 	}
-	w.running = false
+	if w.running {
+		w.running = false
+		q.releaseLocked(w.ranAt)
+	}
 	w.kick()
 }
 

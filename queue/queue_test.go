@@ -3,6 +3,7 @@ package queue
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"runtime"
 	"sync"
@@ -252,16 +253,16 @@ func TestWaiterWantingSeveral(t *testing.T) {
 func TestMissedOfferWakesJoiner(t *testing.T) {
 	q := New(newFakeClock())
 	l := q.NewLine("h", 10, time.Minute, []string{"a", "b"}, nil)
-	mark := q.Mark()
+	markA, markB := q.Mark(), q.Mark()
 	q.Offer("b")
-	wa, err := l.Join(mark, nil, []string{"a"}, time.Time{})
+	wa, err := l.Join(markA, nil, []string{"a"}, time.Time{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if stateOf(wa).woken {
 		t.Fatal("an offer of b woke a waiter that wants only a")
 	}
-	wb, err := l.Join(mark, nil, []string{"b"}, time.Time{})
+	wb, err := l.Join(markB, nil, []string{"b"}, time.Time{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -682,6 +683,7 @@ func stress(t *testing.T, churn bool) {
 				<-released
 			}
 			mark := q.Mark()
+			defer q.Forget(mark)
 			if !q.Contended(names[p]) && acquire(p) {
 				use()
 				return
@@ -764,6 +766,9 @@ loop:
 	if p := clk.Pending(); p != 0 {
 		t.Errorf("%d timers leaked", p)
 	}
+	if m, h := remembered(q); m != 0 || h != 0 {
+		t.Errorf("%d missed offers and %d marks or passes left at the end", m, h)
+	}
 	waitFor(t, "goroutines to exit", func() bool { return runtime.NumGoroutine() <= before })
 }
 
@@ -792,4 +797,249 @@ func TestRetryHandedOn(t *testing.T) {
 	}
 	third.Leave()
 	expectErr(t, "left", ch3, ErrLeft)
+}
+
+// remembered is the number of missed offers the queue keeps, and the
+// number of marks and running passes that may still look at them.
+func remembered(q *Queue) (missed, held int) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	for _, n := range q.held {
+		held += n
+	}
+	return len(q.missed), held
+}
+
+// resourceN is the i-th of many distinct resources (client_limit keys).
+func resourceN(i int) string { return fmt.Sprintf("key-%d", i) }
+
+// churnMarks plays clients that come and go, a few at a time: each takes
+// a mark, offers resourceN(i) as it leaves unqueued (its client_limit
+// share given back), and forgets its mark once the next few came.
+type churnMarks struct {
+	q      *Queue
+	window []*Mark
+	most   int // the most missed offers kept after any offer
+}
+
+func (c *churnMarks) run(from, to int) {
+	for i := from; i < to; i++ {
+		c.window = append(c.window, c.q.Mark())
+		c.q.Offer(resourceN(i))
+		if len(c.window) > 3 {
+			c.q.Forget(c.window[0])
+			c.window = c.window[1:]
+		}
+		m, _ := remembered(c.q)
+		c.most = max(c.most, m)
+	}
+}
+
+func (c *churnMarks) end() {
+	for _, m := range c.window {
+		c.q.Forget(m)
+	}
+	c.window = nil
+}
+
+// TestMissedOffersBounded: offers of ever new resources that nobody takes
+// leave nothing behind when no mark is out and no pass runs, only a few
+// entries while clients come and go with marks, however many resources
+// were offered, and at most twice maxMissed while a mark or a pass stays
+// out all along.
+func TestMissedOffersBounded(t *testing.T) {
+	const n = 10_000
+	q := New(newFakeClock())
+	l := q.NewLine("h", 10, time.Minute, []string{"a"}, nil)
+	for i := range n {
+		q.Offer(resourceN(i))
+	}
+	if m, h := remembered(q); m != 0 || h != 0 {
+		t.Fatalf("no mark, no pass: %d missed offers kept (%d held), want none", m, h)
+	}
+
+	// One client at a time.
+	for i := range n {
+		m := q.Mark()
+		q.Offer(resourceN(i))
+		q.Forget(m)
+	}
+	if m, h := remembered(q); m != 0 || h != 0 {
+		t.Fatalf("clients one at a time: %d missed offers kept (%d held), want none", m, h)
+	}
+
+	// Clients overlapping, a few marks always out.
+	c := &churnMarks{q: q}
+	c.run(0, n)
+	if c.most > minPruneAt+1 {
+		t.Errorf("clients overlapping: up to %d missed offers kept over %d resources, want at most %d", c.most, n, minPruneAt+1)
+	}
+
+	// A mark out all along, then a pass running all along.
+	c.most = 0
+	m := q.Mark()
+	c.run(n, 2*n)
+	w := mustJoin(t, l, "a")
+	q.Offer("a")
+	expectNil(t, "woken", startWait(w, context.Background(), time.Time{}))
+	q.Forget(m)
+	c.run(2*n, 3*n)
+	if c.most > 2*maxMissed+1 {
+		t.Errorf("a mark or a pass out all along: up to %d missed offers kept over %d resources, want at most %d", c.most, 2*n, 2*maxMissed+1)
+	}
+	w.Leave()
+	c.end()
+	if m, h := remembered(q); m != 0 || h != 0 {
+		t.Fatalf("everyone gone: %d missed offers kept (%d held), want none", m, h)
+	}
+	t.Logf("at most %d missed offers kept at once with a mark or pass out all along, over %d distinct resources", c.most, 2*n)
+}
+
+// TestPruneKeepsWhatAMarkNeeds: while clients come and go and the missed
+// offers are pruned, one made after a client's mark that nobody took still
+// wakes the client when it joins; one made before its mark does not.
+func TestPruneKeepsWhatAMarkNeeds(t *testing.T) {
+	q := New(newFakeClock())
+	l := q.NewLine("h", 10, time.Minute, []string{"x"}, nil)
+	c := &churnMarks{q: q}
+	c.run(0, 1000)
+	early := q.Mark()
+	q.Offer("x")
+	late := q.Mark() // after x's offer
+	c.run(1000, 1500)
+	if m, _ := remembered(q); m < 500 || m > maxMissed {
+		t.Errorf("%d missed offers kept for a mark taken 500 offers ago, want 500 to %d", m, maxMissed)
+	}
+	wl, err := l.Join(late, nil, []string{"x"}, time.Time{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if stateOf(wl).woken {
+		t.Fatal("an offer of x before the mark woke the joiner")
+	}
+	we, err := l.Join(early, nil, []string{"x"}, time.Time{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !stateOf(we).woken {
+		t.Fatal("the offer of x made after the mark did not wake the joiner")
+	}
+	c.run(1500, 2000)
+	if m, _ := remembered(q); m > minPruneAt+1 {
+		t.Errorf("%d missed offers kept once the mark joined, want at most %d", m, minPruneAt+1)
+	}
+	wl.Leave()
+	we.Leave()
+	c.end()
+	if m, h := remembered(q); m != 0 || h != 0 {
+		t.Fatalf("everyone gone: %d missed offers kept (%d held), want none", m, h)
+	}
+}
+
+// TestPruneKeepsWhatARunningPassNeeds: offers made while a waiter runs
+// its pass, that nobody took, wake it when it goes back to waiting, also
+// for what it wants only since that pass (Want), while clients come and
+// go and the missed offers are pruned.
+func TestPruneKeepsWhatARunningPassNeeds(t *testing.T) {
+	q := New(newFakeClock())
+	l := q.NewLine("h", 10, time.Minute, []string{"a", "b"}, nil)
+	c := &churnMarks{q: q}
+	c.run(0, 1000)
+	w := mustJoin(t, l, "a")
+	q.Offer("a")
+	expectNil(t, "woken", startWait(w, context.Background(), time.Time{}))
+	q.Offer("b") // during its pass; it does not want b yet
+	c.run(1000, 1500)
+	w.Want([]string{"b"}) // its pass got what it waited for; now it waits for b
+	expectNil(t, "woken again by the offer of b made during its pass", startWait(w, context.Background(), time.Time{}))
+
+	// Another pass, nothing it wants offered during it: it sleeps.
+	c.run(1500, 2000)
+	ch := startWait(w, context.Background(), time.Time{})
+	waitFor(t, "asleep", func() bool { return sleeping(w) })
+	c.end()
+	if m, h := remembered(q); m != 0 || h != 0 {
+		t.Errorf("only a sleeping waiter: %d missed offers kept (%d held), want none", m, h)
+	}
+	w.Leave()
+	expectErr(t, "left", ch, ErrLeft)
+}
+
+// TestTooManyMissedOffersWake: when more offers go untaken during one
+// client's wait for its Join, or one waiter's pass, than the queue keeps,
+// it lets them go and wakes that client or waiter as though it had been
+// offered what it wants: a wake too many, never one missed. A client
+// that marked after them is not woken.
+func TestTooManyMissedOffersWake(t *testing.T) {
+	q := New(newFakeClock())
+	l := q.NewLine("h", 10, time.Minute, []string{"a", "x"}, nil)
+	c := &churnMarks{q: q}
+	w := mustJoin(t, l, "a")
+	q.Offer("a")
+	expectNil(t, "woken", startWait(w, context.Background(), time.Time{}))
+	early := q.Mark()
+	c.run(0, 4*maxMissed)
+	after := q.Mark()
+	we, _ := l.Join(early, nil, []string{"x"}, time.Time{})
+	if !stateOf(we).woken {
+		t.Fatal("a client marked before the offers that were let go was not woken as it joined")
+	}
+	wa, _ := l.Join(after, nil, []string{"x"}, time.Time{})
+	if stateOf(wa).woken {
+		t.Fatal("a client marked after the offers that were let go was woken")
+	}
+	expectNil(t, "the waiter whose pass ran through them, woken again", startWait(w, context.Background(), time.Time{}))
+	if c.most > 2*maxMissed+1 {
+		t.Errorf("up to %d missed offers kept, want at most %d", c.most, 2*maxMissed+1)
+	}
+	w.Leave()
+	we.Leave()
+	wa.Leave()
+	c.end()
+	if m, h := remembered(q); m != 0 || h != 0 {
+		t.Fatalf("everyone gone: %d missed offers kept (%d held), want none", m, h)
+	}
+}
+
+// TestMarkEndsOnce: Join ends its mark whatever it returns, Forget after
+// it does nothing, a mark ended twice does not end another client's, and
+// a Join without a mark counts no offer made before it.
+func TestMarkEndsOnce(t *testing.T) {
+	q := New(newFakeClock())
+	l := q.NewLine("h", 1, time.Minute, []string{"a"}, nil)
+	other := q.Mark()
+	m := q.Mark()
+	w, err := l.Join(m, nil, []string{"a"}, time.Time{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	q.Forget(m)
+	q.Forget(m)
+	q.Forget(nil)
+	if _, h := remembered(q); h != 1 {
+		t.Fatalf("%d held, want 1 (the other client's mark)", h)
+	}
+	if _, err := l.Join(q.Mark(), nil, []string{"a"}, time.Time{}); !errors.Is(err, ErrFull) {
+		t.Fatalf("Join: %v, want ErrFull", err)
+	}
+	if _, h := remembered(q); h != 1 {
+		t.Fatalf("after a Join that failed: %d held, want 1", h)
+	}
+	q.Offer("b")
+	wb, err := q.NewLine("h2", 1, time.Minute, []string{"b"}, nil).Join(nil, nil, []string{"b"}, time.Time{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if stateOf(wb).woken {
+		t.Fatal("a Join without a mark was woken by an offer made before it")
+	}
+	if m, h := remembered(q); m != 1 || h != 1 {
+		t.Fatalf("%d missed, %d held; want the offer of b kept for the other client's mark", m, h)
+	}
+	q.Forget(other)
+	if m, h := remembered(q); m != 0 || h != 0 {
+		t.Fatalf("every mark ended: %d missed offers kept (%d held), want none", m, h)
+	}
+	w.Leave()
+	wb.Leave()
 }
