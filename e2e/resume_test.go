@@ -4,6 +4,8 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"crypto/rand"
+	"encoding/base64"
 	"encoding/binary"
 	"encoding/json"
 	"fmt"
@@ -24,7 +26,13 @@ import (
 
 // The tests of this file take sessions back after their client left them
 // (resume), with real Puppeteer and Playwright clients and real Chromium
-// providers. Each Chromium sits behind a small TCP proxy of this file that
+// providers. A session is taken back with its resume token, a secret of
+// its client: each client here brings its own on its first connect
+// (?bf_resume_token=, as real Puppeteer and Playwright cannot read the
+// 101's headers), except in TestResumeKey, whose Go client reads the one
+// the gateway hands out on the 101; a resume presents it (?bf_resume= or
+// the Browser-Failover-Resume header). The session ID, which operators
+// see, never takes a session back. Each Chromium sits behind a small TCP proxy of this file that
 // records every connection the gateway makes to it, so that a test can
 // tell that a resume went to the session's browser and nowhere else; the
 // proxy can also play a provider that kills its browser as soon as the
@@ -90,14 +98,71 @@ func (d *driver) do(t *testing.T, want, format string, args ...any) string {
 }
 
 // connect runs "connect label url" and returns the session ID the
-// gateway's 101 carried.
+// gateway's 101 carried. url brings the client's own resume token, or
+// presents one: the gateway hands out none.
 func (d *driver) connect(t *testing.T, label, url string) string {
 	t.Helper()
 	f := strings.Fields(d.do(t, "CONNECTED "+label+" ", "connect %s %s", label, url))
-	if len(f) != 4 || len(f[2]) < 22 { // 128 bits, base64url
+	if len(f) != 5 || len(f[2]) < 22 { // 128 bits, base64url
 		t.Fatalf("connect %s: answer %q has no session ID", label, strings.Join(f, " "))
 	}
+	if f[4] != "-" {
+		t.Fatalf("connect %s: the client brought its resume token, and the 101 handed out another: %s", url, f[4])
+	}
 	return f[2]
+}
+
+// resumeToken is a fresh resume token of a client's own: 16 random bytes
+// in base64url, 22 characters.
+func resumeToken(t *testing.T) string {
+	t.Helper()
+	b := make([]byte, 16)
+	if _, err := rand.Read(b); err != nil {
+		t.Fatal(err)
+	}
+	return base64.RawURLEncoding.EncodeToString(b)
+}
+
+// wantSecret checks that the resume token tok is nowhere an operator
+// looks: not in the admin API's sessions list, nor in its status, nor in
+// the gateway's log.
+func wantSecret(t *testing.T, g *testgw.Gateway, tok string) {
+	t.Helper()
+	for _, path := range []string{status.SessionsPath, status.StatusPath} {
+		code, b, err := g.AdminDo(http.MethodGet, path, nil)
+		if err != nil || code != http.StatusOK {
+			t.Fatalf("%s: %d (%v)", path, code, err)
+		}
+		if bytes.Contains(b, []byte(tok)) {
+			t.Fatalf("%s shows the resume token %s: %s", path, tok, b)
+		}
+	}
+	if strings.Contains(g.Logs(), tok) {
+		t.Fatalf("the gateway's log shows the resume token %s", tok)
+	}
+}
+
+// wantNotForwarded checks that no request the gateway made to the
+// providers behind px (discovery or upgrade) carried a resume item: no
+// bf_resume or bf_resume_token in its URI, no Browser-Failover-Resume or
+// Browser-Failover-Resume-Token header, none of the tokens anywhere.
+func wantNotForwarded(t *testing.T, tokens []string, px ...*cdpProxy) {
+	t.Helper()
+	n := 0
+	for _, p := range px {
+		for _, h := range p.heads() {
+			n++
+			l := strings.ToLower(h)
+			bad := strings.Contains(l, "bf_resume") || strings.Contains(l, "browser-failover-resume")
+			for _, tok := range tokens {
+				bad = bad || strings.Contains(h, tok)
+			}
+			if bad {
+				t.Fatalf("a provider got a resume item:\n%s", h)
+			}
+		}
+	}
+	t.Logf("%d provider requests, none with a resume item", n)
 }
 
 // refused runs "connect label url" for a resume that must be refused with
@@ -139,8 +204,9 @@ type cdpProxy struct {
 	kill   bool
 
 	mu      sync.Mutex
-	plain   int // connections that were not upgrades
-	failed  int // connections it could not pass on (the browser is gone)
+	plain   int      // connections that were not upgrades
+	plainH  []string // their request heads
+	failed  int      // connections it could not pass on (the browser is gone)
 	ups     []*proxied
 	conns   map[net.Conn]struct{}
 	closing bool
@@ -278,6 +344,7 @@ func (p *cdpProxy) handle(c net.Conn) {
 		p.ups = append(p.ups, rec)
 	} else {
 		p.plain++
+		p.plainH = append(p.plainH, head.String())
 	}
 	p.mu.Unlock()
 	ended := func(by string) {
@@ -322,6 +389,18 @@ func (p *cdpProxy) upgrades() []proxied {
 	for i, u := range p.ups {
 		out[i] = *u
 		out[i].Closes = append([]string(nil), u.Closes...)
+	}
+	return out
+}
+
+// heads returns the head of every request passed on to the browser
+// (discovery and upgrades).
+func (p *cdpProxy) heads() []string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	out := append([]string(nil), p.plainH...)
+	for _, u := range p.ups {
+		out = append(out, u.Head)
 	}
 	return out
 }
@@ -544,11 +623,15 @@ func freshSession(t *testing.T, g *testgw.Gateway) string {
 // TestResumeAfterDrop: real Puppeteer through the gateway in front of two
 // real Chromiums under round_robin. A page gets window.x = 42, the
 // client's TCP connection is reset (no close frame), and a Puppeteer that
-// connects with ?bf_resume=<id> finds that page, x === 42, in the same
-// browser, although the strategy would send a fresh connection to the
-// other one, which never hears of the session. While the session's
-// provider is drained, the resume gets 410 and the window goes on. The
-// same ID does not resume twice.
+// connects with ?bf_resume=<its token> finds that page, x === 42, in the
+// same browser, although the strategy would send a fresh connection to
+// the other one, which never hears of the session. Before that, the
+// session's ID is refused 410 and spends nothing, and while its provider
+// is drained, the resume gets 410 and the window goes on. Once resumed,
+// neither its token (its client is connected) nor its old ID resumes it
+// again. The token is nowhere in the admin API, and no provider request
+// carries a resume item, although the providers take the client's query
+// (pass_query): the rest of it (keep=1) reaches the browser as written.
 func TestResumeAfterDrop(t *testing.T) {
 	Require(t, true)
 	bs := StartChromiums(t, 2)
@@ -556,12 +639,13 @@ func TestResumeAfterDrop(t *testing.T) {
 	names := []string{"rsd-a", "rsd-b"}
 	const window = 2 * time.Minute
 	g := testgw.Start(t, handler(`"strategy":"round_robin","queue":{"size":0},"connect_timeout":"10s","resume":{"window":"2m"}`,
-		provider(names[0], px[0].HTTPURL(), ""), provider(names[1], px[1].HTTPURL(), "")))
+		provider(names[0], px[0].HTTPURL(), `"pass_query":true`), provider(names[1], px[1].HTTPURL(), `"pass_query":true`)))
 	resumed0, unknown0 := metric(t, g, resumes("resumed")), metric(t, g, resumes("unknown"))
 	unavailable0 := metric(t, g, resumes("unavailable"))
 	d := startDriver(t)
 
-	id1 := d.connect(t, "c1", g.WS("/"))
+	tok := resumeToken(t)
+	id1 := d.connect(t, "c1", g.WS("/?bf_resume_token="+tok+"&keep=1"))
 	s1, ok := listed(t, g, id1)
 	if !ok {
 		t.Fatalf("session %s is not listed", id1)
@@ -571,6 +655,7 @@ func TestResumeAfterDrop(t *testing.T) {
 		own, other = 1, 0
 	}
 	d.do(t, "OPENED", "open c1 resume-drop")
+	wantSecret(t, g, tok)
 	upsBefore, otherBefore := len(px[own].upgrades()), px[other].contacts()
 
 	d.do(t, "DROPPED", "drop c1")
@@ -579,14 +664,28 @@ func TestResumeAfterDrop(t *testing.T) {
 		t.Fatalf("session parked: %v, want provider %s, held false, close_code 1001 (its connection dropped)", parked, names[own])
 	}
 	wantParked(t, g, id1, names[own], window)
+	wantSecret(t, g, tok)
 	if ups := px[own].upgrades(); ups[len(ups)-1].Closed.IsZero() {
 		t.Fatalf("without hold, the provider connection is still open after the drop: %+v", ups)
 	}
 
+	// Its session ID, which the sessions list shows: 410, no provider
+	// asked, and the session stays parked for its token.
+	body := d.refused(t, "c2", g.WS("/?bf_resume="+id1), http.StatusGone)
+	t.Logf("resume by the session ID: 410 %s", body)
+	if n := px[other].contacts(); n != 0 || len(px[own].upgrades()) != upsBefore {
+		t.Fatalf("a resume by session ID contacted %s %d times, %s %d times",
+			names[other], n, names[own], len(px[own].upgrades())-upsBefore)
+	}
+	if got := metric(t, g, resumes("unknown")) - unknown0; got != 1 {
+		t.Fatalf("resumes_total{result=unknown} went up by %v, want 1", got)
+	}
+	wantParked(t, g, id1, names[own], window)
+
 	// Its provider drained: 410, the window goes on, and no other
 	// provider is asked.
 	act(t, g, names[own], "drain")
-	body := d.refused(t, "c2", g.WS("/?bf_resume="+id1), http.StatusGone)
+	body = d.refused(t, "c2", g.WS("/?bf_resume="+tok), http.StatusGone)
 	t.Logf("resume at a drained provider: 410 %s", body)
 	if n := px[other].contacts(); n != 0 || len(px[own].upgrades()) != upsBefore {
 		t.Fatalf("a resume at a drained provider contacted %s %d times, %s %d times",
@@ -599,7 +698,7 @@ func TestResumeAfterDrop(t *testing.T) {
 	act(t, g, names[own], "undrain")
 
 	resuming := time.Now()
-	id2 := d.connect(t, "c2", g.WS("/?bf_resume="+id1))
+	id2 := d.connect(t, "c2", g.WS("/?keep=1&bf_resume="+tok))
 	took := time.Since(resuming)
 	if id2 == id1 {
 		t.Fatalf("the resumed session kept ID %s, want a new one", id1)
@@ -617,12 +716,16 @@ func TestResumeAfterDrop(t *testing.T) {
 	if _, ok := listed(t, g, id1); ok {
 		t.Fatalf("session %s still listed after its resume", id1)
 	}
+	wantSecret(t, g, tok)
 	// The same browser, dialled again at the URL it was connected to, with
 	// no discovery; the other browser never heard of it.
 	ups := px[own].upgrades()
-	// (bf_resume is not forwarded: the path is the first connection's.)
-	if len(ups) != upsBefore+1 || ups[len(ups)-1].Path != ups[0].Path || !strings.HasPrefix(ups[0].Path, "/devtools/browser/") {
-		t.Fatalf("%s's connections: %+v, want one more to %s", names[own], ups, ups[0].Path)
+	// (Neither bf_resume_token nor bf_resume is forwarded: the request
+	// URI is the browser's path with the rest of the client's query, the
+	// same for the first connection and the resume.)
+	if p, q, _ := strings.Cut(ups[0].Path, "?"); len(ups) != upsBefore+1 || ups[len(ups)-1].Path != ups[0].Path ||
+		!strings.HasPrefix(p, "/devtools/browser/") || q != "keep=1" {
+		t.Fatalf("%s's connections: %+v, want one more to %s, both to /devtools/browser/…?keep=1", names[own], ups, ups[0].Path)
 	}
 	if n := px[other].contacts(); n != otherBefore || n != 0 {
 		t.Fatalf("%s was contacted %d times (%d before the resume), want never", names[other], n, otherBefore)
@@ -636,53 +739,78 @@ func TestResumeAfterDrop(t *testing.T) {
 		t.Fatalf("a fresh connection went to %s, want %s (round_robin)", p, names[other])
 	}
 
-	// A second resume of the same ID: 410, and no provider is asked.
+	// While its client is connected, the token resumes nothing (410); nor
+	// does the first session's ID. No provider is asked, and the resumed
+	// client goes on.
 	before := []int{px[0].contacts(), px[1].contacts()}
+	body = d.refused(t, "c3", g.WS("/?bf_resume="+tok), http.StatusGone)
+	t.Logf("resume of a session whose client is connected: 410 %s", body)
 	body = d.refused(t, "c3", g.WS("/?bf_resume="+id1), http.StatusGone)
-	t.Logf("second resume of %s: 410 %s", id1, body)
+	t.Logf("second resume by %s: 410 %s", id1, body)
 	if after := []int{px[0].contacts(), px[1].contacts()}; after[0] != before[0] || after[1] != before[1] {
 		t.Fatalf("a refused resume contacted a provider: %v connections before, %v after", before, after)
 	}
-	if got := metric(t, g, resumes("unknown")) - unknown0; got != 1 {
-		t.Fatalf("resumes_total{result=unknown} went up by %v, want 1", got)
+	if got := metric(t, g, resumes("unknown")) - unknown0; got != 3 {
+		t.Fatalf("resumes_total{result=unknown} went up by %v, want 3", got)
+	}
+	wantPage(t, d.do(t, "CHECK", "check c2 resume-drop"))
+	if s, ok := listed(t, g, id2); !ok || s.Parked {
+		t.Fatalf("resumed session %s listed as %+v (%v) after the refused resumes, want live", id2, s, ok)
 	}
 
 	// The resumed session ends like any other: parked again when its
 	// client leaves; the operator ends it.
 	d.do(t, "DISCONNECTED", "disconnect c2")
 	logEntry(t, g, "session parked", "session_id", id2)
+	wantSecret(t, g, tok)
 	endParked(t, g, id2)
+	wantNotForwarded(t, []string{tok}, px...)
 	waitIdle(t, names...)
 }
 
 // TestResumeAfterDisconnect: clean disconnects (close frames) and the
-// clients of the docs, chained on one browser page. Puppeteer with the
-// transport leaves with browser.disconnect(); Puppeteer's own
-// puppeteer.connect({browserWSEndpoint: gw + '?bf_resume=' + id}) takes it
-// back and leaves; Playwright's chromium.connectOverCDP(gw + '/?bf_resume='
-// + id) takes it back (the page among its default context's pages) and
-// leaves with browser.close(); Puppeteer takes it back from Playwright;
-// and Playwright once more with the http:// URL form (it fetches
-// /json/version with the query first). Each resume gets a new ID, read
-// from the log when the client cannot see it; the page keeps x === 42
-// throughout, in the same browser, and the other browser is never asked.
+// clients of the docs, chained on one browser page and one resume token,
+// which the first client brings through discovery:
+// puppeteer.connect({browserURL: gw + '?bf_resume_token=' + token}) (the
+// gateway's /json/version hands it a webSocketDebuggerUrl with that query)
+// leaves with browser.disconnect(); Puppeteer's own
+// puppeteer.connect({browserWSEndpoint: gw + '?bf_resume=' + token}) takes
+// it back and leaves; Playwright's chromium.connectOverCDP(gw +
+// '/?bf_resume=' + token) takes it back (the page among its default
+// context's pages) and leaves with browser.close(); Puppeteer with the
+// transport takes it back from Playwright; Playwright once more with the
+// http:// URL form (it fetches /json/version with the query first); and
+// Puppeteer's browserURL with ?bf_resume= last. The session keeps its
+// token: each client resumes with the same URL, and each resume gets a
+// new ID, read from the log when the client cannot see it. The page keeps
+// x === 42 throughout, in the same browser, and the other browser is
+// never asked; the token is never shown in the admin API nor passed on to
+// the browser, although the providers take the client's query
+// (pass_query).
 func TestResumeAfterDisconnect(t *testing.T) {
 	Require(t, true)
 	bs := StartChromiums(t, 2)
 	px := []*cdpProxy{startProxy(t, bs[0], false), startProxy(t, bs[1], false)}
 	names := []string{"rsc-a", "rsc-b"}
 	g := testgw.Start(t, handler(`"strategy":"round_robin","queue":{"size":0},"connect_timeout":"10s","resume":{"window":"2m"}`,
-		provider(names[0], px[0].HTTPURL(), ""), provider(names[1], px[1].HTTPURL(), "")))
+		provider(names[0], px[0].HTTPURL(), `"pass_query":true`), provider(names[1], px[1].HTTPURL(), `"pass_query":true`)))
 	d := startDriver(t)
 
-	id := d.connect(t, "c1", g.WS("/"))
-	s1, _ := listed(t, g, id)
+	tok := resumeToken(t)
+	d.do(t, "CONNECTED c1 ", "connect-browserurl c1 %s", g.HTTP("/?bf_resume_token="+tok))
+	// The client cannot see its session ID: the gateway's only session.
+	l := sessionsList(t, g)
+	if len(l) != 1 {
+		t.Fatalf("sessions list %+v, want the one session of c1", l)
+	}
+	id, s1 := l[0].ID, l[0]
 	own, other := 0, 1
 	if s1.Provider == names[1] {
 		own, other = 1, 0
 	}
 	d.do(t, "OPENED", "open c1 resume-clean")
 	otherBefore := px[other].contacts()
+	ids := map[string]bool{id: true}
 
 	// left checks the parking of the session id its client just left
 	// with a close frame.
@@ -694,6 +822,7 @@ func TestResumeAfterDisconnect(t *testing.T) {
 		if e["close_code"] != float64(1000) || e["held"] != false || e["provider"] != names[own] {
 			t.Fatalf("session parked: %v, want close_code 1000, held false, at %s", e, names[own])
 		}
+		wantSecret(t, g, tok)
 	}
 	// resume runs the next client's command, which resumes id, and
 	// returns its answer and the new session's ID (from the log).
@@ -705,47 +834,67 @@ func TestResumeAfterDisconnect(t *testing.T) {
 		if res["provider"] != names[own] || res["held"] != false {
 			t.Fatalf("session resumed: %v, want provider %s, held false", res, names[own])
 		}
+		next := fmt.Sprint(res["session_id"])
+		if ids[next] {
+			t.Fatalf("the resume of %s made session %s, an ID it had before", id, next)
+		}
+		ids[next] = true
 		t.Logf("resume of %s: %v", id, time.Since(start).Round(time.Millisecond))
-		return answer, fmt.Sprint(res["session_id"])
+		return answer, next
 	}
 
-	// Puppeteer with the transport → Puppeteer's own browserWSEndpoint.
+	// Puppeteer's browserURL → Puppeteer's own browserWSEndpoint.
 	d.do(t, "DISCONNECTED", "disconnect c1")
 	left(id)
-	_, id = resume(id, "connect-url c2 %s", g.WS("/?bf_resume="+id))
+	_, id = resume(id, "connect-url c2 %s", g.WS("/?bf_resume="+tok))
 	wantPage(t, d.do(t, "CHECK", "check c2 resume-clean"))
 	d.do(t, "DISCONNECTED", "disconnect c2")
 	left(id)
 
 	// → Playwright's connectOverCDP (ws:// URL).
-	answer, id := resume(id, "pw p3 %s resume-clean", g.WS("/?bf_resume="+id))
+	answer, id := resume(id, "pw p3 %s resume-clean", g.WS("/?bf_resume="+tok))
 	wantPage(t, answer)
 	d.do(t, "PWCLOSED", "pwclose p3")
 	left(id)
 
 	// → Puppeteer with the transport, which reads the new ID itself.
 	prev := id
-	id = d.connect(t, "c4", g.WS("/?bf_resume="+prev))
-	if res := logEntry(t, g, "session resumed", "session_id", id); res["resumed_from"] != prev {
-		t.Fatalf("session resumed: %v, want resumed_from %s", res, prev)
+	id = d.connect(t, "c4", g.WS("/?bf_resume="+tok))
+	if res := logEntry(t, g, "session resumed", "session_id", id); res["resumed_from"] != prev || ids[id] {
+		t.Fatalf("session resumed: %v, want resumed_from %s, a new ID", res, prev)
 	}
+	ids[id] = true
 	wantPage(t, d.do(t, "CHECK", "check c4 resume-clean"))
 	d.do(t, "DISCONNECTED", "disconnect c4")
 	left(id)
 
 	// → Playwright's connectOverCDP with the http:// URL.
-	answer, id = resume(id, "pw p5 %s resume-clean", g.HTTP("/?bf_resume="+id))
+	answer, id = resume(id, "pw p5 %s resume-clean", g.HTTP("/?bf_resume="+tok))
 	wantPage(t, answer)
 	d.do(t, "PWCLOSED", "pwclose p5")
+	left(id)
+
+	// → Puppeteer's browserURL, presenting the token through discovery.
+	_, id = resume(id, "connect-browserurl c6 %s", g.HTTP("/?bf_resume="+tok))
+	wantPage(t, d.do(t, "CHECK", "check c6 resume-clean"))
+	d.do(t, "DISCONNECTED", "disconnect c6")
 	left(id)
 	endParked(t, g, id)
 
 	if n := px[other].contacts(); n != otherBefore {
 		t.Fatalf("%s was contacted %d times during the resumes", names[other], n-otherBefore)
 	}
-	if ups := px[own].upgrades(); len(ups) != 5 {
-		t.Fatalf("%s got %d WebSocket connections, want 5 (one per client)", names[own], len(ups))
+	ups := px[own].upgrades()
+	if len(ups) != 6 {
+		t.Fatalf("%s got %d WebSocket connections, want 6 (one per client)", names[own], len(ups))
 	}
+	for _, u := range ups {
+		// The clients' queries held nothing but resume items.
+		if u.Path != ups[0].Path || !strings.HasPrefix(u.Path, "/devtools/browser/") || strings.Contains(u.Path, "?") {
+			t.Fatalf("%s's connections %+v, want all to the browser's path, no query", names[own], ups)
+		}
+	}
+	wantNotForwarded(t, []string{tok}, px...)
 	waitIdle(t, names...)
 }
 
@@ -764,7 +913,10 @@ func TestResumeAfterDisconnect(t *testing.T) {
 // plain one, with no reset of its own — Puppeteer with the docs'
 // transport, Puppeteer's own puppeteer.connect({browserWSEndpoint}),
 // Playwright's connectOverCDP after Puppeteer, after a bare CDP client,
-// after itself — and each finds the page with x === 42.
+// after itself — and each finds the page with x === 42. All of them
+// present the same resume token, which the session keeps; each join gets
+// a new session ID. A resume by the held session's ID is refused 410 and
+// leaves the held connection as it was.
 func TestResumeHoldKillingProvider(t *testing.T) {
 	Require(t, true)
 	bs := StartChromiums(t, 3)
@@ -778,7 +930,8 @@ func TestResumeHoldKillingProvider(t *testing.T) {
 
 	t.Run("without-hold", func(t *testing.T) {
 		refused0 := metric(t, g, resumes("refused"))
-		id := d.connect(t, "n1", g.WS("/"))
+		tok := resumeToken(t)
+		id := d.connect(t, "n1", g.WS("/?bf_resume_token="+tok))
 		if s, _ := listed(t, g, id); s.Provider != "rkp-nohold" {
 			t.Fatalf("session at %q, want rkp-nohold", s.Provider)
 		}
@@ -791,7 +944,7 @@ func TestResumeHoldKillingProvider(t *testing.T) {
 			t.Fatalf("provider connections %+v, want one, ended by the gateway", ups)
 		}
 		t.Logf("the gateway closed the provider connection with close frames %v (its client's connection dropped)", ups[0].Closes)
-		body := d.refused(t, "n2", g.WS("/?bf_resume="+id), http.StatusGone)
+		body := d.refused(t, "n2", g.WS("/?bf_resume="+tok), http.StatusGone)
 		t.Logf("resume of a killed browser: 410 %s", body)
 		if got := metric(t, g, resumes("refused")) - refused0; got != 1 {
 			t.Fatalf("resumes_total{result=refused} went up by %v, want 1", got)
@@ -802,6 +955,7 @@ func TestResumeHoldKillingProvider(t *testing.T) {
 		if _, ok := listed(t, g, id); ok {
 			t.Fatalf("a session whose browser is gone is still listed")
 		}
+		wantNotForwarded(t, []string{tok}, kNo, otherPx)
 	})
 
 	t.Run("with-hold", func(t *testing.T) {
@@ -811,8 +965,9 @@ func TestResumeHoldKillingProvider(t *testing.T) {
 			t.Fatal(err)
 		}
 		otherBefore := otherPx.contacts()
-		resumed0 := metric(t, g, resumes("resumed"))
-		id1 := d.connect(t, "h1", g.WS("/"))
+		resumed0, unknown0 := metric(t, g, resumes("resumed")), metric(t, g, resumes("unknown"))
+		tok := resumeToken(t)
+		id1 := d.connect(t, "h1", g.WS("/?bf_resume_token="+tok))
 		if s, _ := listed(t, g, id1); s.Provider != "rkp-hold" {
 			t.Fatalf("session at %q, want rkp-hold", s.Provider)
 		}
@@ -827,6 +982,14 @@ func TestResumeHoldKillingProvider(t *testing.T) {
 		if n := active("rkp-hold"); n != 1 {
 			t.Fatalf("rkp-hold holds %d sessions while one is held, want 1 (it keeps its slot)", n)
 		}
+		wantSecret(t, g, tok)
+		// The held session's ID: 410, and nothing spent.
+		body := d.refused(t, "h2", g.WS("/?bf_resume="+id1), http.StatusGone)
+		t.Logf("resume of a held session by its ID: 410 %s", body)
+		if got := metric(t, g, resumes("unknown")) - unknown0; got != 1 {
+			t.Fatalf("resumes_total{result=unknown} went up by %v, want 1", got)
+		}
+		wantParked(t, g, id1, "rkp-hold", 2*time.Minute)
 		// A while away: the provider connection stays open, the browser
 		// lives.
 		time.Sleep(3 * time.Second)
@@ -872,7 +1035,7 @@ func TestResumeHoldKillingProvider(t *testing.T) {
 		// Puppeteer with the docs' transport, nothing of its own before
 		// puppeteer.connect.
 		resuming := time.Now()
-		id2 := d.connect(t, "h2", g.WS("/?bf_resume="+id1))
+		id2 := d.connect(t, "h2", g.WS("/?bf_resume="+tok))
 		took := time.Since(resuming)
 		if next := resumed(id1); next != id2 {
 			t.Fatalf("the resume of %s made session %s, the client was told %s", id1, next, id2)
@@ -885,7 +1048,7 @@ func TestResumeHoldKillingProvider(t *testing.T) {
 
 		// Puppeteer's own puppeteer.connect({browserWSEndpoint}).
 		resuming = time.Now()
-		d.do(t, "CONNECTED h3 ", "connect-url h3 %s", g.WS("/?bf_resume="+id2))
+		d.do(t, "CONNECTED h3 ", "connect-url h3 %s", g.WS("/?bf_resume="+tok))
 		took = time.Since(resuming)
 		id3 := resumed(id2)
 		t.Logf("puppeteer.connect({browserWSEndpoint}) over the held connection in %v", took.Round(time.Millisecond))
@@ -897,7 +1060,7 @@ func TestResumeHoldKillingProvider(t *testing.T) {
 		pwResume := func(label, id string) string {
 			t.Helper()
 			start := time.Now()
-			answer := d.do(t, "PW", "pw %s %s resume-held", label, g.WS("/?bf_resume="+id))
+			answer := d.do(t, "PW", "pw %s %s resume-held", label, g.WS("/?bf_resume="+tok))
 			took := time.Since(start)
 			next := resumed(id)
 			wantPage(t, answer)
@@ -909,7 +1072,7 @@ func TestResumeHoldKillingProvider(t *testing.T) {
 		id4 := pwResume("p4", id3)
 
 		// A bare CDP client (Target.attachToTarget on its own).
-		raw := d.do(t, "RAW", "raw r5 %s resume-held", g.WS("/?bf_resume="+id4))
+		raw := d.do(t, "RAW", "raw r5 %s resume-held", g.WS("/?bf_resume="+tok))
 		wantPage(t, raw)
 		id5 := strings.Fields(raw)[2]
 		if next := resumed(id4); next != id5 {
@@ -923,7 +1086,7 @@ func TestResumeHoldKillingProvider(t *testing.T) {
 		id7 := pwResume("p7", id6)
 
 		// And Puppeteer after Playwright.
-		d.do(t, "CONNECTED h8 ", "connect-url h8 %s", g.WS("/?bf_resume="+id7))
+		d.do(t, "CONNECTED h8 ", "connect-url h8 %s", g.WS("/?bf_resume="+tok))
 		id8 := resumed(id7)
 		wantPage(t, d.do(t, "CHECK", "check h8 resume-held"))
 		d.do(t, "DISCONNECTED", "disconnect h8")
@@ -949,6 +1112,11 @@ func TestResumeHoldKillingProvider(t *testing.T) {
 		if got := metric(t, g, `caddy_browser_failover_parked_sessions{held="true"}`); got != 1 {
 			t.Fatalf("parked_sessions{held=true} is %v, want 1", got)
 		}
+		if seen := map[string]bool{id1: true, id2: true, id3: true, id4: true, id5: true, id6: true, id7: true, id8: true}; len(seen) != 8 {
+			t.Fatalf("session IDs %v, want 8 distinct ones", []string{id1, id2, id3, id4, id5, id6, id7, id8})
+		}
+		wantSecret(t, g, tok)
+		wantNotForwarded(t, []string{tok}, kHold, otherPx)
 
 		// The operator ends it: now the provider gets its close frame,
 		// and kills its browser.
@@ -988,7 +1156,8 @@ func TestResumeAfterWindow(t *testing.T) {
 				}
 			}
 			unknown0 := metric(t, g, resumes("unknown"))
-			id := d.connect(t, "w1", g.WS("/"))
+			tok := resumeToken(t)
+			id := d.connect(t, "w1", g.WS("/?bf_resume_token="+tok))
 			s, _ := listed(t, g, id)
 			own := 0
 			if s.Provider == names[1] {
@@ -1026,7 +1195,7 @@ func TestResumeAfterWindow(t *testing.T) {
 				t.Logf("held connection closed %v after the park, with %v", last.Closed.Sub(logTime(parked)).Round(time.Millisecond), last.Closes)
 			}
 			before := []int{px[0].contacts(), px[1].contacts()}
-			body := d.refused(t, "w2", g.WS("/?bf_resume="+id), http.StatusGone)
+			body := d.refused(t, "w2", g.WS("/?bf_resume="+tok), http.StatusGone)
 			t.Logf("resume after the window: 410 %s", body)
 			if after := []int{px[0].contacts(), px[1].contacts()}; after[0] != before[0] || after[1] != before[1] {
 				t.Fatalf("a resume after the window contacted a provider: %v connections before, %v after", before, after)
@@ -1034,6 +1203,7 @@ func TestResumeAfterWindow(t *testing.T) {
 			if got := metric(t, g, resumes("unknown")) - unknown0; got != 1 {
 				t.Fatalf("resumes_total{result=unknown} went up by %v, want 1", got)
 			}
+			wantNotForwarded(t, []string{tok}, px...)
 			waitIdle(t, names...)
 		})
 	}
@@ -1050,11 +1220,12 @@ func TestResumeBrowserRestarted(t *testing.T) {
 	bs := StartChromiums(t, 2)
 	px := []*cdpProxy{startProxy(t, bs[0], false), startProxy(t, bs[1], false)}
 	g := testgw.Start(t, handler(`"queue":{"size":0},"connect_timeout":"10s","resume":{"window":"2m"}`,
-		provider("rsr-a", px[0].HTTPURL(), `"priority":1`), provider("rsr-b", px[1].HTTPURL(), `"priority":2`)))
+		provider("rsr-a", px[0].HTTPURL(), `"priority":1,"pass_query":true`), provider("rsr-b", px[1].HTTPURL(), `"priority":2,"pass_query":true`)))
 	refused0 := metric(t, g, resumes("refused"))
 	d := startDriver(t)
 
-	id := d.connect(t, "c1", g.WS("/"))
+	tok := resumeToken(t)
+	id := d.connect(t, "c1", g.WS("/?bf_resume_token="+tok))
 	if s, _ := listed(t, g, id); s.Provider != "rsr-a" {
 		t.Fatalf("session at %q, want rsr-a", s.Provider)
 	}
@@ -1068,7 +1239,7 @@ func TestResumeBrowserRestarted(t *testing.T) {
 	if again.WSPath == bs[0].WSPath {
 		t.Fatalf("the restarted browser has the same path %s", again.WSPath)
 	}
-	body := d.refused(t, "c2", g.WS("/?bf_resume="+id), http.StatusGone)
+	body := d.refused(t, "c2", g.WS("/?bf_resume="+tok), http.StatusGone)
 	t.Logf("resume after the browser restarted: 410 %s", body)
 	if !strings.Contains(body, "status_404") {
 		t.Fatalf("refused resume %s, want Chrome's 404 among its attempts", body)
@@ -1085,6 +1256,7 @@ func TestResumeBrowserRestarted(t *testing.T) {
 	if p := freshSession(t, g); p != "rsr-a" {
 		t.Fatalf("a fresh connection went to %s, want rsr-a's new browser", p)
 	}
+	wantNotForwarded(t, []string{tok}, px...)
 	waitIdle(t, "rsr-a", "rsr-b")
 }
 
@@ -1118,11 +1290,16 @@ func cdpCall(t *testing.T, c *websocket.Conn, id int, method string, params any)
 
 // TestResumeKey: with resume_key {http.request.header.X-User}, a session
 // left by alice's client (its connection dropped) is not resumed by bob's
-// or by a client without the header (410, no provider contacted, the entry
-// stays), and then is by alice's, with the Browser-Failover-Resume header
-// instead of the query: her tab is there. Both providers are proxies in
-// front of the same Chromium, so the proxies alone tell where each
-// connection went.
+// or by a client without the header, both presenting its resume token,
+// nor by alice's with the session's ID (410 each, no provider contacted,
+// the entry stays), and then is by alice's with the token in the
+// Browser-Failover-Resume header instead of the query: her tab is there.
+// Alice's client (coder/websocket, which returns the 101) brought no token
+// of its own: it reads the one the gateway handed out on the 101, in
+// Browser-Failover-Resume-Token. Neither that token nor the resume
+// header reaches the provider, and the admin API never shows the token.
+// Both providers are proxies in front of the same Chromium, so the
+// proxies alone tell where each connection went.
 func TestResumeKey(t *testing.T) {
 	Require(t, false)
 	bs := StartChromiums(t, 1)
@@ -1144,6 +1321,10 @@ func TestResumeKey(t *testing.T) {
 		t.Fatal(err)
 	}
 	id := resp.Header.Get("Browser-Failover-Session")
+	tok := resp.Header.Get("Browser-Failover-Resume-Token")
+	if len(tok) < 22 || strings.Trim(tok, "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_") != "" || tok == id {
+		t.Fatalf("the 101 handed out resume token %q (session %s), want 22 or more URL-safe characters, not the session ID", tok, id)
+	}
 	s, _ := listed(t, g, id)
 	own := 0
 	if s.Provider == names[1] {
@@ -1155,35 +1336,47 @@ func TestResumeKey(t *testing.T) {
 	json.Unmarshal(cdpCall(t, c, 1, "Target.createTarget", map[string]any{"url": "about:blank"}), &created)
 	c.CloseNow() // no close frame
 	logEntry(t, g, "session parked", "session_id", id)
+	wantSecret(t, g, tok)
 
 	before := []int{px[0].contacts(), px[1].contacts()}
-	for who, h := range map[string]http.Header{"bob": {"X-User": {"bob"}}, "no header": nil} {
-		c, resp, err := dial(h, "?bf_resume="+id)
+	for _, try := range []struct {
+		who       string
+		h         http.Header
+		presented string
+	}{
+		{"bob", http.Header{"X-User": {"bob"}}, tok},
+		{"no header", nil, tok},
+		{"alice, with the session ID", alice, id},
+	} {
+		c, resp, err := dial(try.h, "?bf_resume="+try.presented)
 		if err == nil {
 			c.CloseNow()
-			t.Fatalf("%s resumed alice's session", who)
+			t.Fatalf("%s resumed alice's session", try.who)
 		}
 		if resp == nil || resp.StatusCode != http.StatusGone {
-			t.Fatalf("%s's resume: %v %v, want 410", who, resp, err)
+			t.Fatalf("%s's resume: %v %v, want 410", try.who, resp, err)
 		}
 	}
 	if after := []int{px[0].contacts(), px[1].contacts()}; after[0] != before[0] || after[1] != before[1] {
 		t.Fatalf("refused resumes contacted a provider: %v connections before, %v after", before, after)
 	}
-	if got := metric(t, g, resumes("unknown")) - unknown0; got != 2 {
-		t.Fatalf("resumes_total{result=unknown} went up by %v, want 2", got)
+	if got := metric(t, g, resumes("unknown")) - unknown0; got != 3 {
+		t.Fatalf("resumes_total{result=unknown} went up by %v, want 3", got)
 	}
 	wantParked(t, g, id, names[own], 2*time.Minute)
 
 	h := alice.Clone()
-	h.Set("Browser-Failover-Resume", id)
+	h.Set("Browser-Failover-Resume", tok)
 	c, resp, err = dial(h, "")
 	if err != nil {
 		t.Fatalf("alice's resume: %v", err)
 	}
 	id2 := resp.Header.Get("Browser-Failover-Session")
-	if res := logEntry(t, g, "session resumed", "session_id", id2); res["resumed_from"] != id || res["provider"] != names[own] {
-		t.Fatalf("session resumed: %v, want resumed_from %s at %s", res, id, names[own])
+	if again := resp.Header.Get("Browser-Failover-Resume-Token"); again != "" && again != tok {
+		t.Fatalf("the resume's 101 handed out another resume token %q; the session keeps %q", again, tok)
+	}
+	if res := logEntry(t, g, "session resumed", "session_id", id2); res["resumed_from"] != id || res["provider"] != names[own] || id2 == id {
+		t.Fatalf("session resumed: %v, want a new ID, resumed_from %s at %s", res, id, names[own])
 	}
 	var targets struct {
 		TargetInfos []struct {
@@ -1205,9 +1398,11 @@ func TestResumeKey(t *testing.T) {
 	if last := ups[len(ups)-1]; len(ups) != 2 || strings.Contains(strings.ToLower(last.Head), "browser-failover-resume") {
 		t.Fatalf("%s's upgrades %+v, want a second one, without the resume header", names[own], ups)
 	}
+	wantSecret(t, g, tok)
 	cdpCall(t, c, 3, "Target.closeTarget", map[string]any{"targetId": created.TargetID})
 	c.Close(websocket.StatusNormalClosure, "")
 	logEntry(t, g, "session parked", "session_id", id2)
 	endParked(t, g, id2)
+	wantNotForwarded(t, []string{tok}, px...)
 	waitIdle(t, names...)
 }

@@ -5,12 +5,17 @@
 //
 //   connect <label> <url>
 //       Puppeteer over a transport on the ws package (as the docs show),
-//       which reads the gateway's Browser-Failover-Session header from the
-//       101: "CONNECTED <label> <session id> <ms>". A refused upgrade is
-//       answered "REFUSED <label> <status> <body>".
+//       which reads the gateway's Browser-Failover-Session and
+//       Browser-Failover-Resume-Token headers from the 101:
+//       "CONNECTED <label> <session id> <ms> <resume token or ->". A
+//       refused upgrade is answered "REFUSED <label> <status> <body>".
 //   connect-url <label> <url>
 //       puppeteer.connect({browserWSEndpoint: url}), Puppeteer's own
 //       connection: "CONNECTED <label> - <ms>".
+//   connect-browserurl <label> <url>
+//       puppeteer.connect({browserURL: url}): Puppeteer GETs
+//       <url's path>/json/version with url's query, and connects to the
+//       webSocketDebuggerUrl it is given: "CONNECTED <label> - <ms>".
 //   open <label> <title>
 //       A new page showing <title>, with window.x = 42: "OPENED <label> <title>".
 //   check <label> <title>
@@ -72,12 +77,16 @@ function gatewayTransport(url) {
     const t = {
       ws,
       sessionId: null,
+      resumeToken: null,
       onmessage: null,
       onclose: null,
       send: (m) => ws.send(m),
       close: () => ws.close(),
     };
-    ws.on('upgrade', (res) => { t.sessionId = res.headers['browser-failover-session'] || null; });
+    ws.on('upgrade', (res) => {
+      t.sessionId = res.headers['browser-failover-session'] || null;
+      t.resumeToken = res.headers['browser-failover-resume-token'] || null;
+    });
     ws.on('unexpected-response', (req, res) => {
       let body = '';
       res.setEncoding('utf8');
@@ -159,11 +168,17 @@ const commands = {
     }
     const browser = await within(protocolTimeout, 'puppeteer.connect', puppeteer.connect({ transport: t, protocolTimeout }));
     conns.set(label, { t, browser });
-    return `CONNECTED ${label} ${t.sessionId || '-'} ${Date.now() - start}`;
+    return `CONNECTED ${label} ${t.sessionId || '-'} ${Date.now() - start} ${t.resumeToken || '-'}`;
   },
   async 'connect-url'(label, url) {
     const start = Date.now();
     const browser = await within(protocolTimeout, 'puppeteer.connect', puppeteer.connect({ browserWSEndpoint: url, protocolTimeout }));
+    conns.set(label, { browser });
+    return `CONNECTED ${label} - ${Date.now() - start}`;
+  },
+  async 'connect-browserurl'(label, url) {
+    const start = Date.now();
+    const browser = await within(protocolTimeout, 'puppeteer.connect', puppeteer.connect({ browserURL: url, protocolTimeout }));
     conns.set(label, { browser });
     return `CONNECTED ${label} - ${Date.now() - start}`;
   },
