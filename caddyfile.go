@@ -73,6 +73,7 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //		affinity header|query|cookie <name>
 //		discovery on|off
 //		forward_headers <field...>
+//		allowed_origins <origin...>
 //		client_limit <placeholder> <n>
 //		hedge_after  <duration>
 //		hedge_max    <n>
@@ -170,6 +171,8 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			h.State, err = r.parseState()
 		case "forward_headers":
 			err = parseForwardHeaders(d, h)
+		case "allowed_origins":
+			h.AllowedOrigins, err = parseAllowedOrigins(d)
 		case "webhook":
 			var wh *observe.WebhookConfig
 			if wh, err = r.parseWebhook(); err == nil {

@@ -21,7 +21,9 @@ import (
 // The failover chain: one client's way through the gateway, top to bottom.
 // ServeHTTP has already checked that the request is a WebSocket upgrade.
 //
-//  1. join       Name the client (its session ID) and recognise it: what
+//  0. check      An upgrade a web page opened (it carries Origin) goes on
+//                only from an origin allowed_origins names: 403 otherwise.
+//  1. join       Name the client (its session ID and resume token) and recognise it: what
 //                it speaks (CDP, or Playwright and its version), its
 //                affinity key and its client_limit key. Take its
 //                client_limit share, waiting in the queue while its key is
@@ -63,6 +65,11 @@ type connect struct {
 	start   time.Time
 	// id names the client's session (session_id.go).
 	id string
+	// token is the client's resume token (resume.go): the one it brought,
+	// or (handOut) one the gateway made for it and puts on its 101; ""
+	// when its session cannot be resumed.
+	token   string
+	handOut bool
 
 	cls  *class
 	pool *poolOf // the handler's members that can serve the client
@@ -112,12 +119,25 @@ func (h *Handler) chain(w http.ResponseWriter, r *http.Request, hs *upstreams.Ha
 		c.replace = func(s string) string { return repl.ReplaceKnown(s, "") }
 		repl.Set(PlaceholderSessionID, c.id)
 	}
-	// A client taking back a session it left goes to that session's
-	// browser, or nowhere (resume.go).
-	if id := resumeID(r, hs); id != "" {
-		c.resume(id)
+	// 0. Check: a web page may drive the browsers only from an origin
+	// the operator allowed (origins.go); an exiting process serves no
+	// one.
+	if !h.origins.allows(r.Header.Values("Origin")) {
+		c.finish(c.refuseOrigin())
 		return
 	}
+	if caddy.Exiting() {
+		c.finish(c.shuttingDown())
+		return
+	}
+	// A client taking back a session it left goes to that session's
+	// browser, or nowhere (resume.go).
+	presented, token := resumeRequest(r, hs)
+	if presented != "" {
+		c.resume(presented)
+		return
+	}
+	c.token = token
 	// 1. Join. The mark comes before the client's first look for room; a
 	// client that never joins the queue gives it back.
 	c.mark = pool.Waiting.Mark()
@@ -132,12 +152,22 @@ func (h *Handler) chain(w http.ResponseWriter, r *http.Request, hs *upstreams.Ha
 		if !first && !c.wait(retryAt) {
 			return
 		}
+		if caddy.Exiting() {
+			// Woken by a slot that shutdown freed: no new session now.
+			c.finish(c.shuttingDown())
+			return
+		}
 		end, couldWait, retry := c.pass(first)
 		switch end {
 		case passEstablished, passAnswered:
 			return
 		case passClientGone:
-			if c.waiter != nil && ctx.Err() == nil {
+			if caddy.Exiting() && ctx.Err() == nil {
+				// The attempt was cut short by the exit (a create in
+				// flight is released when it answers), not by the
+				// client.
+				c.finish(c.shuttingDown())
+			} else if c.waiter != nil && ctx.Err() == nil {
 				// Not the client: its wait ran out during the pass.
 				c.finish(c.unavailable("queue timeout"))
 			} else {
@@ -170,6 +200,9 @@ func (c *connect) join() bool {
 	c.pool = h.poolFor(c.cls)
 	if len(c.pool.members) == 0 {
 		c.finish(c.unservable(h.noProviderServes(c.cls)))
+		return false
+	}
+	if !c.prepareResume() {
 		return false
 	}
 	if h.ClientLimit == nil {
@@ -217,6 +250,10 @@ func (c *connect) join() bool {
 func (c *connect) enqueue(want []string) bool {
 	w, err := c.h.line.Join(c.mark, c.cls, want, time.Time{})
 	if err != nil {
+		if errors.Is(err, queue.ErrUnavailable) && caddy.Exiting() {
+			c.finish(c.shuttingDown())
+			return false
+		}
 		why := "queue full"
 		if errors.Is(err, queue.ErrUnavailable) || c.h.line.Size() == 0 {
 			why = "no provider available"
@@ -241,6 +278,9 @@ func (c *connect) wait(retryAt time.Time) bool {
 	case err == nil:
 	case errors.Is(err, queue.ErrTimeout):
 		c.finish(c.overOrUnavailable("queue timeout"))
+		return false
+	case errors.Is(err, queue.ErrUnavailable) && caddy.Exiting():
+		c.finish(c.shuttingDown())
 		return false
 	case errors.Is(err, queue.ErrUnavailable):
 		c.finish(c.overOrUnavailable("no provider available"))
@@ -381,6 +421,11 @@ func (c *connect) order(advance bool) []int {
 func (c *connect) pick(ps *passState) (*member, cooldown.Permit, *cluster.Lease) {
 	h := c.h
 	for ps.next < len(ps.order) {
+		if caddy.Exiting() {
+			// No new attempt once the process is exiting.
+			ps.next = len(ps.order)
+			break
+		}
 		m := h.members[ps.order[ps.next]]
 		ps.next++
 		st := m.state
@@ -747,6 +792,15 @@ func (c *connect) skip(m *member, word string) {
 // HTTP/1.1 client is hijacked and answered with the provider's 101; an
 // HTTP/2 or HTTP/3 client (extended CONNECT) gets 200 and a stream.
 func (c *connect) establish(m *member, up *upstreams.Conn) passEnd {
+	if caddy.Exiting() {
+		// An attempt that was in flight when the process began to exit:
+		// its provider session is ended and released, the client gets
+		// 503 rather than a session that shutdown would end at once.
+		go up.CloseWith(upstreams.CloseGoingAway, upstreams.EndShutdown)
+		m.state.Unreserve()
+		c.finish(c.shuttingDown())
+		return passAnswered
+	}
 	if c.hs.ExtendedConnect {
 		return c.establishStream(m, up)
 	}
@@ -767,7 +821,7 @@ func (c *connect) establish(m *member, up *upstreams.Conn) passEnd {
 	// The provider's 101 goes to the client only once the session counts
 	// as live, so a client never holds a session that status and
 	// max_concurrent do not see yet. It names the session.
-	answer := up.Answer.RawWithHeader(SessionHeader, c.id)
+	answer := up.Answer.RawWithHeaders(c.answerHeaders()...)
 	c.relay(m, relayConn(conn), up, pending, func() error {
 		_, err := conn.Write(answer)
 		return err
@@ -785,12 +839,18 @@ func (c *connect) establishStream(m *member, up *upstreams.Conn) passEnd {
 			hd[k] = vs
 		}
 	}
-	hd.Set(SessionHeader, c.id)
+	for _, f := range c.answerHeaders() {
+		hd.Set(f.Name, f.Value)
+	}
 	rc := http.NewResponseController(c.w)
 	sc := newStreamConn(c.r, c.w, rc)
 	s := c.relay(m, sc, up, nil, func() error {
 		c.w.WriteHeader(http.StatusOK)
-		return rc.Flush()
+		err := rc.Flush()
+		// Sent: the header map is read again only by Caddy's access
+		// log, which must not show the token.
+		hd.Del(ResumeTokenHeader)
+		return err
 	})
 	// Return only once both relay directions are done with the
 	// ResponseWriter: the session has ended, or (held for a resume) its
@@ -800,6 +860,15 @@ func (c *connect) establishStream(m *member, up *upstreams.Conn) passEnd {
 	case <-c.leftHeld:
 	}
 	return passEstablished
+}
+
+// answerHeaders are the gateway's own fields on the client's 101 (or
+// 200): the session ID, and a resume token the gateway made for it.
+func (c *connect) answerHeaders() []upstreams.HeaderField {
+	if c.handOut {
+		return []upstreams.HeaderField{{Name: SessionHeader, Value: c.id}, {Name: ResumeTokenHeader, Value: c.token}}
+	}
+	return []upstreams.HeaderField{{Name: SessionHeader, Value: c.id}}
 }
 
 // 7. Relay: relay registers the session with its provider and in the
@@ -820,12 +889,11 @@ func (c *connect) relay(m *member, client netConn, up *upstreams.Conn, pending [
 		wasted:    c.hedgesWasted,
 		keepalive: c.h.Keepalive > 0,
 	}
-	quota, lease := c.quota, c.lease
+	hd := &holds{st: st, quota: c.quota, lease: c.lease}
 	c.quota, c.lease = nil, nil
-	var store *cluster.Shared
-	if lease != nil && c.h.shared != nil {
-		store = c.h.shared.s
-		store.Retain()
+	if hd.lease != nil && c.h.shared != nil {
+		hd.store = c.h.shared.s
+		hd.store.Retain()
 	}
 	var idle, maxDur time.Duration
 	if s := c.h.Session; s != nil {
@@ -852,27 +920,22 @@ func (c *connect) relay(m *member, client netConn, up *upstreams.Conn, pending [
 			pool.Unpark(end.id)
 		}
 		// The provider session created for it (session_api) is
-		// released in the background, unless the session is
-		// parked: then at the end of its window.
-		if !pk.ended(s) {
+		// released in the background, and what the session holds
+		// given back, unless the session is parked with them: then
+		// at the end of its window, or by its resume.
+		if !pk.ended(s, hd) {
 			up.Release()
-		}
-		st.End(s)
-		if quota != nil {
-			pool.ReleaseQuota(*quota)
-		}
-		if lease != nil {
-			lease.Release()
-		}
-		if store != nil {
-			store.Release()
+			hd.end(s)
 		}
 		end.log(s)
 	}
 	s := upstreams.NewSession(client, up, opts)
 	info := pool.SessionInfo{ID: c.id, Protocol: string(c.cls.proto), RemoteIP: remoteIP(c.r), Attempts: c.tries}
-	if quota != nil {
-		info.Client = quota.Shown()
+	if hd.quota != nil {
+		info.Client = hd.quota.Shown()
+	}
+	if pk != nil {
+		info.ResumeToken = pk.token
 	}
 	st.Establish(s, info)
 	c.learnt(m.up.Name)
@@ -883,6 +946,46 @@ func (c *connect) relay(m *member, client netConn, up *upstreams.Conn, pending [
 	}
 	s.Run()
 	return s
+}
+
+// holds are what a live session counts against: its provider's slot, its
+// client_limit share and its cluster-wide slot (with the shared store it
+// keeps open). A session gives them back when it ends; a parked one that
+// keeps them (resume.go), when its window ends or its resume takes them.
+type holds struct {
+	st    *pool.Provider
+	quota *pool.QuotaKey
+	lease *cluster.Lease
+	store *cluster.Shared
+}
+
+// end gives them back as the live session s ends.
+func (hd *holds) end(s *upstreams.Session) {
+	hd.st.End(s)
+	hd.release()
+}
+
+// free gives back a parked session's: the slot it kept without a live
+// session, and the rest.
+func (hd *holds) free() {
+	hd.st.Unreserve()
+	hd.release()
+}
+
+// release gives back all but the slot.
+func (hd *holds) release() {
+	if hd.quota != nil {
+		pool.ReleaseQuota(*hd.quota)
+		hd.quota = nil
+	}
+	if hd.lease != nil {
+		hd.lease.Release()
+		hd.lease = nil
+	}
+	if hd.store != nil {
+		hd.store.Release()
+		hd.store = nil
+	}
 }
 
 // served takes a client that got its session out of the queue, before the

@@ -40,7 +40,9 @@ const clientKeyRetry = 5 * time.Second
 // own, and the status' keys differ from the other nodes' until it has
 // the shared one.
 func (h *Handler) provisionClientKeys(ctx caddy.Context) {
-	if h.ClientLimit == nil && h.ResumeKey == "" {
+	if h.ClientLimit == nil && h.Resume == nil {
+		// Nothing is hashed with it: no client keys, no resume tokens
+		// or resume keys.
 		return
 	}
 	secret, err := storedSecret(ctx)

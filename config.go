@@ -101,6 +101,15 @@ type Handler struct {
 	// the session ID alone.
 	ResumeKey string `json:"resume_key,omitempty"`
 
+	// AllowedOrigins are the web-page origins whose upgrades are served
+	// (scheme://host[:port], case-insensitive, the scheme's default port
+	// implied; "null" for sandboxed and file:// pages; "*" for any page).
+	// An upgrade that carries any other Origin header is refused with 403:
+	// a browser sends one for every WebSocket a page opens, automation
+	// clients send none. Default: none, every upgrade with an Origin is
+	// refused.
+	AllowedOrigins []string `json:"allowed_origins,omitempty"`
+
 	// given holds the options stated explicitly (see explicit).
 	given explicit
 
@@ -531,6 +540,9 @@ func (h *Handler) validateOwn() error {
 	}
 	if err := validateForwardHeaders(h.ForwardHeaders); err != nil {
 		errs = append(errs, badOpt("forward_headers", "%v", err))
+	}
+	if err := validateOrigins(h.AllowedOrigins); err != nil {
+		errs = append(errs, badOpt("allowed_origins", "%v", err))
 	}
 	errs = append(errs, h.Resume.validate(), h.validateResumeKey())
 	if len(h.Providers) == 0 {

@@ -50,6 +50,14 @@ var parityCases = []parityCase{
 	{scope: "handler", cf: "client_limit user 1", js: `"client_limit":{"key":"user","limit":1}`},
 	{scope: "handler", cf: "webhook http://h/in {\nevents cooldown\n}", js: `"webhooks":[{"url":"http://h/in","events":["cooldown"]}]`, ok: true},
 	{scope: "handler", cf: "webhook http://h/in {\nevents exploded\n}", js: `"webhooks":[{"url":"http://h/in","events":["exploded"]}]`},
+	{scope: "handler", cf: "allowed_origins https://app.example.com http://127.0.0.1:3000 null", js: `"allowed_origins":["https://app.example.com","http://127.0.0.1:3000","null"]`, ok: true},
+	{scope: "handler", cf: "allowed_origins *", js: `"allowed_origins":["*"]`, ok: true},
+	{scope: "handler", cf: "allowed_origins HTTPS://[::1]:443", js: `"allowed_origins":["HTTPS://[::1]:443"]`, ok: true},
+	{scope: "handler", cf: "allowed_origins app.example.com", js: `"allowed_origins":["app.example.com"]`},
+	{scope: "handler", cf: "allowed_origins https://app.example.com/", js: `"allowed_origins":["https://app.example.com/"]`},
+	{scope: "handler", cf: "allowed_origins https://app.example.com:99999", js: `"allowed_origins":["https://app.example.com:99999"]`},
+	{scope: "handler", cf: "allowed_origins https://u@app.example.com", js: `"allowed_origins":["https://u@app.example.com"]`},
+	{scope: "handler", cf: `allowed_origins ""`, js: `"allowed_origins":[""]`},
 
 	// A provider's options.
 	{scope: "provider", cf: "weight 1", js: `"weight":1`, ok: true},

@@ -290,19 +290,19 @@ func TestMalformedUpgrades(t *testing.T) {
 }
 
 // TestRelayFidelity: a 4 MiB message, 1,000 small ones in order, a
-// negotiated subprotocol, the client's credentials and Origin held back,
+// negotiated subprotocol, the client's credentials and an allowed Origin held back,
 // header_up values delivered.
 func TestRelayFidelity(t *testing.T) {
 	echo := fakes.Echo("echo", nil, "cdp.v1", "other")
 	defer echo.Close()
-	g := testgw.Start(t, handler("", provider("echo", echo.URL(),
+	g := testgw.Start(t, handler(`"allowed_origins":["http://app.example"]`, provider("echo", echo.URL(),
 		`"headers_up":[{"op":"set","field":"X-Api-Key","value":"k1"},{"op":"add","field":"X-Trace","value":"t2"}]`)))
 
 	c, resp, err := dial(t, g.WS("/"), &websocket.DialOptions{
 		Subprotocols: []string{"cdp.v1"},
 		HTTPHeader: http.Header{
 			"Authorization": {"Bearer for-the-gateway"},
-			"Origin":        {"http://evil.example"},
+			"Origin":        {"http://app.example"},
 			"X-Trace":       {"t1"},
 			"User-Agent":    {"test-client/1"},
 		},

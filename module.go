@@ -52,6 +52,8 @@ type handlerRuntime struct {
 	// probes are the providers whose probe loop has this handler's
 	// health check.
 	probes []*pool.Provider
+	// origins are the web-page origins whose upgrades are served.
+	origins originSet
 }
 
 // member is one provider of this handler: its dialer and its process-wide
@@ -82,8 +84,9 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if h.obs, err = observe.New(ctx, h.logger, h.Webhooks); err != nil {
 		return err
 	}
-	closeOnExit(ctx)
+	closeOnExit(ctx, h)
 	h.discovery = h.Discovery == nil || *h.Discovery
+	h.origins = newOriginSet(h.AllowedOrigins)
 	h.pools = new(sync.Map)
 	single := len(h.Providers) == 1
 
@@ -266,20 +269,27 @@ func (h *Handler) resetRecovered(st *pool.Provider) {
 	h.obs.Recovered(st.Name())
 }
 
-// closeOnExit makes the HTTP server the handler is provisioned in close
-// every live session with 1001 as soon as it begins to shut down for a
-// process exit. Cleanup, which does the same, comes too late for HTTP/2
-// and HTTP/3 sessions: their requests are still being served, and Caddy
-// stops its servers (waiting for requests to finish, with no end by
-// default) before it cleans up modules. On a reload (not exiting) the hook
+// closeOnExit makes the HTTP server the handler is provisioned in stop
+// serving as soon as it begins to shut down for a process exit: the
+// handler's waiters get 503 (before shutdown frees any slot they could
+// take), no provider session is created any more, and every live session
+// gets 1001. Cleanup, which does the same, comes too late for HTTP/2 and
+// HTTP/3 sessions: their requests are still being served, and Caddy stops
+// its servers (waiting for requests to finish, with no end by default)
+// before it cleans up modules. The chain itself starts no attempt once
+// the process is exiting (chain.go). On a reload (not exiting) the hook
 // does nothing and sessions go on.
-func closeOnExit(ctx caddy.Context) {
+func closeOnExit(ctx caddy.Context, h *Handler) {
 	srv, ok := ctx.Value(caddyhttp.ServerCtxKey).(*caddyhttp.Server)
 	if !ok {
 		return
 	}
 	srv.RegisterOnShutdown(func() {
 		if caddy.Exiting() {
+			if h.line != nil {
+				h.line.Close()
+			}
+			upstreams.StopCreates()
 			pool.ExpireAll()
 			closeAllSessions()
 		}

@@ -434,7 +434,7 @@ func TestMetricsMove(t *testing.T) {
 	words := map[string]*regexp.Regexp{
 		"provider": regexp.MustCompile(`^[^/:@?=]+$`), // a name, nothing URL-like
 		"outcome":  regexp.MustCompile(`^(ok|refused|timeout|dns_error|tls_error|reset|bad_handshake|bad_discovery|client_gone|create_failed|bad_create|bad_connect_url|status_(\d{3}|4xx|5xx|other)|other)$`),
-		"reason":   regexp.MustCompile(`^(queue_full|queue_timeout|no_provider|relayed|unservable|client_limit|resume|other)$`),
+		"reason":   regexp.MustCompile(`^(queue_full|queue_timeout|no_provider|relayed|unservable|client_limit|resume|origin|shutdown|other)$`),
 		"sink":     regexp.MustCompile(`^(events_app|webhook)$`),
 		"result":   regexp.MustCompile(`^(ok|failed|resumed|unknown|unavailable|refused|conflict|not_resumable)$`),
 		"held":     regexp.MustCompile(`^(true|false)$`),

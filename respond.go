@@ -105,6 +105,24 @@ func (c *connect) unavailable(why string) *reply {
 	}}
 }
 
+// shutdownRetryAfter is the Retry-After of a client that an exiting
+// process turns away: another node, or this one restarted, may serve it.
+const shutdownRetryAfter = 1
+
+// shuttingDown is the 503 of a client that arrives, waits or finishes an
+// attempt while the process is exiting.
+func (c *connect) shuttingDown() *reply {
+	body := rejectBody{Error: "the gateway is shutting down", Attempts: c.attempts, RetryAfterS: shutdownRetryAfter}
+	if body.Attempts == nil {
+		body.Attempts = []attempt{}
+	}
+	return &reply{status: http.StatusServiceUnavailable, reason: observe.ReasonShutdown, write: func(w http.ResponseWriter, _ *http.Request) {
+		writeJSON(w, http.StatusServiceUnavailable, body, func(hd http.Header) {
+			hd.Set("Retry-After", strconv.Itoa(shutdownRetryAfter))
+		})
+	}}
+}
+
 // quotaRetryAfter is the Retry-After of a 429 for client_limit: sessions
 // are long and their end unknown, so a fixed, modest hint.
 const quotaRetryAfter = 5

@@ -3,8 +3,11 @@ package browserfailover
 import (
 	"context"
 	"encoding/json"
+	"errors"
+	"fmt"
 	"net/http"
 	"net/url"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -22,27 +25,69 @@ import (
 
 // Resume: a CDP session that ends from the client's side (its close frame,
 // or its connection dropping) may be taken back within the resume window
-// by a client that names its session ID, and gets the same browser: the
-// same provider, the same upstream URL (a discovered provider's
-// webSocketDebuggerUrl, a created session's connect URL), never a fresh
-// browser elsewhere. Chrome keeps its browser and pages when a DevTools
-// connection closes, so without hold the gateway closes the provider
-// connection as usual and dials the same URL again on resume. With hold,
-// for providers that end the browser when the socket closes, the provider
-// connection stays open (and keeps its slot) while no client is joined,
-// and a resuming client is joined to it.
+// by a client that presents the session's resume token, and gets the same
+// browser: the same provider, the same upstream URL (a discovered
+// provider's webSocketDebuggerUrl, a created session's connect URL), never
+// a fresh browser elsewhere. Chrome keeps its browser and pages when a
+// DevTools connection closes, so without hold the gateway closes the
+// provider connection as usual and dials the same URL again on resume.
+// With hold, for providers that end the browser when the socket closes,
+// the provider connection stays open (and keeps its slot) while no client
+// is joined, and a resuming client is joined to it.
 //
-// Each ID resumes once: the resumed session gets a new ID, on its 101 as
-// usual, to resume with next time. With resume_key, an ID resumes only for
-// a client whose key has the same value. Whatever cannot be resumed is
-// answered 410 with a JSON error, and no provider is asked for anything
-// else.
+// The token is a secret only the client holds: it brings its own on its
+// first connect (CDP clients cannot read their 101's headers), or takes
+// the one the gateway hands out on the 101. The gateway keeps only a keyed
+// hash of it. The session ID, which operators see everywhere, identifies
+// a session and never takes one back. A resumed session keeps its token,
+// so a client may drop and resume again with the same URL. With
+// resume_key, a token resumes only for a client whose key has the same
+// value. Whatever cannot be resumed is answered 410 with a JSON error,
+// and no provider is asked for anything else.
+//
+// A parked session that still holds a provider session (a held socket, or
+// a session created over a session API and not released yet) keeps what
+// it counts against: its slot (max_concurrent), its client_limit share
+// and its cluster-wide slot, until it is resumed or its window ends.
 
-// Where a client names the session it resumes.
+// Where a client names the session it resumes, with its token.
 const (
 	ResumeQuery  = "bf_resume"
 	ResumeHeader = "Browser-Failover-Resume"
 )
+
+// Where a client brings its own resume token on its first connect, and
+// where the gateway hands one out on the 101 when the client brought none.
+const (
+	ResumeTokenQuery  = "bf_resume_token"
+	ResumeTokenHeader = "Browser-Failover-Resume-Token"
+)
+
+// A resume token is minResumeToken to maxResumeToken URL-safe characters
+// (A-Z, a-z, 0-9, - and _): at least 128 bits of a client's randomness in
+// base64url.
+const (
+	minResumeToken = 22
+	maxResumeToken = 256
+)
+
+// validResumeToken reports whether t has a token's form.
+func validResumeToken(t string) bool {
+	if len(t) < minResumeToken || len(t) > maxResumeToken {
+		return false
+	}
+	for i := 0; i < len(t); i++ {
+		c := t[i]
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '_') {
+			return false
+		}
+	}
+	return true
+}
+
+// newResumeToken is a token the gateway makes for a client that brought
+// none: as random as a session ID, and never one.
+func newResumeToken() string { return newSessionID() }
 
 // EndResumeWindow is the close reason a held session's provider side gets
 // when its window ends without a resume.
@@ -84,42 +129,79 @@ func (h *Handler) validateResumeKey() error {
 	return nil
 }
 
-// resumeID takes the ID a client asks to resume out of its request ("" when
-// it asks for none): neither the query item nor the header goes to a
-// provider.
-func resumeID(r *http.Request, hs *upstreams.Handshake) string {
-	id := strings.TrimSpace(r.Header.Get(ResumeHeader))
-	if id != "" {
-		hs.Header.Del(ResumeHeader)
-	}
+// resumeRequest takes out of the client's request what it says of
+// resuming: presented is the token of a session it takes back (the
+// ResumeQuery item or ResumeHeader), token the one it brings for the
+// session it opens now (ResumeTokenQuery or ResumeTokenHeader). None of
+// them goes to a provider; the rest of the query stays as the client
+// wrote it.
+func resumeRequest(r *http.Request, hs *upstreams.Handshake) (presented, token string) {
+	presented = strings.TrimSpace(r.Header.Get(ResumeHeader))
+	token = strings.TrimSpace(r.Header.Get(ResumeTokenHeader))
+	hs.Header.Del(ResumeHeader)
+	hs.Header.Del(ResumeTokenHeader)
 	if !strings.Contains(hs.RawQuery, ResumeQuery) {
-		return id
+		return presented, token
 	}
-	// Take the item out, leaving the rest of the query as the client
-	// wrote it.
 	var kept []string
 	for _, part := range strings.Split(hs.RawQuery, "&") {
 		k, v, _ := strings.Cut(part, "=")
-		if ku, err := url.QueryUnescape(k); err == nil && ku == ResumeQuery {
-			if vu, err := url.QueryUnescape(v); err == nil && id == "" {
-				id = strings.TrimSpace(vu)
-			}
+		ku, err := url.QueryUnescape(k)
+		if err != nil || (ku != ResumeQuery && ku != ResumeTokenQuery) {
+			kept = append(kept, part)
 			continue
 		}
-		kept = append(kept, part)
+		vu, err := url.QueryUnescape(v)
+		if err != nil {
+			continue
+		}
+		switch {
+		case ku == ResumeQuery && presented == "":
+			presented = strings.TrimSpace(vu)
+		case ku == ResumeTokenQuery && token == "":
+			token = strings.TrimSpace(vu)
+		}
 	}
 	hs.RawQuery = strings.Join(kept, "&")
-	return id
+	return presented, token
+}
+
+// prepareResume readies the resume token of a client whose session may be
+// resumed (resume on, CDP, a resume_key value when one is set): the token
+// it brought, which must have a token's form, or one the gateway hands out
+// on the 101. Other clients' tokens are ignored. It reports false when the
+// client got its answer (400 for a malformed token).
+func (c *connect) prepareResume() bool {
+	h := c.h
+	if h.Resume == nil || c.cls.proto == upstreams.ProtocolPlaywright || (h.ResumeKey != "" && c.resumeKeyValue() == "") {
+		c.token = ""
+		return true
+	}
+	if c.token == "" {
+		c.token, c.handOut = newResumeToken(), true
+		return true
+	}
+	if !validResumeToken(c.token) {
+		c.finish(&reply{status: http.StatusBadRequest, reason: "resume bad_token", write: func(w http.ResponseWriter, _ *http.Request) {
+			writeJSON(w, http.StatusBadRequest, map[string]string{"error": fmt.Sprintf(
+				"%s must be %d to %d URL-safe characters (A-Z, a-z, 0-9, - and _), such as 16 random bytes in base64url",
+				ResumeTokenQuery, minResumeToken, maxResumeToken)}, nil)
+		}})
+		return false
+	}
+	return true
 }
 
 // parking is what a resumable session needs to be parked when its client
-// ends it: where its browser is, and under which key.
+// ends it: where its browser is, and under which token and key.
 type parking struct {
 	h        *Handler
 	window   time.Duration
 	hold     bool
+	token    string // hashed resume token
 	key      string // hashed resume key ("" when none)
 	provider string
+	up       *upstreams.Provider
 	proto    string
 	point    upstreams.ResumePoint
 	// remote is the provider session created for it (session_api), whose
@@ -138,21 +220,27 @@ type parking struct {
 	// joined is closed when the client joined now leaves (the session is
 	// parked, or ends): an extended CONNECT client's handler returns then.
 	joined chan struct{}
+	// kept is what a parked session that holds a created provider session
+	// (no hold) keeps counted while parked: its slot, client_limit share
+	// and cluster-wide slot. nil otherwise, and once a resume took them.
+	kept *holds
 }
 
 // newParking prepares the parking of the session c establishes with up at
 // m, or returns nil when it cannot be resumed.
 func (c *connect) newParking(m *member, up *upstreams.Conn) *parking {
 	h := c.h
-	if h.Resume == nil || c.cls.proto == upstreams.ProtocolPlaywright || up.Point.IsZero() {
+	if h.Resume == nil || c.token == "" || c.cls.proto == upstreams.ProtocolPlaywright || up.Point.IsZero() {
 		return nil
 	}
 	pk := &parking{
 		h:        h,
 		window:   time.Duration(h.Resume.Window),
 		hold:     h.Resume.Hold,
+		token:    pool.ResumeTokenHash(c.token),
 		key:      c.resumeKey(),
 		provider: m.up.Name,
+		up:       m.up,
 		proto:    string(c.cls.proto),
 		point:    up.Point,
 		remote:   up.Remote,
@@ -177,11 +265,16 @@ func (c *connect) resumeKey() string {
 	if c.h.ResumeKey == "" {
 		return ""
 	}
-	v := ""
-	if c.replace != nil {
-		v = c.replace(c.h.ResumeKey)
+	return pool.ResumeKeyHash(c.resumeKeyValue())
+}
+
+// resumeKeyValue is the client's resume_key value ("" without one, or
+// when the placeholder has no value for it).
+func (c *connect) resumeKeyValue() string {
+	if c.h.ResumeKey == "" || c.replace == nil {
+		return ""
 	}
-	return pool.ResumeKeyHash(v)
+	return c.replace(c.h.ResumeKey)
 }
 
 func (pk *parking) currentID() string {
@@ -208,12 +301,14 @@ func (pk *parking) compressed() bool {
 	return pk.answer.Header.Get("Sec-Websocket-Extensions") != ""
 }
 
-// ended is called when a session that was not held has ended: a session
-// its client ended is parked, and reports true (its created provider
-// session, if any, is then released at the window's end rather than now).
-// A session that negotiated compression under hold is parked only to
+// ended is called when a session that was not held has ended, with what
+// it holds: a session its client ended is parked. A parked session whose
+// provider session lives on (created over a session API) keeps it, and
+// keeps what it holds counted, until its window ends or a resume takes
+// them; ended then reports true, and the caller releases nothing. A
+// session that negotiated compression under hold is parked only to
 // answer its resume 409.
-func (pk *parking) ended(s *upstreams.Session) bool {
+func (pk *parking) ended(s *upstreams.Session, hd *holds) bool {
 	if pk == nil || (pk.hold && !pk.compressed()) || !s.ClientEnded() {
 		return false
 	}
@@ -225,8 +320,38 @@ func (pk *parking) ended(s *upstreams.Session) bool {
 		pk.park(nil, s.ClientCloseCode())
 		return false
 	}
+	keep := pk.remote != nil
+	if keep {
+		pk.mu.Lock()
+		pk.kept = hd
+		pk.mu.Unlock()
+		hd.st.Park(s)
+	}
 	pk.park(nil, s.ClientCloseCode())
-	return true
+	return keep
+}
+
+// takeKept takes what a parked session keeps counted (nil when nothing).
+func (pk *parking) takeKept() *holds {
+	if pk == nil {
+		return nil
+	}
+	pk.mu.Lock()
+	defer pk.mu.Unlock()
+	k := pk.kept
+	pk.kept = nil
+	return k
+}
+
+// putKept gives them back to the parked session (a resume that could not
+// go on).
+func (pk *parking) putKept(k *holds) {
+	if pk == nil || k == nil {
+		return
+	}
+	pk.mu.Lock()
+	pk.kept = k
+	pk.mu.Unlock()
 }
 
 // onPark is the held session's OnPark: its client left, its provider
@@ -241,6 +366,7 @@ func (pk *parking) park(held *upstreams.Session, code int) {
 	now := pool.Clock.Now()
 	e := &pool.Parked{
 		ID:        pk.currentID(),
+		Token:     pk.token,
 		Provider:  pk.provider,
 		Protocol:  pk.proto,
 		Point:     pk.point,
@@ -267,31 +393,38 @@ func (pk *parking) park(held *upstreams.Session, code int) {
 		e.BytesUp, e.BytesDown = held.BytesUp(), held.BytesDown()
 	}
 	// Another node may take it back only when nothing of it lives here:
-	// no open connection, no provider session to release.
+	// no open connection, no provider session to release. What the
+	// shared store keeps holds no secret of the provider's.
 	if pk.store != nil && held == nil && pk.remote == nil && e.Refuse == "" && pk.store.Usable() {
-		v, _ := json.Marshal(sharedParked{Provider: pk.provider, Point: pk.point, Started: pk.started})
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		if err := pk.store.Store().ParkResume(ctx, e.ID, pk.key, v, pk.window); err != nil {
-			pk.store.Failed("park resume", err)
-		} else {
-			pk.store.Worked()
-			e.Shared = true
+		if sp, ok := pk.up.Share(pk.point); ok {
+			v, _ := json.Marshal(sharedParked{ID: e.ID, Provider: pk.provider, Point: sp, Started: pk.started})
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+			if err := pk.store.Store().ParkResume(ctx, pk.token, pk.key, v, pk.window); err != nil {
+				pk.store.Failed("park resume", err)
+			} else {
+				pk.store.Worked()
+				e.Shared = true
+			}
+			cancel()
 		}
-		cancel()
 	}
 	logger := pk.h.logger
 	store := pk.store
 	pool.Park(e, func(e *pool.Parked) {
-		// The window ran out (or an operator ended it).
+		// The window ran out (or an operator ended it, or the process
+		// is exiting).
 		if e.Shared && store != nil && store.Usable() {
 			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-			store.Store().DropResume(ctx, e.ID, e.Key)
+			store.Store().DropResume(ctx, e.Token, e.Key)
 			cancel()
 		}
 		if e.Held != nil {
 			e.Held.Close(e.CloseCode, EndResumeWindow)
 		} else {
 			e.Remote.Release()
+			if k := pk.takeKept(); k != nil {
+				k.free()
+			}
 		}
 		logger.Info("resume window over", zap.String("session_id", e.ID), zap.String("provider", e.Provider),
 			zap.Bool("held", e.Held != nil))
@@ -305,11 +438,30 @@ func (pk *parking) park(held *upstreams.Session, code int) {
 	)
 }
 
-// sharedParked is what the shared registry keeps of a parked session.
+// sharedParked is what the shared registry keeps of a parked session,
+// under its token's hash: names and a point without secrets, each
+// checked when read back.
 type sharedParked struct {
+	ID       string                `json:"id"`
 	Provider string                `json:"provider"`
-	Point    upstreams.ResumePoint `json:"point"`
+	Point    upstreams.SharedPoint `json:"point"`
 	Started  time.Time             `json:"started"`
+}
+
+// decodeSharedParked reads an entry of the shared registry, refusing one
+// whose names are not what this gateway writes.
+func decodeSharedParked(v []byte) (sharedParked, error) {
+	var sp sharedParked
+	if err := json.Unmarshal(v, &sp); err != nil {
+		return sp, errors.New("not JSON")
+	}
+	if !validSessionID(sp.ID) {
+		return sp, errors.New("not a session ID")
+	}
+	if sp.Provider == "" || strings.IndexFunc(sp.Provider, func(r rune) bool { return r < ' ' || r == 0x7f }) >= 0 {
+		return sp, errors.New("not a provider name")
+	}
+	return sp, nil
 }
 
 // resumeFailure is why a resume is refused: its metric label and message.
@@ -319,9 +471,9 @@ type resumeFailure struct {
 	msg    string
 }
 
-// resume serves a client that asks to take back the session id. It never
-// contacts any provider but the session's.
-func (c *connect) resume(id string) {
+// resume serves a client that presents the resume token of a session it
+// takes back. It never contacts any provider but the session's.
+func (c *connect) resume(presented string) {
 	h := c.h
 	if h.Resume == nil {
 		c.refuseResume(resumeFailure{observe.ResumeNotResumable, http.StatusGone, "sessions are not resumable here"})
@@ -333,11 +485,27 @@ func (c *connect) resume(id string) {
 		c.refuseResume(resumeFailure{observe.ResumeNotResumable, http.StatusGone, "Playwright-protocol sessions are not resumable: connect over CDP to resume"})
 		return
 	}
-	c.pool = h.poolFor(c.cls)
-	e, ok := c.claim(id)
-	if !ok {
+	if h.ResumeKey != "" && c.resumeKeyValue() == "" {
 		c.refuseResume(resumeFailure{observe.ResumeUnknown, http.StatusGone,
-			"no resumable session with this ID: unknown, its window is over, already resumed, or not yours"})
+			"no resumable session: resume_key has no value for this client, so it has none to take back"})
+		return
+	}
+	c.pool = h.poolFor(c.cls)
+	unknown := resumeFailure{observe.ResumeUnknown, http.StatusGone,
+		"no resumable session for this resume token: unknown, its window is over, already resumed, or not yours (a session ID is not a resume token)"}
+	if !validResumeToken(presented) {
+		c.refuseResume(unknown)
+		return
+	}
+	token := pool.ResumeTokenHash(presented)
+	e, ok, unreachable := c.claim(token)
+	switch {
+	case unreachable:
+		c.refuseResume(resumeFailure{observe.ResumeUnavailable, http.StatusServiceUnavailable,
+			"the shared resume registry cannot be asked now; try again shortly"})
+		return
+	case !ok:
+		c.refuseResume(unknown)
 		return
 	}
 	if e.Refuse != "" {
@@ -345,6 +513,9 @@ func (c *connect) resume(id string) {
 		c.refuseResume(resumeFailure{observe.ResumeConflict, http.StatusConflict, e.Refuse})
 		return
 	}
+	// The resumed session parks again, if its client leaves, under the
+	// same token.
+	c.token = presented
 	if e.Held != nil {
 		c.joinHeld(e)
 		return
@@ -352,48 +523,74 @@ func (c *connect) resume(id string) {
 	c.redial(e)
 }
 
-// claim takes the parked entry id for this client: from this node's
-// registry, or from the shared one.
-func (c *connect) claim(id string) (*pool.Parked, bool) {
+// claim takes the parked entry of the token hash for this client: from
+// this node's registry, or from the shared one. unreachable reports that
+// the shared registry, which may hold the entry or know that another node
+// took it, cannot be asked: the entry is left where it was.
+func (c *connect) claim(token string) (e *pool.Parked, ok, unreachable bool) {
 	key := c.resumeKey()
-	c.awaitLeaving(id)
-	e, ok := pool.ClaimParked(id, key)
+	c.awaitLeaving(token)
+	e, ok = pool.ClaimParked(token, key)
 	sh := c.h.shared
-	if ok && !e.Shared {
-		return e, true
+	if sh == nil || (ok && !e.Shared) {
+		// Only this node could have parked it, and nobody else taken it.
+		return e, ok, false
 	}
-	if sh == nil || !sh.s.Usable() {
-		// Shared, but the store cannot be asked: this node parked it,
-		// and no other node could have taken it without the store.
-		return e, ok
+	down := func(op string, err error) (*pool.Parked, bool, bool) {
+		if err != nil {
+			sh.s.Failed(op, err)
+		}
+		if ok {
+			pool.Unclaim(e)
+		}
+		return nil, false, true
 	}
-	v, left, found, err := sh.s.Store().ClaimResume(c.r.Context(), id, key)
+	if !sh.s.Usable() {
+		return down("", nil)
+	}
+	v, left, found, err := sh.s.Store().ClaimResume(c.r.Context(), token, key)
 	if err != nil {
-		sh.s.Failed("claim resume", err)
-		return e, ok
+		return down("claim resume", err)
 	}
 	sh.s.Worked()
 	if ok {
-		if !found {
-			// Another node took it back meanwhile.
-			return nil, false
-		}
-		return e, true
+		// Taken here and in the shared store, or by another node
+		// meanwhile.
+		return e, found, false
 	}
 	if !found {
-		return nil, false
+		return nil, false, false
 	}
-	var sp sharedParked
-	if json.Unmarshal(v, &sp) != nil || sp.Point.IsZero() {
-		return nil, false
+	sp, err := decodeSharedParked(v)
+	var rp upstreams.ResumePoint
+	var m *member
+	if err == nil {
+		if m = c.memberNamed(sp.Provider); m != nil {
+			rp, err = m.up.Restore(sp.Point)
+		}
+	}
+	if err != nil {
+		c.h.logger.Warn("resume entry from the shared state refused", zap.String("cause", err.Error()))
+		return nil, false, false
 	}
 	// The node that parked it forgets it.
-	if err := sh.s.Store().AnnounceResumed(c.r.Context(), sp.Provider, id); err != nil {
+	if err := sh.s.Store().AnnounceResumed(c.r.Context(), sp.Provider, token); err != nil {
 		sh.s.Failed("announce resumed", err)
 	}
 	now := pool.Clock.Now()
-	return &pool.Parked{ID: id, Provider: sp.Provider, Protocol: string(upstreams.ProtocolCDP), Point: sp.Point,
-		Key: key, Started: sp.Started, Parked: now, Until: now.Add(left), Shared: true}, true
+	return &pool.Parked{ID: sp.ID, Token: token, Provider: sp.Provider, Protocol: string(upstreams.ProtocolCDP), Point: rp,
+		Key: key, Started: sp.Started, Parked: now, Until: now.Add(left), Shared: true, Data: sp.Point}, true, false
+}
+
+// memberNamed is the member of the client's pool called name, nil when
+// none.
+func (c *connect) memberNamed(name string) *member {
+	for _, i := range c.pool.members {
+		if m := c.h.members[i]; m.up.Name == name {
+			return m
+		}
+	}
+	return nil
 }
 
 // leavingWait bounds how long a resume waits for the session it names to
@@ -402,25 +599,31 @@ func (c *connect) claim(id string) (*pool.Parked, bool) {
 // provider CloseWait to answer the close).
 const leavingWait = 2*upstreams.CloseWait + 500*time.Millisecond
 
-// awaitLeaving waits, a bounded time, while the session id is still live
-// and not parked, so that it is parked by the time the resume looks for
-// it. A session whose client is still connected stays live: the resume
-// then finds nothing to take.
-func (c *connect) awaitLeaving(id string) {
-	ls, ok := pool.SessionByID(id)
+// leavingStart bounds how long a resume waits for a live session of its
+// token to begin ending at all: a client that reconnects right after its
+// connection dropped may be a little ahead of the relay seeing the drop.
+const leavingStart = 150 * time.Millisecond
+
+// awaitLeaving waits, a bounded time, while the session of the token hash
+// is ending but not parked yet, so that it is parked by the time the
+// resume looks for it. A session whose client is still connected stays
+// live: after leavingStart the resume finds nothing to take.
+func (c *connect) awaitLeaving(token string) {
+	ls, ok := pool.SessionByResumeToken(token)
 	if !ok || ls.Session.Parked() {
 		return
 	}
+	start := time.Now()
 	t := time.NewTimer(leavingWait)
 	defer t.Stop()
-	tick := time.NewTicker(20 * time.Millisecond)
+	tick := time.NewTicker(10 * time.Millisecond)
 	defer tick.Stop()
 	for {
 		select {
 		case <-ls.Session.Done():
 			return
 		case <-tick.C:
-			if ls.Session.Parked() {
+			if ls.Session.Parked() || (!ls.Session.Ending() && time.Since(start) > leavingStart) {
 				return
 			}
 		case <-t.C:
@@ -434,39 +637,59 @@ func (c *connect) awaitLeaving(id string) {
 // giveBack puts a claimed entry back for the rest of its window: the
 // resume failed for a reason that is not the session's.
 func (c *connect) giveBack(e *pool.Parked) {
-	if pool.Unclaim(e) && e.Shared {
-		if sh := c.h.shared; sh != nil && sh.s.Usable() {
-			left := e.Until.Sub(pool.Clock.Now())
-			v, _ := json.Marshal(sharedParked{Provider: e.Provider, Point: e.Point, Started: e.Started})
-			if err := sh.s.Store().ParkResume(context.WithoutCancel(c.r.Context()), e.ID, e.Key, v, left); err != nil {
-				sh.s.Failed("park resume", err)
-			}
-		}
+	if !e.Shared {
+		pool.Unclaim(e)
+		return
+	}
+	sh := c.h.shared
+	if !pool.Unclaim(e) || sh == nil || !sh.s.Usable() {
+		return
+	}
+	sp, ok := e.Data.(upstreams.SharedPoint)
+	if pk, isLocal := e.Data.(*parking); isLocal {
+		sp, ok = pk.up.Share(e.Point)
+	}
+	if !ok {
+		return
+	}
+	left := e.Until.Sub(pool.Clock.Now())
+	v, _ := json.Marshal(sharedParked{ID: e.ID, Provider: e.Provider, Point: sp, Started: e.Started})
+	if err := sh.s.Store().ParkResume(context.WithoutCancel(c.r.Context()), e.Token, e.Key, v, left); err != nil {
+		sh.s.Failed("park resume", err)
 	}
 }
 
 // redial takes the session back at its provider: the same URL, within the
 // provider's usual limits (not drained, not in cooldown, a free slot, a
-// cluster-wide slot, the client's client_limit share). When it cannot be
-// asked, the entry stays for another try; when it refuses, the entry is
-// gone.
+// cluster-wide slot, the client's client_limit share). A parked session
+// that kept its slot, share and cluster-wide slot hands them to the
+// resume instead. When the provider cannot be asked, the entry stays for
+// another try; when it refuses, the entry is gone.
 func (c *connect) redial(e *pool.Parked) {
 	h := c.h
-	var m *member
-	for _, i := range c.pool.members {
-		if h.members[i].up.Name == e.Provider {
-			m = h.members[i]
+	m := c.memberNamed(e.Provider)
+	pk, _ := e.Data.(*parking)
+	kept := pk.takeKept()
+	// lost ends a session that cannot be taken back: its provider session
+	// is released and what it kept given back.
+	lost := func() {
+		e.Remote.Release()
+		if kept != nil {
+			kept.free()
+			kept = nil
 		}
 	}
 	unavailable := func(why string) {
 		c.skip(m, why)
+		pk.putKept(kept)
+		kept = nil
 		c.giveBack(e)
 		c.refuseResume(resumeFailure{observe.ResumeUnavailable, http.StatusGone,
 			"the session's provider cannot take it back now (" + why + "); its window goes on"})
 	}
 	if m == nil {
 		pool.Unpark(e.ID)
-		e.Remote.Release()
+		lost()
 		c.refuseResume(resumeFailure{observe.ResumeUnavailable, http.StatusGone, "the session's provider is no longer configured here"})
 		return
 	}
@@ -477,34 +700,59 @@ func (c *connect) redial(e *pool.Parked) {
 	}
 	if h.ClientLimit != nil {
 		k := h.quotaKey(c.replace)
-		if !pool.TakeQuota(k, h.ClientLimit.Limit) {
+		switch {
+		case kept != nil && kept.quota != nil && *kept.quota == k:
+			// Its own share, kept while it was parked.
+			c.quota, kept.quota = kept.quota, nil
+		case !pool.TakeQuota(k, h.ClientLimit.Limit):
+			pk.putKept(kept)
+			kept = nil
 			c.giveBack(e)
 			c.finish(c.overOrUnavailableQuota())
 			observe.Resume(observe.ResumeUnavailable)
 			return
+		default:
+			c.quota = &k
 		}
-		c.quota = &k
 	}
 	defer c.releaseHolds()
 	permit, ok := st.Health.Acquire()
 	if !ok {
+		if kept != nil && c.quota != nil && kept.quota == nil {
+			// The share goes back with the parked session.
+			kept.quota, c.quota = c.quota, nil
+		}
 		unavailable(upstreams.WordCooldown)
 		return
 	}
-	if !st.TryReserve() {
-		h.settle(st, permit, cooldown.Neutral, 0)
-		st.SkippedFull()
-		unavailable(upstreams.WordFull)
-		return
+	var lease *cluster.Lease
+	hadKept := kept != nil
+	if hadKept {
+		// The parked session's slot and cluster-wide slot become the
+		// resume's; what it kept beyond them is given back, the shared
+		// store once the resumed session holds it.
+		lease, kept.lease = kept.lease, nil
+		if store := kept.store; store != nil {
+			kept.store = nil
+			defer store.Release()
+		}
+		kept.release()
+	} else {
+		if !st.TryReserve() {
+			h.settle(st, permit, cooldown.Neutral, 0)
+			st.SkippedFull()
+			unavailable(upstreams.WordFull)
+			return
+		}
+		ps := &passState{}
+		if lease, ok = c.claimShared(ps, m); !ok {
+			h.settle(st, permit, cooldown.Neutral, 0)
+			st.UnreserveFailed()
+			unavailable(c.attempts[len(c.attempts)-1].Outcome)
+			return
+		}
 	}
-	ps := &passState{}
-	lease, ok := c.claimShared(ps, m)
-	if !ok {
-		h.settle(st, permit, cooldown.Neutral, 0)
-		st.UnreserveFailed()
-		unavailable(c.attempts[len(c.attempts)-1].Outcome)
-		return
-	}
+	kept = nil
 	res := m.up.Reconnect(c.r.Context(), c.hs, e.Point, c.replace)
 	c.record(m, res.Outcome)
 	if res.Outcome.Kind == upstreams.Failure && strings.HasPrefix(res.Outcome.Word, "status_") {
@@ -524,7 +772,13 @@ func (c *connect) redial(e *pool.Parked) {
 		return
 	case verdictGone:
 		releaseLease(lease)
-		c.giveBack(e)
+		if hadKept {
+			// Its slot went with the attempt: a provider session that
+			// could no longer be counted is not kept.
+			e.Remote.Release()
+		} else {
+			c.giveBack(e)
+		}
 		c.finish(nil)
 		observe.Resume(observe.ResumeRefused)
 		return
@@ -544,6 +798,10 @@ func (c *connect) overOrUnavailableQuota() *reply {
 	return c.overOrUnavailable("client limit")
 }
 
+// resumeRetryAfter is the Retry-After of a resume refused while the shared
+// registry cannot be asked: about when the shared state is tried again.
+const resumeRetryAfter = 2
+
 // refuseResume answers a resume that cannot be served.
 func (c *connect) refuseResume(f resumeFailure) {
 	observe.Resume(f.result)
@@ -556,7 +814,11 @@ func (c *connect) refuseResume(f resumeFailure) {
 		provider = c.attempts[len(c.attempts)-1].Provider
 	}
 	c.finish(&reply{status: f.status, reason: "resume " + f.result, provider: provider, write: func(w http.ResponseWriter, _ *http.Request) {
-		writeJSON(w, f.status, body, nil)
+		writeJSON(w, f.status, body, func(hd http.Header) {
+			if f.status == http.StatusServiceUnavailable {
+				hd.Set("Retry-After", strconv.Itoa(resumeRetryAfter))
+			}
+		})
 	}})
 }
 

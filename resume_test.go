@@ -193,9 +193,10 @@ func ask(t *testing.T, c *websocket.Conn, msg string) string {
 	return string(got)
 }
 
-// resumeConnect dials the gateway and returns the connection and its
-// session ID.
-func resumeConnect(t *testing.T, url string, h http.Header) (*websocket.Conn, string) {
+// resumeConnect dials the gateway and returns the connection, its
+// session ID and the resume token the gateway handed out on the 101 (""
+// when it handed out none).
+func resumeConnect(t *testing.T, url string, h http.Header) (*websocket.Conn, string, string) {
 	t.Helper()
 	c, resp, err := dial(t, url, &websocket.DialOptions{HTTPHeader: h})
 	if err != nil {
@@ -205,7 +206,7 @@ func resumeConnect(t *testing.T, url string, h http.Header) (*websocket.Conn, st
 	if id == "" {
 		t.Fatal("no session ID on the 101")
 	}
-	return c, id
+	return c, id, resp.Header.Get("Browser-Failover-Resume-Token")
 }
 
 // resumeRefused dials a resume that must be refused with status, and
@@ -263,10 +264,11 @@ func waitParked(t *testing.T, g *testgw.Gateway, id string) map[string]any {
 }
 
 // TestResumeSameBrowser: a client whose connection drops, and one that
-// closes cleanly, take the same browser back with bf_resume (the query
-// item or the header), at the same provider whatever the strategy says,
-// with a new session ID each time; the query item never reaches the
-// provider.
+// closes cleanly, take the same browser back with the resume token the
+// gateway handed out (bf_resume, or the header), at the same provider
+// whatever the strategy says, with a new session ID each time and the
+// same token; the session ID itself never resumes, and presenting it
+// spends nothing.
 func TestResumeSameBrowser(t *testing.T) {
 	t.Cleanup(pool.ExpireAll)
 	var contacts fakes.Contacts
@@ -275,7 +277,10 @@ func TestResumeSameBrowser(t *testing.T) {
 	g := testgw.Start(t, handler(`"strategy":"round_robin","resume":{"window":"1m"}`,
 		provider("rs-a", a.url(), ""), provider("rs-b", b.url(), "")))
 
-	c, id := resumeConnect(t, g.WS("/"), nil)
+	c, id, tok := resumeConnect(t, g.WS("/"), nil)
+	if len(tok) != 22 || tok == id {
+		t.Fatalf("resume token %q (session %q): want 22 characters of its own", tok, id)
+	}
 	first := ask(t, c, "who")
 	if ask(t, c, "set 42") != "ok" {
 		t.Fatal("set")
@@ -288,9 +293,20 @@ func TestResumeSameBrowser(t *testing.T) {
 	}
 	contacts.Reset()
 
+	// The session ID, which operators see, is no resume credential.
+	if msg := resumeRefused(t, g.WS("/?bf_resume="+id), nil, http.StatusGone); !strings.Contains(msg, "not a resume token") {
+		t.Fatalf("resume by session ID: %q", msg)
+	}
+	if l := contacts.List(); len(l) != 0 {
+		t.Fatalf("a resume by session ID contacted %v", l)
+	}
+
 	// The next fresh client would go to the other provider (round robin);
 	// the resume goes back.
-	c2, id2 := resumeConnect(t, g.WS("/?bf_resume="+id), nil)
+	c2, id2, tok2 := resumeConnect(t, g.WS("/?bf_resume="+tok), nil)
+	if tok2 != "" {
+		t.Fatalf("a resume was handed a new token %q: it keeps its own", tok2)
+	}
 	if got := ask(t, c2, "who"); got != first {
 		t.Fatalf("resumed at %s, want %s", got, first)
 	}
@@ -312,26 +328,38 @@ func TestResumeSameBrowser(t *testing.T) {
 	c2.Close(websocket.StatusNormalClosure, "bye")
 	waitParked(t, g, id2)
 	contacts.Reset()
-	c3, _ := resumeConnect(t, g.WS("/"), http.Header{"Browser-Failover-Resume": {id2}})
+	c3, id3, _ := resumeConnect(t, g.WS("/"), http.Header{"Browser-Failover-Resume": {tok}})
 	if got := ask(t, c3, "get"); got != "42" {
 		t.Fatalf("state after the second resume: %q", got)
 	}
 	if l := contacts.List(); len(l) != 1 || l[0] != first {
 		t.Fatalf("providers contacted for the second resume: %v", l)
 	}
+	// While its client is connected, nothing is parked to take back.
+	contacts.Reset()
+	resumeRefused(t, g.WS("/?bf_resume="+tok), nil, http.StatusGone)
+	if l := contacts.List(); len(l) != 0 {
+		t.Fatalf("a resume of a connected session contacted %v", l)
+	}
 	c3.Close(websocket.StatusNormalClosure, "")
+	waitParked(t, g, id3)
 
-	// Each ID resumes once.
-	resumeRefused(t, g.WS("/?bf_resume="+id), nil, http.StatusGone)
-	resumeRefused(t, g.WS("/?bf_resume="+id2), nil, http.StatusGone)
+	// No ID resumes.
+	for _, x := range []string{id, id2, id3} {
+		resumeRefused(t, g.WS("/?bf_resume="+x), nil, http.StatusGone)
+	}
+	if _, ok := pool.ParkedByID(id3); !ok {
+		t.Fatal("presenting session IDs spent the parked session")
+	}
 }
 
 // TestResumeRefused: whatever cannot be resumed is answered 410 with a JSON
 // error, and no provider is contacted for it (none at all, or only the
-// session's own when it is asked and refuses): an unknown ID, a window that
-// is over, a second resume, another resume_key value, a Playwright client,
-// a route without resume, the provider drained or in cooldown (the window
-// goes on: the same ID resumes once the provider is back).
+// session's own when it is asked and refuses): an unknown token, a session
+// ID, a window that is over, a session whose client is connected, another
+// resume_key value or none, a Playwright client, a route without resume,
+// the provider drained or in cooldown (the window goes on: the same token
+// resumes once the provider is back). None of these spends the token.
 func TestResumeRefused(t *testing.T) {
 	t.Cleanup(pool.ExpireAll)
 	var contacts fakes.Contacts
@@ -342,7 +370,7 @@ func TestResumeRefused(t *testing.T) {
 		provider("rr-a", a.url(), `"priority":1,"pass_query":true`), provider("rr-b", b.url(), `"priority":2`)))
 	alice, bob := http.Header{"X-User": {"alice"}}, http.Header{"X-User": {"bob"}}
 
-	c, id := resumeConnect(t, g.WS("/?token=t1"), alice)
+	c, id, tok := resumeConnect(t, g.WS("/?token=t1"), alice)
 	ask(t, c, "set 42")
 	c.CloseNow()
 	waitParked(t, g, id)
@@ -356,17 +384,21 @@ func TestResumeRefused(t *testing.T) {
 		}
 		return msg
 	}
-	refused("unknown ID", g.WS("/?bf_resume=AAAAAAAAAAAAAAAAAAAAAA"), alice, http.StatusGone)
-	refused("another key", g.WS("/?bf_resume="+id), bob, http.StatusGone)
-	refused("no key", g.WS("/?bf_resume="+id), nil, http.StatusGone)
+	refused("unknown token", g.WS("/?bf_resume=AAAAAAAAAAAAAAAAAAAAAA"), alice, http.StatusGone)
+	refused("not a token", g.WS("/?bf_resume=short"), alice, http.StatusGone)
+	refused("session ID", g.WS("/?bf_resume="+id), alice, http.StatusGone)
+	refused("another key", g.WS("/?bf_resume="+tok), bob, http.StatusGone)
+	if msg := refused("no key", g.WS("/?bf_resume="+tok), nil, http.StatusGone); !strings.Contains(msg, "resume_key has no value") {
+		t.Fatalf("refusal without a key value: %q", msg)
+	}
 	pw := http.Header{"X-User": {"alice"}, "X-Playwright-Browser": {"chromium"}}
-	if msg := refused("Playwright", g.WS("/?bf_resume="+id), pw, http.StatusGone); !strings.Contains(msg, "Playwright") {
+	if msg := refused("Playwright", g.WS("/?bf_resume="+tok), pw, http.StatusGone); !strings.Contains(msg, "Playwright") {
 		t.Fatalf("Playwright refusal: %q", msg)
 	}
 
 	// Drained: refused, and the window goes on.
 	opAction(t, g, "rr-a", "drain")
-	if msg := refused("drained", g.WS("/?bf_resume="+id), alice, http.StatusGone); !strings.Contains(msg, "drained") {
+	if msg := refused("drained", g.WS("/?bf_resume="+tok), alice, http.StatusGone); !strings.Contains(msg, "drained") {
 		t.Fatalf("drained refusal: %q", msg)
 	}
 	opAction(t, g, "rr-a", "undrain")
@@ -374,13 +406,13 @@ func TestResumeRefused(t *testing.T) {
 	// In cooldown: a fresh client finds rr-a down and lands on rr-b; the
 	// resume is refused without trying rr-a or rr-b.
 	a.setFailing(true)
-	fresh, _ := resumeConnect(t, g.WS("/"), alice)
+	fresh, _, _ := resumeConnect(t, g.WS("/"), alice)
 	if got := ask(t, fresh, "who"); got != "rr-b" {
 		t.Fatalf("fresh client at %s", got)
 	}
 	fresh.Close(websocket.StatusNormalClosure, "")
 	contacts.Reset()
-	if msg := refused("cooldown", g.WS("/?bf_resume="+id), alice, http.StatusGone); !strings.Contains(msg, "cooldown") {
+	if msg := refused("cooldown", g.WS("/?bf_resume="+tok), alice, http.StatusGone); !strings.Contains(msg, "cooldown") {
 		t.Fatalf("cooldown refusal: %q", msg)
 	}
 	a.setFailing(false)
@@ -391,7 +423,7 @@ func TestResumeRefused(t *testing.T) {
 
 	// Still resumable, with the right key, at rr-a only, and the
 	// bf_resume item never reaches it (pass_query passes the rest).
-	c2, id2 := resumeConnect(t, g.WS("/?bf_resume="+id+"&token=t2"), alice)
+	c2, id2, _ := resumeConnect(t, g.WS("/?bf_resume="+tok+"&token=t2"), alice)
 	if got := ask(t, c2, "get"); got != "42" {
 		t.Fatalf("state after resume: %q", got)
 	}
@@ -402,11 +434,11 @@ func TestResumeRefused(t *testing.T) {
 		t.Fatalf("the resume dialled %q: want the first connection's URL, without bf_resume", u)
 	}
 	contacts.Reset()
-	refused("second resume", g.WS("/?bf_resume="+id), alice, http.StatusGone)
+	refused("client connected", g.WS("/?bf_resume="+tok), alice, http.StatusGone)
 
 	// A short window: over, then 410.
 	g.Reload(handler(`"resume":{"window":"300ms"}`, provider("rr-a", a.url(), ""), provider("rr-b", b.url(), "")))
-	c3, id3 := resumeConnect(t, g.WS("/"), nil)
+	c3, id3, tok3 := resumeConnect(t, g.WS("/"), nil)
 	ask(t, c3, "who")
 	c3.CloseNow()
 	c2.CloseNow()
@@ -420,7 +452,7 @@ func TestResumeRefused(t *testing.T) {
 		return false
 	})
 	contacts.Reset()
-	refused("window over", g.WS("/?bf_resume="+id3), nil, http.StatusGone)
+	refused("window over", g.WS("/?bf_resume="+tok3), nil, http.StatusGone)
 	// The session parked under the old config's resume_key is bound to it
 	// still.
 	if t.Failed() {
@@ -431,11 +463,11 @@ func TestResumeRefused(t *testing.T) {
 			t.Log(g.Logs())
 		}
 	}()
-	refused("old key", g.WS("/?bf_resume="+id2), nil, http.StatusGone)
+	refused("old key", g.WS("/?bf_resume="+tok), nil, http.StatusGone)
 
 	// A route without resume.
 	g.Reload(handler("", provider("rr-a", a.url(), "")))
-	if msg := refused("no resume here", g.WS("/?bf_resume="+id2), alice, http.StatusGone); !strings.Contains(msg, "not resumable") {
+	if msg := refused("no resume here", g.WS("/?bf_resume="+tok), alice, http.StatusGone); !strings.Contains(msg, "not resumable") {
 		t.Fatalf("refusal without resume: %q", msg)
 	}
 	if _, ok := pool.ParkedByID(id2); !ok {
@@ -454,7 +486,7 @@ func TestResumeSessionAPI(t *testing.T) {
 	t.Cleanup(pool.ExpireAll)
 	f, echo := echoREST(t)
 	g := testgw.Start(t, handler(`"resume":{"window":"1500ms"}`, apiProvider("rs-api", f, "")))
-	c, id := resumeConnect(t, g.WS("/"), nil)
+	c, id, tok := resumeConnect(t, g.WS("/"), nil)
 	echoOnce(t, c, []byte("one"))
 	c.CloseNow()
 	waitParked(t, g, id)
@@ -463,7 +495,7 @@ func TestResumeSessionAPI(t *testing.T) {
 		t.Fatalf("parked: created %d, released %d; want 1 and 0", len(b.Created), len(b.Released))
 	}
 
-	c2, id2 := resumeConnect(t, g.WS("/?bf_resume="+id), nil)
+	c2, id2, _ := resumeConnect(t, g.WS("/?bf_resume="+tok), nil)
 	echoOnce(t, c2, []byte("two"))
 	if b := f.Books(); len(b.Created) != 1 || len(b.Released) != 0 {
 		t.Fatalf("resumed: created %d, released %d; want 1 and 0", len(b.Created), len(b.Released))
@@ -478,7 +510,7 @@ func TestResumeSessionAPI(t *testing.T) {
 	}
 	// The window ends: released, once.
 	waitBooks(t, f, "rs-api", 1)
-	resumeRefused(t, g.WS("/?bf_resume="+id2), nil, http.StatusGone)
+	resumeRefused(t, g.WS("/?bf_resume="+tok), nil, http.StatusGone)
 	if b := f.Books(); len(b.Created) != 1 {
 		t.Fatalf("a refused resume created a session: %d", len(b.Created))
 	}
@@ -492,7 +524,7 @@ func TestResumeVisible(t *testing.T) {
 	var contacts fakes.Contacts
 	a := startFakeBrowser(t, "rv-a", &contacts, false)
 	g := testgw.Start(t, handler(`"resume":{"window":"1m"}`, provider("rv-a", a.url(), "")))
-	c, id := resumeConnect(t, g.WS("/"), nil)
+	c, id, tok := resumeConnect(t, g.WS("/"), nil)
 	ask(t, c, "set 1")
 	c.Close(websocket.StatusNormalClosure, "")
 	waitParked(t, g, id)
@@ -526,8 +558,8 @@ func TestResumeVisible(t *testing.T) {
 	if !found {
 		t.Fatalf("parked session %s not listed: %s", id, body)
 	}
-	if strings.Contains(string(body), a.addr) || strings.Contains(string(body), "devtools") {
-		t.Fatalf("the sessions list shows where the browser is: %s", body)
+	if strings.Contains(string(body), a.addr) || strings.Contains(string(body), "devtools") || strings.Contains(string(body), tok) {
+		t.Fatalf("the sessions list shows where the browser is, or its resume token: %s", body)
 	}
 	var st struct {
 		Parked struct {
@@ -536,12 +568,12 @@ func TestResumeVisible(t *testing.T) {
 		} `json:"parked"`
 	}
 	_, sb, _ := g.AdminDo(http.MethodGet, "/browser_failover/status", nil)
-	if err := json.Unmarshal(sb, &st); err != nil || st.Parked.Sessions < 1 {
+	if err := json.Unmarshal(sb, &st); err != nil || st.Parked.Sessions < 1 || strings.Contains(string(sb), tok) {
 		t.Fatalf("status parked: %s", sb)
 	}
 
 	// Resume once, refuse once: the metrics count both.
-	c2, id2 := resumeConnect(t, g.WS("/?bf_resume="+id), nil)
+	c2, id2, _ := resumeConnect(t, g.WS("/?bf_resume="+tok), nil)
 	c2.Close(websocket.StatusNormalClosure, "")
 	resumeRefused(t, g.WS("/?bf_resume="+id), nil, http.StatusGone)
 	waitParked(t, g, id2)
@@ -565,7 +597,7 @@ func TestResumeVisible(t *testing.T) {
 	if _, ok := pool.ParkedByID(id2); ok {
 		t.Fatal("still parked after DELETE")
 	}
-	resumeRefused(t, g.WS("/?bf_resume="+id2), nil, http.StatusGone)
+	resumeRefused(t, g.WS("/?bf_resume="+tok), nil, http.StatusGone)
 	code, _, _ = g.AdminDo(http.MethodDelete, "/browser_failover/sessions/"+id2, nil)
 	if code != 404 {
 		t.Fatalf("second DELETE: %d", code)
@@ -588,12 +620,12 @@ func TestResumeHold(t *testing.T) {
 		provider("rh-a", a.url(), `"priority":1`), provider("rh-b", b.url(), `"priority":2`)))
 
 	// Without hold: the browser is gone with the connection.
-	c, id := resumeConnect(t, g.WS("/"), nil)
+	c, id, tok := resumeConnect(t, g.WS("/"), nil)
 	ask(t, c, "set 42")
 	c.CloseNow()
 	waitParked(t, g, id)
 	contacts.Reset()
-	if msg := resumeRefused(t, g.WS("/?bf_resume="+id), nil, http.StatusGone); !strings.Contains(msg, "did not give it back") {
+	if msg := resumeRefused(t, g.WS("/?bf_resume="+tok), nil, http.StatusGone); !strings.Contains(msg, "did not give it back") {
 		t.Fatalf("refusal without hold: %q", msg)
 	}
 	if l := contacts.List(); len(l) != 1 || l[0] != "rh-a" {
@@ -610,7 +642,7 @@ func TestResumeHold(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	id = resp.Header.Get("Browser-Failover-Session")
+	id, tok = resp.Header.Get("Browser-Failover-Session"), resp.Header.Get("Browser-Failover-Resume-Token")
 	if c.Subprotocol() != "cdp.v1" {
 		t.Fatalf("subprotocol %q", c.Subprotocol())
 	}
@@ -630,11 +662,11 @@ func TestResumeHold(t *testing.T) {
 	contacts.Reset()
 
 	// A client that does not offer the subprotocol cannot join.
-	if msg := resumeRefused(t, g.WS("/?bf_resume="+id), nil, http.StatusConflict); !strings.Contains(msg, "cdp.v1") {
+	if msg := resumeRefused(t, g.WS("/?bf_resume="+tok), nil, http.StatusConflict); !strings.Contains(msg, "cdp.v1") {
 		t.Fatalf("409: %q", msg)
 	}
 	seen := len(a.received(0))
-	c2, resp, err := dial(t, g.WS("/?bf_resume="+id), proto)
+	c2, resp, err := dial(t, g.WS("/?bf_resume="+tok), proto)
 	if err != nil {
 		t.Fatalf("resume of the held session: %v", err)
 	}
@@ -704,7 +736,7 @@ func TestResumeHoldCompressed(t *testing.T) {
 	if !strings.Contains(resp.Header.Get("Sec-WebSocket-Extensions"), "permessage-deflate") {
 		t.Fatalf("no compression negotiated: %v", resp.Header)
 	}
-	id := resp.Header.Get("Browser-Failover-Session")
+	id, tok := resp.Header.Get("Browser-Failover-Session"), resp.Header.Get("Browser-Failover-Resume-Token")
 	ask(t, c, "set 42")
 	c.CloseNow()
 	if e := waitParked(t, g, id); e["held"] != false {
@@ -712,7 +744,7 @@ func TestResumeHoldCompressed(t *testing.T) {
 	}
 	testgw.Eventually(t, 10*time.Second, "the slot to be free", func() bool { return active("rz-a") == 0 })
 	contacts.Reset()
-	if msg := resumeRefused(t, g.WS("/?bf_resume="+id), nil, http.StatusConflict); !strings.Contains(msg, "permessage-deflate") {
+	if msg := resumeRefused(t, g.WS("/?bf_resume="+tok), nil, http.StatusConflict); !strings.Contains(msg, "permessage-deflate") {
 		t.Fatalf("409: %q", msg)
 	}
 	if l := contacts.List(); len(l) != 0 {
@@ -746,7 +778,10 @@ func TestResumeHoldHTTP2(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	id := c.resp.Header.Get("Browser-Failover-Session")
+	id, tok := c.resp.Header.Get("Browser-Failover-Session"), c.resp.Header.Get("Browser-Failover-Resume-Token")
+	if tok == "" {
+		t.Fatal("no resume token on the HTTP/2 200")
+	}
 	talk(c, "set 42")
 	c.close() // the stream ends without a close frame
 	testgw.Eventually(t, 10*time.Second, "parked", func() bool {
@@ -757,7 +792,7 @@ func TestResumeHoldHTTP2(t *testing.T) {
 		}
 		return false
 	})
-	c2, err := dialH2(ctx, tr, "https://"+g.addr+"/?bf_resume="+id, nil)
+	c2, err := dialH2(ctx, tr, "https://"+g.addr+"/?bf_resume="+tok, nil)
 	if err != nil {
 		t.Fatalf("resume over HTTP/2: %v", err)
 	}
@@ -801,13 +836,13 @@ func TestResumeHoldResetUnanswered(t *testing.T) {
 	a.cdpMute = true
 	a.mu.Unlock()
 	g := testgw.Start(t, handler(`"resume":{"window":"1m","hold":true}`, provider("rhu-a", a.url(), "")))
-	c, id := resumeConnect(t, g.WS("/"), nil)
+	c, id, tok := resumeConnect(t, g.WS("/"), nil)
 	ask(t, c, "set 42")
 	c.CloseNow()
 	waitParked(t, g, id)
 	seen := len(a.received(0))
 	start := time.Now()
-	c2, id2 := resumeConnect(t, g.WS("/?bf_resume="+id), nil)
+	c2, id2, _ := resumeConnect(t, g.WS("/?bf_resume="+tok), nil)
 	if got := ask(t, c2, "get"); got != "42" {
 		t.Fatalf("the held browser's state: %q, want 42", got)
 	}
@@ -826,4 +861,77 @@ func TestResumeHoldResetUnanswered(t *testing.T) {
 	// Parked again before the cleanup ends every parked session.
 	c2.CloseNow()
 	waitParked(t, g, id2)
+}
+
+// TestParkedSessionsCount: a parked session that still holds a provider
+// session (created over a session API, not released while parked) counts
+// against max_concurrent and client_limit until its window ends or it is
+// resumed. One client that connects and drops again and again gets one
+// billed session, not one per connect: the others are refused (429, no
+// queue) without a create; the resume takes the parked session's slot and
+// share over; at the window's end everything is given back, released
+// once, and a new client gets a session.
+func TestParkedSessionsCount(t *testing.T) {
+	t.Cleanup(pool.ExpireAll)
+	f, _ := echoREST(t)
+	g := testgw.Start(t, handler(`"resume":{"window":"2s"},"queue":{"size":0},`+
+		`"client_limit":{"key":"{http.request.header.X-Client}","limit":1}`,
+		apiProvider("pc-api", f, `"max_concurrent":1`)))
+	me := http.Header{"X-Client": {"c1"}}
+	other := http.Header{"X-Client": {"c2"}}
+
+	c, id, tok := resumeConnect(t, g.WS("/"), me)
+	echoOnce(t, c, []byte("one"))
+	c.CloseNow()
+	waitParked(t, g, id)
+	for i := range 6 {
+		// The same client connects afresh and drops: over its limit.
+		cx, resp, err := dial(t, g.WS("/"), &websocket.DialOptions{HTTPHeader: me})
+		if err == nil {
+			cx.CloseNow()
+			t.Fatalf("connect %d beside the parked session was served", i)
+		}
+		if resp == nil || resp.StatusCode != http.StatusTooManyRequests {
+			t.Fatalf("connect %d: %v %v, want 429", i, err, resp)
+		}
+	}
+	// Another client: the provider's one slot is the parked session's.
+	if _, resp, err := dial(t, g.WS("/"), &websocket.DialOptions{HTTPHeader: other}); err == nil || resp == nil || resp.StatusCode != http.StatusServiceUnavailable {
+		t.Fatalf("another client beside the parked session: %v %v, want 503", err, resp)
+	}
+	if b := f.Books(); len(b.Created) != 1 || len(b.Released) != 0 {
+		t.Fatalf("created %d, released %d: want 1 and 0", len(b.Created), len(b.Released))
+	}
+	if st, ok := pool.Lookup("pc-api"); !ok || st.Reserved() != 1 || st.Active() != 0 {
+		t.Fatal("the parked session does not hold its slot (or counts as connected)")
+	}
+
+	// The resume takes the slot and the share over: nothing more is taken.
+	c2, id2, _ := resumeConnect(t, g.WS("/?bf_resume="+tok), me)
+	echoOnce(t, c2, []byte("two"))
+	if st, _ := pool.Lookup("pc-api"); st.Reserved() != 1 || active("pc-api") != 1 {
+		t.Fatalf("resumed: reserved %d, active %d; want 1 and 1", st.Reserved(), active("pc-api"))
+	}
+	if n := pool.QuotaActive(pool.QuotaKey{Template: "{http.request.header.X-Client}", Value: "c1"}); n != 1 {
+		t.Fatalf("the client's share counts %d sessions, want 1", n)
+	}
+	c2.Close(websocket.StatusNormalClosure, "")
+	waitParked(t, g, id2)
+	if b := f.Books(); len(b.Created) != 1 {
+		t.Fatalf("created %d", len(b.Created))
+	}
+
+	// The window ends: released once, the slot and the share given back.
+	waitBooks(t, f, "pc-api", 1)
+	testgw.Eventually(t, 10*time.Second, "the slot to be free", func() bool {
+		st, _ := pool.Lookup("pc-api")
+		return st.Reserved() == 0
+	})
+	if n := pool.QuotaActive(pool.QuotaKey{Template: "{http.request.header.X-Client}", Value: "c1"}); n != 0 {
+		t.Fatalf("the client's share still counts %d", n)
+	}
+	c3, _, _ := resumeConnect(t, g.WS("/"), me)
+	echoOnce(t, c3, []byte("three"))
+	c3.Close(websocket.StatusNormalClosure, "")
+	waitBooks(t, f, "pc-api", 2)
 }

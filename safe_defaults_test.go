@@ -58,6 +58,9 @@ func handlerOf(t *testing.T, block string) string {
 	return string(b)
 }
 
+// allowApp lets the page origin of gatewayClientHeaders connect.
+const allowApp = `"allowed_origins":["http://app.example"]`
+
 // gatewayClientHeaders is what a client of a protected gateway sends
 // besides the handshake: a forward_auth login's cookie, the gateway's own
 // token and API key, and custom fields.
@@ -121,12 +124,12 @@ func TestClientHeadersStayAtGateway(t *testing.T) {
 		name, handler string
 		want          []string
 	}{
-		{"default", handler("", provider("hdr-echo", echo.URL(), "")), with()},
-		{"forward_headers (JSON)", handler(`"forward_headers":["x-custom","X-Trace-*"]`, provider("hdr-echo", echo.URL(), "")),
+		{"default", handler(allowApp, provider("hdr-echo", echo.URL(), "")), with()},
+		{"forward_headers (JSON)", handler(allowApp+`,"forward_headers":["x-custom","X-Trace-*"]`, provider("hdr-echo", echo.URL(), "")),
 			with("X-Custom", "X-Trace-Id", "X-Trace-Span")},
-		{"forward_headers (Caddyfile)", handlerOf(t, "browser_failover {\n forward_headers X-Custom x-trace-*\n provider hdr-echo "+echo.URL()+"\n}"),
+		{"forward_headers (Caddyfile)", handlerOf(t, "browser_failover {\n allowed_origins http://app.example\n forward_headers X-Custom x-trace-*\n provider hdr-echo "+echo.URL()+"\n}"),
 			with("X-Custom", "X-Trace-Id", "X-Trace-Span")},
-		{"header_up copies on purpose", handlerOf(t, "browser_failover {\n provider hdr-echo "+echo.URL()+" {\n  header_up X-Team {http.request.header.X-Gateway-Token}\n }\n}"),
+		{"header_up copies on purpose", handlerOf(t, "browser_failover {\n allowed_origins http://app.example\n provider hdr-echo "+echo.URL()+" {\n  header_up X-Team {http.request.header.X-Gateway-Token}\n }\n}"),
 			with("X-Team")},
 	}
 	var g *testgw.Gateway

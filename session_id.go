@@ -36,8 +36,8 @@ const (
 )
 
 // sessionIDBytes is the randomness of a session ID: 128 bits, 22
-// characters of URL-safe base64. With resume on, an ID alone takes a
-// parked session back, so it must not be guessable.
+// characters of URL-safe base64. An ID only names a session (a resume
+// needs the client's token), but IDs are unguessable all the same.
 const sessionIDBytes = 16
 
 // newSessionID returns a fresh random session ID.
@@ -45,6 +45,12 @@ func newSessionID() string {
 	var b [sessionIDBytes]byte
 	rand.Read(b[:]) // never fails (crypto/rand aborts the process instead)
 	return base64.RawURLEncoding.EncodeToString(b[:])
+}
+
+// validSessionID reports whether id has the form of a session ID.
+func validSessionID(id string) bool {
+	b, err := base64.RawURLEncoding.DecodeString(id)
+	return err == nil && len(b) == sessionIDBytes
 }
 
 // learnt sets the placeholders of what the chain learnt about the client:

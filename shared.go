@@ -86,9 +86,7 @@ func (h *Handler) provisionShared() error {
 			// Taken back through another node: this node's entry of it
 			// is stale.
 			if e.Node != s.Store().Node() {
-				if p, ok := pool.ParkedByID(e.Session); ok && p.Shared {
-					pool.Unpark(e.Session)
-				}
+				pool.UnparkToken(e.Session)
 			}
 			return
 		}

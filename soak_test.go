@@ -674,7 +674,13 @@ func soakClient(g *testgw.Gateway, rng *rand.Rand, st *soakStats, onBody func(in
 		if rng.IntN(3) == 0 {
 			// Come back for it (with resume on, the same browser; off,
 			// or too late, or its provider unwell: 410).
-			soakResume(g, rng, st, resp.Header.Get("Browser-Failover-Session"), seen)
+			// Without resume on, no token was handed out: the session ID,
+			// which never resumes, stands in for one.
+			token := resp.Header.Get("Browser-Failover-Resume-Token")
+			if token == "" {
+				token = resp.Header.Get("Browser-Failover-Session")
+			}
+			soakResume(g, rng, st, token, seen)
 		}
 	case p < 50: // vanish mid-handshake
 		conn, err := net.DialTimeout("tcp", g.Addr, 2*time.Second)
@@ -749,14 +755,15 @@ func soakClient(g *testgw.Gateway, rng *rand.Rand, st *soakStats, onBody func(in
 	}
 }
 
-// soakResume resumes the session id after a random pause and talks in it
-// once; refusals (410, 409, 429) are fine, anything else a problem.
-func soakResume(g *testgw.Gateway, rng *rand.Rand, st *soakStats, id string, seen func(int, []byte)) {
+// soakResume resumes the session of the resume token after a random pause
+// and talks in it once; refusals (410, 409, 429) are fine, anything else a
+// problem.
+func soakResume(g *testgw.Gateway, rng *rand.Rand, st *soakStats, token string, seen func(int, []byte)) {
 	time.Sleep(time.Duration(rng.IntN(250)) * time.Millisecond)
 	st.resumes.Add(1)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	c, resp, err := websocket.Dial(ctx, g.WS("/?bf_resume="+id), &websocket.DialOptions{CompressionMode: websocket.CompressionDisabled})
+	c, resp, err := websocket.Dial(ctx, g.WS("/?bf_resume="+token), &websocket.DialOptions{CompressionMode: websocket.CompressionDisabled})
 	if err != nil {
 		if resp == nil {
 			st.transportErr(err)

@@ -26,7 +26,8 @@ const (
 	EventSkip = "skip"
 	// EventRecovered: the provider's shared cooldown and skip were cleared.
 	EventRecovered = "recovered"
-	// EventResumed: the parked session Event.Session of the provider was
+	// EventResumed: the parked session named by Event.Session (the
+	// caller's key of it, such as a keyed hash of its resume token) was
 	// taken back (through the node that published it), or ended by an
 	// operator: other nodes forget their own entry of it.
 	EventResumed = "resumed"
@@ -45,7 +46,8 @@ type Event struct {
 	Streak int
 	// Node is the node that published the event.
 	Node string
-	// Session is the session ID of an EventResumed.
+	// Session names the parked session of an EventResumed, as the
+	// caller keyed it in ParkResume.
 	Session string
 }
 

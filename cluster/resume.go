@@ -11,12 +11,14 @@ import (
 
 // Resumable sessions shared by every node: a session that ended from its
 // client's side is kept under <prefix>resume:<id>:<key> for its resume
-// window (PX), where key is the hashed resume key it is bound to ("-" for
+// window (PX), where id is the caller's key of the session (a keyed hash
+// of its resume token: never the token, and never anything an operator
+// could present) and key the hashed resume key it is bound to ("-" for
 // none), so a resume with another key finds nothing and leaves the entry
 // for its owner. The value is the caller's (the provider and where its
-// browser was dialled), opaque here. Taking one is one script: read,
-// remaining time and delete at once, so each ID is resumed at most once
-// across nodes.
+// browser was dialled, without the provider's secrets), opaque here.
+// Taking one is one script: read, remaining time and delete at once, so
+// each parked session is resumed at most once across nodes.
 
 func (s *Store) resumeKey(id, key string) string {
 	if key == "" {

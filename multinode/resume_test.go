@@ -3,6 +3,7 @@ package multinode_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"net"
 	"net/http"
 	"strings"
@@ -11,6 +12,7 @@ import (
 	"time"
 
 	"github.com/coder/websocket"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/browserfailover/caddy-browser-failover/internal/testredis"
 )
@@ -24,6 +26,26 @@ type stateProvider struct {
 	mu     sync.Mutex
 	values map[string]string
 	hits   int
+	query  string
+	heads  []http.Header
+}
+
+func (p *stateProvider) lastQuery() string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.query
+}
+
+// sawHeader tells whether any upgrade request carried the field.
+func (p *stateProvider) sawHeader(field string) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, h := range p.heads {
+		if h.Get(field) != "" {
+			return true
+		}
+	}
+	return false
 }
 
 func startState(t *testing.T, name string) *stateProvider {
@@ -48,6 +70,8 @@ func (p *stateProvider) Hits() int {
 func (p *stateProvider) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	p.mu.Lock()
 	p.hits++
+	p.query = r.URL.RawQuery
+	p.heads = append(p.heads, r.Header.Clone())
 	p.mu.Unlock()
 	c, err := websocket.Accept(w, r, &websocket.AcceptOptions{CompressionMode: websocket.CompressionDisabled})
 	if err != nil {
@@ -92,8 +116,9 @@ func talk(t *testing.T, c *websocket.Conn, msg string) string {
 }
 
 // connectAs dials url with the X-User header and returns the connection,
-// its session ID, and the answer's status when refused.
-func connectAs(t *testing.T, url, user string) (*websocket.Conn, string, int) {
+// its session ID and resume token (as the 101 gives them), and the
+// answer's status when refused.
+func connectAs(t *testing.T, url, user string) (*websocket.Conn, session, int) {
 	t.Helper()
 	ctx, cancel := withTimeout(10 * time.Second)
 	defer cancel()
@@ -102,22 +127,31 @@ func connectAs(t *testing.T, url, user string) (*websocket.Conn, string, int) {
 		if resp == nil {
 			t.Fatalf("dial %s: %v", url, err)
 		}
-		return nil, "", resp.StatusCode
+		return nil, session{}, resp.StatusCode
 	}
-	return c, resp.Header.Get("Browser-Failover-Session"), 101
+	return c, session{id: resp.Header.Get("Browser-Failover-Session"), token: resp.Header.Get("Browser-Failover-Resume-Token")}, 101
 }
 
+// session is what a client learns of its session from the 101.
+type session struct{ id, token string }
+
+// providerSecret is in every provider URL's query: it must never reach
+// the shared state.
+const providerSecret = "pRoViDeR-sEcReT-7"
+
 // TestClusterResume: a session parked on one node (its client dropped) is
-// resumed through another, at the same provider and URL though that
-// node's strategy points elsewhere; a third node refuses it afterwards
-// (each ID once, across nodes); a resume with another resume_key value is
-// refused everywhere, the nodes hashing keys alike.
+// resumed through another with its token, at the same provider and URL
+// (the provider's own query put back by that node) though that node's
+// strategy points elsewhere; nodes refuse it afterwards (nothing parked);
+// a resume with another resume_key value, or by session ID, is refused
+// everywhere, the nodes hashing keys alike. The shared state never holds
+// the provider's secret, the token, or the session ID as a key.
 func TestClusterResume(t *testing.T) {
 	r := testredis.Start(t)
 	p1, p2 := startState(t, "p1"), startState(t, "p2")
 	providers := []map[string]any{
-		{"name": "p1", "url": "ws://" + p1.addr + "/browser/one"},
-		{"name": "p2", "url": "ws://" + p2.addr + "/browser/two"},
+		{"name": "p1", "url": "ws://" + p1.addr + "/browser/one?token=" + providerSecret},
+		{"name": "p2", "url": "ws://" + p2.addr + "/browser/two?token=" + providerSecret},
 	}
 	nodes := startCluster(t, r, clusterConfig{providers: providers}, func(_ string, h map[string]any) {
 		h["strategy"] = "round_robin"
@@ -126,13 +160,17 @@ func TestClusterResume(t *testing.T) {
 	})
 	gw1, gw2, gw3 := nodes[0], nodes[1], nodes[2]
 
-	c, id, _ := connectAs(t, gw1.WS(), "alice")
+	c, s1, _ := connectAs(t, gw1.WS(), "alice")
 	first := talk(t, c, "who")
 	talk(t, c, "set 42")
 	c.CloseNow()
 	eventually(t, 10*time.Second, "parked on gw-1", func() (bool, string) {
 		return len(gw1.LogEntries("session parked")) == 1, ""
 	})
+	if dump := redisDump(t, r); strings.Contains(dump, providerSecret) || strings.Contains(dump, s1.token) ||
+		!strings.Contains(dump, "/browser/") {
+		t.Fatalf("the shared state holds %q", dump)
+	}
 
 	// gw-2's round robin: a fresh client takes the first provider, so the
 	// next pick would be the other one.
@@ -143,10 +181,13 @@ func TestClusterResume(t *testing.T) {
 	fresh.Close(websocket.StatusNormalClosure, "")
 	before1, before2 := p1.Hits(), p2.Hits()
 
-	if _, _, code := connectAs(t, gw2.WS()+"?bf_resume="+id, "bob"); code != http.StatusGone {
+	if _, _, code := connectAs(t, gw2.WS()+"?bf_resume="+s1.token, "bob"); code != http.StatusGone {
 		t.Fatalf("bob's resume on gw-2: %d, want 410", code)
 	}
-	c2, id2, code := connectAs(t, gw2.WS()+"?bf_resume="+id, "alice")
+	if _, _, code := connectAs(t, gw2.WS()+"?bf_resume="+s1.id, "alice"); code != http.StatusGone {
+		t.Fatalf("a resume by session ID on gw-2: %d, want 410", code)
+	}
+	c2, s2, code := connectAs(t, gw2.WS()+"?bf_resume="+s1.token, "alice")
 	if code != 101 {
 		t.Fatalf("alice's resume on gw-2: %d", code)
 	}
@@ -159,8 +200,13 @@ func TestClusterResume(t *testing.T) {
 	if d1, d2 := p1.Hits()-before1, p2.Hits()-before2; d1+d2 != 1 {
 		t.Fatalf("providers contacted for the resumes: p1 %d, p2 %d; want the one", d1, d2)
 	}
+	for _, p := range []*stateProvider{p1, p2} {
+		if q := p.lastQuery(); q != "" && q != "token="+providerSecret {
+			t.Fatalf("%s was dialled with the query %q, want its own token", p.name, q)
+		}
+	}
 	res := gw2.LogEntries("session resumed")
-	if len(res) != 1 || res[0]["resumed_from"] != id || res[0]["session_id"] != id2 {
+	if len(res) != 1 || res[0]["resumed_from"] != s1.id || res[0]["session_id"] != s2.id {
 		t.Fatalf("gw-2's session resumed log: %v", res)
 	}
 	// gw-1 heard of it, and no longer lists it as parked.
@@ -168,11 +214,11 @@ func TestClusterResume(t *testing.T) {
 		b, err := gw1.get("/browser_failover/status")
 		return err == nil && strings.Contains(string(b), `"parked":{"sessions":0,`), string(b)
 	})
-	if _, _, code := connectAs(t, gw3.WS()+"?bf_resume="+id, "alice"); code != http.StatusGone {
-		t.Fatalf("second resume on gw-3: %d, want 410", code)
+	if _, _, code := connectAs(t, gw3.WS()+"?bf_resume="+s1.token, "alice"); code != http.StatusGone {
+		t.Fatalf("a resume on gw-3 of a session connected on gw-2: %d, want 410", code)
 	}
-	if _, _, code := connectAs(t, gw1.WS()+"?bf_resume="+id, "alice"); code != http.StatusGone {
-		t.Fatalf("second resume on gw-1, which parked it: %d, want 410", code)
+	if _, _, code := connectAs(t, gw1.WS()+"?bf_resume="+s1.token, "alice"); code != http.StatusGone {
+		t.Fatalf("a resume on gw-1, which parked it, of a session connected on gw-2: %d, want 410", code)
 	}
 	c2.Close(websocket.StatusNormalClosure, "")
 
@@ -184,4 +230,152 @@ func TestClusterResume(t *testing.T) {
 	if !strings.Contains(string(b), `resumed`) {
 		t.Fatalf("gw-2 resumes_total: %s", b)
 	}
+}
+
+// TestClusterResumeStateChecked: what a node reads back from the shared
+// state is checked before use: an entry someone rewrote in Redis to inject
+// a header into the upgrade request is refused (410), and the provider
+// never sees the request. And while Redis cannot be asked, a resume is
+// refused with 503 and Retry-After, even on the node that parked the
+// session (another node may have taken it); the session is still there
+// once Redis is back.
+func TestClusterResumeStateChecked(t *testing.T) {
+	r := testredis.Start(t)
+	p1 := startState(t, "p1")
+	providers := []map[string]any{{"name": "p1", "url": "ws://" + p1.addr + "/browser/one?token=" + providerSecret}}
+	nodes := startCluster(t, r, clusterConfig{providers: providers}, func(_ string, h map[string]any) {
+		h["resume"] = map[string]any{"window": "1m"}
+	})
+	gw1, gw2 := nodes[0], nodes[1]
+	rdb := redis.NewClient(&redis.Options{Addr: r.Addr()})
+	defer rdb.Close()
+	park := func(gw *node) session {
+		t.Helper()
+		n := len(gw.LogEntries("session parked"))
+		c, s, _ := connectAs(t, gw.WS(), "alice")
+		talk(t, c, "set 7")
+		c.CloseNow()
+		eventually(t, 10*time.Second, "parked", func() (bool, string) {
+			return len(gw.LogEntries("session parked")) == n+1, ""
+		})
+		return s
+	}
+	resumeKeys := func() []string {
+		ctx, cancel := withTimeout(5 * time.Second)
+		defer cancel()
+		keys, err := rdb.Keys(ctx, "multinode:"+t.Name()+":resume:*").Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return keys
+	}
+
+	// A poisoned entry.
+	s := park(gw1)
+	keys := resumeKeys()
+	if len(keys) != 1 {
+		t.Fatalf("resume entries in Redis: %v", keys)
+	}
+	ctx, cancel := withTimeout(5 * time.Second)
+	v, err := rdb.Get(ctx, keys[0]).Result()
+	cancel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var entry map[string]any
+	if err := json.Unmarshal([]byte(v), &entry); err != nil {
+		t.Fatalf("entry %q: %v", v, err)
+	}
+	entry["point"].(map[string]any)["host"] = p1.addr + "\r\nX-Injected: 1"
+	poisoned, _ := json.Marshal(entry)
+	ctx, cancel = withTimeout(5 * time.Second)
+	rdb.Set(ctx, keys[0], poisoned, time.Minute)
+	cancel()
+	hits := p1.Hits()
+	if _, _, code := connectAs(t, gw2.WS()+"?bf_resume="+s.token, "alice"); code != http.StatusGone {
+		t.Fatalf("resume of a poisoned entry: %d, want 410", code)
+	}
+	if p1.Hits() != hits || p1.sawHeader("X-Injected") {
+		t.Fatal("the provider was dialled for a poisoned entry")
+	}
+	eventually(t, 10*time.Second, "gw-2 to log the refused entry", func() (bool, string) {
+		return len(gw2.LogEntries("resume entry from the shared state refused")) == 1, ""
+	})
+
+	// Redis cannot be asked: 503, on the parking node too. (gw-1 learns
+	// that Redis is away from a fresh client's connect, which goes on
+	// locally; the resume then does not ask at all. A claim that timed
+	// out could have reached Redis, and the session would be gone.)
+	s = park(gw1)
+	r.Pause()
+	fresh, _, code := connectAs(t, gw1.WS(), "dave")
+	if code != 101 {
+		t.Fatalf("a fresh client while Redis is away: %d", code)
+	}
+	fresh.CloseNow()
+	code, retryAfter := refusalOf(t, gw1.WS()+"?bf_resume="+s.token)
+	r.Resume()
+	if code != http.StatusServiceUnavailable || retryAfter == "" {
+		t.Fatalf("resume while Redis is away: %d (Retry-After %q), want 503", code, retryAfter)
+	}
+	var c *websocket.Conn
+	eventually(t, 15*time.Second, "the resume to work again once Redis is back", func() (bool, string) {
+		var code int
+		c, _, code = connectAs(t, gw2.WS()+"?bf_resume="+s.token, "alice")
+		return code == 101, ""
+	})
+	if got := talk(t, c, "get"); got != "7" {
+		t.Fatalf("state after the resume: %q", got)
+	}
+	c.Close(websocket.StatusNormalClosure, "")
+}
+
+// refusalOf dials url and returns the refusal's status and Retry-After.
+func refusalOf(t *testing.T, url string) (int, string) {
+	t.Helper()
+	ctx, cancel := withTimeout(10 * time.Second)
+	defer cancel()
+	c, resp, err := websocket.Dial(ctx, url, nil)
+	if err == nil {
+		c.CloseNow()
+		return 101, ""
+	}
+	if resp == nil {
+		t.Fatalf("dial %s: %v", url, err)
+	}
+	return resp.StatusCode, resp.Header.Get("Retry-After")
+}
+
+// redisDump is every key and string value of r, one per line.
+func redisDump(t *testing.T, r *testredis.Server) string {
+	t.Helper()
+	rdb := redis.NewClient(&redis.Options{Addr: r.Addr()})
+	defer rdb.Close()
+	ctx, cancel := withTimeout(5 * time.Second)
+	defer cancel()
+	keys, err := rdb.Keys(ctx, "*").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var b strings.Builder
+	for _, k := range keys {
+		b.WriteString(k)
+		typ, _ := rdb.Type(ctx, k).Result()
+		switch typ {
+		case "string":
+			v, _ := rdb.Get(ctx, k).Result()
+			b.WriteString(" = " + v)
+		case "hash":
+			v, _ := rdb.HGetAll(ctx, k).Result()
+			fmt.Fprintf(&b, " = %v", v)
+		case "zset":
+			v, _ := rdb.ZRange(ctx, k, 0, -1).Result()
+			fmt.Fprintf(&b, " = %v", v)
+		case "set":
+			v, _ := rdb.SMembers(ctx, k).Result()
+			fmt.Fprintf(&b, " = %v", v)
+		}
+		b.WriteByte('\n')
+	}
+	return b.String()
 }

@@ -339,7 +339,12 @@ const (
 	ReasonClientLimit  = "client_limit"
 	// ReasonResume: a resume that could not be served (410, 409).
 	ReasonResume = "resume"
-	reasonOther  = "other"
+	// ReasonOrigin: an upgrade a web page opened from an origin that
+	// allowed_origins does not name (403).
+	ReasonOrigin = "origin"
+	// ReasonShutdown: the process is exiting (503).
+	ReasonShutdown = "shutdown"
+	reasonOther    = "other"
 )
 
 // ReasonWord maps why a client was rejected, as the handler words it in its
@@ -353,7 +358,7 @@ func ReasonWord(why string) string {
 		return ReasonQueueTimeout
 	case "no provider available", ReasonNoProvider:
 		return ReasonNoProvider
-	case ReasonRelayed, ReasonUnservable, ReasonClientLimit:
+	case ReasonRelayed, ReasonUnservable, ReasonClientLimit, ReasonOrigin, ReasonShutdown:
 		return why
 	}
 	if strings.HasPrefix(why, ReasonResume) {

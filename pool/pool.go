@@ -208,11 +208,25 @@ func ReleaseClaim(name string, gen any) {
 // kept aside, so a config that brings the name back counts them.
 func (p *Provider) Destruct() error {
 	retiredMu.Lock()
-	if p.live.Load() > 0 {
+	if p.used.Load() > 0 {
 		retired[p.name] = p
 	}
 	retiredMu.Unlock()
 	return nil
+}
+
+// giveBack frees one slot; the last one of a provider that left the
+// config lets its entry go.
+func (p *Provider) giveBack() int64 {
+	u := p.used.Add(-1)
+	if u == 0 {
+		retiredMu.Lock()
+		if retired[p.name] == p {
+			delete(retired, p.name)
+		}
+		retiredMu.Unlock()
+	}
+	return u
 }
 
 // Providers that left the config with live sessions, by name.
@@ -284,7 +298,7 @@ func (p *Provider) Limit() int64 {
 
 // Unreserve gives back a slot whose attempt did not establish a session.
 func (p *Provider) Unreserve() {
-	p.used.Add(-1)
+	p.giveBack()
 	p.Notify()
 }
 
@@ -296,7 +310,7 @@ func (p *Provider) Unreserve() {
 // (SkippedFull), the queues are woken a second later instead, like the
 // once-a-second retry of providers that failed without cooling down.
 func (p *Provider) UnreserveFailed() {
-	u := p.used.Add(-1)
+	u := p.giveBack()
 	if m := p.Limit(); m > 0 && u+1 >= m && p.skippedFull.Swap(false) {
 		p.WakeAt(now().Add(time.Second))
 	}
@@ -318,15 +332,20 @@ func (p *Provider) Establish(s *upstreams.Session, info SessionInfo) {
 // counted beside the one that left it (live never exceeds the limit).
 func (p *Provider) End(s *upstreams.Session) {
 	untrack(s)
-	if p.live.Add(-1) == 0 {
-		retiredMu.Lock()
-		if retired[p.name] == p {
-			delete(retired, p.name)
-		}
-		retiredMu.Unlock()
-	}
-	p.used.Add(-1)
+	p.live.Add(-1)
+	p.giveBack()
 	p.Notify()
+}
+
+// Park ends a live session whose provider session lives on while it is
+// parked for a resume (a session created over a session API, not yet
+// released): it leaves the session registry and the live count, but its
+// slot stays taken, so the parked session still counts against
+// max_concurrent. The slot is given back with Unreserve when the window
+// ends, or taken over by the resume (Establish, as after TryReserve).
+func (p *Provider) Park(s *upstreams.Session) {
+	untrack(s)
+	p.live.Add(-1)
 }
 
 // Active is the number of live sessions.

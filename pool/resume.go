@@ -15,18 +15,26 @@ import (
 
 // The resume registry: sessions that ended from their client's side (its
 // close frame, or its connection dropping) and that the client may take
-// back within a window, by their session ID. A session without hold is
+// back within a window, with the resume token only it holds. The registry
+// keeps a keyed hash of each token (ResumeTokenHash), never the token; an
+// entry is found by that hash for a resume, and by its session ID for the
+// operator's listing and actions (an ID never takes a session back). A
+// session without hold is
 // parked here once its provider connection is closed: only where it was
 // is kept (the provider, the URL dialled), to dial the same browser
 // again. A held session keeps its provider connection open, and its slot,
-// and is parked here as well while no client is joined to it. Each ID is
-// taken back at most once, and only with the key it was parked under.
+// and is parked here as well while no client is joined to it. Each parked
+// entry is taken back at most once, and only with the key it was parked
+// under.
 // Entries are process-wide: reloads keep them. Their windows run on Clock.
 
 // Parked is one resumable session.
 type Parked struct {
-	// ID is the session's ID: what the client resumes with.
+	// ID is the session's ID: what the operator sees and ends it by.
 	ID string
+	// Token is the keyed hash of the resume token (ResumeTokenHash): what
+	// a resume finds it by.
+	Token string
 	// Provider is the provider's name.
 	Provider string
 	// Protocol is what the client spoke (only cdp sessions are parked).
@@ -67,21 +75,43 @@ type Parked struct {
 
 var (
 	parkedMu sync.Mutex
-	parked   = map[string]*Parked{}
+	parked   = map[string]*Parked{} // by session ID
+	byToken  = map[string]*Parked{} // by token hash
 )
 
 // Park registers e until e.Until. When the window ends unclaimed, e leaves
 // the registry and expire is called with it (in its own goroutine), to
-// release what it holds.
+// release what it holds. An entry already parked under the same ID or
+// token is replaced (its expire is not called).
 func Park(e *Parked, expire func(*Parked)) {
 	parkedMu.Lock()
 	defer parkedMu.Unlock()
-	if old, ok := parked[e.ID]; ok && old != e {
-		old.timer.Stop()
+	for _, old := range []*Parked{parked[e.ID], byToken[e.Token]} {
+		if old != nil && old != e {
+			old.timer.Stop()
+			old.removeLocked()
+		}
 	}
 	e.expire = expire
-	parked[e.ID] = e
+	e.addLocked()
 	e.arm()
+}
+
+// addLocked and removeLocked keep both indexes (parkedMu held).
+func (e *Parked) addLocked() {
+	parked[e.ID] = e
+	if e.Token != "" {
+		byToken[e.Token] = e
+	}
+}
+
+func (e *Parked) removeLocked() {
+	if parked[e.ID] == e {
+		delete(parked, e.ID)
+	}
+	if byToken[e.Token] == e {
+		delete(byToken, e.Token)
+	}
 }
 
 // arm starts e's window timer (parkedMu held).
@@ -92,7 +122,7 @@ func (e *Parked) arm() {
 			parkedMu.Unlock()
 			return
 		}
-		delete(parked, e.ID)
+		e.removeLocked()
 		parkedMu.Unlock()
 		if e.expire != nil {
 			e.expire(e)
@@ -100,18 +130,22 @@ func (e *Parked) arm() {
 	})
 }
 
-// ClaimParked takes the entry id out of the registry for a resume: only while
-// its window runs and only with the key it was parked under. A wrong key
-// leaves it in place. The caller gives it back with Unclaim when the
-// resume cannot go on for a reason that is not the client's.
-func ClaimParked(id, key string) (*Parked, bool) {
+// ClaimParked takes the entry parked under the token hash out of the
+// registry for a resume: only while its window runs and only with the key
+// it was parked under. A wrong key leaves it in place. The caller gives it
+// back with Unclaim when the resume cannot go on for a reason that is not
+// the client's.
+func ClaimParked(token, key string) (*Parked, bool) {
+	if token == "" {
+		return nil, false
+	}
 	parkedMu.Lock()
 	defer parkedMu.Unlock()
-	e, ok := parked[id]
+	e, ok := byToken[token]
 	if !ok || e.Key != key || !now().Before(e.Until) {
 		return nil, false
 	}
-	delete(parked, id)
+	e.removeLocked()
 	e.timer.Stop()
 	return e, true
 }
@@ -128,7 +162,7 @@ func Unclaim(e *Parked) bool {
 		}
 		return false
 	}
-	parked[e.ID] = e
+	e.addLocked()
 	e.arm()
 	parkedMu.Unlock()
 	return true
@@ -144,9 +178,20 @@ func Unpark(id string) (*Parked, bool) {
 	if !ok {
 		return nil, false
 	}
-	delete(parked, id)
+	e.removeLocked()
 	e.timer.Stop()
 	return e, true
+}
+
+// UnparkToken removes the entry parked under the token hash, if it is
+// shared (another node took it back through the shared store).
+func UnparkToken(token string) {
+	parkedMu.Lock()
+	defer parkedMu.Unlock()
+	if e, ok := byToken[token]; ok && e.Shared {
+		e.removeLocked()
+		e.timer.Stop()
+	}
 }
 
 // ParkedByID finds a parked entry, for the sessions list.
@@ -195,10 +240,12 @@ func ParkedCount() (all, held int) {
 func ExpireAll() {
 	parkedMu.Lock()
 	all := make([]*Parked, 0, len(parked))
-	for id, e := range parked {
+	for _, e := range parked {
 		e.timer.Stop()
-		delete(parked, id)
 		all = append(all, e)
+	}
+	for _, e := range all {
+		e.removeLocked()
 	}
 	parkedMu.Unlock()
 	for _, e := range all {
@@ -212,8 +259,18 @@ func ExpireAll() {
 // keyed with the deployment's secret, hex (the same on every node). The
 // value itself (a user id, a token) is never kept.
 func ResumeKeyHash(value string) string {
+	return keyedHash("resume\x00", value)
+}
+
+// ResumeTokenHash is how a resume token is kept: like ResumeKeyHash, under
+// a label of its own. Knowing the hash does not help to present the token.
+func ResumeTokenHash(token string) string {
+	return keyedHash("resume token\x00", token)
+}
+
+func keyedHash(label, value string) string {
 	m := hmac.New(sha256.New, *keySecret.Load())
-	m.Write([]byte("resume\x00"))
+	m.Write([]byte(label))
 	m.Write([]byte(value))
 	return hex.EncodeToString(m.Sum(nil))
 }

@@ -34,6 +34,10 @@ type SessionInfo struct {
 	// Attempts counts the provider attempts the client's way took, the
 	// successful one included.
 	Attempts int
+	// ResumeToken is the keyed hash of the session's resume token ("" when
+	// it cannot be resumed): how a resume finds a session that is still
+	// ending. Never shown.
+	ResumeToken string
 }
 
 // LiveSession is one entry of the registry.
@@ -49,7 +53,9 @@ var (
 	sessionsMu sync.Mutex
 	sessions   = map[*upstreams.Session]*LiveSession{}
 	sessionIDs = map[string]*LiveSession{}
-	sessionSeq uint64
+	// sessionTokens indexes the resumable ones by resume token hash.
+	sessionTokens = map[string]*LiveSession{}
+	sessionSeq    uint64
 )
 
 func track(s *upstreams.Session, info SessionInfo) {
@@ -60,6 +66,9 @@ func track(s *upstreams.Session, info SessionInfo) {
 	if info.ID != "" {
 		sessionIDs[info.ID] = e
 	}
+	if info.ResumeToken != "" {
+		sessionTokens[info.ResumeToken] = e
+	}
 	sessionsMu.Unlock()
 }
 
@@ -69,6 +78,9 @@ func untrack(s *upstreams.Session) {
 		delete(sessions, s)
 		if sessionIDs[e.ID] == e {
 			delete(sessionIDs, e.ID)
+		}
+		if sessionTokens[e.ResumeToken] == e {
+			delete(sessionTokens, e.ResumeToken)
 		}
 	}
 	sessionsMu.Unlock()
@@ -104,6 +116,17 @@ func SessionByID(id string) (LiveSession, bool) {
 	defer sessionsMu.Unlock()
 	e, ok := sessionIDs[id]
 	if !ok {
+		return LiveSession{}, false
+	}
+	return *e, true
+}
+
+// SessionByResumeToken finds a live session by its resume token's hash.
+func SessionByResumeToken(token string) (LiveSession, bool) {
+	sessionsMu.Lock()
+	defer sessionsMu.Unlock()
+	e, ok := sessionTokens[token]
+	if !ok || token == "" {
 		return LiveSession{}, false
 	}
 	return *e, true

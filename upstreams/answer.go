@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/textproto"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -125,32 +126,41 @@ func ParseRetryAfter(v string, now time.Time) time.Duration {
 	return 0
 }
 
-// RawWithHeader returns Raw with the header field set to value: any line of
-// that field the provider sent is dropped (a provider may itself be a
-// gateway that names its sessions the same way), and the field is added as
-// the last header line, with the answer's own line ending. Raw itself is
-// not changed.
-func (a *Answer) RawWithHeader(field, value string) []byte {
+// HeaderField is one header line the gateway adds to an answer.
+type HeaderField struct{ Name, Value string }
+
+// RawWithHeaders returns Raw with each of fields set: any line of those
+// fields the provider sent is dropped (a provider may itself be a gateway
+// that names its sessions the same way), and the fields are added, in
+// order, as the last header lines, with the answer's own line ending. Raw
+// itself is not changed.
+func (a *Answer) RawWithHeaders(fields ...HeaderField) []byte {
 	raw := a.Raw
 	eol := []byte("\r\n")
 	if !bytes.HasSuffix(raw, eol) {
 		eol = []byte("\n")
 	}
 	body := bytes.TrimSuffix(raw, eol) // without the blank line's end
-	out := make([]byte, 0, len(raw)+len(field)+len(value)+4)
+	size := len(raw)
+	for _, f := range fields {
+		size += len(f.Name) + len(f.Value) + 4
+	}
+	out := make([]byte, 0, size)
 	for i := 0; len(body) > 0; i++ {
 		line, rest, _ := bytes.Cut(body, []byte{'\n'})
 		body = rest
 		k, _, ok := bytes.Cut(line, []byte{':'})
-		if i > 0 && ok && strings.EqualFold(string(k), field) {
+		if i > 0 && ok && slices.ContainsFunc(fields, func(f HeaderField) bool { return strings.EqualFold(string(k), f.Name) }) {
 			continue
 		}
 		out = append(out, line...)
 		out = append(out, '\n')
 	}
-	out = append(out, field...)
-	out = append(out, ": "...)
-	out = append(out, value...)
-	out = append(out, eol...)
+	for _, f := range fields {
+		out = append(out, f.Name...)
+		out = append(out, ": "...)
+		out = append(out, f.Value...)
+		out = append(out, eol...)
+	}
 	return append(out, eol...)
 }

@@ -93,10 +93,10 @@ func FuzzReadAnswer(f *testing.F) {
 	})
 }
 
-// TestRawWithHeader: the gateway's header goes in as the last header line
+// TestRawWithHeaders: the gateway's header goes in as the last header line
 // with the answer's own line ending, replaces a provider's line of the
 // same field, and the result parses back to the same answer plus it.
-func TestRawWithHeader(t *testing.T) {
+func TestRawWithHeaders(t *testing.T) {
 	cases := []struct{ name, in, want string }{
 		{"crlf",
 			"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n",
@@ -115,7 +115,7 @@ func TestRawWithHeader(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			got := a.RawWithHeader("Browser-Failover-Session", "abc")
+			got := a.RawWithHeaders(HeaderField{"Browser-Failover-Session", "abc"})
 			if string(got) != tc.want {
 				t.Fatalf("got %q\nwant %q", got, tc.want)
 			}

@@ -202,6 +202,10 @@ func (s *Session) Reason() string {
 
 func (s *Session) setReason(r string) { s.reason.CompareAndSwap(nil, r) }
 
+// Ending reports whether the session has begun to end: a side ended, or
+// the gateway is closing it (the reason is known). Valid at any time.
+func (s *Session) Ending() bool { return s.reason.Load() != nil }
+
 // Close ends the session from the gateway's side: each direction lets the
 // frame in flight finish (as long as it keeps moving, within
 // CloseFrameLimit), sends a close frame with code and reason to its
