@@ -136,7 +136,7 @@ func TestRealClientsThroughFailover(t *testing.T) {
 	bs := StartChromiums(t, 2)
 	dead, live := bs[0], bs[1]
 	dead.Kill()
-	g := testgw.Start(t, handler(`"queue":{"size":0},"connect_timeout":"10s"`,
+	g := testgw.Start(t, handler(`"queue":{"size":0},"connect_timeout":"10s","allowed_origins":["http://app.example"]`,
 		provider("rc-dead", dead.HTTPURL(), `"priority":1`),
 		provider("rc-live", live.HTTPURL(), `"priority":2`)))
 
@@ -152,16 +152,21 @@ func TestRealClientsThroughFailover(t *testing.T) {
 	sessions := 0
 	t.Run("raw-cdp-with-origin", func(t *testing.T) {
 		// Chrome refuses an upgrade whose Origin it was not told to allow
-		// (403); the gateway holds the client's Origin back.
+		// (403), and so does the gateway, before any provider is asked;
+		// an origin that allowed_origins names goes through, and the
+		// gateway holds it back from Chromium.
 		sessions++
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
 		withOrigin := &websocket.DialOptions{HTTPHeader: http.Header{"Origin": {"http://app.example"}}}
-		if c, resp, err := websocket.Dial(ctx, live.WSURL(), withOrigin); err == nil || resp == nil || resp.StatusCode != http.StatusForbidden {
-			if c != nil {
-				c.CloseNow()
+		foreign := &websocket.DialOptions{HTTPHeader: http.Header{"Origin": {"http://evil.example"}}}
+		for name, url := range map[string]string{"Chromium itself": live.WSURL(), "the gateway": g.WS("/")} {
+			if c, resp, err := websocket.Dial(ctx, url, foreign); err == nil || resp == nil || resp.StatusCode != http.StatusForbidden {
+				if c != nil {
+					c.CloseNow()
+				}
+				t.Fatalf("%s took an upgrade with a foreign Origin: %v %v", name, err, resp)
 			}
-			t.Fatalf("Chromium itself took an upgrade with a foreign Origin: %v %v", err, resp)
 		}
 		c, _, err := websocket.Dial(ctx, g.WS("/"), withOrigin)
 		if err != nil {
