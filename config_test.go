@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig"
@@ -136,6 +137,16 @@ var parityCases = []parityCase{
 	{scope: "redis", cf: "tls\ntls_server_name r", js: `"tls":{"server_name":"r"}`, ok: true},
 	{scope: "state", cf: "on_unavailable reject", js: `"on_unavailable":"reject"`, ok: true},
 	{scope: "state", cf: "on_unavailable wait", js: `"on_unavailable":"wait"`},
+
+	// Health checks: a default never makes one invalid, a value the user
+	// wrote may.
+	{scope: "provider", url: "http://h:1", cf: "health_check {\ninterval 100ms\n}", js: `"health_check":{"interval":"100ms"}`, ok: true},
+	{scope: "provider", url: "http://h:1", cf: "health_check {\ntimeout 15s\n}", js: `"health_check":{"timeout":"15s"}`, ok: true},
+	{scope: "provider", url: "http://h:1", cf: "health_check {\ninterval 1s\ntimeout 2s\n}", js: `"health_check":{"interval":"1s","timeout":"2s"}`},
+	{scope: "raw", cf: "health_check {\ninterval 100ms\n}\nprovider a http://h:1",
+		js: `{"health_check":{"interval":"100ms"},"providers":[{"name":"a","url":"http://h:1"}]}`, ok: true},
+	{scope: "raw", cf: "health_check {\ntimeout 5s\n}\nprovider a http://h:1 {\nhealth_check {\ninterval 1s\n}\n}",
+		js: `{"health_check":{"timeout":"5s"},"providers":[{"name":"a","url":"http://h:1","health_check":{"interval":"1s"}}]}`},
 
 	// Whole configs.
 	{scope: "raw", cf: "", js: `{}`}, // no providers
@@ -339,5 +350,32 @@ func TestPlaceholderURLAtProvision(t *testing.T) {
 		case err != nil && strings.Contains(err.Error(), secret):
 			t.Errorf("%q: the error shows a secret: %v", tc.url, err)
 		}
+	}
+}
+
+// TestHealthCheckImplicitDefaults: a value left out takes a default that
+// fits the values given, so a default alone never makes a health check
+// invalid; the merged check of each provider is what its probes run on.
+func TestHealthCheckImplicitDefaults(t *testing.T) {
+	ms := func(d int) caddy.Duration { return caddy.Duration(time.Duration(d) * time.Millisecond) }
+	for _, tc := range []struct {
+		name              string
+		handler, own      *HealthCheckConfig
+		interval, timeout caddy.Duration
+	}{
+		{"nothing given", &HealthCheckConfig{}, nil, ms(10000), ms(2000)},
+		{"short interval", nil, &HealthCheckConfig{Interval: ms(100)}, ms(100), ms(100)},
+		{"short interval at the handler", &HealthCheckConfig{Interval: ms(500)}, nil, ms(500), ms(500)},
+		{"long timeout", nil, &HealthCheckConfig{Timeout: ms(15000)}, ms(15000), ms(15000)},
+		{"both", nil, &HealthCheckConfig{Interval: ms(3000), Timeout: ms(1000)}, ms(3000), ms(1000)},
+		{"merged", &HealthCheckConfig{Timeout: ms(1000)}, &HealthCheckConfig{Interval: ms(400)}, ms(400), ms(1000)},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := effectiveHealthCheck(tc.handler, tc.own)
+			if c.Interval != tc.interval || c.Timeout != tc.timeout {
+				t.Fatalf("interval %v timeout %v, want %v and %v", time.Duration(c.Interval), time.Duration(c.Timeout),
+					time.Duration(tc.interval), time.Duration(tc.timeout))
+			}
+		})
 	}
 }

@@ -123,8 +123,11 @@ func effectiveHealthCheck(handler, own *HealthCheckConfig) *HealthCheckConfig {
 			c.Capacity = own.Capacity
 		}
 	}
+	// A default never makes the check invalid: one left out fits the
+	// other, given, value (a short interval shortens the default timeout,
+	// a long timeout lengthens the default interval).
 	if c.Interval == 0 {
-		c.Interval = caddy.Duration(defaultProbeInterval)
+		c.Interval = caddy.Duration(max(defaultProbeInterval, time.Duration(c.Timeout)))
 	}
 	if c.Timeout == 0 {
 		c.Timeout = caddy.Duration(min(defaultProbeTimeout, time.Duration(c.Interval)))
