@@ -698,12 +698,13 @@ func (c *connect) redial(e *pool.Parked) {
 		unavailable(upstreams.WordDrained)
 		return
 	}
+	ownShare := false // c.quota is the share the parked session kept
 	if h.ClientLimit != nil {
 		k := h.quotaKey(c.replace)
 		switch {
 		case kept != nil && kept.quota != nil && *kept.quota == k:
 			// Its own share, kept while it was parked.
-			c.quota, kept.quota = kept.quota, nil
+			c.quota, kept.quota, ownShare = kept.quota, nil, true
 		case !pool.TakeQuota(k, h.ClientLimit.Limit):
 			pk.putKept(kept)
 			kept = nil
@@ -718,7 +719,7 @@ func (c *connect) redial(e *pool.Parked) {
 	defer c.releaseHolds()
 	permit, ok := st.Health.Acquire()
 	if !ok {
-		if kept != nil && c.quota != nil && kept.quota == nil {
+		if ownShare {
 			// The share goes back with the parked session.
 			kept.quota, c.quota = c.quota, nil
 		}

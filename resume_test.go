@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"net/url"
 	"strings"
 	"sync"
 	"testing"
@@ -934,4 +935,39 @@ func TestParkedSessionsCount(t *testing.T) {
 	echoOnce(t, c3, []byte("three"))
 	c3.Close(websocket.StatusNormalClosure, "")
 	waitBooks(t, f, "pc-api", 2)
+}
+
+// TestResumeTokenReused: a client that brings one token for two sessions
+// can take back only the one parked last; the earlier one's window ends
+// when the later one parks (a session created for it over a session API is
+// released then), so nothing parked is left unreachable. A token of the
+// wrong form gets 400.
+func TestResumeTokenReused(t *testing.T) {
+	t.Cleanup(pool.ExpireAll)
+	f, _ := echoREST(t)
+	g := testgw.Start(t, handler(`"resume":{"window":"1m"}`, apiProvider("tr-api", f, "")))
+	const token = "one-token-for-two-sessions"
+	c1, id1, _ := resumeConnect(t, g.WS("/?bf_resume_token="+token), nil)
+	c2, id2, _ := resumeConnect(t, g.WS("/?bf_resume_token="+token), nil)
+	echoOnce(t, c1, []byte("one"))
+	echoOnce(t, c2, []byte("two"))
+	c1.CloseNow()
+	waitParked(t, g, id1)
+	c2.CloseNow()
+	waitParked(t, g, id2)
+	waitLog(t, g, "resume window over", id1)
+	testgw.Eventually(t, 10*time.Second, "the first session released", func() bool { return len(f.Books().Released) == 1 })
+	c3, _, _ := resumeConnect(t, g.WS("/?bf_resume="+token), nil)
+	echoOnce(t, c3, []byte("three"))
+	if b := f.Books(); len(b.Created) != 2 || len(b.Released) != 1 {
+		t.Fatalf("created %d, released %d: want 2 and 1", len(b.Created), len(b.Released))
+	}
+	c3.Close(websocket.StatusNormalClosure, "")
+
+	for _, bad := range []string{"short", "has space in it 0123456789", strings.Repeat("x", 300)} {
+		_, resp, err := dial(t, g.WS("/?bf_resume_token="+url.QueryEscape(bad)), nil)
+		if err == nil || resp == nil || resp.StatusCode != http.StatusBadRequest {
+			t.Fatalf("token %q: %v %v, want 400", bad, err, resp)
+		}
+	}
 }

@@ -81,20 +81,28 @@ var (
 
 // Park registers e until e.Until. When the window ends unclaimed, e leaves
 // the registry and expire is called with it (in its own goroutine), to
-// release what it holds. An entry already parked under the same ID or
-// token is replaced (its expire is not called).
+// release what it holds. An entry already parked under the same token (a
+// client that used one token for two sessions) is replaced: its window
+// ends now.
 func Park(e *Parked, expire func(*Parked)) {
 	parkedMu.Lock()
-	defer parkedMu.Unlock()
+	var ended []*Parked
 	for _, old := range []*Parked{parked[e.ID], byToken[e.Token]} {
-		if old != nil && old != e {
+		if old != nil && old != e && !slices.Contains(ended, old) {
 			old.timer.Stop()
 			old.removeLocked()
+			ended = append(ended, old)
 		}
 	}
 	e.expire = expire
 	e.addLocked()
 	e.arm()
+	parkedMu.Unlock()
+	for _, old := range ended {
+		if old.expire != nil {
+			go old.expire(old)
+		}
+	}
 }
 
 // addLocked and removeLocked keep both indexes (parkedMu held).
