@@ -453,28 +453,55 @@ func (c *connect) pick(ps *passState) (*member, cooldown.Permit, *cluster.Lease)
 			ps.next = len(ps.order)
 			break
 		}
-		permit, ok := st.Health.Acquire()
+		a, ok := c.admit(ps, m, nil)
 		if !ok {
-			c.skip(m, upstreams.WordCooldown)
-			continue
-		}
-		if !st.TryReserve() {
-			h.settle(st, permit, cooldown.Neutral, 0)
-			st.SkippedFull()
-			c.skip(m, upstreams.WordFull)
-			continue
-		}
-		// The cluster-wide slot, with shared state.
-		lease, ok := c.claimShared(ps, m)
-		if !ok {
-			h.settle(m.state, permit, cooldown.Neutral, 0)
-			st.UnreserveFailed()
 			continue
 		}
 		ps.tried++
-		return m, permit, lease
+		return m, a.permit, a.lease
 	}
 	return nil, cooldown.Permit{}, nil
+}
+
+// admission is what an admitted attempt holds: its provider's health
+// permit and its cluster-wide slot (nil without shared state); its slot
+// is reserved.
+type admission struct {
+	permit cooldown.Permit
+	lease  *cluster.Lease
+}
+
+// admit is the one admission step of an attempt at m, for a new client's
+// pass as for a resume: a health permit (not in cooldown, no trial in
+// flight), a slot, and the cluster-wide slot under shared state. A parked
+// session's kept slot and lease (kept, not nil) stand for the last two.
+// On refusal the skip is recorded, what was taken is given back, and ok
+// is false; the caller's own checks (drained, full, left to waiters)
+// come before.
+func (c *connect) admit(ps *passState, m *member, kept *holds) (a admission, ok bool) {
+	st := m.state
+	if a.permit, ok = st.Health.Acquire(); !ok {
+		c.skip(m, upstreams.WordCooldown)
+		return admission{}, false
+	}
+	if kept != nil {
+		a.lease, kept.lease = kept.lease, nil
+		return a, true
+	}
+	if !st.TryReserve() {
+		c.h.settle(st, a.permit, cooldown.Neutral, 0)
+		st.SkippedFull()
+		c.skip(m, upstreams.WordFull)
+		return admission{}, false
+	}
+	// The cluster-wide slot, with shared state (claimShared records its
+	// own skip).
+	if a.lease, ok = c.claimShared(ps, m); !ok {
+		c.h.settle(st, a.permit, cooldown.Neutral, 0)
+		st.UnreserveFailed()
+		return admission{}, false
+	}
+	return a, true
 }
 
 // attemptInTurn attempts the candidates one after the other.
@@ -788,9 +815,11 @@ func (c *connect) skip(m *member, word string) {
 	c.add(attempt{Provider: m.up.Name, Outcome: word})
 }
 
-// 6. Establish: the client is handed over to the provider's connection. An
-// HTTP/1.1 client is hijacked and answered with the provider's 101; an
-// HTTP/2 or HTTP/3 client (extended CONNECT) gets 200 and a stream.
+// 6. Establish: the client is handed over to the provider's connection
+// (handOver), and its session relayed. It is told of its session — the
+// provider's 101, naming the session — only once the session counts as
+// live, so a client never holds a session that status and max_concurrent
+// do not see yet.
 func (c *connect) establish(m *member, up *upstreams.Conn) passEnd {
 	if caddy.Exiting() {
 		// An attempt that was in flight when the process began to exit:
@@ -801,65 +830,85 @@ func (c *connect) establish(m *member, up *upstreams.Conn) passEnd {
 		c.finish(c.shuttingDown())
 		return passAnswered
 	}
-	if c.hs.ExtendedConnect {
-		return c.establishStream(m, up)
+	fields := c.answerHeaders()
+	for _, k := range []string{"Sec-Websocket-Protocol", "Sec-Websocket-Extensions"} {
+		for _, v := range up.Answer.Header.Values(k) {
+			fields = append(fields, upstreams.HeaderField{Name: k, Value: v})
+		}
 	}
-	conn, brw, err := http.NewResponseController(c.w).Hijack()
+	ho, err := c.handOver(up.Answer.RawWithHeaders(c.answerHeaders()...), fields)
 	if err != nil {
 		up.Close()
 		m.state.Unreserve()
 		c.h.logger.Error("cannot take over the client connection", zap.Error(err))
 		return passClientGone
 	}
+	s := c.relay(m, ho.conn, up, ho.pending, ho.greet)
+	ho.await(s, c.leftHeld)
+	return passEstablished
+}
+
+// handOff is a client connection taken over for a session.
+type handOff struct {
+	conn netConn
+	// pending are the bytes the client pipelined behind its handshake.
+	pending []byte
+	// greet tells the client its upgrade succeeded.
+	greet func() error
+	// stream: an HTTP/2 or HTTP/3 stream, which lives only as long as
+	// its request.
+	stream bool
+}
+
+// handOver takes over the client's connection, for a new session as for a
+// resumed one: an HTTP/1.1 client is hijacked (the bytes it pipelined
+// behind its handshake kept), and its greeting is the raw 101 answer; an
+// HTTP/2 or HTTP/3 client (extended CONNECT) gets a stream, and its
+// greeting is a 200 with fields. The resume token handed out in fields is
+// taken out of the header map once sent: Caddy's access log reads it
+// again, and must not show it.
+func (c *connect) handOver(answer []byte, fields []upstreams.HeaderField) (handOff, error) {
+	if c.hs.ExtendedConnect {
+		hd := c.w.Header()
+		for _, f := range fields {
+			hd.Add(f.Name, f.Value)
+		}
+		rc := http.NewResponseController(c.w)
+		return handOff{conn: newStreamConn(c.r, c.w, rc), stream: true, greet: func() error {
+			c.w.WriteHeader(http.StatusOK)
+			err := rc.Flush()
+			hd.Del(ResumeTokenHeader)
+			return err
+		}}, nil
+	}
+	conn, brw, err := http.NewResponseController(c.w).Hijack()
+	if err != nil {
+		return handOff{}, err
+	}
 	conn.SetDeadline(time.Time{})
-	// Bytes the client pipelined behind its handshake go first.
 	var pending []byte
 	if n := brw.Reader.Buffered(); n > 0 {
 		pending = make([]byte, n)
 		brw.Read(pending)
 	}
-	// The provider's 101 goes to the client only once the session counts
-	// as live, so a client never holds a session that status and
-	// max_concurrent do not see yet. It names the session.
-	answer := up.Answer.RawWithHeaders(c.answerHeaders()...)
-	c.relay(m, relayConn(conn), up, pending, func() error {
+	return handOff{conn: relayConn(conn), pending: pending, greet: func() error {
 		_, err := conn.Write(answer)
 		return err
-	})
-	return passEstablished
+	}}, nil
 }
 
-// establishStream serves an extended CONNECT client: 200 with the
-// provider's negotiated subprotocol and extensions, then the stream for as
-// long as the session lives (the stream ends when ServeHTTP returns).
-func (c *connect) establishStream(m *member, up *upstreams.Conn) passEnd {
-	hd := c.w.Header()
-	for _, k := range []string{"Sec-Websocket-Protocol", "Sec-Websocket-Extensions"} {
-		if vs := up.Answer.Header[k]; len(vs) > 0 {
-			hd[k] = vs
-		}
+// await returns, for a stream, only once the relay is done with the
+// ResponseWriter: the session has ended, or its client has been let go
+// (left, closed when a held session's client leaves; nil otherwise). A
+// hijacked connection needs no wait.
+func (ho handOff) await(s *upstreams.Session, left <-chan struct{}) {
+	if !ho.stream {
+		return
 	}
-	for _, f := range c.answerHeaders() {
-		hd.Set(f.Name, f.Value)
-	}
-	rc := http.NewResponseController(c.w)
-	sc := newStreamConn(c.r, c.w, rc)
-	s := c.relay(m, sc, up, nil, func() error {
-		c.w.WriteHeader(http.StatusOK)
-		err := rc.Flush()
-		// Sent: the header map is read again only by Caddy's access
-		// log, which must not show the token.
-		hd.Del(ResumeTokenHeader)
-		return err
-	})
-	// Return only once both relay directions are done with the
-	// ResponseWriter: the session has ended, or (held for a resume) its
-	// client has been let go.
 	select {
 	case <-s.Done():
-	case <-c.leftHeld:
+	case <-left:
 	}
-	return passEstablished
 }
 
 // answerHeaders are the gateway's own fields on the client's 101 (or

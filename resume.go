@@ -17,7 +17,6 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/browserfailover/caddy-browser-failover/cluster"
-	"github.com/browserfailover/caddy-browser-failover/cooldown"
 	"github.com/browserfailover/caddy-browser-failover/observe"
 	"github.com/browserfailover/caddy-browser-failover/pool"
 	"github.com/browserfailover/caddy-browser-failover/upstreams"
@@ -679,8 +678,9 @@ func (c *connect) redial(e *pool.Parked) {
 			kept = nil
 		}
 	}
+	// unavailable refuses the resume for its provider's sake, the skip
+	// recorded; the window goes on.
 	unavailable := func(why string) {
-		c.skip(m, why)
 		pk.putKept(kept)
 		kept = nil
 		c.giveBack(e)
@@ -695,6 +695,7 @@ func (c *connect) redial(e *pool.Parked) {
 	}
 	st := m.state
 	if st.Draining() {
+		c.skip(m, upstreams.WordDrained)
 		unavailable(upstreams.WordDrained)
 		return
 	}
@@ -717,41 +718,27 @@ func (c *connect) redial(e *pool.Parked) {
 		}
 	}
 	defer c.releaseHolds()
-	permit, ok := st.Health.Acquire()
+	// The chain's own admission; the parked session's kept slot and
+	// cluster-wide slot, when it kept them, become the resume's.
+	a, ok := c.admit(&passState{}, m, kept)
 	if !ok {
 		if ownShare {
 			// The share goes back with the parked session.
 			kept.quota, c.quota = c.quota, nil
 		}
-		unavailable(upstreams.WordCooldown)
+		unavailable(c.attempts[len(c.attempts)-1].Outcome)
 		return
 	}
-	var lease *cluster.Lease
+	permit, lease := a.permit, a.lease
 	hadKept := kept != nil
 	if hadKept {
-		// The parked session's slot and cluster-wide slot become the
-		// resume's; what it kept beyond them is given back, the shared
-		// store once the resumed session holds it.
-		lease, kept.lease = kept.lease, nil
+		// What it kept beyond its slots is given back, the shared store
+		// once the resumed session holds it.
 		if store := kept.store; store != nil {
 			kept.store = nil
 			defer store.Release()
 		}
 		kept.release()
-	} else {
-		if !st.TryReserve() {
-			h.settle(st, permit, cooldown.Neutral, 0)
-			st.SkippedFull()
-			unavailable(upstreams.WordFull)
-			return
-		}
-		ps := &passState{}
-		if lease, ok = c.claimShared(ps, m); !ok {
-			h.settle(st, permit, cooldown.Neutral, 0)
-			st.UnreserveFailed()
-			unavailable(c.attempts[len(c.attempts)-1].Outcome)
-			return
-		}
 	}
 	kept = nil
 	res := m.up.Reconnect(c.r.Context(), c.hs, e.Point, c.replace)

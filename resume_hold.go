@@ -50,42 +50,25 @@ func (c *connect) joinHeld(e *pool.Parked) {
 	pk.mu.Unlock()
 	pool.RenameSession(s, c.id, pk.remoteIP)
 
-	var client netConn
-	var pending []byte
-	if c.hs.ExtendedConnect {
-		hd := c.w.Header()
-		if sub != "" {
-			hd.Set("Sec-Websocket-Protocol", sub)
-		}
-		hd.Set(SessionHeader, c.id)
-		rc := http.NewResponseController(c.w)
-		sc := newStreamConn(c.r, c.w, rc)
-		c.w.WriteHeader(http.StatusOK)
-		if err := rc.Flush(); err != nil {
-			pk.left()
-			c.resumeBroke(e, err)
-			return
-		}
-		client = sc
-	} else {
-		conn, brw, err := http.NewResponseController(c.w).Hijack()
-		if err != nil {
-			c.resumeBroke(e, err)
-			return
-		}
-		conn.SetDeadline(time.Time{})
-		if n := brw.Reader.Buffered(); n > 0 {
-			pending = make([]byte, n)
-			brw.Read(pending)
-		}
-		if _, err := conn.Write(switching(c.hs.Key, sub, c.id)); err != nil {
-			conn.Close()
-			c.resumeBroke(e, err)
-			return
-		}
-		client = relayConn(conn)
+	// The chain's hand-over, greeted at once: the provider's answer was
+	// given to the first client; this one gets the gateway's.
+	fields := []upstreams.HeaderField{{Name: SessionHeader, Value: c.id}}
+	if sub != "" {
+		fields = append(fields, upstreams.HeaderField{Name: "Sec-Websocket-Protocol", Value: sub})
 	}
-	if err := s.ResumeWith(client, c.heldReset(pending, e.ID)); err != nil {
+	ho, err := c.handOver(switching(c.hs.Key, sub, c.id), fields)
+	if err != nil {
+		c.resumeBroke(e, err)
+		return
+	}
+	if err := ho.greet(); err != nil {
+		ho.conn.Close()
+		pk.left()
+		c.resumeBroke(e, err)
+		return
+	}
+	client := ho.conn
+	if err := s.ResumeWith(client, c.heldReset(ho.pending, e.ID)); err != nil {
 		// It ended meanwhile: the client had its 101, so it gets a close
 		// frame.
 		client.SetWriteDeadline(time.Now().Add(upstreams.CloseWait))
@@ -99,14 +82,9 @@ func (c *connect) joinHeld(e *pool.Parked) {
 	c.h.logger.Info("session resumed", zap.String("session_id", c.id), zap.String("resumed_from", e.ID),
 		zap.String("provider", e.Provider), zap.Bool("held", true),
 		zap.Int64("dropped_frames", frames), zap.Int64("dropped_bytes", bytes))
-	if c.hs.ExtendedConnect {
-		// The stream lives as long as this request: until the client
-		// leaves again, or the session ends.
-		select {
-		case <-joined:
-		case <-s.Done():
-		}
-	}
+	// A stream lives as long as this request: until the client leaves
+	// again, or the session ends.
+	ho.await(s, joined)
 }
 
 // resumeBroke notes a held session that could not be joined after all:
