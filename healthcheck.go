@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
-	"strconv"
 	"strings"
 	"time"
 
@@ -56,39 +55,49 @@ type HealthCheckConfig struct {
 	// at is the Caddyfile's health_check token, for errors found once the
 	// whole handler is read (nil for JSON).
 	at *caddyfile.Dispenser
+	// given holds the settings stated explicitly (see explicit).
+	given explicit
 }
 
-// validate checks the block's own values; where names it in messages.
+// UnmarshalJSON decodes a health check, noting which settings it states.
+func (c *HealthCheckConfig) UnmarshalJSON(b []byte) error {
+	type plain HealthCheckConfig
+	given, err := stated(b, (*plain)(c), "HealthCheckConfig")
+	c.given = given
+	return err
+}
+
+// validate checks the block's own values, each problem naming its
+// setting (the Caddyfile parser reports it at that setting's line). A
+// stated zero is no interval, timeout or status: an error in JSON as in
+// the Caddyfile, where a setting left out takes its default.
 func (c *HealthCheckConfig) validate() error {
 	if c == nil {
 		return nil
 	}
 	if c.Off {
-		if c.URI != "" || c.Interval != 0 || c.Timeout != 0 || c.ExpectStatus != 0 || c.Capacity != "" {
-			return errors.New("health_check off takes no other setting")
+		if c.URI != "" || c.Interval != 0 || c.Timeout != 0 || c.ExpectStatus != 0 || c.Capacity != "" || len(c.given) > 1 {
+			return &optionError{msg: "health_check off takes no other setting", whole: true}
 		}
 		return nil
 	}
-	var errs []error
-	if c.Interval < 0 {
-		errs = append(errs, errors.New("health_check interval must not be negative"))
-	}
-	if c.Timeout < 0 {
-		errs = append(errs, errors.New("health_check timeout must not be negative"))
+	errs := []error{
+		positive(c.given, "interval", c.Interval, "health_check interval"),
+		positive(c.given, "timeout", c.Timeout, "health_check timeout"),
 	}
 	if c.Interval > 0 && c.Timeout > c.Interval {
-		errs = append(errs, fmt.Errorf("health_check timeout (%v) must not exceed its interval (%v)", time.Duration(c.Timeout), time.Duration(c.Interval)))
+		errs = append(errs, bad([]string{"timeout", "interval"}, "health_check timeout (%v) must not exceed its interval (%v)", time.Duration(c.Timeout), time.Duration(c.Interval)))
 	}
-	if c.ExpectStatus != 0 && (c.ExpectStatus < 100 || c.ExpectStatus > 599) {
-		errs = append(errs, fmt.Errorf("health_check expect_status %d is not an HTTP status", c.ExpectStatus))
+	if (c.ExpectStatus != 0 || c.given["expect_status"]) && (c.ExpectStatus < 100 || c.ExpectStatus > 599) {
+		errs = append(errs, badOpt("expect_status", "health_check expect_status %d is not an HTTP status", c.ExpectStatus))
 	}
 	switch c.Capacity {
 	case "", upstreams.CapacityBrowserless:
 	default:
-		errs = append(errs, fmt.Errorf("health_check capacity %q: want browserless", c.Capacity))
+		errs = append(errs, badOpt("capacity", "health_check capacity %q: want browserless", c.Capacity))
 	}
 	if err := upstreams.CheckProbeURI(c.URI); err != nil {
-		errs = append(errs, err)
+		errs = append(errs, badOpt("uri", "%v", err))
 	}
 	return errors.Join(errs...)
 }
@@ -205,74 +214,43 @@ func parseHealthCheck(d *caddyfile.Dispenser) (*HealthCheckConfig, error) {
 			return nil, d.Errf("health_check takes a block, or off")
 		}
 		c.Off = true
+		c.given.add("off")
 		if d.NextBlock(d.Nesting()) {
 			return nil, d.Errf("health_check off takes no block")
 		}
 		return c, nil
 	}
-	seen := map[string]bool{}
+	b := (&reader{d: d}).open()
 	for nesting := d.Nesting(); d.NextBlock(nesting); {
 		opt := d.Val()
-		if seen[opt] {
-			return nil, d.Errf("health_check: %s given twice", opt)
+		if err := b.option(); err != nil {
+			return nil, err
 		}
-		seen[opt] = true
+		var err error
 		switch opt {
 		case "uri":
-			v, err := oneArg(d)
-			if err != nil {
-				return nil, err
-			}
-			c.URI = v
-			if err := upstreams.CheckProbeURI(v); err != nil {
-				return nil, d.Err(err.Error())
-			}
+			c.URI, err = oneArg(d)
 		case "interval":
-			v, err := durationArg(d)
-			if err != nil {
-				return nil, err
-			}
-			if v <= 0 {
-				return nil, d.Errf("health_check interval must be a positive duration")
-			}
-			c.Interval = v
+			c.Interval, err = durationArg(d)
 		case "timeout":
-			v, err := durationArg(d)
-			if err != nil {
-				return nil, err
-			}
-			if v <= 0 {
-				return nil, d.Errf("health_check timeout must be a positive duration")
-			}
-			c.Timeout = v
-			if c.Interval > 0 && c.Timeout > c.Interval {
-				return nil, d.Errf("health_check timeout (%v) must not exceed its interval (%v)", time.Duration(c.Timeout), time.Duration(c.Interval))
-			}
+			c.Timeout, err = durationArg(d)
 		case "expect_status":
-			v, err := oneArg(d)
-			if err != nil {
-				return nil, err
-			}
-			n, err := strconv.Atoi(v)
-			if err != nil || n < 100 || n > 599 {
-				return nil, d.Errf("health_check expect_status %q is not an HTTP status", v)
-			}
-			c.ExpectStatus = n
+			c.ExpectStatus, err = intArg(d)
 		case "capacity":
-			v, err := oneArg(d)
-			if err != nil {
-				return nil, err
-			}
-			if v != upstreams.CapacityBrowserless {
-				return nil, d.Errf("health_check capacity %q: want browserless", v)
-			}
-			c.Capacity = v
+			c.Capacity, err = oneArg(d)
 		default:
 			return nil, d.Errf("health_check: unknown option %q", opt)
 		}
+		if err != nil {
+			return nil, err
+		}
+		c.given.add(opt)
+		if err := b.check(c.validate(), opt); err != nil {
+			return nil, err
+		}
 	}
-	if err := c.validate(); err != nil {
-		return nil, d.Err(err.Error())
+	if err := b.finish(c.validate()); err != nil {
+		return nil, err
 	}
 	return c, nil
 }
@@ -313,8 +291,8 @@ func parseKeepalive(d *caddyfile.Dispenser) (caddy.Duration, error) {
 	if err != nil {
 		return 0, d.Errf("keepalive: invalid duration %q", v)
 	}
-	if dur <= 0 {
-		return 0, d.Errf("keepalive must be a positive duration, or off; got %q", v)
+	if dur < 0 {
+		return 0, d.Errf("keepalive must not be negative (0 or off turns it off); got %q", v)
 	}
 	return caddy.Duration(dur), nil
 }

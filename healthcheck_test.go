@@ -520,9 +520,9 @@ browser_failover {
 	bad := []struct{ name, body, want string }{
 		{"interval", "browser_failover {\n provider a http://h:1\n health_check {\n  interval soon\n }\n}", `Caddyfile:4 - Error during parsing: interval: invalid duration "soon"`},
 		{"capacity", "browser_failover {\n provider a http://h:1\n health_check {\n  capacity sessions\n }\n}", `Caddyfile:4 - Error during parsing: health_check capacity "sessions": want browserless`},
-		{"status", "browser_failover {\n provider a http://h:1\n health_check {\n  expect_status 99\n }\n}", `Caddyfile:4 - Error during parsing: health_check expect_status "99" is not an HTTP status`},
+		{"status", "browser_failover {\n provider a http://h:1\n health_check {\n  expect_status 99\n }\n}", `Caddyfile:4 - Error during parsing: health_check expect_status 99 is not an HTTP status`},
 		{"uri", "browser_failover {\n provider a http://h:1\n health_check {\n  uri health\n }\n}", "Caddyfile:4 - Error during parsing: health_check uri: want a path starting with / or an http:// or https:// URL"},
-		{"twice", "browser_failover {\n provider a http://h:1\n health_check {\n  uri /a\n  uri /b\n }\n}", "Caddyfile:5 - Error during parsing: health_check: uri given twice"},
+		{"twice", "browser_failover {\n provider a http://h:1\n health_check {\n  uri /a\n  uri /b\n }\n}", "Caddyfile:5 - Error during parsing: uri given twice in the same block"},
 		{"unknown", "browser_failover {\n provider a http://h:1\n health_check {\n  path /a\n }\n}", `Caddyfile:4 - Error during parsing: health_check: unknown option "path"`},
 		{"timeout", "browser_failover {\n provider a http://h:1\n health_check {\n  interval 1s\n  timeout 5s\n }\n}", "Caddyfile:5 - Error during parsing: health_check timeout (5s) must not exceed its interval (1s)"},
 		{"off at handler", "browser_failover {\n provider a http://h:1\n health_check off\n}", "Caddyfile:3 - Error during parsing: health_check off is for a provider"},
@@ -532,7 +532,7 @@ browser_failover {
 		{"merged timeout", "browser_failover {\n health_check {\n  timeout 5s\n }\n provider a http://h:1 {\n  health_check {\n   interval 1s\n  }\n }\n}", `Caddyfile:6 - Error during parsing: provider "a": health_check timeout (5s) must not exceed its interval (1s)`},
 		{"off with block", "browser_failover {\n provider a http://h:1 {\n  health_check off {\n   uri /x\n  }\n }\n}", "health_check off takes no block"},
 		{"keepalive", "browser_failover {\n provider a http://h:1\n keepalive soon\n}", `Caddyfile:3 - Error during parsing: keepalive: invalid duration "soon"`},
-		{"keepalive zero", "browser_failover {\n provider a http://h:1\n keepalive 0s\n}", "Caddyfile:3 - Error during parsing: keepalive must be a positive duration, or off"},
+		{"keepalive negative", "browser_failover {\n provider a http://h:1\n keepalive -1s\n}", "Caddyfile:3 - Error during parsing: keepalive must not be negative"},
 		{"keepalive twice", "browser_failover {\n provider a http://h:1\n keepalive 5s\n keepalive 6s\n}", "Caddyfile:4 - Error during parsing: keepalive given twice"},
 	}
 	for _, tc := range bad {
@@ -563,7 +563,7 @@ browser_failover {
 		{"capacity", `{"handler":"browser_failover","providers":[{"name":"a","url":"http://h:1","health_check":{"capacity":"steel"}}]}`, `health_check capacity "steel": want browserless`},
 		{"status", `{"handler":"browser_failover","providers":[{"name":"a","url":"http://h:1"}],"health_check":{"expect_status":700}}`, "health_check expect_status 700 is not an HTTP status"},
 		{"timeout", `{"handler":"browser_failover","providers":[{"name":"a","url":"http://h:1"}],"health_check":{"interval":"1s","timeout":"3s"}}`, "health_check timeout (3s) must not exceed its interval (1s)"},
-		{"negative", `{"handler":"browser_failover","providers":[{"name":"a","url":"http://h:1"}],"health_check":{"interval":-5}}`, "health_check interval must not be negative"},
+		{"negative", `{"handler":"browser_failover","providers":[{"name":"a","url":"http://h:1"}],"health_check":{"interval":-5}}`, "health_check interval must be positive"},
 		{"uri", `{"handler":"browser_failover","providers":[{"name":"a","url":"http://h:1","health_check":{"uri":"ftp://x/"}}]}`, "want a path starting with / or an http:// or https:// URL"},
 	}
 	for _, tc := range jsonBad {
