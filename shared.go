@@ -10,6 +10,7 @@ import (
 
 	"github.com/browserfailover/caddy-browser-failover/cluster"
 	"github.com/browserfailover/caddy-browser-failover/cooldown"
+	"github.com/browserfailover/caddy-browser-failover/observe"
 	"github.com/browserfailover/caddy-browser-failover/pool"
 	"github.com/browserfailover/caddy-browser-failover/upstreams"
 )
@@ -23,6 +24,18 @@ import (
 type poolClock struct{}
 
 func (poolClock) Now() time.Time { return pool.Clock.Now() }
+
+// sharedHooks count how the shared state fares in the metrics: the
+// shared_state_up gauge, shown while a store is open, and
+// shared_state_errors_total by operation.
+func sharedHooks() cluster.Hooks {
+	return cluster.Hooks{
+		Opened: observe.SharedStateOpened,
+		Closed: observe.SharedStateClosed,
+		Up:     observe.SharedStateUp,
+		Failed: observe.SharedStateError,
+	}
+}
 
 // WordStateUnavailable is the skip word of a provider passed over because
 // the shared state could not be reached (on_unavailable reject).
@@ -65,6 +78,7 @@ func (h *Handler) provisionShared() error {
 		node = cluster.DefaultNode()
 	}
 	cfg.Clock = poolClock{}
+	cfg.Hooks = sharedHooks()
 	s, err := cluster.Use(cfg, node, h.logger)
 	if err != nil {
 		return fmt.Errorf("state redis: %w", err)
@@ -237,3 +251,6 @@ func releaseLease(l *cluster.Lease) {
 		go l.Release()
 	}
 }
+
+// The status reads a provider's cluster-wide state from its store.
+var _ pool.ClusterView = (*cluster.Shared)(nil)

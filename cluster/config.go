@@ -66,6 +66,10 @@ type Config struct {
 	// Redis' own clock keeps the shared deadlines, so the nodes' clocks
 	// need not agree.
 	Clock Clock
+	// Hooks are told how the shared state fares (the gateway counts it in
+	// its metrics). Only the Shared that Use opens calls them; Open does
+	// not.
+	Hooks Hooks
 }
 
 // Clock is a node's time source; tests give one that is off.

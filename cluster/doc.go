@@ -15,7 +15,12 @@
 // the settings keeps the Store, its leases and their renewals. The Shared
 // value Use returns also tracks whether Redis answers, so that callers skip
 // it for a moment after a failure instead of each waiting for its timeout,
-// and it serves a provider's cluster-wide status (pool.ClusterView).
+// tells how Redis fares through Config.Hooks, and reads the providers'
+// cluster-wide state for the status as plain data (ProviderState).
+//
+// The package depends on nothing else of the gateway: the gateway gives
+// it what it needs (a Clock, Hooks) and builds what it shows from what it
+// returns.
 //
 // # Data model
 //

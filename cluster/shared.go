@@ -14,10 +14,6 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	"go.uber.org/zap"
-
-	"github.com/browserfailover/caddy-browser-failover/observe"
-	"github.com/browserfailover/caddy-browser-failover/pool"
-	"github.com/browserfailover/caddy-browser-failover/status"
 )
 
 // stores holds the process's open stores, one *Shared per distinct settings
@@ -39,6 +35,7 @@ type Shared struct {
 	key    string
 	store  *Store
 	logger *zap.Logger
+	hooks  Hooks
 
 	// mu orders Retain and Release of this Shared with its leaving the
 	// pool; gone is set when it has left it (its store closing).
@@ -72,9 +69,9 @@ func poolKey(cfg Config, node string) string {
 }
 
 // Use adds a user to the process's store for cfg and node, opening it (as
-// Open does, with logger as cfg.Logger) on first use. The caller gives its
-// use back with Release exactly once; on error there is nothing to give
-// back.
+// Open does, with logger as cfg.Logger) on first use; the store's users
+// share the first one's cfg.Hooks. The caller gives its use back with
+// Release exactly once; on error there is nothing to give back.
 func Use(cfg Config, node string, logger *zap.Logger) (*Shared, error) {
 	if logger == nil {
 		logger = zap.NewNop()
@@ -86,10 +83,10 @@ func Use(cfg Config, node string, logger *zap.Logger) (*Shared, error) {
 		if err != nil {
 			return nil, err
 		}
-		s := &Shared{key: key, store: st, logger: logger}
-		observe.SharedStateOpened()
+		s := &Shared{key: key, store: st, logger: logger, hooks: cfg.Hooks}
+		s.hooks.opened()
 		// Up until a call says otherwise; a first check tells soon.
-		observe.SharedStateUp(true)
+		s.hooks.up(true)
 		go func() {
 			if err := st.Ping(context.Background()); err != nil {
 				s.Failed("ping", err)
@@ -133,7 +130,7 @@ func (s *Shared) Release() {
 // user of s has let go.
 func (s *Shared) Destruct() error {
 	s.gone.Store(true)
-	observe.SharedStateClosed()
+	s.hooks.closed()
 	go s.store.Close()
 	return nil
 }
@@ -148,14 +145,14 @@ func (s *Shared) Usable() bool {
 }
 
 // Failed notes that the store could not be reached for op, a fixed word
-// (acquire, publish, status, ping, reset). While it is down a watcher pings
-// it every stateRetry, so its coming back shows (in the log and
-// shared_state_up) even on a node that serves nobody.
+// (acquire, publish, status, ping, reset), and tells the Hooks. While it
+// is down a watcher pings it every stateRetry, so its coming back shows (in
+// the log and the Hooks) even on a node that serves nobody.
 func (s *Shared) Failed(op string, err error) {
-	observe.SharedStateError(op)
+	s.hooks.failed(op)
 	s.downUntil.Store(time.Now().Add(stateRetry).UnixNano())
 	if s.down.CompareAndSwap(false, true) {
-		observe.SharedStateUp(false)
+		s.hooks.up(false)
 		s.logger.Warn("shared state unavailable", zap.String("op", op), zap.Error(err))
 		go s.watch()
 	}
@@ -180,25 +177,26 @@ func (s *Shared) watch() {
 	}
 }
 
-// Worked notes a successful call.
+// Worked notes a successful call, and tells the Hooks.
 func (s *Shared) Worked() {
 	if s.down.CompareAndSwap(true, false) {
 		s.downUntil.Store(0)
 		s.logger.Info("shared state available again")
 	}
-	observe.SharedStateUp(true)
+	s.hooks.up(true)
 }
 
-// ClusterStatus implements pool.ClusterView: the "cluster" object of each
-// provider, a status.Cluster, or a status.ClusterUnavailable when the
-// store cannot be read, all from one round trip; up reports whether it
-// answered. While the store is known to be down (Usable is false) nothing
-// is asked: the status answers at once with the local figures.
-func (s *Shared) ClusterStatus(ctx context.Context, providers []string) (map[string]any, bool) {
-	out := make(map[string]any, len(providers))
-	down := func() (map[string]any, bool) {
+// ClusterStates returns the state of each of providers, all read in one
+// round trip, and whether the store answered; when it did not, each
+// state holds only this node's name (Up false). While the store is known
+// to be down (Usable is false) nothing is asked: the status answers at
+// once with the local figures.
+func (s *Shared) ClusterStates(ctx context.Context, providers []string) (map[string]ProviderState, bool) {
+	node := s.store.Node()
+	out := make(map[string]ProviderState, len(providers))
+	down := func() (map[string]ProviderState, bool) {
 		for _, p := range providers {
-			out[p] = status.NewClusterUnavailable(s.store.Node())
+			out[p] = ProviderState{Node: node}
 		}
 		return out, false
 	}
@@ -214,21 +212,19 @@ func (s *Shared) ClusterStatus(ctx context.Context, providers []string) (map[str
 	}
 	s.Worked()
 	for _, p := range providers {
-		sh := shares[p]
-		out[p] = status.NewCluster(s.store.Node(), sh.Active, sh.Nodes, sh.Hold.Until())
+		out[p] = ProviderState{Node: node, Up: true, Share: shares[p]}
 	}
 	return out, true
 }
 
-// ClusterActive implements pool.ClusterView: the provider's live sessions
-// over every node as last read, if recently (see Store.Live).
+// ClusterActive is the provider's live sessions over every node as last
+// read, and whether that reading is recent (see Store.Live).
 func (s *Shared) ClusterActive(provider string) (int, bool) {
 	return s.store.Live(provider)
 }
 
-// ResetShared implements pool.ClusterView: it ends provider's shared
-// cooldown (an operator's reset); the other nodes reset it too when they
-// hear of it.
+// ResetShared ends provider's shared cooldown (an operator's reset); the
+// other nodes reset it too when they hear of it.
 func (s *Shared) ResetShared(ctx context.Context, provider string) {
 	if !s.Usable() {
 		return
@@ -240,8 +236,5 @@ func (s *Shared) ResetShared(ctx context.Context, provider string) {
 	s.Worked()
 }
 
-// Interface guards.
-var (
-	_ caddy.Destructor = (*Shared)(nil)
-	_ pool.ClusterView = (*Shared)(nil)
-)
+// Interface guard.
+var _ caddy.Destructor = (*Shared)(nil)

@@ -2,14 +2,14 @@ package cluster
 
 import (
 	"context"
-	"encoding/json"
+	"fmt"
+	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"go.uber.org/zap/zaptest"
-
-	"github.com/browserfailover/caddy-browser-failover/status"
 )
 
 // sharedConfig is a Config on r private to the test.
@@ -151,27 +151,74 @@ func TestSharedKeyHidesPassword(t *testing.T) {
 	}
 }
 
-// TestSharedClusterStatus: the providers' "cluster" objects, read in one
-// call, and their unavailable form, given at once, with the back-off while
-// Redis is down.
-func TestSharedClusterStatus(t *testing.T) {
+// hookLog records what a Shared tells its Hooks.
+type hookLog struct {
+	mu    sync.Mutex
+	calls []string
+}
+
+func (l *hookLog) add(c string) {
+	l.mu.Lock()
+	l.calls = append(l.calls, c)
+	l.mu.Unlock()
+}
+
+// hooks returns Hooks recording into l.
+func (l *hookLog) hooks() Hooks {
+	return Hooks{
+		Opened: func() { l.add("opened") },
+		Closed: func() { l.add("closed") },
+		Up:     func(up bool) { l.add(fmt.Sprintf("up %v", up)) },
+		Failed: func(op string) { l.add("failed " + op) },
+	}
+}
+
+// take returns the calls recorded since the last take.
+func (l *hookLog) take() []string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	out := l.calls
+	l.calls = nil
+	return out
+}
+
+// TestSharedClusterStates: the providers' states, read in one call, and
+// their unavailable form, given at once, with the back-off while Redis is
+// down; the Hooks are told of the store's opening, its calls' outcomes and
+// its closing.
+func TestSharedClusterStates(t *testing.T) {
 	r := startRedis(t)
-	s := use(t, sharedConfig(t, r), "n1")
-	defer s.Release()
+	var log hookLog
+	cfg := sharedConfig(t, r)
+	cfg.Hooks = log.hooks()
+	s := use(t, cfg, "n1")
+	released := false
+	defer func() {
+		if !released {
+			s.Release()
+		}
+	}()
+	// The first ping runs on its own goroutine: it tells nothing when it
+	// works, and there is no call to wait for.
+	if got := log.take(); !slices.Equal(got, []string{"opened", "up true"}) {
+		t.Fatalf("hooks at open: %q", got)
+	}
 	ctx := context.Background()
 	g, err := s.Store().Acquire(ctx, "p", 0)
 	if err != nil || g.Lease == nil {
 		t.Fatalf("Acquire: %+v %v", g, err)
 	}
 	defer g.Lease.Release()
-	objs, up := s.ClusterStatus(ctx, []string{"p", "none"})
-	got, ok := objs["p"].(status.Cluster)
-	if !up || !ok || got.Node != "n1" || got.Active != 1 || got.Nodes["n1"] != 1 || got.CooldownUntil != nil {
-		t.Fatalf("ClusterStatus %+v %v", objs, up)
+	states, up := s.ClusterStates(ctx, []string{"p", "none"})
+	got := states["p"]
+	if !up || len(states) != 2 || !got.Up || got.Node != "n1" || got.Active != 1 || got.Nodes["n1"] != 1 || !got.Hold.IsZero() {
+		t.Fatalf("ClusterStates %+v %v", states, up)
 	}
-	b, _ := json.Marshal(objs["none"])
-	if string(b) != `{"node":"n1","active":0,"nodes":{},"cooldown_until":null,"over_limit":0}` {
-		t.Fatalf("idle provider: %s", b)
+	if idle := states["none"]; !idle.Up || idle.Node != "n1" || idle.Active != 0 || len(idle.Nodes) != 0 || !idle.Hold.IsZero() {
+		t.Fatalf("idle provider: %+v", idle)
+	}
+	if got := log.take(); !slices.Equal(got, []string{"up true"}) {
+		t.Fatalf("hooks after a read: %q", got)
 	}
 	if n, ok := s.ClusterActive("p"); !ok || n != 1 {
 		t.Fatalf("ClusterActive %d %v", n, ok)
@@ -181,20 +228,48 @@ func TestSharedClusterStatus(t *testing.T) {
 	}
 
 	r.Stop()
-	objs, up = s.ClusterStatus(ctx, []string{"p", "none"})
-	b, _ = json.Marshal(objs)
-	if up || string(b) != `{"none":{"error":"shared state unavailable","node":"n1"},"p":{"error":"shared state unavailable","node":"n1"}}` {
-		t.Fatalf("Redis down: %s %v", b, up)
+	states, up = s.ClusterStates(ctx, []string{"p", "none"})
+	want := map[string]ProviderState{"p": {Node: "n1"}, "none": {Node: "n1"}}
+	if up || fmt.Sprint(states) != fmt.Sprint(want) {
+		t.Fatalf("Redis down: %+v %v", states, up)
 	}
 	if s.Usable() {
 		t.Fatal("usable right after a failed call")
 	}
+	if got := log.take(); !slices.Equal(got, []string{"failed status", "up false"}) {
+		t.Fatalf("hooks after a failed read: %q", got)
+	}
 	// Known down: the next read answers without asking (a call that
 	// failed again would push the back-off further).
 	backoff := s.downUntil.Load()
-	if _, up := s.ClusterStatus(ctx, []string{"p"}); up || s.downUntil.Load() != backoff {
+	if _, up := s.ClusterStates(ctx, []string{"p"}); up || s.downUntil.Load() != backoff {
 		t.Fatalf("read while known down: up %v, back-off moved %v", up, s.downUntil.Load() != backoff)
 	}
 	r.Start()
 	eventually(t, 10*time.Second, "the watcher sees Redis back", func() bool { return !s.down.Load() && s.Usable() })
+	for _, c := range log.take() {
+		// The watcher's failed pings are not counted: only calls made
+		// for the gateway are.
+		if c != "up true" {
+			t.Fatalf("hook %q while the watcher waited for Redis", c)
+		}
+	}
+	released = true
+	s.Release()
+	if got := log.take(); !slices.Equal(got, []string{"closed"}) {
+		t.Fatalf("hooks at close: %q", got)
+	}
+}
+
+// TestOverLimit: live sessions above max, none for unlimited.
+func TestOverLimit(t *testing.T) {
+	for _, tc := range []struct {
+		live int
+		max  int64
+		want int
+	}{{0, 0, 0}, {7, 0, 0}, {3, 4, 0}, {4, 4, 0}, {7, 4, 3}} {
+		if got := OverLimit(tc.live, tc.max); got != tc.want {
+			t.Errorf("OverLimit(%d, %d) = %d, want %d", tc.live, tc.max, got, tc.want)
+		}
+	}
 }

@@ -16,6 +16,31 @@ type Share struct {
 	Hold Hold
 }
 
+// ProviderState is a provider's state across the cluster as one node read
+// it for the status (Shared.ClusterStates): what the provider's "cluster"
+// object shows.
+type ProviderState struct {
+	// Node is the name of the node that read it.
+	Node string
+	// Up tells whether the shared state answered; when false, Node is
+	// all there is.
+	Up bool
+	// Share is what the shared state holds of the provider: its live
+	// leases over every node and per node, its shared cooldown and skip.
+	Share
+}
+
+// OverLimit is how many live sessions are above max, a provider's
+// max_concurrent (0 when within it, and for max 0, unlimited). Live
+// leases are above max only after a node was cut off from the shared
+// state longer than its LeaseTTL and put its sessions' leases back.
+func OverLimit(live int, max int64) int {
+	if max <= 0 || int64(live) <= max {
+		return 0
+	}
+	return int(int64(live) - max)
+}
+
 // Snapshot returns the Share of each provider, read in one round trip.
 // Expired leases are not counted. Errors wrap ErrUnavailable.
 func (s *Store) Snapshot(ctx context.Context, providers []string) (map[string]Share, error) {

@@ -18,6 +18,7 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 
+	"github.com/browserfailover/caddy-browser-failover/cluster"
 	"github.com/browserfailover/caddy-browser-failover/cooldown"
 	"github.com/browserfailover/caddy-browser-failover/queue"
 	"github.com/browserfailover/caddy-browser-failover/upstreams"
@@ -537,13 +538,13 @@ func Queues() []QueueCount {
 }
 
 // ClusterView reads a provider's cluster-wide state when several gateway
-// nodes share it; the status shows what it returns under "cluster".
+// nodes share it (a *cluster.Shared); the status shows what it returns
+// under "cluster".
 type ClusterView interface {
-	// ClusterStatus returns the "cluster" object of each of providers,
-	// read in one call bounded by ctx, and whether the shared state
-	// answered. While it is known to be down it answers at once, without
-	// asking.
-	ClusterStatus(ctx context.Context, providers []string) (objects map[string]any, up bool)
+	// ClusterStates returns the state of each of providers, read in one
+	// call bounded by ctx, and whether the shared state answered. While
+	// it is known to be down it answers at once, without asking.
+	ClusterStates(ctx context.Context, providers []string) (states map[string]cluster.ProviderState, up bool)
 	// ClusterActive is the provider's live sessions over every node as
 	// last read, and whether that reading is recent.
 	ClusterActive(provider string) (int, bool)

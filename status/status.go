@@ -22,6 +22,7 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 
+	"github.com/browserfailover/caddy-browser-failover/cluster"
 	"github.com/browserfailover/caddy-browser-failover/pool"
 	"github.com/browserfailover/caddy-browser-failover/upstreams"
 )
@@ -163,7 +164,7 @@ type Provider struct {
 	Capacity any `json:"capacity,omitempty"`
 	// Cluster is the provider's cluster-wide state when gateway nodes
 	// share it (state redis): a Cluster, or a ClusterUnavailable when the
-	// shared state could not be read. It is what the provider's
+	// shared state could not be read, built from what the provider's
 	// pool.ClusterView returns; absent when the state is not shared.
 	Cluster any `json:"cluster,omitempty"`
 	// Unreleased is, for a provider with a session API, the sessions it
@@ -212,20 +213,6 @@ type Cluster struct {
 	OverLimit int `json:"over_limit"`
 }
 
-// NewCluster builds the Cluster object seen by node: a nil nodes map shows
-// as {}, a zero cooldownUntil as null.
-func NewCluster(node string, active int, nodes map[string]int, cooldownUntil time.Time) Cluster {
-	out := Cluster{Node: node, Active: active, Nodes: nodes}
-	if out.Nodes == nil {
-		out.Nodes = map[string]int{}
-	}
-	if !cooldownUntil.IsZero() {
-		u := cooldownUntil.UTC()
-		out.CooldownUntil = &u
-	}
-	return out
-}
-
 // ClusterUnavailable is the "cluster" object of a provider when node could
 // not read the shared state. Error comes first so the object reads as it
 // always has: {"error":...,"node":...}.
@@ -239,9 +226,23 @@ type ClusterUnavailable struct {
 // SharedStateUnavailable is the Error of a ClusterUnavailable.
 const SharedStateUnavailable = "shared state unavailable"
 
-// NewClusterUnavailable builds the ClusterUnavailable object of node.
-func NewClusterUnavailable(node string) ClusterUnavailable {
-	return ClusterUnavailable{Error: SharedStateUnavailable, Node: node}
+// clusterObject builds the "cluster" object of a provider limited to max
+// live sessions from its state: a ClusterUnavailable when the shared state
+// could not be read, else a Cluster, whose nil nodes map shows as {} and
+// zero cooldown and skip ends as null.
+func clusterObject(st cluster.ProviderState, max int64) any {
+	if !st.Up {
+		return ClusterUnavailable{Error: SharedStateUnavailable, Node: st.Node}
+	}
+	out := Cluster{Node: st.Node, Active: st.Active, Nodes: st.Nodes, OverLimit: cluster.OverLimit(st.Active, max)}
+	if out.Nodes == nil {
+		out.Nodes = map[string]int{}
+	}
+	if u := st.Hold.Until(); !u.IsZero() {
+		u = u.UTC()
+		out.CooldownUntil = &u
+	}
+	return out
 }
 
 // clusterReadTimeout bounds the status' read of the shared state: one
@@ -267,10 +268,10 @@ func Of(p *pool.Provider) Provider {
 	return local(p, clusters)
 }
 
-// readClusters reads the cluster objects of every provider whose state is
-// shared: one bounded call per store, the stores at once. up is nil when
-// no provider's state is shared, else whether every store answered.
-func readClusters(ps []*pool.Provider) (map[string]any, *bool) {
+// readClusters reads the cluster-wide state of every provider whose state
+// is shared: one bounded call per store, the stores at once. up is nil
+// when no provider's state is shared, else whether every store answered.
+func readClusters(ps []*pool.Provider) (map[string]cluster.ProviderState, *bool) {
 	byView := map[pool.ClusterView][]string{}
 	for _, p := range ps {
 		if v := p.Cluster(); v != nil {
@@ -284,16 +285,16 @@ func readClusters(ps []*pool.Provider) (map[string]any, *bool) {
 	defer cancel()
 	var mu sync.Mutex
 	var wg sync.WaitGroup
-	out := map[string]any{}
+	out := map[string]cluster.ProviderState{}
 	allUp := true
 	for v, names := range byView {
 		wg.Go(func() {
-			objs, up := v.ClusterStatus(ctx, names)
+			states, up := v.ClusterStates(ctx, names)
 			mu.Lock()
 			defer mu.Unlock()
 			allUp = allUp && up
-			for k, o := range objs {
-				out[k] = o
+			for k, st := range states {
+				out[k] = st
 			}
 		})
 	}
@@ -303,7 +304,7 @@ func readClusters(ps []*pool.Provider) (map[string]any, *bool) {
 
 // local builds a provider's status object from this node's figures, and
 // its cluster object from clusters.
-func local(p *pool.Provider, clusters map[string]any) Provider {
+func local(p *pool.Provider, clusters map[string]cluster.ProviderState) Provider {
 	snap := p.Health.Snapshot()
 	out := Provider{
 		Name:          p.Name(),
@@ -337,22 +338,10 @@ func local(p *pool.Provider, clusters map[string]any) Provider {
 		n := b.Unreleased()
 		out.Unreleased = &n
 	}
-	if c, ok := clusters[p.Name()]; ok {
-		if cl, ok := c.(Cluster); ok {
-			cl.OverLimit = OverLimit(cl.Active, p.MaxConcurrent())
-			c = cl
-		}
-		out.Cluster = c
+	if st, ok := clusters[p.Name()]; ok {
+		out.Cluster = clusterObject(st, p.MaxConcurrent())
 	}
 	return out
-}
-
-// OverLimit is how far live sessions are above max (0 for unlimited).
-func OverLimit(live int, max int64) int {
-	if max <= 0 || int64(live) <= max {
-		return 0
-	}
-	return int(int64(live) - max)
 }
 
 func (Admin) handleStatus(w http.ResponseWriter, r *http.Request) error {

@@ -14,6 +14,7 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 
+	"github.com/browserfailover/caddy-browser-failover/cluster"
 	"github.com/browserfailover/caddy-browser-failover/cooldown"
 	"github.com/browserfailover/caddy-browser-failover/pool"
 	"github.com/browserfailover/caddy-browser-failover/queue"
@@ -188,20 +189,28 @@ func TestStatusClients(t *testing.T) {
 	}
 }
 
-// TestClusterJSON: the two forms of a provider's "cluster" object.
+// TestClusterJSON: the two forms of a provider's "cluster" object, built
+// from its cluster-wide state.
 func TestClusterJSON(t *testing.T) {
 	until := time.Date(2030, 1, 2, 3, 4, 5, 0, time.FixedZone("x", 3600))
+	share := func(active int, nodes map[string]int, hold cluster.Hold) cluster.ProviderState {
+		return cluster.ProviderState{Node: "n1", Up: true, Share: cluster.Share{Active: active, Nodes: nodes, Hold: hold}}
+	}
 	for _, tc := range []struct {
-		v    any
+		st   cluster.ProviderState
+		max  int64
 		want string
 	}{
-		{NewCluster("n1", 0, nil, time.Time{}), `{"node":"n1","active":0,"nodes":{},"cooldown_until":null,"over_limit":0}`},
-		{NewCluster("n1", 3, map[string]int{"n1": 1, "n2": 2}, until), `{"node":"n1","active":3,"nodes":{"n1":1,"n2":2},"cooldown_until":"2030-01-02T02:04:05Z","over_limit":0}`},
-		{NewClusterUnavailable("n1"), `{"error":"shared state unavailable","node":"n1"}`},
+		{share(0, nil, cluster.Hold{}), 0, `{"node":"n1","active":0,"nodes":{},"cooldown_until":null,"over_limit":0}`},
+		{share(3, map[string]int{"n1": 1, "n2": 2}, cluster.Hold{CooldownUntil: until, Streak: 2}), 0, `{"node":"n1","active":3,"nodes":{"n1":1,"n2":2},"cooldown_until":"2030-01-02T02:04:05Z","over_limit":0}`},
+		// A skip ending after the cooldown is the end shown.
+		{share(1, map[string]int{"n2": 1}, cluster.Hold{CooldownUntil: until.Add(-time.Minute), SkipUntil: until}), 4, `{"node":"n1","active":1,"nodes":{"n2":1},"cooldown_until":"2030-01-02T02:04:05Z","over_limit":0}`},
+		{share(7, map[string]int{"n1": 7}, cluster.Hold{}), 4, `{"node":"n1","active":7,"nodes":{"n1":7},"cooldown_until":null,"over_limit":3}`},
+		{cluster.ProviderState{Node: "n1"}, 4, `{"error":"shared state unavailable","node":"n1"}`},
 	} {
-		b, err := json.Marshal(tc.v)
+		b, err := json.Marshal(clusterObject(tc.st, tc.max))
 		if err != nil || string(b) != tc.want {
-			t.Errorf("%+v: %s %v, want %s", tc.v, b, err, tc.want)
+			t.Errorf("%+v max %d: %s %v, want %s", tc.st, tc.max, b, err, tc.want)
 		}
 	}
 }
@@ -215,17 +224,17 @@ type fakeView struct {
 	calls  atomic.Int32
 }
 
-func (v *fakeView) ClusterStatus(ctx context.Context, providers []string) (map[string]any, bool) {
+func (v *fakeView) ClusterStates(ctx context.Context, providers []string) (map[string]cluster.ProviderState, bool) {
 	v.calls.Add(1)
-	out := map[string]any{}
+	out := map[string]cluster.ProviderState{}
 	if v.hang {
 		<-ctx.Done()
 	}
 	for _, p := range providers {
 		if !v.up || v.hang {
-			out[p] = NewClusterUnavailable("n1")
+			out[p] = cluster.ProviderState{Node: "n1"}
 		} else {
-			out[p] = NewCluster("n1", v.active[p], map[string]int{"n1": v.active[p]}, time.Time{})
+			out[p] = cluster.ProviderState{Node: "n1", Up: true, Share: cluster.Share{Active: v.active[p], Nodes: map[string]int{"n1": v.active[p]}}}
 		}
 	}
 	return out, v.up && !v.hang
