@@ -9,6 +9,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/browserfailover/caddy-browser-failover/cluster"
 	"github.com/browserfailover/caddy-browser-failover/pool"
 	"github.com/browserfailover/caddy-browser-failover/upstreams"
 )
@@ -142,10 +143,7 @@ func (poolCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(healthyDesc, prometheus.GaugeValue, healthy, p.Name())
 		if v := p.Cluster(); v != nil {
 			if live, ok := v.ClusterActive(p.Name()); ok {
-				over := 0.0
-				if m := p.MaxConcurrent(); m > 0 && int64(live) > m {
-					over = float64(int64(live) - m)
-				}
+				over := float64(cluster.OverLimit(live, p.MaxConcurrent()))
 				ch <- prometheus.MustNewConstMetric(overLimitDesc, prometheus.GaugeValue, over, p.Name())
 			}
 		}
