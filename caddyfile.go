@@ -14,6 +14,7 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
 	"github.com/browserfailover/caddy-browser-failover/observe"
+	"github.com/browserfailover/caddy-browser-failover/upstreams"
 )
 
 func init() {
@@ -232,7 +233,8 @@ func (r *reader) parseProvider() (*ProviderConfig, *block, error) {
 	if len(args) != 2 {
 		return nil, nil, d.Errf("provider takes a name and a URL")
 	}
-	p := &ProviderConfig{Name: args[0], URL: args[1]}
+	p := &ProviderConfig{}
+	p.Name, p.URL = args[0], args[1]
 	b.note("name", "url")
 	if err := b.check(p.validate(), "name", "url"); err != nil {
 		return nil, nil, err
@@ -257,7 +259,7 @@ func (r *reader) parseProvider() (*ProviderConfig, *block, error) {
 		case "connect_timeout":
 			p.ConnectTimeout, err = durationArg(d)
 		case "header_up":
-			var op HeaderOpConfig
+			var op upstreams.HeaderOp
 			op, err = parseHeaderUp(d)
 			p.HeadersUp = append(p.HeadersUp, op)
 		case "pass_query":
@@ -306,21 +308,21 @@ func (r *reader) parseProvider() (*ProviderConfig, *block, error) {
 }
 
 // tlsOf returns *t, creating it when nil.
-func tlsOf(t **TLSConfig) *TLSConfig {
+func tlsOf(t **upstreams.TLSOptions) *upstreams.TLSOptions {
 	if *t == nil {
-		*t = &TLSConfig{}
+		*t = &upstreams.TLSOptions{}
 	}
 	return *t
 }
 
 // parseHeaderUp reads `header_up [+|-]<field> [<value>]`.
-func parseHeaderUp(d *caddyfile.Dispenser) (HeaderOpConfig, error) {
+func parseHeaderUp(d *caddyfile.Dispenser) (upstreams.HeaderOp, error) {
 	args := d.RemainingArgs()
 	if len(args) == 0 || len(args) > 2 {
-		return HeaderOpConfig{}, d.Errf("header_up takes a field and a value, +field value, or -field")
+		return upstreams.HeaderOp{}, d.Errf("header_up takes a field and a value, +field value, or -field")
 	}
 	field := args[0]
-	op := HeaderOpConfig{Op: "set", Field: field}
+	op := upstreams.HeaderOp{Op: "set", Field: field}
 	switch {
 	case strings.HasPrefix(field, "+"):
 		op.Op, op.Field = "add", field[1:]

@@ -1,6 +1,10 @@
 package browserfailover
 
-import "github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+import (
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+
+	"github.com/browserfailover/caddy-browser-failover/upstreams"
+)
 
 // parseSessionAPI reads a provider's session API block:
 //
@@ -20,13 +24,13 @@ import "github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 // connect URL of a create answer may point to besides the create URL's
 // host and the names under its registrable domain: host names or IP
 // addresses, or *.example.com for every name under example.com.
-func (r *reader) parseSessionAPI(prefix string) (*SessionAPIConfig, error) {
+func (r *reader) parseSessionAPI(prefix string) (*upstreams.SessionAPI, error) {
 	d := r.d
 	if d.NextArg() {
 		return nil, d.ArgErr()
 	}
 	b := r.open("header", "connect_hosts")
-	c := &SessionAPIConfig{}
+	c := &upstreams.SessionAPI{}
 	for nesting := d.Nesting(); d.NextBlock(nesting); {
 		opt := d.Val()
 		if err := b.option(); err != nil {
@@ -41,7 +45,7 @@ func (r *reader) parseSessionAPI(prefix string) (*SessionAPIConfig, error) {
 		case "header":
 			var f, v string
 			if f, v, err = twoArgs(d); err == nil {
-				c.Headers = append(c.Headers, HeaderConfig{Field: f, Value: v})
+				c.Headers = append(c.Headers, upstreams.Header{Field: f, Value: v})
 			}
 		case "body":
 			c.Body, err = oneArg(d)
@@ -63,11 +67,11 @@ func (r *reader) parseSessionAPI(prefix string) (*SessionAPIConfig, error) {
 		if err != nil {
 			return nil, err
 		}
-		if err := b.check(within(prefix, c.validate()), opt); err != nil {
+		if err := b.check(within(prefix, fromProblems(upstreams.ValidateSessionAPI(*c))), opt); err != nil {
 			return nil, err
 		}
 	}
-	if err := b.finish(within(prefix, c.validate())); err != nil {
+	if err := b.finish(within(prefix, fromProblems(upstreams.ValidateSessionAPI(*c)))); err != nil {
 		return nil, err
 	}
 	return c, nil

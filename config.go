@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"net/url"
 	"slices"
 	"strings"
 	"time"
@@ -117,42 +116,15 @@ type Handler struct {
 	handlerRuntime
 }
 
-// ProviderConfig is one remote-browser provider (JSON key "providers").
+// ProviderConfig is one remote-browser provider (JSON key "providers"):
+// how to reach it (upstreams.Config: name, URL, priority, weight,
+// connect_timeout, headers_up, pass_query, discover, tls, session_api),
+// and what the handler does with it.
 type ProviderConfig struct {
-	// Name identifies the provider in the handler (unique there), in
-	// status, metrics and logs, and keys its state across config reloads.
-	// Required.
-	Name string `json:"name"`
-	// URL is where the provider is: ws://, wss://, http:// or https://
-	// (http(s) URLs are discovered, see Discover). It may hold {env.X}
-	// placeholders, resolved when the config is loaded; a URL that is a
-	// placeholder as a whole is checked once resolved. Required.
-	URL string `json:"url"`
-	// Priority orders the providers: lower is tried first, any integer;
-	// ties keep config order. Default: 1.
-	Priority *int `json:"priority,omitempty"`
-	// Weight is the provider's share of first picks under the weighted
-	// strategy; at least 1. Default: 1.
-	Weight int `json:"weight,omitempty"`
+	upstreams.Config
 	// MaxConcurrent is the most live sessions the provider takes; a full
 	// provider is skipped without an attempt. Default: 0, unlimited.
 	MaxConcurrent int `json:"max_concurrent,omitempty"`
-	// ConnectTimeout bounds one attempt at this provider; must be
-	// positive. Default: the handler's connect_timeout.
-	ConnectTimeout caddy.Duration `json:"connect_timeout,omitempty"`
-	// HeadersUp change the handshake sent to the provider, in order.
-	// Default: none.
-	HeadersUp []HeaderOpConfig `json:"headers_up,omitempty"`
-	// PassQuery merges the client's query into the provider URL's (the
-	// provider's keys win). Default: false.
-	PassQuery bool `json:"pass_query,omitempty"`
-	// Discover reads <url>/json/version on each connect and dials the
-	// webSocketDebuggerUrl it gives; false dials an http(s) URL as ws(s).
-	// Only for http:// and https:// URLs. Default: true for http(s) URLs.
-	Discover *bool `json:"discover,omitempty"`
-	// TLS options for a wss:// or https:// URL. Default: the system's
-	// roots, the URL's host as server name.
-	TLS *TLSConfig `json:"tls,omitempty"`
 	// Cooldown overrides any of the handler's cooldown settings for this
 	// provider. Default: the handler's.
 	Cooldown *CooldownConfig `json:"cooldown,omitempty"`
@@ -168,10 +140,6 @@ type ProviderConfig struct {
 	// setting; {"off":true} turns it off for this provider. Default: the
 	// handler's.
 	HealthCheck *HealthCheckConfig `json:"health_check,omitempty"`
-	// SessionAPI creates each browser over the provider's REST API before
-	// connecting, and releases it when done. Default: none, the URL is
-	// dialed as it is.
-	SessionAPI *SessionAPIConfig `json:"session_api,omitempty"`
 
 	given explicit
 }
@@ -218,7 +186,7 @@ type RedisConfig struct {
 	KeyPrefix string `json:"key_prefix,omitempty"`
 	// TLS connects with TLS when set (empty: with the system's roots).
 	// Default: plain TCP.
-	TLS *TLSConfig `json:"tls,omitempty"`
+	TLS *upstreams.TLSOptions `json:"tls,omitempty"`
 	// LeaseTTL is how long a slot outlives a node that stopped renewing
 	// it; must be positive. Default: 15s.
 	LeaseTTL caddy.Duration `json:"lease_ttl,omitempty"`
@@ -227,32 +195,6 @@ type RedisConfig struct {
 	Timeout caddy.Duration `json:"timeout,omitempty"`
 
 	given explicit
-}
-
-// HeaderOpConfig is one change to the handshake sent to a provider (the
-// Caddyfile's header_up).
-type HeaderOpConfig struct {
-	// Op is "set" (replace the field's values), "add" (add a value) or
-	// "delete" (remove the field). Required.
-	Op string `json:"op"`
-	// Field is the header field name. Required.
-	Field string `json:"field"`
-	// Value for set and add; it may hold request placeholders. A delete
-	// takes none. Default: empty.
-	Value string `json:"value,omitempty"`
-}
-
-// TLSConfig holds the TLS options of a provider or of the Redis store.
-type TLSConfig struct {
-	// InsecureSkipVerify accepts any certificate
-	// (tls_insecure_skip_verify). Default: false.
-	InsecureSkipVerify bool `json:"insecure_skip_verify,omitempty"`
-	// ServerName is sent in SNI and verified against the certificate
-	// (tls_server_name). Default: the URL's host.
-	ServerName string `json:"server_name,omitempty"`
-	// TrustedCACertFiles are PEM files of the CAs to trust
-	// (tls_trusted_ca_certs). Default: the system's roots.
-	TrustedCACertFiles []string `json:"trusted_ca_certs,omitempty"`
 }
 
 // CooldownConfig is when a failing provider is set aside, and for how long
@@ -567,18 +509,10 @@ func (p *ProviderConfig) validate() error {
 	if p.Name == "" {
 		return badOpt("name", "provider has no name")
 	}
-	errs := []error{p.validateURL()}
-	if p.Weight < 0 || (p.Weight == 0 && p.given["weight"]) {
-		errs = append(errs, badOpt("weight", "weight must be at least 1, got %d", p.Weight))
-	}
+	errs := []error{fromProblems(p.Config.Validate(func(opt string) bool { return p.given[opt] }))}
 	if p.MaxConcurrent < 0 {
 		errs = append(errs, badOpt("max_concurrent", "max_concurrent must not be negative, got %d", p.MaxConcurrent))
 	}
-	errs = append(errs, positive(p.given, "connect_timeout", p.ConnectTimeout, "connect_timeout"))
-	for _, op := range p.HeadersUp {
-		errs = append(errs, op.validate())
-	}
-	errs = append(errs, p.TLS.validate())
 	proto, protoErr := upstreams.ParseProtocol(p.Protocol)
 	if protoErr != nil {
 		errs = append(errs, badOpt("protocol", "%v", protoErr))
@@ -593,72 +527,24 @@ func (p *ProviderConfig) validate() error {
 			errs = append(errs, e)
 		}
 	}
-	errs = append(errs, within("cooldown: ", p.Cooldown.validate()), p.validateSessionAPI())
+	errs = append(errs, within("cooldown: ", p.Cooldown.validate()))
 	return within(fmt.Sprintf("provider %q: ", p.Name), errors.Join(errs...))
 }
 
-// validateURL checks the form of a provider's URL without resolving its
-// placeholders. A URL that is a placeholder as a whole is checked once
-// resolved, when the handler is provisioned.
-func (p *ProviderConfig) validateURL() error {
-	if p.URL == "" {
-		return badOpt("url", "no URL")
-	}
-	if wholePlaceholder(p.URL) {
-		return nil
-	}
-	scheme, _, ok := strings.Cut(p.URL, "://")
-	if !ok || !isScheme(scheme) {
-		return badOpt("url", "URL must start with ws://, wss://, http:// or https://")
-	}
-	var errs []error
-	var ws, secure bool
-	switch strings.ToLower(scheme) {
-	case "ws":
-		ws = true
-	case "wss":
-		ws, secure = true, true
-	case "http":
-	case "https":
-		secure = true
-	default:
-		return badOpt("url", "URL scheme %q is not one of ws, wss, http, https", scheme)
-	}
-	if d := p.Discover; d != nil && *d && ws {
-		errs = append(errs, badOpt("discover", "discover on needs an http:// or https:// URL"))
-	}
-	if !strings.Contains(p.URL, "{") {
-		if _, err := url.Parse(p.URL); err != nil {
-			errs = append(errs, badOpt("url", "invalid URL"))
+// fromProblems turns the problems upstreams names (*upstreams.Problem)
+// into the handler's, which the Caddyfile parser reports at the line of
+// the option at fault.
+func fromProblems(err error) error {
+	var out []error
+	for _, e := range problems(err) {
+		var up *upstreams.Problem
+		if errors.As(e, &up) {
+			out = append(out, &optionError{msg: up.Msg, opts: up.Options, whole: up.Whole})
+		} else {
+			out = append(out, e)
 		}
 	}
-	if opts := p.TLS.options(); len(opts) > 0 && !secure {
-		errs = append(errs, bad(opts, "TLS options need a wss:// or https:// URL"))
-	}
-	return errors.Join(errs...)
-}
-
-// wholePlaceholder reports whether s is one placeholder and nothing else,
-// like {env.BROWSER_URL}.
-func wholePlaceholder(s string) bool {
-	return len(s) > 2 && s[0] == '{' && s[len(s)-1] == '}' && !strings.ContainsAny(s[1:len(s)-1], "{}")
-}
-
-// isScheme reports whether s has the form of a URL scheme (RFC 3986), so a
-// message may show it: anything else could be part of a secret.
-func isScheme(s string) bool {
-	if s == "" || len(s) > 16 {
-		return false
-	}
-	for i, c := range s {
-		switch {
-		case c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z':
-		case i > 0 && (c >= '0' && c <= '9' || c == '+' || c == '-' || c == '.'):
-		default:
-			return false
-		}
-	}
-	return true
+	return errors.Join(out...)
 }
 
 // clash checks a provider's cooldown override against the handler's
@@ -828,54 +714,6 @@ func (r *RedisConfig) validate() error {
 		errs = append(errs, bad([]string{"lease_ttl", "timeout"}, "redis timeout must be shorter than lease_ttl, got %v and %v",
 			time.Duration(r.Timeout), time.Duration(r.LeaseTTL)))
 	}
-	errs = append(errs, r.TLS.validate())
+	errs = append(errs, fromProblems(r.TLS.Validate()))
 	return errors.Join(errs...)
-}
-
-// validate checks one header_up operation.
-func (op *HeaderOpConfig) validate() error {
-	switch op.Op {
-	case "set", "add", "delete":
-	default:
-		return badOpt("header_up", "header_up op %q: want set, add or delete", op.Op)
-	}
-	if op.Field == "" || strings.ContainsAny(op.Field, " \t\r\n:") {
-		return badOpt("header_up", "header_up: invalid field name %q", op.Field)
-	}
-	if strings.ContainsAny(op.Value, "\r\n") {
-		return badOpt("header_up", "header_up %s: the value must not hold a line break", op.Field)
-	}
-	if op.Op == "delete" && op.Value != "" {
-		return badOpt("header_up", "header_up -%s takes no value", op.Field)
-	}
-	return nil
-}
-
-// validate checks TLS options.
-func (t *TLSConfig) validate() error {
-	if t == nil {
-		return nil
-	}
-	if slices.Contains(t.TrustedCACertFiles, "") {
-		return badOpt("tls_trusted_ca_certs", "tls_trusted_ca_certs: empty file name")
-	}
-	return nil
-}
-
-// options names the TLS options set, as the Caddyfile spells them.
-func (t *TLSConfig) options() []string {
-	if t == nil {
-		return nil
-	}
-	var opts []string
-	if t.InsecureSkipVerify {
-		opts = append(opts, "tls_insecure_skip_verify")
-	}
-	if t.ServerName != "" {
-		opts = append(opts, "tls_server_name")
-	}
-	if len(t.TrustedCACertFiles) > 0 {
-		opts = append(opts, "tls_trusted_ca_certs")
-	}
-	return opts
 }

@@ -25,7 +25,7 @@ func TestAbandonClosesLateWinner(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer pool.ReleaseClaim("abandon-unit", gen)
-	up, err := upstreams.New(upstreams.Options{Name: "abandon-unit", URL: "ws://127.0.0.1:1/"})
+	up, err := upstreams.New(upstreams.Config{Name: "abandon-unit", URL: "ws://127.0.0.1:1/"}, upstreams.Defaults{}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -94,41 +94,10 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	h.gen = ctx.GetMetricsRegistry()
 	repl := caddy.NewReplacer()
 	base := h.Cooldown.toConfig()
+	known := func(s string) string { return repl.ReplaceKnown(s, "") }
+	defaults := upstreams.Defaults{ConnectTimeout: time.Duration(h.ConnectTimeout), ForwardHeaders: h.ForwardHeaders}
 	for _, pc := range h.Providers {
-		resolved, err := resolveURL(pc, repl)
-		if err != nil {
-			return err
-		}
-		opts := upstreams.Options{
-			Name:           pc.Name,
-			URL:            resolved,
-			Priority:       defaultPriority,
-			Weight:         pc.Weight,
-			ConnectTimeout: time.Duration(h.ConnectTimeout),
-			PassQuery:      pc.PassQuery,
-			ForwardHeaders: h.ForwardHeaders,
-			Discover:       pc.Discover,
-		}
-		if pc.Priority != nil {
-			opts.Priority = *pc.Priority
-		}
-		if pc.ConnectTimeout > 0 {
-			opts.ConnectTimeout = time.Duration(pc.ConnectTimeout)
-		}
-		for _, op := range pc.HeadersUp {
-			opts.HeaderOps = append(opts.HeaderOps, upstreams.HeaderOp{Op: op.Op, Field: op.Field, Value: repl.ReplaceKnown(op.Value, "")})
-		}
-		if pc.TLS != nil {
-			opts.TLS = upstreams.TLSOptions{
-				InsecureSkipVerify: pc.TLS.InsecureSkipVerify,
-				ServerName:         pc.TLS.ServerName,
-				TrustedCACertFiles: pc.TLS.TrustedCACertFiles,
-			}
-		}
-		if opts.SessionAPI, err = pc.SessionAPI.resolve(repl); err != nil {
-			return fmt.Errorf("provider %q: %w", pc.Name, err)
-		}
-		up, err := upstreams.New(opts)
+		up, err := upstreams.New(pc.Config, defaults, known)
 		if err != nil {
 			return err
 		}
@@ -136,7 +105,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		if err := cfg.Validate(); err != nil {
 			return fmt.Errorf("provider %q: cooldown: %w", pc.Name, err)
 		}
-		state, err := pool.Claim(pc.Name, opts.URL, up.Redacted(), h.gen, cfg, single, pc.MaxConcurrent)
+		state, err := pool.Claim(pc.Name, up.Key(), up.Redacted(), h.gen, cfg, single, pc.MaxConcurrent)
 		if err != nil {
 			return err
 		}

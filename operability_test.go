@@ -30,6 +30,7 @@ import (
 	"github.com/browserfailover/caddy-browser-failover/internal/fakes"
 	"github.com/browserfailover/caddy-browser-failover/internal/testgw"
 	"github.com/browserfailover/caddy-browser-failover/observe"
+	"github.com/browserfailover/caddy-browser-failover/upstreams"
 )
 
 // opAdmin calls the admin API and returns the status and body.
@@ -909,7 +910,7 @@ browser_failover {
 		}
 	}
 	h := browserfailover.Handler{
-		Providers: []*browserfailover.ProviderConfig{{Name: "a", URL: "ws://h:1"}},
+		Providers: []*browserfailover.ProviderConfig{{Config: upstreams.Config{Name: "a", URL: "ws://h:1"}}},
 		Webhooks:  []*observe.WebhookConfig{{URL: "gopher://h/?secret=zz"}, {URL: "http://h/", Events: []string{"nope"}}},
 	}
 	err = h.Validate()

@@ -87,7 +87,7 @@ func (c *hostCheckingChrome) requests() string {
 func TestDiscoverHostFallbackAppliesToUpgrade(t *testing.T) {
 	chrome := newHostCheckingChrome(t)
 	_, port, _ := net.SplitHostPort(chrome.ln.Addr().String())
-	p, err := New(Options{Name: "chrome", URL: "http://localhost:" + port, ConnectTimeout: 5 * time.Second})
+	p, err := New(Config{Name: "chrome", URL: "http://localhost:" + port}, Defaults{ConnectTimeout: 5 * time.Second}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -59,12 +59,12 @@ func sentFields(t *testing.T, p *Provider, client http.Header) (http.Header, []s
 func TestForwardHeadersDefault(t *testing.T) {
 	client := gatewayClient()
 	for _, withOps := range []bool{false, true} {
-		o := Options{Name: "p", URL: "ws://h:9/x"}
+		o := Config{Name: "p", URL: "ws://h:9/x"}
 		if withOps {
 			// The header_up path builds the set the same way.
-			o.HeaderOps = []HeaderOp{{Op: "set", Field: "X-Provider", Value: "v"}}
+			o.HeadersUp = []HeaderOp{{Op: "set", Field: "X-Provider", Value: "v"}}
 		}
-		h, names := sentFields(t, mustProvider(t, o), client)
+		h, names := sentFields(t, mustProvider(t, o, Defaults{}), client)
 		want := []string{"Sec-Websocket-Extensions", "Sec-Websocket-Protocol", "User-Agent", "X-Playwright-Browser", "X-Playwright-Launch-Options"}
 		if withOps {
 			want = append(want, "X-Provider")
@@ -107,7 +107,7 @@ func TestForwardHeadersNamed(t *testing.T) {
 		{"always-forwarded named again", "ws://h:9/x", []string{"User-Agent", "x-playwright-*"}, with()},
 	}
 	for _, tc := range cases {
-		p := mustProvider(t, Options{Name: "p", URL: tc.url, ForwardHeaders: tc.forward})
+		p := mustProvider(t, Config{Name: "p", URL: tc.url}, Defaults{ForwardHeaders: tc.forward})
 		h, names := sentFields(t, p, client)
 		if !slices.Equal(names, tc.want) {
 			t.Errorf("%s: the provider got %v, want exactly %v", tc.name, names, tc.want)
@@ -119,8 +119,9 @@ func TestForwardHeadersNamed(t *testing.T) {
 		}
 	}
 	// header_up on top of forward_headers: still sets and removes anything.
-	p := mustProvider(t, Options{Name: "p", URL: "ws://h:9/x", ForwardHeaders: []string{"X-Api-Key", "Cookie"},
-		HeaderOps: []HeaderOp{{Op: "delete", Field: "Cookie"}, {Op: "set", Field: "X-Gateway-Token", Value: "{copied}"}}})
+	p := mustProvider(t, Config{Name: "p", URL: "ws://h:9/x",
+		HeadersUp: []HeaderOp{{Op: "delete", Field: "Cookie"}, {Op: "set", Field: "X-Gateway-Token", Value: "{copied}"}}},
+		Defaults{ForwardHeaders: []string{"X-Api-Key", "Cookie"}})
 	hs := &Handshake{Key: NewKey(), Header: client}
 	r := parseRequest(t, p.appendRequest(nil, hs, target{host: "h:9", requestURI: "/x"},
 		func(s string) string { return strings.ReplaceAll(s, "{copied}", client.Get("X-Gateway-Token")) }))
@@ -152,7 +153,7 @@ func TestCheckForwardHeaders(t *testing.T) {
 			t.Errorf("%q: %v, want an error with %q", bad, err, want)
 		}
 	}
-	if _, err := New(Options{Name: "p", URL: "ws://h/", ForwardHeaders: []string{"Upgrade"}}); err == nil || !strings.Contains(err.Error(), `provider "p"`) {
+	if _, err := New(Config{Name: "p", URL: "ws://h/"}, Defaults{ForwardHeaders: []string{"Upgrade"}}, nil); err == nil || !strings.Contains(err.Error(), `provider "p"`) {
 		t.Errorf("New with a hop-by-hop field: %v", err)
 	}
 }

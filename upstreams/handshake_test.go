@@ -7,9 +7,9 @@ import (
 	"testing"
 )
 
-func mustProvider(t *testing.T, o Options) *Provider {
+func mustProvider(t *testing.T, o Config, d Defaults) *Provider {
 	t.Helper()
-	p, err := New(o)
+	p, err := New(o, d, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -39,7 +39,7 @@ func TestWSTarget(t *testing.T) {
 		{"ws://h", "q=1", true, "/?q=1"},
 	}
 	for _, tc := range cases {
-		p := mustProvider(t, Options{Name: "p", URL: tc.url, PassQuery: tc.pass})
+		p := mustProvider(t, Config{Name: "p", URL: tc.url, PassQuery: tc.pass}, Defaults{})
 		got := p.wsTarget(&Handshake{RawQuery: tc.clientQuery}, p.path, p.query, p.rawQuery, p.host).requestURI
 		if got != tc.want {
 			t.Errorf("%s + %q (pass_query %v): %q, want %q", tc.url, tc.clientQuery, tc.pass, got, tc.want)
@@ -64,7 +64,7 @@ func TestAppendRequestHeaders(t *testing.T) {
 	hs := &Handshake{Key: NewKey(), Header: client}
 
 	// User info becomes Basic auth; the client's credentials stay behind.
-	p := mustProvider(t, Options{Name: "p", URL: "ws://user:pa%40ss@h:9/x"})
+	p := mustProvider(t, Config{Name: "p", URL: "ws://user:pa%40ss@h:9/x"}, Defaults{})
 	r := parseRequest(t, p.appendRequest(nil, hs, target{host: "h:9", requestURI: "/x"}, nil))
 	if u, pw, ok := r.BasicAuth(); !ok || u != "user" || pw != "pa@ss" {
 		t.Fatalf("basic auth %q %q %v", u, pw, ok)
@@ -87,12 +87,12 @@ func TestAppendRequestHeaders(t *testing.T) {
 	// header_up: set Authorization (user info then not used), add, delete,
 	// placeholders expanded, Origin set on purpose; Cookie forwarded by
 	// forward_headers, then added to.
-	p = mustProvider(t, Options{Name: "p", URL: "ws://user:pw@h:9/x", ForwardHeaders: []string{"cookie"}, HeaderOps: []HeaderOp{
+	p = mustProvider(t, Config{Name: "p", URL: "ws://user:pw@h:9/x", HeadersUp: []HeaderOp{
 		{Op: "set", Field: "Authorization", Value: "Bearer {token}"},
 		{Op: "add", Field: "Cookie", Value: "c=d"},
 		{Op: "delete", Field: "User-Agent"},
 		{Op: "set", Field: "Origin", Value: "http://127.0.0.1"},
-	}})
+	}}, Defaults{ForwardHeaders: []string{"cookie"}})
 	replace := func(s string) string { return strings.ReplaceAll(s, "{token}", "t0k") }
 	r = parseRequest(t, p.appendRequest(nil, hs, target{host: "h:9", requestURI: "/x"}, replace))
 	if r.Header.Get("Authorization") != "Bearer t0k" || len(r.Header.Values("Authorization")) != 1 {

@@ -22,56 +22,6 @@ import (
 // DefaultConnectTimeout bounds one attempt when nothing else is configured.
 const DefaultConnectTimeout = 10 * time.Second
 
-// Options describe one provider as configured, with secrets already resolved.
-type Options struct {
-	// Name keys the provider's state; it appears in logs and status.
-	Name string
-	// URL is ws://, wss://, http:// or https://, placeholders resolved.
-	URL string
-	// Priority orders candidates: lower first.
-	Priority int
-	// Weight is the share under the weighted strategy (0 means 1).
-	Weight int
-	// ConnectTimeout bounds one attempt (0: DefaultConnectTimeout).
-	ConnectTimeout time.Duration
-	// HeaderOps are the header_up operations, applied in order.
-	HeaderOps []HeaderOp
-	// PassQuery merges the client's query into the provider URL's.
-	PassQuery bool
-	// ForwardHeaders names client handshake fields the provider gets
-	// besides the WebSocket negotiation ones, User-Agent and
-	// x-playwright-* (see CheckForwardHeaders); a trailing "*" matches a
-	// prefix.
-	ForwardHeaders []string
-	// Discover is nil for the default (on for http(s) URLs, off for ws(s)).
-	Discover *bool
-	TLS      TLSOptions
-	// SessionAPI, when set, creates a browser over REST before each
-	// attempt and releases it when the session or the attempt ends.
-	SessionAPI *SessionAPI
-}
-
-// TLSOptions are the provider's TLS settings.
-type TLSOptions struct {
-	// InsecureSkipVerify accepts any certificate.
-	InsecureSkipVerify bool
-	// ServerName overrides the name sent in SNI and verified.
-	ServerName string
-	// TrustedCACertFiles are PEM files of the CAs to trust instead of the
-	// system's.
-	TrustedCACertFiles []string
-}
-
-// HeaderOp is one header_up operation.
-type HeaderOp struct {
-	// Op is "set", "add" or "delete".
-	Op string
-	// Field is the header's name.
-	Field string
-	// Value may hold request placeholders; unused by delete.
-	Value string
-}
-
 // Provider is one configured browser provider, ready to be dialed.
 type Provider struct {
 	// Name, Priority, Weight, ConnectTimeout and PassQuery are the
@@ -99,37 +49,78 @@ type Provider struct {
 	basicAuth  string // "Basic …" from user info, or ""
 	tlsConfig  *tls.Config
 	tlsOpts    TLSOptions
+	key        string // the resolved URL
 	redacted   string
 
 	api *sessionAPI // nil without a session API
 }
 
-// New checks o and builds a Provider. Errors name the provider and the
-// problem, never the URL's secrets.
-func New(o Options) (*Provider, error) {
-	if o.Name == "" {
+// New checks c (with Validate) and builds the provider: its placeholders
+// known when the config loads ({env.X}) are resolved with known (nil:
+// none), request placeholders in header values stay for each attempt; d
+// gives what the handler sets for all its providers. Errors name the
+// provider and the problem, never the URL's secrets.
+func New(c Config, d Defaults, known func(string) string) (*Provider, error) {
+	if known == nil {
+		known = func(s string) string { return s }
+	}
+	if c.Name == "" {
 		return nil, fmt.Errorf("provider without a name")
 	}
-	if strings.TrimSpace(o.URL) == "" {
-		// Typically a placeholder whose variable is unset.
-		return nil, fmt.Errorf("provider %q: the URL is empty (is its environment variable set?)", o.Name)
+	if err := c.Validate(nil); err != nil {
+		return nil, fmt.Errorf("provider %q: %w", c.Name, err)
 	}
-	u, err := url.Parse(o.URL)
+	raw := strings.TrimSpace(known(c.URL))
+	switch {
+	case raw == "":
+		// Typically a placeholder whose variable is unset.
+		return nil, fmt.Errorf("provider %q: the URL is empty once its placeholders are resolved (is the environment variable set?)", c.Name)
+	case WholePlaceholder(raw):
+		return nil, fmt.Errorf("provider %q: the URL's placeholder is not known when the config loads (use {env.X})", c.Name)
+	}
+	if err := c.validateURL(raw); err != nil {
+		return nil, fmt.Errorf("provider %q: %w", c.Name, err)
+	}
+	u, err := url.Parse(raw)
 	if err != nil {
-		return nil, fmt.Errorf("provider %q: invalid URL (%s)", o.Name, urlErrorCause(err))
+		return nil, fmt.Errorf("provider %q: invalid URL (%s)", c.Name, urlErrorCause(err))
+	}
+	var tlsOpts TLSOptions
+	if c.TLS != nil {
+		tlsOpts = *c.TLS
+	}
+	ops := make([]HeaderOp, len(c.HeadersUp))
+	for i, op := range c.HeadersUp {
+		op.Value = known(op.Value)
+		ops[i] = op
 	}
 	p := &Provider{
-		Name:           o.Name,
-		Priority:       o.Priority,
-		Weight:         o.Weight,
-		ConnectTimeout: o.ConnectTimeout,
-		PassQuery:      o.PassQuery,
-		headerOps:      o.HeaderOps,
-		tlsOpts:        o.TLS,
+		Name:           c.Name,
+		Priority:       1,
+		Weight:         c.Weight,
+		ConnectTimeout: time.Duration(c.ConnectTimeout),
+		PassQuery:      c.PassQuery,
+		headerOps:      ops,
+		tlsOpts:        tlsOpts,
+		key:            raw,
 		redacted:       Redact(u),
 	}
-	if p.forward, err = parseForward(o.ForwardHeaders); err != nil {
-		return nil, fmt.Errorf("provider %q: %w", o.Name, err)
+	if c.Priority != nil {
+		p.Priority = *c.Priority
+	}
+	if p.ConnectTimeout <= 0 {
+		p.ConnectTimeout = d.ConnectTimeout
+	}
+	var api *SessionAPI
+	if c.SessionAPI != nil {
+		a, err := c.SessionAPI.resolved(known)
+		if err != nil {
+			return nil, fmt.Errorf("provider %q: session_api: %w", c.Name, err)
+		}
+		api = &a
+	}
+	if p.forward, err = parseForward(d.ForwardHeaders); err != nil {
+		return nil, fmt.Errorf("provider %q: %w", c.Name, err)
 	}
 	if p.Weight == 0 {
 		p.Weight = 1
@@ -149,22 +140,22 @@ func New(o Options) (*Provider, error) {
 	default:
 		// The "scheme" of a value like user:pass@host is the user name:
 		// it is not repeated.
-		return nil, fmt.Errorf("provider %q: URL must start with ws://, wss://, http:// or https://", o.Name)
+		return nil, fmt.Errorf("provider %q: URL must start with ws://, wss://, http:// or https://", c.Name)
 	}
-	if o.Discover != nil {
-		if *o.Discover && (p.scheme == "ws" || p.scheme == "wss") && (u.Scheme == "ws" || u.Scheme == "wss") {
-			return nil, fmt.Errorf("provider %q: discover on needs an http:// or https:// URL", o.Name)
+	if c.Discover != nil {
+		if *c.Discover && (p.scheme == "ws" || p.scheme == "wss") && (u.Scheme == "ws" || u.Scheme == "wss") {
+			return nil, fmt.Errorf("provider %q: discover on needs an http:// or https:// URL", c.Name)
 		}
-		p.Discover = *o.Discover
+		p.Discover = *c.Discover
 	}
 	if u.Host == "" || u.Hostname() == "" {
-		return nil, fmt.Errorf("provider %q: URL has no host", o.Name)
+		return nil, fmt.Errorf("provider %q: URL has no host", c.Name)
 	}
 	if u.Opaque != "" {
-		return nil, fmt.Errorf("provider %q: URL must be absolute, like ws://host:port/path", o.Name)
+		return nil, fmt.Errorf("provider %q: URL must be absolute, like ws://host:port/path", c.Name)
 	}
 	if u.Fragment != "" {
-		return nil, fmt.Errorf("provider %q: URL must not have a fragment", o.Name)
+		return nil, fmt.Errorf("provider %q: URL must not have a fragment", c.Name)
 	}
 	p.host = u.Host
 	port := u.Port()
@@ -185,40 +176,35 @@ func New(o Options) (*Provider, error) {
 		pw, _ := u.User.Password()
 		p.basicAuth = "Basic " + base64.StdEncoding.EncodeToString([]byte(u.User.Username()+":"+pw))
 	}
-	for i, op := range o.HeaderOps {
-		switch op.Op {
-		case "set", "add", "delete":
-		default:
-			return nil, fmt.Errorf("provider %q: header_up operation %d: unknown op %q", o.Name, i, op.Op)
-		}
-		if op.Field == "" || strings.ContainsAny(op.Field, " \t\r\n:") {
-			return nil, fmt.Errorf("provider %q: header_up: invalid field name %q", o.Name, op.Field)
-		}
+	for _, op := range ops {
 		if strings.ContainsAny(op.Value, "\r\n") {
-			return nil, fmt.Errorf("provider %q: header_up %s: value must not contain a line break", o.Name, op.Field)
+			// A value known only now ({env.X}): never shown.
+			return nil, fmt.Errorf("provider %q: header_up %s: the value must not hold a line break", c.Name, op.Field)
 		}
 		if op.Op != "delete" && strings.EqualFold(op.Field, "Authorization") {
 			p.setsAuth = true
 		}
 	}
-	if o.SessionAPI != nil {
+	if api != nil {
 		// The gateway dials the URL each create answer gives.
 		p.Discover = false
-		if p.api, err = newSessionAPI(p, *o.SessionAPI, o.TLS); err != nil {
-			return nil, fmt.Errorf("provider %q: session_api: %w", o.Name, err)
+		if p.api, err = newSessionAPI(p, *api, tlsOpts); err != nil {
+			return nil, fmt.Errorf("provider %q: session_api: %w", c.Name, err)
 		}
 	}
 	if p.scheme == "wss" {
-		cfg, err := o.TLS.build(u.Hostname())
+		cfg, err := tlsOpts.build(u.Hostname())
 		if err != nil {
-			return nil, fmt.Errorf("provider %q: %w", o.Name, err)
+			return nil, fmt.Errorf("provider %q: %w", c.Name, err)
 		}
 		p.tlsConfig = cfg
-	} else if o.TLS.InsecureSkipVerify || o.TLS.ServerName != "" || len(o.TLS.TrustedCACertFiles) > 0 {
-		return nil, fmt.Errorf("provider %q: TLS options need a wss:// or https:// URL", o.Name)
 	}
 	return p, nil
 }
+
+// Key is the provider's resolved URL: two providers of one name are the
+// same when their keys are. Never shown (it may hold secrets).
+func (p *Provider) Key() string { return p.key }
 
 func (t TLSOptions) build(hostname string) (*tls.Config, error) {
 	cfg := &tls.Config{

@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"net/netip"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -58,39 +59,61 @@ var OnOrphan func(provider, cause string)
 // each attempt: create it, dial the WebSocket URL the answer gives, release
 // it when the session (or the attempt) ends.
 type SessionAPI struct {
-	// CreateMethod and CreateURL are the create call. CreateURL is
-	// http(s):// or a path resolved against the provider's URL.
-	CreateMethod string
-	CreateURL    string
-	// Headers go with create and release calls, in order; their values may
-	// hold request placeholders (resolved when the session is created).
-	Headers []Header
-	// Body is the create call's JSON body template ("" for none): request
-	// placeholders in its strings are replaced and JSON-escaped.
-	Body string
-	// ConnectURL and SessionID are JSON pointers (RFC 6901) into the
-	// create answer.
-	ConnectURL string
-	SessionID  string
-	// ReleaseMethod and ReleaseURL are the release call; {session_id} in
-	// the URL is replaced by the path-escaped ID.
-	ReleaseMethod string
-	ReleaseURL    string
-	// ReleaseBody is the release call's JSON body template ("" for none);
-	// {session_id} in its strings is replaced.
-	ReleaseBody string
+	// CreateMethod and CreateURL are the create call, such as POST
+	// https://api.example.com/v1/sessions; a URL that is a path is
+	// resolved against the provider's URL. Required.
+	CreateMethod string `json:"create_method"`
+	CreateURL    string `json:"create_url"`
+	// Headers go with every create and release call, in order. Values may
+	// hold {env.X} (resolved when the config loads) and request
+	// placeholders (resolved when the session is created). They are
+	// secrets: never shown.
+	Headers []Header `json:"headers,omitempty"`
+	// Body is the create call's JSON body, as text; placeholders in its
+	// strings are replaced (JSON-escaped). Default: no body.
+	Body string `json:"body,omitempty"`
+	// ConnectURL and SessionID are JSON pointers (RFC 6901) to the
+	// WebSocket URL and the session's ID in the create answer, such as
+	// /connectUrl and /id. Required.
+	ConnectURL string `json:"connect_url"`
+	SessionID  string `json:"session_id"`
+	// ReleaseMethod and ReleaseURL are the release call; the URL holds
+	// {session_id}, replaced by the path-escaped ID. Required.
+	ReleaseMethod string `json:"release_method"`
+	ReleaseURL    string `json:"release_url"`
+	// ReleaseBody is the release call's JSON body, as text; {session_id}
+	// in its strings is replaced. Default: no body.
+	ReleaseBody string `json:"release_body,omitempty"`
 	// ConnectHosts names the hosts, besides the create call's own and
 	// those under its registrable domain, that a connect URL may point to
 	// (any port): exact names or IP addresses, case-insensitive, or
 	// *.example.com for every name under example.com. See
-	// ValidateConnectHost.
-	ConnectHosts []string
+	// ValidateConnectHost. Default: none.
+	ConnectHosts []string `json:"connect_hosts,omitempty"`
 }
 
 // Header is one request header field of a session API call.
 type Header struct {
-	Field string
-	Value string
+	Field string `json:"field"`
+	Value string `json:"value"`
+}
+
+// resolved returns the session API with the placeholders known when the
+// config loads resolved by known (request placeholders stay).
+func (a SessionAPI) resolved(known func(string) string) (SessionAPI, error) {
+	a.CreateURL, a.ReleaseURL = known(a.CreateURL), known(a.ReleaseURL)
+	a.Headers = slices.Clone(a.Headers)
+	for i := range a.Headers {
+		a.Headers[i].Value = known(a.Headers[i].Value)
+	}
+	var err error
+	if a.Body, err = FillJSON(a.Body, known); err != nil {
+		return a, fmt.Errorf("body: %w", err)
+	}
+	if a.ReleaseBody, err = FillJSON(a.ReleaseBody, known); err != nil {
+		return a, fmt.Errorf("release_body: %w", err)
+	}
+	return a, nil
 }
 
 // sessionAPI is a SessionAPI checked and ready.
@@ -125,24 +148,14 @@ type Books struct {
 // Unreleased is the number of sessions created and not released yet.
 func (b *Books) Unreleased() int64 { return b.Created.Load() - b.Released.Load() }
 
-// APIProblem is one problem with a session API's settings and the option
-// at fault, as the Caddyfile names it (create, header, body, connect_url,
-// session_id, release, release_body, connect_hosts).
-type APIProblem struct {
-	Option string
-	Msg    string
-	// Missing: the option is not given at all.
-	Missing bool
-}
-
-func (e *APIProblem) Error() string { return e.Msg }
-
-// ValidateSessionAPI checks a session API's settings; JSON and the
-// Caddyfile share it. Its error joins *APIProblem values.
+// ValidateSessionAPI checks a session API's settings (the options create,
+// header, body, connect_url, session_id, release, release_body and
+// connect_hosts); JSON and the Caddyfile share it. Its error joins
+// *Problem values, each message starting with "session_api: ".
 func ValidateSessionAPI(a SessionAPI) error {
 	var errs []error
 	add := func(opt string, missing bool, format string, args ...any) {
-		errs = append(errs, &APIProblem{Option: opt, Msg: fmt.Sprintf(format, args...), Missing: missing})
+		errs = append(errs, &Problem{Options: []string{opt}, Msg: "session_api: " + fmt.Sprintf(format, args...), Whole: missing})
 	}
 	if a.CreateMethod == "" && a.CreateURL == "" {
 		add("create", true, "no create call (create <METHOD> <URL>)")
@@ -180,8 +193,8 @@ func ValidateSessionAPI(a SessionAPI) error {
 		}
 	}
 	for _, h := range a.Headers {
-		if h.Field == "" || strings.ContainsAny(h.Field, " \t\r\n:") {
-			add("header", false, "header: invalid field name %q", h.Field)
+		if err := CheckFieldName(h.Field); err != nil {
+			add("header", false, "header: %v", err)
 		}
 		if strings.ContainsAny(h.Value, "\r\n") {
 			// The value may be a secret: never shown.
@@ -214,7 +227,7 @@ func checkCallURL(s string) error {
 	switch {
 	case s == "":
 		return errors.New("no URL")
-	case strings.HasPrefix(s, "/"), wholePlaceholder(s):
+	case strings.HasPrefix(s, "/"), WholePlaceholder(s):
 		return nil
 	}
 	u, err := url.Parse(strings.ReplaceAll(s, SessionIDPlaceholder, "x"))
@@ -225,10 +238,6 @@ func checkCallURL(s string) error {
 		return errors.New("the URL must be http:// or https://, or a path starting with /")
 	}
 	return nil
-}
-
-func wholePlaceholder(s string) bool {
-	return strings.HasPrefix(s, "{") && strings.HasSuffix(s, "}") && strings.Count(s, "{") == 1
 }
 
 // newSessionAPI readies a for provider p (its URL resolves relative call
@@ -875,7 +884,7 @@ func ValidateConnectHost(h string) error {
 	if h == "" {
 		return errors.New("empty host")
 	}
-	if wholePlaceholder(h) {
+	if WholePlaceholder(h) {
 		return nil
 	}
 	what := fmt.Sprintf("%q is not a host name, an IP address or *.<domain> (no scheme, port or path: any port matches)", h)

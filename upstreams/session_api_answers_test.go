@@ -8,6 +8,7 @@ package upstreams
 import (
 	"context"
 	"errors"
+	"github.com/caddyserver/caddy/v2"
 	"net"
 	"net/http"
 	"strings"
@@ -24,9 +25,9 @@ const testAPIKey = "sk-live-answers-93c1f0"
 // API key in header_up and in the session API headers.
 func restProvider(t *testing.T, name string, f *fakes.REST, connectHosts ...string) *Provider {
 	t.Helper()
-	p, err := New(Options{
-		Name: name, URL: f.URL(), ConnectTimeout: 3 * time.Second,
-		HeaderOps: []HeaderOp{{Op: "set", Field: "X-Api-Key", Value: testAPIKey}},
+	p, err := New(Config{
+		Name: name, URL: f.URL(), ConnectTimeout: caddy.Duration(3 * time.Second),
+		HeadersUp: []HeaderOp{{Op: "set", Field: "X-Api-Key", Value: testAPIKey}},
 		SessionAPI: &SessionAPI{
 			CreateMethod: "POST", CreateURL: "/v1/sessions",
 			Headers:    []Header{{Field: "X-Api-Key", Value: testAPIKey}},
@@ -34,7 +35,7 @@ func restProvider(t *testing.T, name string, f *fakes.REST, connectHosts ...stri
 			ReleaseMethod: "POST", ReleaseURL: "/v1/sessions/{session_id}/release",
 			ConnectHosts: connectHosts,
 		},
-	})
+	}, Defaults{}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -145,8 +146,8 @@ func TestValidateConnectHost(t *testing.T) {
 	// ValidateSessionAPI names the option.
 	a := SessionAPI{CreateMethod: "POST", CreateURL: "/s", ConnectURL: "/u", SessionID: "/id",
 		ReleaseMethod: "DELETE", ReleaseURL: "/s/{session_id}", ConnectHosts: []string{"ok.example.com", "bad host"}}
-	var ap *APIProblem
-	if err := ValidateSessionAPI(a); !errors.As(err, &ap) || ap.Option != "connect_hosts" || !strings.Contains(ap.Msg, `connect_hosts: "bad host"`) {
+	var ap *Problem
+	if err := ValidateSessionAPI(a); !errors.As(err, &ap) || ap.Options[0] != "connect_hosts" || !strings.Contains(ap.Msg, `connect_hosts: "bad host"`) {
 		t.Fatalf("%v (%+v)", err, ap)
 	}
 }

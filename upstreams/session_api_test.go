@@ -58,11 +58,11 @@ func TestValidateSessionAPI(t *testing.T) {
 	if err == nil || strings.Contains(err.Error(), secret) {
 		t.Fatalf("error %v: missing, or it shows the secret", err)
 	}
-	if _, err := New(Options{Name: "p", URL: "https://api.h", SessionAPI: &SessionAPI{}}); err == nil ||
+	if _, err := New(Config{Name: "p", URL: "https://api.h", SessionAPI: &SessionAPI{}}, Defaults{}, nil); err == nil ||
 		!strings.Contains(err.Error(), "no create call") || !strings.Contains(err.Error(), "no release call") {
 		t.Fatalf("empty session API: %v", err)
 	}
-	p, err := New(Options{Name: "p", URL: "https://api.h.example", SessionAPI: &ok})
+	p, err := New(Config{Name: "p", URL: "https://api.h.example", SessionAPI: &ok}, Defaults{}, nil)
 	if err != nil || p.Discover || p.api.createURL.String() != "https://api.h.example/v1/sessions" {
 		t.Fatalf("%v %+v", err, p)
 	}
