@@ -171,9 +171,9 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		case "state":
 			h.State, err = r.parseState()
 		case "forward_headers":
-			err = parseForwardHeaders(d, h)
+			h.ForwardHeaders, err = listArg(d, "at least one header field name")
 		case "allowed_origins":
-			h.AllowedOrigins, err = parseAllowedOrigins(d)
+			h.AllowedOrigins, err = listArg(d, "at least one origin (scheme://host[:port], null, or *)")
 		case "webhook":
 			var wh *observe.WebhookConfig
 			if wh, err = r.parseWebhook(); err == nil {
@@ -710,6 +710,17 @@ func someArgs(d *caddyfile.Dispenser) ([]string, error) {
 	return args, nil
 }
 
+// listArg reads the arguments of the current option, at least one: what
+// it needs tells which.
+func listArg(d *caddyfile.Dispenser, what string) ([]string, error) {
+	opt := d.Val()
+	args := d.RemainingArgs()
+	if len(args) == 0 {
+		return nil, d.Errf("%s needs %s", opt, what)
+	}
+	return args, nil
+}
+
 // noArgs checks that the current option has no argument.
 func noArgs(d *caddyfile.Dispenser) error {
 	if d.NextArg() {
@@ -788,3 +799,23 @@ var (
 	_ caddyfile.Unmarshaler = (*Handler)(nil)
 	_ json.Unmarshaler      = (*Handler)(nil)
 )
+
+// parseResume reads `resume <window> [hold]`.
+func parseResume(d *caddyfile.Dispenser) (*ResumeConfig, error) {
+	args := d.RemainingArgs()
+	if len(args) == 0 || len(args) > 2 {
+		return nil, d.Errf("resume takes a window and, optionally, hold: resume <window> [hold]")
+	}
+	w, err := caddy.ParseDuration(args[0])
+	if err != nil {
+		return nil, d.Errf("resume: invalid window %q", args[0])
+	}
+	rc := &ResumeConfig{Window: caddy.Duration(w)}
+	if len(args) == 2 {
+		if args[1] != "hold" {
+			return nil, d.Errf("resume: unknown word %q after the window (want hold)", args[1])
+		}
+		rc.Hold = true
+	}
+	return rc, nil
+}

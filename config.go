@@ -480,7 +480,7 @@ func (h *Handler) validateOwn() error {
 	if (h.HedgeMax != 0 || h.given["hedge_max"]) && h.HedgeMax < 2 {
 		errs = append(errs, badOpt("hedge_max", "hedge_max must be at least 2 (attempts in flight at once), got %d", h.HedgeMax))
 	}
-	if err := validateForwardHeaders(h.ForwardHeaders); err != nil {
+	if err := upstreams.CheckForwardHeaders(h.ForwardHeaders); err != nil {
 		errs = append(errs, badOpt("forward_headers", "%v", err))
 	}
 	if err := validateOrigins(h.AllowedOrigins); err != nil {

@@ -9,8 +9,6 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
-
 	"github.com/browserfailover/caddy-browser-failover/observe"
 )
 
@@ -135,15 +133,6 @@ func validateOrigins(list []string) error {
 		}
 	}
 	return errors.Join(errs...)
-}
-
-// parseAllowedOrigins reads `allowed_origins <origin>...`.
-func parseAllowedOrigins(d *caddyfile.Dispenser) ([]string, error) {
-	list := d.RemainingArgs()
-	if len(list) == 0 {
-		return nil, d.Errf("allowed_origins needs at least one origin (scheme://host[:port], null, or *)")
-	}
-	return list, nil
 }
 
 // refuseOrigin is the 403 of an upgrade that a web page opened from an

@@ -13,7 +13,6 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
-	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"go.uber.org/zap"
 
 	"github.com/browserfailover/caddy-browser-failover/cluster"
@@ -808,24 +807,4 @@ func (c *connect) refuseResume(f resumeFailure) {
 			}
 		})
 	}})
-}
-
-// parseResume reads `resume <window> [hold]`.
-func parseResume(d *caddyfile.Dispenser) (*ResumeConfig, error) {
-	args := d.RemainingArgs()
-	if len(args) == 0 || len(args) > 2 {
-		return nil, d.Errf("resume takes a window and, optionally, hold: resume <window> [hold]")
-	}
-	w, err := caddy.ParseDuration(args[0])
-	if err != nil {
-		return nil, d.Errf("resume: invalid window %q", args[0])
-	}
-	rc := &ResumeConfig{Window: caddy.Duration(w)}
-	if len(args) == 2 {
-		if args[1] != "hold" {
-			return nil, d.Errf("resume: unknown word %q after the window (want hold)", args[1])
-		}
-		rc.Hold = true
-	}
-	return rc, nil
 }
