@@ -21,9 +21,9 @@ if [ -n "$unformatted" ]; then
 fi
 go vet ./...
 
-# The relay and the probes read sockets directly where the system allows it;
-# they must still build, tests included, where Caddy runs but these tests
-# do not (the packages with Caddy in them build there unchanged).
+# The relay reads sockets directly where the system allows it; it must
+# still build, tests included, where Caddy runs but these tests do not (the
+# packages with Caddy in them build there unchanged).
 for target in windows/amd64 darwin/arm64 freebsd/amd64 linux/386; do
 	GOOS=${target%/*} GOARCH=${target#*/} go vet ./upstreams ./cooldown ./queue
 done
