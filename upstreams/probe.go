@@ -353,6 +353,10 @@ func (pr *Prober) Probe(ctx context.Context) (res ProbeResult) {
 func (pr *Prober) get(ctx context.Context) (status int, body []byte, err error) {
 	resp, err := pr.client.Do(pr.req.WithContext(ctx))
 	if err != nil {
+		var ue *url.Error
+		if errors.As(err, &ue) {
+			err = ue.Err // its text names the URL, with any token in it
+		}
 		return 0, nil, err
 	}
 	defer resp.Body.Close()

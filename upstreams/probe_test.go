@@ -183,9 +183,11 @@ func TestProbeOutcomes(t *testing.T) {
 	ln, _ := net.Listen("tcp", "127.0.0.1:0")
 	addr := ln.Addr().String()
 	ln.Close()
-	prr, _ := probedProvider(t, Config{URL: "http://" + addr}).NewProber(ProbeOptions{})
+	prr, _ := probedProvider(t, Config{URL: "http://" + addr + "/?token=s3cr3t"}).NewProber(ProbeOptions{})
 	if r := probeOnce(t, prr); r.Outcome.Word != WordRefused || r.Outcome.Kind != Failure {
 		t.Fatalf("refused: %+v", r)
+	} else if strings.Contains(r.Outcome.Err.Error(), "s3cr3t") || strings.Contains(r.Outcome.Err.Error(), "json/version") {
+		t.Fatalf("the cause names the URL: %v", r.Outcome.Err)
 	}
 	// Hanging: a timeout, within bounds.
 	hang, _ := net.Listen("tcp", "127.0.0.1:0")
