@@ -25,9 +25,9 @@ import (
 // any client is sent to it. A probe that reads capacity (browserless's
 // /pressure) marks the provider full while it says so.
 //
-// What a probe costs the process: probe times are aligned on a grid, and
-// the probes of all loops due at one time run together, from one timer
-// (see probeBatches and runProbes).
+// Each loop has a timer of its own on Clock, and a probe runs on its
+// timer's goroutine; the probe times of the loops of one interval are the
+// same (see stepUp).
 
 // Prober runs one probe: an HTTP GET that never opens a browser session.
 // *upstreams.Prober is one.
@@ -79,15 +79,6 @@ type CapacityRecord struct {
 	Full                 bool
 }
 
-// probeJitter picks the first probe's delay in [0, interval), so the
-// probes of many providers spread over the interval; tests replace it.
-var probeJitter = func(interval time.Duration) time.Duration {
-	if interval <= 0 {
-		return 0
-	}
-	return rand.N(interval)
-}
-
 // probeReg is one handler's registration.
 type probeReg struct {
 	owner any
@@ -100,12 +91,11 @@ type probeLoop struct {
 	active bool
 	ctx    context.Context
 	cancel context.CancelFunc
-	// at is the batch of probes the loop's next one belongs to (nil:
-	// none pending), seq the number of its place there: a place taken
-	// before the last scheduling is void.
-	at      *probeBatch
+	// timer is the pending probe's (nil: none pending), seq the number
+	// it was set with: a timer set before the last scheduling is void.
+	timer   queue.Timer
 	seq     uint64
-	due     time.Time // when the batch runs
+	due     time.Time // when the pending probe is due
 	running bool      // a probe is in flight
 	// lastStart is when the last probe was due (zero: none yet);
 	// interval is the one the pending probe was scheduled with.
@@ -117,8 +107,6 @@ type probeLoop struct {
 
 	last     ProbeRecord // zero At: never probed
 	capacity *CapacityRecord
-	// job is the probe in flight (while running).
-	job probeJob
 }
 
 func (l *probeLoop) newest() *probeReg {
@@ -130,9 +118,9 @@ func (l *probeLoop) newest() *probeReg {
 
 // Probe registers, for owner (a handler), the provider's health check. The
 // newest registration sets the loop's prober, interval and report; the
-// loop starts with the first registration, at a random point of its first
-// interval, and keeps its pace across later ones (a changed interval
-// applies from the last probe's start).
+// loop starts with the first registration, its first probe within its
+// first interval, and keeps its pace across later ones (a changed interval
+// applies from the last probe's start, at the new interval's probe times).
 func (p *Provider) Probe(owner any, cfg ProbeConfig) {
 	p.pmu.Lock()
 	defer p.pmu.Unlock()
@@ -149,7 +137,7 @@ func (p *Provider) Probe(owner any, cfg ProbeConfig) {
 		l.ctx, l.cancel = context.WithCancel(context.Background())
 		p.Health.SetProbeTrials(true)
 		l.interval = cfg.Interval
-		p.scheduleLocked(now().Add(probeJitter(cfg.Interval)))
+		p.paceLocked(now())
 		return
 	}
 	p.followNewestLocked()
@@ -210,53 +198,66 @@ func (p *Provider) followNewestLocked() {
 		return // the probe's end schedules the next with it
 	}
 	t := now()
-	next := l.lastStart.Add(l.interval)
 	if l.lastStart.IsZero() {
 		// The first probe keeps its time if that comes within the new
 		// interval.
-		next = l.due
-		if next.Sub(t) > l.interval {
-			next = t.Add(probeJitter(l.interval))
+		if l.due.Sub(t) > l.interval {
+			p.paceLocked(t)
+		} else {
+			p.scheduleLocked(later(l.due, t))
 		}
+		return
 	}
-	if next.Before(t) {
-		next = t
-	}
-	p.scheduleLocked(next)
+	p.paceLocked(later(l.lastStart.Add(l.interval), t))
 }
 
-// probeGrid is the most a probe's time is rounded up: probe times are
-// aligned on a grid of a tenth of the interval (at most 100ms), so the
-// timers of many providers due within one step fire together and the
-// process wakes once for all of them instead of once each.
-const probeGrid = 100 * time.Millisecond
+// Probe times. A loop probes at the multiples of its interval counted from
+// probeOffset, a phase of the interval picked at random for the process:
+// the loops of one interval probe at the same times, so their timers fire
+// together and the process wakes once for all of them, as it would for one
+// ticker, rather than once per provider (a wake-up costs the process more
+// than a probe's own work; see docs/benchmarks.md). A loop's first probe is
+// the first such time after it starts, within its first interval. The end
+// of a cooldown or skip is not rounded: the trial runs as soon as it may,
+// and the probes after it go back to the loop's times.
 
-// gridOf is the alignment step for a loop probing every interval.
-func gridOf(interval time.Duration) time.Duration {
-	return min(max(interval/10, time.Millisecond), probeGrid)
+// probeOffset is this process's phase of the probe times, so that gateways
+// probing one provider do not all probe it at once; tests set it to zero.
+var probeOffset = rand.N(24 * time.Hour)
+
+// stepUp is the first probe time at or after t of the loops probing every
+// interval.
+func stepUp(t time.Time, interval time.Duration) time.Time {
+	step := max(interval, time.Millisecond)
+	r := t.Add(-probeOffset).Truncate(step).Add(probeOffset)
+	if r.Before(t) {
+		r = r.Add(step)
+	}
+	return r
 }
 
-// scheduleLocked makes the loop's next probe due at t (rounded up to the
-// grid), in the batch of the probes due then.
+// paceLocked makes the loop's next probe due at the first probe time from
+// t.
+func (p *Provider) paceLocked(t time.Time) { p.scheduleLocked(stepUp(t, p.probe.interval)) }
+
+// scheduleLocked makes the loop's next probe due at t, on a timer of its
+// own.
 func (p *Provider) scheduleLocked(t time.Time) {
 	l := &p.probe
 	p.unscheduleLocked()
-	if g := gridOf(l.interval); !t.Truncate(g).Equal(t) {
-		t = t.Truncate(g).Add(g)
-	}
 	l.due = t
-	l.seq++
-	l.at = probeBatches.join(t, probeDue{p: p, seq: l.seq})
+	seq := l.seq
+	l.timer = Clock.AfterFunc(max(t.Sub(now()), 0), func() { p.fire(seq) })
 }
 
 // unscheduleLocked voids the loop's pending probe, if any.
 func (p *Provider) unscheduleLocked() {
 	l := &p.probe
-	if l.at != nil {
-		probeBatches.leave(l.at)
-		l.at = nil
+	if l.timer != nil {
+		l.timer.Stop()
+		l.timer = nil
 	}
-	l.seq++
+	l.seq++ // a timer that could not be stopped finds out it is void
 }
 
 // ProbeBy moves the next probe to t when that is sooner. The failover
@@ -272,140 +273,29 @@ func (p *Provider) ProbeBy(t time.Time) {
 	p.scheduleLocked(t)
 }
 
-// Probe batches: the probes due at one time run together, on the goroutine
-// of one timer. The grid makes most probes of many providers due
-// together, so the process wakes once for all of them, and the probes of
-// kept connections run in the batch without a goroutine or a wake-up each
-// (see runProbes).
-var probeBatches = batchSet{at: map[int64]*probeBatch{}}
-
-// batchSet is the pending batches, by due time.
-type batchSet struct {
-	mu sync.Mutex
-	at map[int64]*probeBatch
-	// last is the batch last joined (most join the one before them
-	// did); size, the places the last batch run had (a new one starts
-	// with room for as many).
-	last *probeBatch
-	size int
-}
-
-// probeBatch is the probes due at one time.
-type probeBatch struct {
-	when  int64
-	due   []probeDue
-	live  int // places not left
-	timer queue.Timer
-	ran   bool
-}
-
-// probeDue is a loop's place in a batch: void unless the loop's seq still
-// is the place's.
-type probeDue struct {
-	p   *Provider
-	seq uint64
-}
-
-// join adds d to the batch due at t, made (with its timer) if there is
-// none.
-func (s *batchSet) join(t time.Time, d probeDue) *probeBatch {
-	key := t.UnixNano()
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	b := s.last
-	if b == nil || b.when != key {
-		b = s.at[key]
-	}
-	if b == nil {
-		b = &probeBatch{when: key, due: make([]probeDue, 0, s.size)}
-		s.at[key] = b
-		// The batch runs on the timer's own goroutine: handing it to a
-		// probe worker would wake one more thread for each batch.
-		b.timer = Clock.AfterFunc(max(t.Sub(now()), 0), b.run)
-	}
-	b.due = append(b.due, d)
-	b.live++
-	s.last = b
-	return b
-}
-
-// leave gives up a place in b; a batch with none left is dropped, its
-// timer stopped.
-func (s *batchSet) leave(b *probeBatch) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if b.ran {
-		return
-	}
-	if b.live--; b.live == 0 {
-		b.timer.Stop()
-		s.drop(b)
-	}
-}
-
-// drop takes b out of the pending batches.
-func (s *batchSet) drop(b *probeBatch) {
-	b.ran = true
-	if s.at[b.when] == b {
-		delete(s.at, b.when)
-	}
-	if s.last == b {
-		s.last = nil
-	}
-}
-
-// run runs the probes of b that are still due.
-func (b *probeBatch) run() {
-	s := &probeBatches
-	s.mu.Lock()
-	if b.ran {
-		s.mu.Unlock()
-		return
-	}
-	s.drop(b)
-	s.size = len(b.due)
-	s.mu.Unlock()
-	jobs := make([]*probeJob, 0, len(b.due))
-	for _, d := range b.due {
-		if j := d.p.fire(d.seq); j != nil {
-			jobs = append(jobs, j)
-		}
-	}
-	runProbes(jobs)
-}
-
-// probeJob is one probe to run.
-type probeJob struct {
-	p          *Provider
-	ctx        context.Context
-	epoch      uint64
-	reg        probeReg
-	permit     cooldown.Permit
-	start, due time.Time
-}
-
-// fire takes the loop's place seq in the batch that runs: the probe to
-// run, or nil when the place is void, a cooldown or skip still runs (the
-// probe then waits for its end), or another trial is in flight.
-func (p *Provider) fire(seq uint64) *probeJob {
+// fire runs the probe the loop's timer seq was set for, on the timer's
+// goroutine; nothing when the timer is void, a cooldown or skip still runs
+// (the probe then waits for its end), or another trial is in flight.
+func (p *Provider) fire(seq uint64) {
 	p.pmu.Lock()
-	defer p.pmu.Unlock()
 	l := &p.probe
 	if !l.active || l.seq != seq || l.running {
-		return nil
+		p.pmu.Unlock()
+		return
 	}
-	l.at = nil
+	l.timer = nil
 	t := now()
 	permit, ok := p.Health.AcquireProbe()
 	if !ok {
 		if u := p.Health.Until(); u.After(t) {
 			p.scheduleLocked(u)
-			return nil
+		} else {
+			// Another trial is in flight (taken before the loop
+			// started): look again after an interval.
+			p.paceLocked(t.Add(l.interval))
 		}
-		// Another trial is in flight (taken before the loop started):
-		// look again after an interval.
-		p.scheduleLocked(t.Add(l.interval))
-		return nil
+		p.pmu.Unlock()
+		return
 	}
 	l.running = true
 	// The pace follows the times the probes were due, not the moments
@@ -415,118 +305,23 @@ func (p *Provider) fire(seq uint64) *probeJob {
 		due = t
 	}
 	l.lastStart = due
-	l.job = probeJob{p: p, ctx: l.ctx, epoch: l.epoch, reg: *l.newest(), permit: permit, start: t, due: due}
-	return &l.job
+	j := probeJob{ctx: l.ctx, epoch: l.epoch, reg: *l.newest(), permit: permit, start: t, due: due}
+	p.pmu.Unlock()
+	p.applyProbe(j, j.reg.cfg.Prober.Probe(j.ctx))
 }
 
-// BatchProber is a Prober whose probe may run in two steps: Send writes
-// the request and returns at once (false: the probe cannot run so, and
-// Probe runs it); Collect ends the probe if its answer is already there
-// (false: it is not); Finish ends it, waiting for the answer.
-// *upstreams.Prober is one.
-type BatchProber interface {
-	Prober
-	Send(ctx context.Context) bool
-	Collect(ctx context.Context) (upstreams.ProbeResult, bool)
-	Finish(ctx context.Context) upstreams.ProbeResult
-	// Await waits at most d for the answer to begin to come; false when
-	// it has not.
-	Await(d time.Duration) bool
-}
-
-// runProbes runs the probes due together. Those a BatchProber may run in
-// two steps are all sent first; then the batch waits, for at most
-// probeAwait, for the answers, and reads and applies each in place as it
-// is there, with no goroutine and no wake-up per probe: from a provider on
-// loopback or a fast network, most answers come while the batch's other
-// requests are sent. The rest wait on probe workers, as do the probes that
-// dial (the first, or after the provider closed the kept connection),
-// which may take their whole timeout.
-func runProbes(jobs []*probeJob) {
-	sent := jobs[:0]
-	for _, j := range jobs {
-		if bp, ok := j.reg.cfg.Prober.(BatchProber); ok && bp.Send(j.ctx) {
-			sent = append(sent, j)
-			continue
-		}
-		probeGo(j.probe)
-	}
-	// Wait for the answer to the last request sent (once it has come,
-	// most others have), then read the answers in turn, waiting for one
-	// not there yet: for at most probeAwait in all.
-	end := time.Now().Add(probeAwait)
-	if len(sent) > 0 {
-		sent[len(sent)-1].reg.cfg.Prober.(BatchProber).Await(time.Until(end))
-	}
-	waiting := sent[:0]
-	for _, j := range sent {
-		bp := j.reg.cfg.Prober.(BatchProber)
-		if d := time.Until(end); d > 0 {
-			bp.Await(d)
-		}
-		if res, ok := bp.Collect(j.ctx); ok {
-			j.p.applyProbe(j, res)
-			continue
-		}
-		waiting = append(waiting, j)
-	}
-	for _, j := range waiting {
-		probeGo(j.finish)
-	}
-}
-
-// probeAwait is how long a batch waits for the answers not there yet,
-// which then wait on probe workers: long enough for a provider on a fast
-// network to answer the batch's requests, short enough that a slow one
-// does not hold up the others' results (nor their ms in status).
-const probeAwait = 5 * time.Millisecond
-
-// probe runs the whole probe.
-func (j *probeJob) probe() { j.p.applyProbe(j, j.reg.cfg.Prober.Probe(j.ctx)) }
-
-// finish ends the probe sent, waiting for its answer.
-func (j *probeJob) finish() { j.p.applyProbe(j, j.reg.cfg.Prober.(BatchProber).Finish(j.ctx)) }
-
-// probeGo runs a probe on a probe worker; tests with a fake clock may run
-// it in place.
-var probeGo = onProbeWorker
-
-// Probe workers: probes run on goroutines kept between probes, not on a
-// short-lived goroutine each, whose stack would have to grow for every
-// probe. A probe goes to an idle worker, or a new one; a worker idle for
-// probeWorkerIdle ends.
-var probeWork = make(chan func())
-
-const probeWorkerIdle = 30 * time.Second
-
-func onProbeWorker(f func()) {
-	select {
-	case probeWork <- f:
-	default:
-		go probeWorker(f)
-	}
-}
-
-func probeWorker(f func()) {
-	f()
-	idle := time.NewTimer(probeWorkerIdle)
-	defer idle.Stop()
-	for {
-		select {
-		case f := <-probeWork:
-			f()
-			idle.Reset(probeWorkerIdle)
-		case <-idle.C:
-			return
-		}
-	}
+// probeJob is one probe in flight.
+type probeJob struct {
+	ctx        context.Context
+	epoch      uint64
+	reg        probeReg
+	permit     cooldown.Permit
+	start, due time.Time
 }
 
 // applyProbe applies a probe's result, tells the handler, and schedules
 // the loop's next probe.
-func (p *Provider) applyProbe(j *probeJob, res upstreams.ProbeResult) {
-	// (The job is the loop's, reused by its next probe: read it before
-	// the loop may go on.)
+func (p *Provider) applyProbe(j probeJob, res upstreams.ProbeResult) {
 	epoch, permit, start, due := j.epoch, j.permit, j.start, j.due
 	o := res.Outcome
 	rep := ProbeReport{Result: res, Trial: permit.Trial()}
@@ -596,13 +391,13 @@ func (p *Provider) applyProbe(j *probeJob, res upstreams.ProbeResult) {
 		p.scheduleLocked(later(l.due, now()))
 		return
 	}
-	// The next probe: an interval after this one started, or at the end
-	// of a cooldown or skip that runs now.
-	next := due.Add(l.interval)
+	// The next probe: at the end of a cooldown or skip that runs now, or
+	// an interval after this one started.
 	if u := p.Health.Until(); !u.IsZero() {
-		next = u
+		p.scheduleLocked(later(u, now()))
+		return
 	}
-	p.scheduleLocked(later(next, now()))
+	p.paceLocked(later(due.Add(l.interval), now()))
 }
 
 // later is the later of two times.

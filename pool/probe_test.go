@@ -2,7 +2,6 @@ package pool
 
 import (
 	"context"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -19,6 +18,9 @@ type fakeClock struct {
 	mu     sync.Mutex
 	now    time.Time
 	timers []*fakeTimer
+	// async: a timer's callback runs on a goroutine of its own, as
+	// time.AfterFunc's does (else in place, within Advance).
+	async bool
 }
 
 type fakeTimer struct {
@@ -85,34 +87,36 @@ func (c *fakeClock) Advance(d time.Duration) {
 			c.now = next.when
 		}
 		c.mu.Unlock()
-		next.f()
+		if c.async {
+			go next.f()
+		} else {
+			next.f()
+		}
 		c.mu.Lock()
 	}
 	c.now = target
 	c.mu.Unlock()
 }
 
-// useFakeClock makes the pool's Clock a fake one and probes run in place
-// (inline) or on their own goroutine, for the test's duration; the first
-// probe of a loop comes at once.
+// useFakeClock makes the pool's Clock a fake one for the test's duration;
+// probes run in place (inline, within Advance) or on their timer's own
+// goroutine. The clock starts at a multiple of every interval the tests
+// use, and the probe times' phase is zero: the first probe of a loop comes
+// at once.
 func useFakeClock(t *testing.T, inline bool) *fakeClock {
 	t.Helper()
-	c := &fakeClock{now: time.Unix(1_700_000_000, 0)}
-	oldClock, oldJitter, oldGo := Clock, probeJitter, probeGo
-	// The batches pending are the real clock's (none, in these tests).
-	probeBatches.mu.Lock()
-	if len(probeBatches.at) != 0 {
-		t.Fatalf("%d probe batches pending before the test", len(probeBatches.at))
-	}
-	probeBatches.mu.Unlock()
-	Clock = c
-	probeJitter = func(time.Duration) time.Duration { return 0 }
-	probeGo = func(f func()) { go f() }
-	if inline {
-		probeGo = func(f func()) { f() }
-	}
-	t.Cleanup(func() { Clock, probeJitter, probeGo = oldClock, oldJitter, oldGo })
+	c := &fakeClock{now: time.Unix(1_700_000_000, 0), async: !inline}
+	oldClock, oldOffset := Clock, probeOffset
+	Clock, probeOffset = c, 0
+	t.Cleanup(func() { Clock, probeOffset = oldClock, oldOffset })
 	return c
+}
+
+// pending is the number of timers set and not yet run or stopped.
+func (c *fakeClock) pending() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.timers)
 }
 
 // ---- a fake prober ----
@@ -220,7 +224,7 @@ func TestProbeFailuresTripCooldown(t *testing.T) {
 	p.Probe(owner, ProbeConfig{Prober: fp, Interval: time.Second, Report: rs.add})
 	defer p.Unprobe(owner)
 
-	c.Advance(0) // the first probe: at once (no jitter here)
+	c.Advance(0) // the first probe: at once (the clock is at a probe time)
 	if fp.calls.Load() != 1 || !p.Health.Available() {
 		t.Fatalf("after one failed probe: %d probes, available %v", fp.calls.Load(), p.Health.Available())
 	}
@@ -366,16 +370,17 @@ func TestProbeReloadsKeepOneLoop(t *testing.T) {
 		t.Fatalf("%d probes over 5 more intervals, want 6 in all: one loop", b.calls.Load())
 	}
 	// A reload with a longer interval: the next probe is an interval after
-	// the last one.
+	// the last one (t=12s) at the earliest, at a probe time of the new
+	// interval (t=20s).
 	p.Probe(gen3, ProbeConfig{Prober: d, Interval: 5 * time.Second, Report: rd.add})
 	p.Unprobe(gen2)
-	c.Advance(4 * time.Second)
+	c.Advance(5 * time.Second)
 	if d.calls.Load() != 0 {
-		t.Fatal("probed before the new interval")
+		t.Fatal("probed before the new interval's probe time")
 	}
-	c.Advance(time.Second)
+	c.Advance(3 * time.Second)
 	if d.calls.Load() != 1 {
-		t.Fatalf("%d probes at the new interval", d.calls.Load())
+		t.Fatalf("%d probes at the new interval's probe time", d.calls.Load())
 	}
 	// The provider leaves the config: the loop stops.
 	p.Unprobe(gen3)
@@ -385,11 +390,8 @@ func TestProbeReloadsKeepOneLoop(t *testing.T) {
 	if d.calls.Load() != 1 || p.Probed() {
 		t.Fatalf("probes after the loop stopped: %d", d.calls.Load())
 	}
-	c.mu.Lock()
-	pending := len(c.timers)
-	c.mu.Unlock()
-	if pending != 0 {
-		t.Fatalf("%d timers left after the loop stopped", pending)
+	if n := c.pending(); n != 0 {
+		t.Fatalf("%d timers left after the loop stopped", n)
 	}
 }
 
@@ -493,14 +495,16 @@ func TestProbeBy(t *testing.T) {
 	if fp.calls.Load() != 2 || !got[1].Trial || got[1].Change != cooldown.Recovered {
 		t.Fatalf("no trial probe at the cooldown's end: %d probes", fp.calls.Load())
 	}
-	// And the pace goes on from there.
+	// Then the loop's own times again: the first an interval or more
+	// after the trial (t=20s, not t=10s).
+	c.Advance(9 * time.Second)
 	c.Advance(9 * time.Second)
 	if fp.calls.Load() != 2 {
-		t.Fatal("probed before the interval")
+		t.Fatal("probed less than an interval after the trial")
 	}
 	c.Advance(time.Second)
 	if fp.calls.Load() != 3 {
-		t.Fatal("no probe an interval after the trial")
+		t.Fatal("no probe at the loop's time after the trial")
 	}
 }
 
@@ -524,144 +528,90 @@ func (p *Provider) probing() bool {
 	return p.probe.running
 }
 
-// ---- probes in two steps ----
-
-// stepProber is a fakeProber that runs in two steps (a BatchProber), and
-// logs each step to a log shared by several.
-type stepProber struct {
-	fakeProber
-	log     *stepLog
-	decline bool // Send declines: Probe runs it
-	ready   bool // the answer is there: Collect ends the probe
-	// comes: the answer is there once Await asked for it; never:
-	// Await finds nothing.
-	comes, never bool
-}
-
-// stepLog is the steps of several stepProbers, in order.
-type stepLog = recorder[string]
-
-func (f *stepProber) Probe(ctx context.Context) upstreams.ProbeResult {
-	f.log.add("probe " + f.name)
-	return f.fakeProber.Probe(ctx)
-}
-
-func (f *stepProber) Send(context.Context) bool {
-	if f.decline {
-		return false
-	}
-	f.log.add("send " + f.name)
-	f.calls.Add(1)
-	f.inFlight.Add(1)
-	return true
-}
-
-func (f *stepProber) Collect(context.Context) (upstreams.ProbeResult, bool) {
-	f.log.add("collect " + f.name)
-	if !f.ready {
-		return upstreams.ProbeResult{}, false
-	}
-	f.inFlight.Add(-1)
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return f.result, true
-}
-
-func (f *stepProber) Await(time.Duration) bool {
-	f.log.add("await " + f.name)
-	if f.comes {
-		f.ready = true
-	}
-	return f.ready
-}
-
-func (f *stepProber) Finish(context.Context) upstreams.ProbeResult {
-	f.log.add("finish " + f.name)
-	f.inFlight.Add(-1)
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return f.result
-}
-
-// TestProbeBatches: the probes of many providers due at one time run from
-// one timer; those in two steps are all sent before any answer is read;
-// the batch waits for the answer to the last one sent, then reads and
-// applies each answer in turn, and what does not come is left to Finish;
-// a probe that cannot run in two steps runs whole. Every loop still gets one probe and
-// one report per interval, and a stopped loop leaves no timer.
-func TestProbeBatches(t *testing.T) {
+// TestProbeLoopsTogether: the loops of one interval probe at the same
+// times (the process's phase of the interval), whenever they started; a
+// loop of another interval has its own; each loop has one timer, and every
+// loop gets one probe and one report per interval; a failing probe counts
+// for its provider only; a loop brought forward goes back to the common
+// times after; stopped loops leave no timer.
+func TestProbeLoopsTogether(t *testing.T) {
 	c := useFakeClock(t, true)
-	var log stepLog
+	probeOffset = 300 * time.Millisecond
+	t0 := c.Now()
 	var ps []*Provider
-	var fps []*stepProber
+	var fps []*fakeProber
 	var rs []*reports
 	owner := new(int)
-	for _, f := range []*stepProber{
-		{fakeProber: fakeProber{name: "a"}, ready: true},
-		{fakeProber: fakeProber{name: "d"}, never: true},
-		{fakeProber: fakeProber{name: "c"}, decline: true},
-		{fakeProber: fakeProber{name: "b"}, comes: true},
-	} {
-		f.log = &log
+	add := func(name string, interval time.Duration) {
+		f := &fakeProber{name: name}
 		f.set(passing())
-		p := claimProbed(t, "probe-batch-"+f.name, cooldown.Config{}, 0)
+		p := claimProbed(t, "probe-together-"+name, cooldown.Config{}, 0)
 		r := &reports{}
-		p.Probe(owner, ProbeConfig{Prober: f, Interval: time.Second, Report: r.add})
+		p.Probe(owner, ProbeConfig{Prober: f, Interval: interval, Report: r.add})
 		ps, fps, rs = append(ps, p), append(fps, f), append(rs, r)
-	}
-	timers := func() int {
-		c.mu.Lock()
-		defer c.mu.Unlock()
-		return len(c.timers)
-	}
-	if n := timers(); n != 1 {
-		t.Fatalf("%d timers for four probes due at once", n)
-	}
-	c.Advance(0)
-	want := []string{
-		"send a", "send d", "probe c", "send b",
-		"await b",
-		"await a", "collect a", "await d", "collect d", "await b", "collect b",
-		"finish d",
-	}
-	if got := log.list(); strings.Join(got, ", ") != strings.Join(want, ", ") {
-		t.Fatalf("steps:\n%s\nwant\n%s", strings.Join(got, ", "), strings.Join(want, ", "))
-	}
-	for i, f := range fps {
-		if n := f.calls.Load(); n != 1 || f.inFlight.Load() != 0 {
-			t.Fatalf("%s: %d probes, %d in flight", f.name, n, f.inFlight.Load())
-		}
-		if got := rs[i].list(); len(got) != 1 || got[0].Result.Outcome.Kind != upstreams.Success {
-			t.Fatalf("%s: reports %+v", f.name, got)
-		}
-		if r, ok := ps[i].LastProbe(); !ok || r.Outcome != upstreams.WordOK {
-			t.Fatalf("%s: last probe %+v", f.name, r)
+		if n := c.pending(); n != len(ps) {
+			t.Fatalf("%d timers for %d loops", n, len(ps))
 		}
 	}
-	if n := timers(); n != 1 {
-		t.Fatalf("%d timers for the four next probes", n)
+	calls := func() (n [4]int64) {
+		for i, f := range fps {
+			n[i] = f.calls.Load()
+		}
+		return n
 	}
-	// A failing answer collected in place counts like any other.
+	add("a", time.Second)
+	c.Advance(100 * time.Millisecond)
+	add("b", time.Second)
+	c.Advance(300 * time.Millisecond) // t0+0.4s: a and b probed at 0.3s
+	add("c", time.Second)
+	add("d", 2*time.Second)
+	if n := calls(); n != [4]int64{1, 1, 0, 0} {
+		t.Fatalf("first probes %v, want a and b's at the process's phase", n)
+	}
+	c.Advance(900 * time.Millisecond) // 1.3s
+	if n := calls(); n != [4]int64{2, 2, 1, 0} {
+		t.Fatalf("at 1.3s: %v", n)
+	}
+	c.Advance(time.Second) // 2.3s: d's first, at its own interval's time
+	if n := calls(); n != [4]int64{3, 3, 2, 1} {
+		t.Fatalf("at 2.3s: %v", n)
+	}
+	for i, p := range ps {
+		if r, ok := p.LastProbe(); !ok || !r.At.Equal(t0.Add(2300*time.Millisecond)) {
+			t.Fatalf("%s: last probe %+v, want at 2.3s", fps[i].name, r)
+		}
+	}
 	fps[0].set(failing(upstreams.StatusWord(503)))
-	c.Advance(time.Second)
-	if got := rs[0].list(); len(got) != 2 || got[1].Result.Outcome.Word != "status_503" || ps[0].LastError() != "status_503" {
+	c.Advance(time.Second) // 3.3s
+	if got := rs[0].list(); len(got) != 4 || got[3].Result.Outcome.Word != "status_503" || ps[0].LastError() != "status_503" {
 		t.Fatalf("a: reports %+v", got)
 	}
-	for _, f := range fps {
-		if f.calls.Load() != 2 {
-			t.Fatalf("%s: %d probes after two intervals", f.name, f.calls.Load())
-		}
+	if ps[1].LastError() != "" || len(rs[1].list()) != 4 {
+		t.Fatalf("b: last error %q, %d reports", ps[1].LastError(), len(rs[1].list()))
 	}
-	// One loop moved to another time leaves its batch; the last to leave
-	// stops its timer.
-	ps[0].ProbeBy(c.Now().Add(300 * time.Millisecond))
-	if n := timers(); n != 2 {
-		t.Fatalf("%d timers, want 2", n)
+	fps[0].set(passing()) // (before a cooldown)
+	// c brought forward: probed alone, then back to the common times an
+	// interval or more later (5.3s, not 4.3s).
+	ps[2].ProbeBy(c.Now().Add(100 * time.Millisecond))
+	c.Advance(100 * time.Millisecond) // 3.4s
+	if n := calls(); n != [4]int64{4, 4, 4, 1} {
+		t.Fatalf("c brought forward: %v", n)
+	}
+	c.Advance(900 * time.Millisecond) // 4.3s
+	if n := calls(); n != [4]int64{5, 5, 4, 2} {
+		t.Fatalf("at 4.3s: %v", n)
+	}
+	c.Advance(time.Second) // 5.3s
+	if n := calls(); n != [4]int64{6, 6, 5, 2} {
+		t.Fatalf("at 5.3s: %v", n)
+	}
+	if n := c.pending(); n != 4 {
+		t.Fatalf("%d timers for four loops", n)
 	}
 	for _, p := range ps {
 		p.Unprobe(owner)
 	}
-	if n := timers(); n != 0 {
+	if n := c.pending(); n != 0 {
 		t.Fatalf("%d timers left after the loops stopped", n)
 	}
 }
