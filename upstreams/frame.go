@@ -11,7 +11,17 @@ const (
 	CloseGoingAway = 1001
 )
 
-const opClose = 0x8
+// Opcodes of the control frames the gateway reads or writes, and the
+// first byte of such a frame (FIN set, no RSV bits: control frames are
+// never fragmented).
+const (
+	opClose        = 0x8
+	opPing         = 0x9
+	opPong         = 0xA
+	closeFirstByte = 0x80 | opClose
+	pingFirstByte  = 0x80 | opPing
+	pongFirstByte  = 0x80 | opPong
+)
 
 // closeNoStatus stands for a close frame without a status code (it is
 // never sent on the wire).
@@ -151,15 +161,9 @@ func (t *frameTracker) closeCode() int {
 	return int(binary.BigEndian.Uint16(t.code[:]))
 }
 
-// advanceTo is advance(p, false) that stops at the first frame boundary
-// where the next frame's first byte is first; it returns how many bytes it
-// took. Payloads are skipped by count, as by advance.
-func (t *frameTracker) advanceTo(p []byte, first byte) int {
-	return t.advanceToEither(p, first, first)
-}
-
-// advanceToEither is advanceTo stopping before a frame whose first byte is
-// a or b.
+// advanceToEither is advance(p, false) that stops at the first frame
+// boundary where the next frame's first byte is a or b; it returns how many
+// bytes it took. Payloads are skipped by count, as by advance.
 func (t *frameTracker) advanceToEither(p []byte, a, b byte) int {
 	i := 0
 	for i < len(p) {
@@ -182,21 +186,45 @@ func closeFrame(code int, reason string, masked bool) []byte {
 	if len(reason) > 123 {
 		reason = reason[:123]
 	}
-	n := 2 + len(reason)
-	b := make([]byte, 0, 6+n)
-	b = append(b, 0x80|opClose)
-	if !masked {
-		b = append(b, byte(n))
-		b = binary.BigEndian.AppendUint16(b, uint16(code))
-		return append(b, reason...)
+	return controlFrame(opClose, append(binary.BigEndian.AppendUint16(nil, uint16(code)), reason...), masked)
+}
+
+// controlFrame builds a control frame (payload at most 125 bytes), masked
+// toward the provider.
+func controlFrame(op byte, payload []byte, masked bool) []byte {
+	return appendFrame(make([]byte, 0, 6+len(payload)), op, payload, masked)
+}
+
+// appendDataFrame appends one masked frame (FIN set) with op and payload:
+// the gateway speaks as the client toward the provider.
+func appendDataFrame(b []byte, op byte, payload []byte) []byte {
+	return appendFrame(b, op, payload, true)
+}
+
+// appendFrame appends one frame (FIN set) with op and payload, masked with
+// a fresh key when masked is set.
+func appendFrame(b []byte, op byte, payload []byte, masked bool) []byte {
+	var m byte
+	if masked {
+		m = 0x80
 	}
-	b = append(b, 0x80|byte(n))
+	b = append(b, 0x80|op)
+	switch n := len(payload); {
+	case n <= 125:
+		b = append(b, m|byte(n))
+	case n <= 0xffff:
+		b = binary.BigEndian.AppendUint16(append(b, m|126), uint16(n))
+	default:
+		b = binary.BigEndian.AppendUint64(append(b, m|127), uint64(n))
+	}
+	if !masked {
+		return append(b, payload...)
+	}
 	var key [4]byte
 	binary.LittleEndian.PutUint32(key[:], rand.Uint32())
 	b = append(b, key[:]...)
 	start := len(b)
-	b = binary.BigEndian.AppendUint16(b, uint16(code))
-	b = append(b, reason...)
+	b = append(b, payload...)
 	for i := start; i < len(b); i++ {
 		b[i] ^= key[(i-start)&3]
 	}

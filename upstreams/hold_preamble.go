@@ -1,7 +1,6 @@
 package upstreams
 
 import (
-	"encoding/binary"
 	"errors"
 	"net"
 	"time"
@@ -113,36 +112,22 @@ func (w *replyWait) report() JoinReport {
 	return JoinReport{Sent: w.want, Replies: w.got, Waited: w.readyAt.Sub(w.sentAt)}
 }
 
-// joinReady runs on the down direction, while parked, when a client waits
-// to join: the first time, it sends the client's preamble. It reports
-// whether the client may join (its preamble answered, or the wait over),
-// and false for ok when the preamble could not be written (the session
-// ends).
-func (d *direction) joinReady() (ready, ok bool) {
-	if d.h.wait == nil {
-		return d.sendPreamble()
+// joinReady runs on the down direction when a client (req) waits to join:
+// the first time, it sends the client's preamble. It reports whether the
+// client may join (its preamble answered, or the wait over), or the error
+// writing the preamble (the session ends).
+func (d *direction) joinReady(req *resumeReq) (bool, error) {
+	if d.wait != nil {
+		return d.wait.check(time.Now()), nil
 	}
-	return d.h.wait.check(time.Now()), true
-}
-
-// sendPreamble writes the waiting client's preamble to the provider and
-// starts the wait for its answers (a read deadline at the wait's end).
-func (d *direction) sendPreamble() (ready, ok bool) {
-	s := d.s
-	s.closeMu.Lock()
-	req := s.hold.resume
-	if req == nil || s.closing.Load() {
-		s.closeMu.Unlock()
-		return true, true // join finds no client, or the session closing
+	if req == nil {
+		return true, nil // join finds the session closing
 	}
-	o := req.opts
-	s.closeMu.Unlock()
-	now := time.Now()
-	w := &replyWait{isReply: o.IsReply, onJoin: o.OnJoin, sentAt: now}
-	d.h.wait = w
+	o, now := req.opts, time.Now()
+	w := &replyWait{isReply: o.IsReply, onJoin: o.OnJoin, sentAt: now, until: now}
+	d.wait = w
 	if len(o.Preamble) == 0 {
-		w.until = now
-		return w.check(now), true
+		return w.check(now), nil
 	}
 	wait := o.ReplyWait
 	if wait <= 0 {
@@ -157,39 +142,24 @@ func (d *direction) sendPreamble() (ready, ok bool) {
 	d.src.SetWriteDeadline(w.until)
 	_, err := d.src.Write(b)
 	d.src.SetWriteDeadline(time.Time{})
-	if err != nil {
-		s.setReason(EndProviderError)
-		return false, false
-	}
-	s.closeMu.Lock()
-	if !s.closing.Load() {
-		d.src.SetReadDeadline(w.until)
-	}
-	s.closeMu.Unlock()
-	return false, true
+	return false, err
 }
 
-// parkedDeadline is the read deadline of the parked loop: the end of the
-// wait for a preamble's answers, if one is on; none otherwise.
-func (d *direction) parkedDeadline() time.Time {
-	if w := d.h.wait; w != nil && !w.check(time.Now()) {
+// replyDeadline is the read deadline of the down direction while the
+// session has no client: the end of the wait for a preamble's answers, if
+// one is on; none otherwise.
+func (d *direction) replyDeadline() time.Time {
+	if w := d.wait; w != nil && !w.check(time.Now()) {
 		return w.until
 	}
 	return time.Time{}
-}
-
-// collecting reports whether dropBytes puts the provider's text messages
-// together: a preamble's answers are awaited.
-func (d *direction) collecting() bool {
-	w := d.h.wait
-	return w != nil && !w.ready
 }
 
 // collect follows p, which starts inside a frame of the provider's stream,
 // to the end of that frame at most (or of p), putting text messages
 // together for IsReply. It returns what is left of p.
 func (d *direction) collect(p []byte) []byte {
-	w := d.h.wait
+	w := d.wait
 	t := &d.frames
 	if t.hdrN > 0 {
 		// A header, a byte at a time: at its end, the frame's kind.
@@ -203,7 +173,7 @@ func (d *direction) collect(p []byte) []byte {
 		w.frameStart(t)
 	} else if w.cur {
 		n := t.advance(p, true)
-		w.take(p[:n])
+		w.msg = append(w.msg, p[:n]...)
 		p = p[n:]
 	} else {
 		p = p[t.advance(p, true):]
@@ -238,9 +208,6 @@ func (w *replyWait) frameStart(t *frameTracker) {
 	}
 }
 
-// take adds payload bytes of the frame in flight to the message.
-func (w *replyWait) take(b []byte) { w.msg = append(w.msg, b...) }
-
 // frameEnd: a frame ended; the message with it when it was its last.
 func (w *replyWait) frameEnd(t *frameTracker) {
 	w.cur = false
@@ -251,39 +218,4 @@ func (w *replyWait) frameEnd(t *frameTracker) {
 		w.got++
 	}
 	w.on, w.msg = false, w.msg[:0]
-}
-
-// joinedReport tells the client's OnJoin how it joined (the wait, if any, is
-// over) and clears the wait for the next resume.
-func (d *direction) joinedReport() {
-	w := d.h.wait
-	d.h.wait = nil
-	if w != nil && w.onJoin != nil {
-		w.onJoin(w.report())
-	}
-}
-
-// parkedFailed ends a parked session whose provider could not be written
-// to: a client waiting to join gets a close frame.
-func (d *direction) parkedFailed() bool {
-	d.takeResume(CloseGoingAway, EndProviderError)
-	d.letClientGo()
-	return false
-}
-
-// appendDataFrame appends one masked frame (FIN set) with op and payload:
-// the gateway speaks as the client toward the provider.
-func appendDataFrame(b []byte, op byte, payload []byte) []byte {
-	b = append(b, 0x80|op)
-	switch n := len(payload); {
-	case n <= 125:
-		b = append(b, 0x80|byte(n))
-	case n <= 0xffff:
-		b = append(b, 0x80|126)
-		b = binary.BigEndian.AppendUint16(b, uint16(n))
-	default:
-		b = append(b, 0x80|127)
-		b = binary.BigEndian.AppendUint64(b, uint64(n))
-	}
-	return appendMasked(b, payload)
 }

@@ -3,7 +3,6 @@ package upstreams
 import (
 	"encoding/binary"
 	"math/rand/v2"
-	"sync/atomic"
 	"time"
 )
 
@@ -15,28 +14,43 @@ import (
 // consecutive pings, each given the interval, is dead: the session ends
 // with close 1001 "keepalive timeout".
 //
-// The relay pays nothing per byte for it: a timer samples the byte
-// counters the relay keeps anyway, as the idle timeout does; a direction
-// is interrupted (a read deadline in the past) only when a ping is due,
-// and writes the ping itself between two frames. Pongs are found by the
-// frame tracker, which reads frame headers only: the first byte of each
-// frame tells a pong, and only a pong's few bytes are looked at.
+// The relay pays nothing per byte for it: the session's tick samples the
+// byte counters the relay keeps anyway; a direction is interrupted only
+// when a ping is due, and writes the ping itself between two frames
+// (ping). Pongs are found by the frame tracker, which reads frame
+// headers only: the first byte of each frame tells a pong, and only a
+// pong's few bytes are looked at (pong).
 
 // EndKeepalive is the close reason of a session whose side answered no
 // ping.
 const EndKeepalive = "keepalive timeout"
 
-// Frame bytes of pings and pongs.
-const (
-	opPing        = 0x9
-	opPong        = 0xA
-	pongFirstByte = 0x80 | opPong // FIN, no RSV bits: control frames are never fragmented
-	// maxPongFrame is the longest pong frame: header, mask key, and a
-	// control frame's payload of at most 125 bytes.
-	maxPongFrame = 2 + 4 + 125
-	// pingTokenLen is the length of the session's ping payload.
-	pingTokenLen = 8
-)
+// pingTokenLen is the length of the session's ping payload.
+const pingTokenLen = 8
+
+// kaLostTicks is how many ticks the up direction has, once keepalive found
+// the client dead, to park the session (hold) before keepalive closes it as
+// it would without hold.
+const kaLostTicks = 4
+
+// keepalive is a session's keepalive state (under s.mu but for token).
+type keepalive struct {
+	interval time.Duration
+	token    [pingTokenLen]byte // the payload of the gateway's pings
+	pingers  [2]pinger          // by side
+	// pings sent to each side, and pongs to them from it.
+	pings, pongs [2]int64
+}
+
+func newKeepalive(interval time.Duration) *keepalive {
+	k := &keepalive{interval: interval}
+	binary.LittleEndian.PutUint64(k.token[:], rand.Uint64())
+	k.restart()
+	return k
+}
+
+// restart has the pingers start afresh (a new client joined).
+func (k *keepalive) restart() { k.pingers = [2]pinger{{interval: k.interval}, {interval: k.interval}} }
 
 // keepaliveAction is what the keepalive timer does for one side.
 type keepaliveAction int
@@ -111,133 +125,94 @@ func (k *pinger) step(now time.Time, to, from, sent int64) keepaliveAction {
 	return kaNothing
 }
 
-// keepaliveTimer samples the session's counters every interval/4 and pings
-// a quiet side, or ends the session when a side is dead.
-func (s *Session) keepaliveTimer(interval time.Duration) *time.Timer {
-	tick := interval / 4
-	if tick < time.Millisecond {
-		tick = time.Millisecond
-	}
-	toProvider, toClient := &pinger{interval: interval}, &pinger{interval: interval}
-	var epoch int64 // the client the pingers know (hold.go)
-	var tp atomic.Pointer[time.Timer]
-	t := time.AfterFunc(24*time.Hour, func() {
-		select {
-		case <-s.done:
-			return
-		default:
-		}
-		if s.closing.Load() {
-			return
-		}
-		if s.hold.on && s.keepaliveRests(&epoch, toProvider, toClient) {
-			tp.Load().Reset(tick)
-			return
-		}
-		now := time.Now()
-		for _, side := range []struct {
-			d *direction
-			k *pinger
-		}{{&s.up, toProvider}, {&s.down, toClient}} {
-			d := side.d
-			from := d.other().bytes.Load() + d.kaPongs.Load()
-			switch side.k.step(now, d.bytes.Load(), from, d.kaPings.Load()) {
-			case kaPing:
-				d.wantPing()
-			case kaDead:
-				if d == &s.down && s.clientDead() {
-					// The session parks instead (hold.go).
-					tp.Load().Reset(tick)
-					return
-				}
-				s.Close(CloseGoingAway, EndKeepalive)
-				return
+// keepaliveTick is keepalive's part of the session's tick (under s.mu): it
+// asks for pings to quiet sides, and ends the session when a side is dead.
+// It rests while the session has no client, or is ending.
+func (s *Session) keepaliveTick(now time.Time) {
+	k := s.ka
+	switch s.phase {
+	case live:
+	case leaving:
+		// Keepalive found the client dead and the up direction decides
+		// whether it parks: after a few ticks, as without hold.
+		if !s.leaveByWrite {
+			if s.leaveTicks++; s.leaveTicks >= kaLostTicks {
+				s.step(change{ev: evClose, code: CloseGoingAway, reason: EndKeepalive, clientDead: true})
 			}
 		}
-		tp.Load().Reset(tick)
-	})
-	tp.Store(t)
-	t.Reset(tick)
-	return t
+		return
+	default:
+		return
+	}
+	for side, d := range [2]*direction{s.up, s.down} {
+		from := s.bytes[1-side].Load() + k.pongs[side]
+		switch k.pingers[side].step(now, s.bytes[side].Load(), from, k.pings[side]) {
+		case kaPing:
+			if d.quietAt.IsZero() && !d.awaitsReply {
+				d.pingDue = true
+				d.src.SetReadDeadline(aLongTimeAgo)
+			}
+		case kaDead:
+			// A dead client may park the session instead (hold.go).
+			if side == toClient && s.step(change{ev: evLost}) {
+				return
+			}
+			s.step(change{ev: evClose, code: CloseGoingAway, reason: EndKeepalive, clientDead: side == toClient})
+			return
+		}
+	}
 }
 
 // KeepalivePings counts the pings the gateway sent, both sides together.
-func (s *Session) KeepalivePings() int64 {
-	return s.up.kaPings.Load() + s.down.kaPings.Load()
-}
+func (s *Session) KeepalivePings() int64 { return s.sync(change{ev: evLook}).pings }
 
-// wantPing asks the direction to ping dst at its next frame boundary: it
-// interrupts the direction's read of src, unless the session is closing or
-// the direction has ended (their deadlines are not to be touched).
-func (d *direction) wantPing() {
-	s := d.s
-	s.closeMu.Lock()
-	defer s.closeMu.Unlock()
-	if s.closing.Load() || d.quiet || s.halfClosed || d.holdKeepsDeadline() {
-		return
-	}
-	d.kaDue.Store(true)
-	d.src.SetReadDeadline(aLongTimeAgo)
-}
-
-// keepaliveStep runs on the direction's goroutine when a read was
-// interrupted for a ping: it lets reads block again and, at a frame
-// boundary of the stream to dst, writes the ping. It reports false when
-// dst cannot be written.
-func (d *direction) keepaliveStep() bool {
-	s := d.s
-	s.closeMu.Lock()
-	due := d.kaDue.Swap(false)
-	closing := s.closing.Load()
-	// A read interrupted for parking stays interrupted (hold.go).
-	held := d.holdKeepsDeadline()
-	if !closing && !s.halfClosed && !held {
-		d.src.SetReadDeadline(time.Time{})
-	}
-	s.closeMu.Unlock()
-	if !due || closing || held || !d.frames.atBoundary() {
-		// Mid-frame: the timer asks again at its next tick.
-		return true
-	}
-	// Counted before the write: a write that blocks (a peer that takes
-	// nothing) counts as an unanswered ping.
-	d.kaPings.Add(1)
-	if _, err := d.dst.Write(pingFrame(s.pingToken[:], d.toUpstream)); err != nil {
-		if s.hold.on && d.lostClientWrite() {
-			return true
-		}
-		s.setReason(d.writeFailWord())
-		return false
+// ping is keepalive's hook when a read of src was interrupted for a ping
+// and the stream to dst is at a frame boundary (evWake counted it: a write
+// that blocks, to a peer that takes nothing, counts as an unanswered
+// ping): the direction writes it. It reports false when dst cannot be
+// written.
+func (d *direction) ping() bool {
+	if _, err := d.dst.Write(controlFrame(opPing, d.s.ka.token[:], d.side == toProvider)); err != nil {
+		return d.writeFailed()
 	}
 	return true
 }
 
-// keepaliveInterrupt reports whether a read error is the interruption
-// wantPing caused.
-func (d *direction) keepaliveInterrupt(err error) bool {
-	return d.s.keepalive && !d.s.closing.Load() && d.kaDue.Load() && isTimeout(err)
+// pong is keepalive's hook for a whole pong frame f from src: one that
+// answers the gateway's ping is counted as the answer of src's side and
+// taken out of the stream.
+func (d *direction) pong(f []byte) bool {
+	if d.s.ka == nil || !pongAnswers(f, d.s.ka.token[:]) {
+		return false
+	}
+	d.s.sync(change{ev: evPong, d: d})
+	return true
 }
 
-// pingFrame builds a ping carrying payload; masked for the provider side.
-func pingFrame(payload []byte, masked bool) []byte { return controlFrame(opPing, payload, masked) }
-
-// newPingToken is a session's ping payload: random, so a pong that
-// carries it answers this gateway's ping and no one else's.
-func newPingToken() (t [pingTokenLen]byte) {
-	binary.LittleEndian.PutUint64(t[:], rand.Uint64())
-	return t
+// pongAnswers reports whether the whole pong frame f carries token.
+func pongAnswers(f, token []byte) bool {
+	if int(f[1]&0x7f) != len(token) {
+		return false
+	}
+	return string(unmasked(f)) == string(token)
 }
 
-// pongHold collects a pong frame read from src, which may arrive over
-// several reads, until it can be told whether it answers the gateway.
-type pongHold struct {
-	buf [maxPongFrame]byte
+// ctlFrame collects a control frame read from src, which may arrive over
+// several reads, until it is whole and the gateway can tell whether it is
+// one to act on.
+type ctlFrame struct {
+	buf [maxCtlFrame]byte
 	n   int
 }
 
+// maxCtlFrame is the longest control frame: header, mask key, and a
+// payload of at most 125 bytes.
+const maxCtlFrame = 2 + 4 + 125
+
 // frameLen is the held frame's full length once its first two bytes are
-// in; 0 before that, -1 when it cannot be a pong (a payload over 125).
-func (h *pongHold) frameLen() int {
+// in; 0 before that, -1 when it cannot be a control frame (a payload over
+// 125).
+func (h *ctlFrame) frameLen() int {
 	if h.n < 2 {
 		return 0
 	}
@@ -252,82 +227,35 @@ func (h *pongHold) frameLen() int {
 	return 2 + l
 }
 
-// collect moves bytes of p into the held frame until it is whole, or
-// known not to be a control frame; it returns the rest of p and the held
-// frame's length (see frameLen).
-func (h *pongHold) collect(p []byte) ([]byte, int) {
+// collect moves bytes of p into the held frame until it is whole, or known
+// not to be a control frame (done); it returns the rest of p.
+func (h *ctlFrame) collect(p []byte) (rest []byte, done bool) {
 	for len(p) > 0 && (h.n < 2 || h.n < h.frameLen()) {
 		h.buf[h.n] = p[0]
 		h.n++
 		p = p[1:]
 		if h.frameLen() < 0 {
-			break
+			return p, true
 		}
 	}
-	return p, h.frameLen()
+	return p, h.n >= 2 && h.n == h.frameLen()
 }
 
-// answers reports whether the held (whole) frame is a pong carrying token.
-func (h *pongHold) answers(token []byte) bool {
-	f := h.buf[:h.n]
-	l := int(f[1] & 0x7f)
-	if l != len(token) {
-		return false
-	}
+// whole reports whether the held bytes are a whole control frame (and not
+// the start of a longer frame).
+func (h *ctlFrame) whole() bool { return h.frameLen() > 0 }
+
+// bytes are the held bytes.
+func (h *ctlFrame) bytes() []byte { return h.buf[:h.n] }
+
+// unmasked is the payload of the whole control frame f, unmasked (a copy).
+func unmasked(f []byte) []byte {
 	if f[1]&0x80 == 0 {
-		return string(f[2:]) == string(token)
+		return append([]byte(nil), f[2:]...)
 	}
-	key, payload := f[2:6], f[6:]
-	for i := range payload {
-		if payload[i]^key[i&3] != token[i] {
-			return false
-		}
+	out := append([]byte(nil), f[6:]...)
+	for i := range out {
+		out[i] ^= f[2+(i&3)]
 	}
-	return true
-}
-
-// forwardWatching is forward for a session with keepalive: the same, but
-// pongs that answer the gateway's pings are taken out of the stream (and
-// counted as the answers of src's side) instead of relayed. With hold, the
-// client's stream is watched for its close frame the same way.
-func (d *direction) forwardWatching(p []byte) bool {
-	for len(p) > 0 {
-		if d.pong.n == 0 {
-			n := d.frames.advanceToEither(p, d.h.watchA, d.h.watchB)
-			if n > 0 {
-				if !d.write(p[:n]) {
-					return false
-				}
-				p = p[n:]
-				continue
-			}
-		}
-		// p starts with (the rest of) a pong frame.
-		h := &d.pong
-		var total int
-		if p, total = h.collect(p); total == 0 || (total > 0 && h.n < total) {
-			return true // the frame goes on in the next read
-		}
-		held := h.buf[:h.n]
-		if total > 0 && held[0] == pongFirstByte && d.s.keepalive && h.answers(d.s.pingToken[:]) {
-			h.n = 0
-			d.other().kaPongs.Add(1)
-			continue
-		}
-		if total > 0 && held[0] == closeFirstByte && d.h.parkClose && d.parkOnClose(held) {
-			// The session parks: the client's close frame is not relayed
-			// (nor anything behind it).
-			h.n = 0
-			return false
-		}
-		// Not the gateway's pong (or not a pong at all): relay it as it
-		// is, and let the tracker take it from there.
-		d.frames.advance(held, false)
-		ok := d.write(held)
-		h.n = 0
-		if !ok {
-			return false
-		}
-	}
-	return true
+	return out
 }

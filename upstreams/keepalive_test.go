@@ -112,7 +112,7 @@ func TestAdvanceTo(t *testing.T) {
 		stopped := -1
 		for off < len(stream) {
 			end := min(off+cut, len(stream))
-			n := tr.advanceTo(stream[off:end], pongFirstByte)
+			n := tr.advanceToEither(stream[off:end], pongFirstByte, pongFirstByte)
 			off += n
 			if off < end {
 				stopped = off
@@ -269,7 +269,7 @@ func TestKeepalivePingsBothSides(t *testing.T) {
 			if fr.op != opPing {
 				t.Fatalf("%s got a frame of opcode %#x: a pong was relayed", side.name, fr.op)
 			}
-			if fr.masked != side.masked || len(fr.payload) != pingTokenLen || !bytes.Equal(fr.payload, f.s.pingToken[:]) {
+			if fr.masked != side.masked || len(fr.payload) != pingTokenLen || !bytes.Equal(fr.payload, f.s.ka.token[:]) {
 				t.Fatalf("%s got ping masked %v payload %x", side.name, fr.masked, fr.payload)
 			}
 		}

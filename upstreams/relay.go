@@ -54,37 +54,58 @@ const (
 	EndOperator = "closed by operator"
 )
 
+// The sides of a session, as indexes: a direction is named by the side it
+// writes to.
+const (
+	toProvider = 0 // the up direction: client to provider
+	toClient   = 1 // the down direction: provider to client
+)
+
 // Session relays one established WebSocket session byte for byte between a
 // client and a provider. It ends when both directions have ended; when the
 // gateway ends it (Close), each side gets a close frame at a frame boundary.
+// Its phases are in relay_state.go.
 type Session struct {
-	client, upstream net.Conn
-	up, down         direction
+	upstream net.Conn
+	start    time.Time
+	done     chan struct{}
+	onEnd    func(*Session)
+	onPark   func(*Session)
+	hold     bool
+	idle     time.Duration
+	ka       *keepalive // nil: off
+	// bytes relayed to each side (BytesUp, BytesDown).
+	bytes [2]atomic.Int64
 
-	start time.Time
-
-	closeMu     sync.Mutex
-	closing     atomic.Bool
+	mu       sync.Mutex // guards what follows
+	phase    phase
+	client   net.Conn
+	up, down *direction
+	running  int // directions whose goroutine runs
+	reason   string
+	timers   []*time.Timer
+	ticker   *time.Timer // tick's
+	// closing: the close frames' code and reason, when frames in flight
+	// are cut, and whether the session had no client then.
 	closeCode   int
 	closeReason string
-	closeBy     time.Time // frames in flight are cut after this
-	// halfClosed: a side ended cleanly and the other direction's read has
-	// its CloseWait deadline (guarded by closeMu).
-	halfClosed bool
-
-	// keepalive is on; pingToken is the payload of the gateway's pings.
-	keepalive bool
-	pingToken [pingTokenLen]byte
-
-	// hold: how the client side ended, and parking (hold.go).
-	hold holdState
-
-	endOnce   sync.Once
-	reason    atomic.Value // string
-	done      chan struct{}
-	remaining atomic.Int32
-	onEnd     func(*Session)
-	timers    []*time.Timer
+	closeBy     time.Time
+	closeHeld   bool
+	// The idle timeout's last sample of the byte counters, and since when
+	// they have not moved.
+	idleBytes int64
+	idleSince time.Time
+	// Hold (hold.go): why the client looks gone, and for how many
+	// keepalive ticks (leaving); the answer to its close frame (parking);
+	// the client waiting to join (joining); what the provider sent while
+	// the session had no client.
+	leaveByWrite          bool
+	leaveTicks            int
+	echo                  []byte
+	joiner                *resumeReq
+	dropFrames, dropBytes int64
+	clientCode            int  // the client's close code (closeNoStatus: none in its frame; 0: no frame)
+	kaClientDead          bool // keepalive ended the session: the client answered no ping
 }
 
 // SessionOptions configure a session.
@@ -115,65 +136,62 @@ type SessionOptions struct {
 // up. Call Run to start it.
 func NewSession(client net.Conn, up *Conn, o SessionOptions) *Session {
 	s := &Session{
-		client:   client,
 		upstream: up.Conn,
+		client:   client,
 		start:    time.Now(),
 		done:     make(chan struct{}),
 		onEnd:    o.OnEnd,
-	}
-	s.up = direction{s: s, src: client, dst: up.Conn, pending: o.ClientPending, toUpstream: true}
-	s.down = direction{s: s, src: up.Conn, dst: client, pending: up.Leftover}
-	s.up.init()
-	s.down.init()
-	s.remaining.Store(2)
-	s.initHold(o)
-	if o.IdleTimeout > 0 {
-		s.timers = append(s.timers, s.idleTimer(o.IdleTimeout))
-	}
-	if o.MaxDuration > 0 {
-		s.timers = append(s.timers, time.AfterFunc(o.MaxDuration, func() { s.Close(CloseNormal, EndMaxDuration) }))
+		onPark:   o.OnPark,
+		hold:     o.Hold,
+		idle:     o.IdleTimeout,
+		running:  2,
 	}
 	if o.Keepalive > 0 {
-		s.keepalive = true
-		s.pingToken = newPingToken()
-		s.timers = append(s.timers, s.keepaliveTimer(o.Keepalive))
+		s.ka = newKeepalive(o.Keepalive)
 	}
+	s.up = s.newDirection(client, up.Conn, toProvider, o.ClientPending)
+	s.down = s.newDirection(up.Conn, client, toClient, up.Leftover)
+	s.arm(o.MaxDuration)
 	return s
 }
 
-// idleTimer closes the session once no bytes have moved either way for
-// idle. It samples the byte counters every idle/4 instead of stamping the
-// time on every read, so the relay's hot path pays nothing for it; the
-// close comes between idle and idle*5/4 after the last byte.
-func (s *Session) idleTimer(idle time.Duration) *time.Timer {
-	tick := idle / 4
-	if tick < time.Millisecond {
-		tick = time.Millisecond
+// tickEvery is how often tick samples the session: a quarter of the idle
+// timeout or of the keepalive interval, whichever is shorter (0: never).
+func (s *Session) tickEvery() time.Duration {
+	d := s.idle
+	if s.ka != nil && (d == 0 || s.ka.interval < d) {
+		d = s.ka.interval
 	}
-	var last int64
-	lastChange := time.Now()
-	var tp atomic.Pointer[time.Timer]
-	t := time.AfterFunc(24*time.Hour, func() {
-		select {
-		case <-s.done:
+	if d == 0 {
+		return 0
+	}
+	return max(d/4, time.Millisecond)
+}
+
+// tick samples the byte counters the relay keeps anyway, so its hot path
+// pays nothing for the idle timeout and keepalive: the session closes
+// between idle and idle*5/4 after its last byte (a session without its
+// client is not idle: it waits for one), and keepalive pings the sides.
+// Under s.mu.
+func (s *Session) tick() {
+	if s.phase == over {
+		return
+	}
+	now := time.Now()
+	if s.idle > 0 {
+		b := s.bytes[toProvider].Load() + s.bytes[toClient].Load()
+		if b != s.idleBytes || s.phase.withoutClient() || s.phase == leaving {
+			s.idleBytes, s.idleSince = b, now
+		}
+		if now.Sub(s.idleSince) >= s.idle {
+			s.step(change{ev: evClose, code: CloseNormal, reason: EndIdle})
 			return
-		default:
 		}
-		now := time.Now()
-		// A parked session is not idle: it waits for its client.
-		if b := s.up.bytes.Load() + s.down.bytes.Load(); b != last || s.idleHeld() {
-			last, lastChange = b, now
-		}
-		if now.Sub(lastChange) >= idle {
-			s.Close(CloseNormal, EndIdle)
-			return
-		}
-		tp.Load().Reset(tick)
-	})
-	// Armed only once the callback can see the timer.
-	tp.Store(t)
-	t.Reset(tick)
-	return t
+	}
+	if s.ka != nil {
+		s.keepaliveTick(now)
+	}
+	s.ticker.Reset(s.tickEvery())
 }
 
 // Run starts both directions in their own goroutines and returns at once.
@@ -189,22 +207,25 @@ func (s *Session) Done() <-chan struct{} { return s.done }
 func (s *Session) Start() time.Time { return s.start }
 
 // BytesUp counts bytes relayed from client to provider.
-func (s *Session) BytesUp() int64 { return s.up.bytes.Load() }
+func (s *Session) BytesUp() int64 { return s.bytes[toProvider].Load() }
 
 // BytesDown counts bytes relayed from provider to client.
-func (s *Session) BytesDown() int64 { return s.down.bytes.Load() }
+func (s *Session) BytesDown() int64 { return s.bytes[toClient].Load() }
 
 // Reason tells why the session ended (valid once Done is closed).
-func (s *Session) Reason() string {
-	r, _ := s.reason.Load().(string)
-	return r
-}
+func (s *Session) Reason() string { return s.sync(change{ev: evLook}).reason }
 
-func (s *Session) setReason(r string) { s.reason.CompareAndSwap(nil, r) }
+// setReason gives the session its end reason, unless it has one ("" gives
+// none). Under s.mu.
+func (s *Session) setReason(r string) {
+	if s.reason == "" && r != "" {
+		s.reason = r
+	}
+}
 
 // Ending reports whether the session has begun to end: a side ended, or
 // the gateway is closing it (the reason is known). Valid at any time.
-func (s *Session) Ending() bool { return s.reason.Load() != nil }
+func (s *Session) Ending() bool { return s.Reason() != "" }
 
 // Close ends the session from the gateway's side: each direction lets the
 // frame in flight finish (as long as it keeps moving, within
@@ -212,184 +233,140 @@ func (s *Session) Ending() bool { return s.reason.Load() != nil }
 // receiver at that boundary, and waits at most CloseWait for the reply to
 // it; then both sockets close. It returns at once; wait on Done.
 func (s *Session) Close(code int, reason string) {
-	select {
-	case <-s.done:
-		return
-	default:
-	}
-	s.closeMu.Lock()
-	defer s.closeMu.Unlock()
-	if s.closing.Load() {
-		return
-	}
-	s.closeCode, s.closeReason = code, reason
-	s.closeBy = time.Now().Add(CloseFrameLimit)
-	s.setReason(reason)
-	s.closing.Store(true)
-	// Interrupt blocked reads; each direction then finishes its frame and
-	// writes the close frame, setting its own deadlines from there on
-	// (under closeMu, so after these). No write deadline here: one that
-	// fired inside a splice would lose the bytes already taken from src.
-	s.client.SetReadDeadline(aLongTimeAgo)
-	s.upstream.SetReadDeadline(aLongTimeAgo)
-	s.timers = append(s.timers, time.AfterFunc(CloseFrameLimit+2*CloseWait, s.abort))
+	s.sync(change{ev: evClose, code: code, reason: reason})
 }
 
-// abort closes both sockets at once.
-func (s *Session) abort() {
-	// The client changes when a parked session resumes.
-	s.closeMu.Lock()
-	client := s.client
-	s.closeMu.Unlock()
-	client.Close()
+// cut gives the session reason (unless it has one; "" gives none) and
+// closes both sockets at once; it reports false, for a direction that
+// ends with it.
+func (s *Session) cut(reason string) bool {
+	v := s.sync(change{ev: evEnd, reason: reason})
+	// Closing a TLS connection may write: never under the lock.
+	v.client.Close()
 	s.upstream.Close()
+	return false
 }
 
-func (s *Session) directionDone() {
-	if s.remaining.Add(-1) != 0 {
-		return
+// end runs once no direction runs any more.
+func (s *Session) end() {
+	s.cut("")
+	if s.onEnd != nil {
+		s.onEnd(s)
 	}
-	s.endOnce.Do(func() {
-		s.abort()
-		s.closeMu.Lock()
-		for _, t := range s.timers {
-			t.Stop()
-		}
-		s.closeMu.Unlock()
-		s.setReason(EndProviderClosed)
-		if s.onEnd != nil {
-			s.onEnd(s)
-		}
-		close(s.done)
-	})
+	close(s.done)
 }
 
-// direction is one half of the relay: src to dst.
+// direction is one half of the relay: src to dst. Its fields are its
+// goroutine's, but for the few under s.mu.
 type direction struct {
 	s        *Session
+	side     int // the side dst is (toProvider, toClient)
 	src, dst net.Conn
-	raw      syscall.RawConn // src's, when it is plain TCP
-	rawFn    func(fd uintptr) bool
-	limited  io.LimitedReader // reused by spliceFrame
-	// small is the read buffer of a source that is not plain TCP (TLS, an
-	// HTTP/2 stream) while it trickles: a blocked read holds it, so an
-	// idle session holds 4 KiB there instead of a pooled 32 KiB; bulk is
-	// set while reads fill their buffer, and then pooled buffers serve.
-	small *[]byte
-	bulk  bool
-	// The result of the last raw read (owned by the direction's goroutine).
-	rbuf       *[]byte
-	rn         int
-	rerr       error
-	splice     bool // both ends plain TCP
-	pending    []byte
-	toUpstream bool
-	frames     frameTracker
-	bytes      atomic.Int64
+	n        *atomic.Int64 // bytes relayed to dst
+	pending  []byte
+	frames   frameTracker
+	mode     mode
+	// watch: the relay stops at frames whose first byte is one of these
+	// (keepalive's pongs, hold's close frames from the client) and hands
+	// them, whole, to control.
+	watching bool
+	watch    [2]byte
+	ctl      ctlFrame // a control frame from src being collected
+	// closeNoted: the first close frame from src was noted.
+	closeNoted bool
 
-	// While the session closes (all owned by the direction's goroutine):
-	// how many reads timed out since, and whether the peer's close frame
-	// was noted.
-	closeTimeouts int
-	closeNoted    bool
-	// Guarded by s.closeMu: quiet once this direction sends nothing more
-	// to dst (its close frame is out, or it ended), since quietAt;
-	// replyWait while it reads src for the answer to the other
-	// direction's close frame.
-	quiet     bool
-	quietAt   time.Time
-	replyWait bool
+	// Reading (relay_raw_*.go): src's raw connection when it is plain TCP,
+	// and the last raw read's result; small is the read buffer of another
+	// source while it trickles (a blocked read holds it, so an idle
+	// session holds 4 KiB there instead of a pooled 32 KiB), bulk while
+	// reads fill their buffer (then pooled buffers serve).
+	raw     syscall.RawConn
+	rawFn   func(fd uintptr) bool
+	rbuf    *[]byte
+	rn      int
+	rerr    error
+	small   *[]byte
+	bulk    bool
+	splice  bool // both ends plain TCP
+	limited io.LimitedReader
 
-	// Keepalive (keepalive.go): kaDue asks for a ping to dst; kaPings
-	// counts those sent, kaPongs the pongs to them that came from dst's
-	// peer (counted by the other direction, which reads that peer); pong
-	// holds a pong frame from src until it is known whether it answers
-	// the gateway (owned by the direction's goroutine).
-	kaDue   atomic.Bool
-	kaPings atomic.Int64
-	kaPongs atomic.Int64
-	pong    pongHold
+	// Hold (down direction, hold.go): alone once the old client is let go
+	// (it alone writes to the provider then); wait while a client waits
+	// to join.
+	alone bool
+	wait  *replyWait
 
-	// h: which frames forward watches for, and the direction's part in
-	// parking (hold.go).
-	h dirHold
+	// Under s.mu: a ping is due (keepalive.go); since when the direction
+	// sends nothing more to dst (its close frame is out, or it ended);
+	// awaiting while it reads src for the answer to the other direction's
+	// close frame.
+	pingDue     bool
+	quietAt     time.Time
+	awaitsReply bool
 }
 
-// other is the opposite direction of the session.
-func (d *direction) other() *direction {
-	if d.toUpstream {
-		return &d.s.down
+// mode is what a direction does with the bytes it reads.
+type mode uint8
+
+const (
+	relaying  mode = iota // to dst, as they are
+	finishing             // the session closes: to dst up to the frame's end, then the close frame
+	awaiting              // the close frame is out: dropped, until src's close frame
+	dropping              // hold, down: dropped, the provider's frames followed (hold.go)
+)
+
+func (s *Session) newDirection(src, dst net.Conn, side int, pending []byte) *direction {
+	d := &direction{s: s, src: src, dst: dst, side: side, n: &s.bytes[side], pending: pending}
+	if s.ka != nil {
+		d.watching, d.watch = true, [2]byte{pongFirstByte, pongFirstByte}
 	}
-	return &d.s.up
-}
-
-func (d *direction) init() {
-	st, ok := d.src.(*net.TCPConn)
-	if !ok {
-		return
-	}
-	d.bindRaw(st)
-	_, dstTCP := d.dst.(*net.TCPConn)
-	d.splice = dstTCP
-}
-
-// endWords are the end reasons when src ends cleanly or with an error.
-func (d *direction) endWords() (clean, failed string) {
-	if d.toUpstream {
-		return EndClientClosed, EndClientError
-	}
-	return EndProviderClosed, EndProviderError
-}
-
-func (d *direction) run() {
-	defer d.exit()
-	if len(d.pending) > 0 {
-		p := d.pending
-		d.pending = nil
-		if !d.forward(p) {
-			return
+	if s.hold && side == toProvider {
+		d.watching, d.watch[1] = true, closeFirstByte
+		if s.ka == nil {
+			d.watch[0] = closeFirstByte
 		}
 	}
-	for {
-		if d.frames.remaining >= spliceMin && d.splice && !d.s.closing.Load() {
-			if !d.spliceFrame() {
-				return
-			}
+	if st, ok := src.(*net.TCPConn); ok {
+		d.bindRaw(st)
+		_, tcp := dst.(*net.TCPConn)
+		// With hold the provider's stream is not spliced: a splice that
+		// fails toward a client that left loses bytes already taken from
+		// the provider, and where its frames start.
+		d.splice = tcp && !(s.hold && side == toClient)
+	}
+	return d
+}
+
+// other is the opposite direction (under s.mu).
+func (d *direction) other() *direction {
+	if d.side == toProvider {
+		return d.s.down
+	}
+	return d.s.up
+}
+
+// run is the relay loop of one direction: read, take, and wake on what
+// stopped a read.
+func (d *direction) run() {
+	ok := d.take(d.pending)
+	d.pending = nil
+	for ok {
+		if d.splice && d.mode == relaying && d.frames.remaining >= spliceMin {
+			ok = d.spliceFrame()
 			continue
 		}
 		bp, n, err := d.read()
 		if n > 0 {
-			ok := d.forward((*bp)[:n])
-			d.release(bp)
-			if !ok {
-				return
-			}
-		} else if bp != nil {
+			ok = d.take((*bp)[:n])
+		}
+		if bp != nil {
 			d.release(bp)
 		}
-		if err != nil {
-			if d.s.hold.on && d.holdInterrupt(err) {
-				if d.holdStep(err) {
-					continue
-				}
-				return
-			}
-			if d.s.closing.Load() && isTimeout(err) {
-				if d.closeStep() {
-					continue
-				}
-				return
-			}
-			if d.keepaliveInterrupt(err) {
-				if d.keepaliveStep() {
-					continue
-				}
-				return
-			}
-			d.ended(err)
-			return
+		if ok && err != nil {
+			ok = d.wake(err)
 		}
 	}
+	d.exit()
 }
 
 // read waits for bytes on src and reads them into a pooled buffer. On plain
@@ -411,16 +388,15 @@ func (d *direction) read() (*[]byte, int, error) {
 	err := d.raw.Read(d.rawFn)
 	bp, n, rerr := d.rbuf, d.rn, d.rerr
 	d.rbuf = nil
-	if err != nil {
+	switch {
+	case err != nil:
 		if bp != nil {
 			d.release(bp)
 		}
 		return nil, 0, err
-	}
-	if rerr != nil {
+	case rerr != nil:
 		return bp, 0, os.NewSyscallError("read", rerr)
-	}
-	if n <= 0 {
+	case n <= 0:
 		return bp, 0, io.EOF
 	}
 	return bp, n, nil
@@ -433,33 +409,81 @@ func (d *direction) release(bp *[]byte) {
 	}
 }
 
-// forward writes p to dst, tracking frames. While the session is closing it
-// writes only up to the next frame boundary, then the close frame. It
+// take handles bytes read from src as the direction's mode says; it
 // reports whether the direction goes on.
-func (d *direction) forward(p []byte) bool {
-	if d.s.closing.Load() {
-		if d.s.hold.on && d.stashParked(p) {
-			return true
-		}
-		n := d.frames.advance(p, true)
-		if n > 0 {
-			if _, err := d.dst.Write(p[:n]); err != nil {
-				return false
+func (d *direction) take(p []byte) bool {
+	switch {
+	case len(p) == 0:
+		return true
+	case d.mode == relaying && !d.watching:
+		d.frames.advance(p, false)
+		return d.write(p)
+	case d.mode == relaying:
+		return d.relayWatching(p)
+	case d.mode == finishing:
+		return d.finish(p)
+	case d.mode == awaiting:
+		d.frames.advance(p, false)
+		return !d.frames.sawClose
+	}
+	return d.drop(p)
+}
+
+// relayWatching relays p, but for the watched control frames: each is
+// collected whole (it is short) and handed to control, which may take it
+// out of the stream.
+func (d *direction) relayWatching(p []byte) bool {
+	for len(p) > 0 {
+		if d.ctl.n == 0 {
+			if n := d.frames.advanceToEither(p, d.watch[0], d.watch[1]); n > 0 {
+				if !d.write(p[:n]) {
+					return false
+				}
+				p = p[n:]
+				continue
 			}
-			d.bytes.Add(int64(n))
 		}
-		if d.frames.atBoundary() {
-			d.sendClose(p[n:])
+		var done bool
+		if p, done = d.ctl.collect(p); !done {
+			return true // the frame goes on in the next read
+		}
+		f := d.ctl.bytes()
+		if d.ctl.whole() {
+			taken, ok := d.control(f)
+			if taken || !ok {
+				d.ctl.n = 0
+				if !ok {
+					return false
+				}
+				continue
+			}
+		}
+		// Not one the gateway takes: relayed as it is.
+		d.frames.advance(f, false)
+		ok := d.write(f)
+		d.ctl.n = 0
+		if !ok {
 			return false
 		}
-		// The frame moves: give it another CloseWait.
-		return d.extend()
 	}
-	if d.h.watch {
-		return d.forwardWatching(p)
+	return true
+}
+
+// control is handed each whole watched control frame f from src: it
+// reports whether the frame is taken out of the stream, and whether the
+// direction goes on.
+func (d *direction) control(f []byte) (taken, ok bool) {
+	switch f[0] {
+	case pongFirstByte:
+		return d.pong(f), true
+	case closeFirstByte:
+		if d.side == toProvider && d.s.hold && d.parkOnClose(f) {
+			// The session parks: the client's close frame is not relayed
+			// (nor anything behind it).
+			return true, false
+		}
 	}
-	d.frames.advance(p, false)
-	return d.write(p)
+	return false, true
 }
 
 // write relays p, which the frame tracker has already taken, to dst.
@@ -468,41 +492,35 @@ func (d *direction) write(p []byte) bool {
 		// The first close frame through the relay tells who ended the
 		// session, whichever side hangs up the connection first.
 		d.closeNoted = true
-		d.s.setReason(d.cleanWord())
-		if d.toUpstream {
-			d.s.hold.clientCode.Store(int32(d.frames.closeCode()))
-		}
+		d.s.sync(change{ev: evCloseSeen, d: d, code: d.frames.closeCode()})
 	}
 	if _, err := d.dst.Write(p); err != nil {
-		if d.s.hold.on && d.lostClientWrite() {
-			return true
-		}
-		d.s.setReason(d.writeFailWord())
-		return false
+		return d.writeFailed()
 	}
-	d.bytes.Add(int64(len(p)))
+	d.n.Add(int64(len(p)))
 	return true
 }
 
-// cleanWord is the end reason when src ends the session.
-func (d *direction) cleanWord() string {
-	clean, _ := d.endWords()
-	return clean
+// writeFailed: a write to dst failed. Toward the client of a session with
+// hold, the client may be leaving: the direction drops what it reads from
+// then on (hold.go). Otherwise the direction ends.
+func (d *direction) writeFailed() bool {
+	if d.side == toClient && d.lose() {
+		return true
+	}
+	return d.s.cut(endWords[1-d.side][1])
 }
 
-func (d *direction) writeFailWord() string {
-	if d.toUpstream {
-		return EndProviderError
-	}
-	return EndClientError
+// endWords are the end reasons when the source of the direction writing
+// to a side ends cleanly, or fails.
+var endWords = [2][2]string{
+	toProvider: {EndClientClosed, EndClientError},
+	toClient:   {EndProviderClosed, EndProviderError},
 }
 
 // spliceFrame moves the rest of a long frame with splice(2).
 func (d *direction) spliceFrame() bool {
-	n := d.frames.remaining
-	if n > spliceMax {
-		n = spliceMax
-	}
+	n := min(d.frames.remaining, spliceMax)
 	d.limited.R, d.limited.N = d.src, n
 	w, err := d.dst.(*net.TCPConn).ReadFrom(&d.limited)
 	if w > 0 {
@@ -510,160 +528,154 @@ func (d *direction) spliceFrame() bool {
 		if d.frames.remaining == 0 && d.frames.opcode == opClose {
 			d.frames.sawClose = true
 		}
-		d.bytes.Add(w)
+		d.n.Add(w)
 	}
-	if err != nil {
-		if d.s.hold.on && d.holdInterrupt(err) {
-			return d.holdStep(err)
-		}
-		if d.s.closing.Load() && isTimeout(err) {
-			return d.closeStep()
-		}
-		if d.keepaliveInterrupt(err) {
-			return d.keepaliveStep()
-		}
-		d.ended(err)
-		return false
-	}
-	if w < n {
-		d.ended(io.EOF)
-		return false
+	switch {
+	case err != nil:
+		return d.wake(err)
+	case w < n:
+		return d.wake(io.EOF)
 	}
 	return true
 }
 
-// closeStep runs when a read timed out while the session is closing. At a
-// frame boundary it sends the close frame and ends the direction. Mid-frame,
-// the first timeout is Close interrupting the read: the frame gets
-// CloseWait to move on; a later one means the frame stalled that long, and
-// the session is cut.
-func (d *direction) closeStep() bool {
-	if d.frames.atBoundary() {
-		d.sendClose(nil)
-		return false
+// wake handles a read of src that failed with err: an interrupt (for a
+// phase the session entered, or a ping), a deadline of the phase, or the
+// end of src. It reports whether the direction goes on.
+func (d *direction) wake(err error) bool {
+	timeout := isTimeout(err)
+	switch d.mode {
+	case awaiting:
+		return false // no reply within the wait, or src ended: done
+	case finishing:
+		if timeout {
+			return d.s.cut("") // the frame stalled for CloseWait
+		}
+		return d.ended(err)
 	}
-	d.closeTimeouts++
-	if d.closeTimeouts > 1 {
-		d.s.abort()
-		return false
+	ev := evLook
+	if timeout {
+		ev = evWake
+	}
+	v := d.s.sync(change{ev: ev, d: d})
+	up := d.side == toProvider
+	switch {
+	case !up && v.held:
+		return d.held(err, v) // hold.go
+	case up && d.s.hold && !errors.Is(err, net.ErrClosed) && (v.phase == leaving || v.phase == live && !timeout):
+		return d.leave(err) // hold.go
+	case !timeout:
+		return d.ended(err)
+	case v.phase == closing && d.mode == dropping:
+		return false // the client is lost: the up direction sends the provider its close frame
+	case v.phase == closing:
+		if d.frames.atBoundary() {
+			return d.closeOut(nil)
+		}
+		d.mode = finishing
+		return d.extend()
+	case v.phase == ending:
+		return d.s.cut("") // the CloseWait after the other side ended is over
+	case v.ping:
+		return d.ping() // keepalive.go
+	}
+	return true
+}
+
+// finish writes p to dst up to the end of the frame in flight; at its end
+// the close frame follows.
+func (d *direction) finish(p []byte) bool {
+	n := d.frames.advance(p, true)
+	if n > 0 {
+		if _, err := d.dst.Write(p[:n]); err != nil {
+			return false
+		}
+		d.n.Add(int64(n))
+	}
+	if d.frames.atBoundary() {
+		return d.closeOut(p[n:])
 	}
 	return d.extend()
 }
 
 // extend gives the frame in flight CloseWait more to move, both ways (src
 // to send it, dst to take it), unless CloseFrameLimit has passed: then the
-// session is cut and extend reports false.
+// session is cut. (While the session closes, only the direction itself
+// sets its deadlines.)
 func (d *direction) extend() bool {
-	d.s.closeMu.Lock()
 	now := time.Now()
 	if now.After(d.s.closeBy) {
-		d.s.closeMu.Unlock()
-		// Closing a TLS connection may write: never under the lock.
-		d.s.abort()
-		return false
+		return d.s.cut("")
 	}
 	dl := now.Add(CloseWait)
 	d.src.SetReadDeadline(dl)
 	d.dst.SetWriteDeadline(dl)
-	d.s.closeMu.Unlock()
 	return true
 }
 
-// sendClose writes the gateway's close frame to dst, then reads src,
-// discarding it, until the peer there has answered the other direction's
-// close frame or CloseWait has passed since that was sent. rest are bytes
-// read from src behind the boundary where the direction stopped.
-func (d *direction) sendClose(rest []byte) {
+// closeOut writes the gateway's close frame to dst, at a frame boundary,
+// then reads src, discarding it, until the peer there has answered the
+// other direction's close frame or CloseWait has passed since that went
+// out. rest are bytes read from src behind the boundary.
+func (d *direction) closeOut(rest []byte) bool {
 	s := d.s
-	s.closeMu.Lock()
-	code, reason, by := s.closeCode, s.closeReason, s.closeBy
-	s.closeMu.Unlock()
 	d.dst.SetWriteDeadline(time.Now().Add(CloseWait))
-	if _, err := d.dst.Write(closeFrame(code, reason, d.toUpstream)); err != nil {
-		return
+	if _, err := d.dst.Write(closeFrame(s.closeCode, s.closeReason, d.side == toProvider)); err != nil {
+		return false
 	}
-	d.goQuiet()
-	// The answer to the other direction's close frame comes from src;
-	// while that frame is not out yet (its own frame in flight), wait on.
-	o := d.other()
-	s.closeMu.Lock()
-	wait := by.Add(CloseWait)
-	if o.quiet {
-		wait = o.quietAt.Add(CloseWait)
-	}
-	d.replyWait = true
-	d.src.SetReadDeadline(wait)
-	s.closeMu.Unlock()
-	// From here the tracker reads src for the reply: a pong frame held
-	// back is part of that stream.
-	if d.pong.n > 0 {
-		d.frames.advance(d.pong.buf[:d.pong.n], false)
-		d.pong.n = 0
-	}
-	d.awaitClose(rest)
+	s.sync(change{ev: evAwait, d: d})
+	return d.await(rest)
 }
 
-// awaitClose follows src's frames, rest first (bytes already read), and
-// reads src, discarding it, until a close frame has passed or the read
-// fails (its deadline is the caller's).
-func (d *direction) awaitClose(rest []byte) {
-	if d.frames.advance(rest, false); d.frames.sawClose {
-		return
+// await has the direction read src only for its close frame, rest first;
+// a control frame held back is part of that stream.
+func (d *direction) await(rest []byte) bool {
+	d.mode = awaiting
+	if d.ctl.n > 0 {
+		d.frames.advance(d.ctl.bytes(), false)
+		d.ctl.n = 0
 	}
-	for {
-		bp, n, err := d.read()
-		if n > 0 {
-			d.frames.advance((*bp)[:n], false)
-		}
-		if bp != nil {
-			d.release(bp)
-		}
-		if err != nil || d.frames.sawClose {
-			return
-		}
-	}
+	d.frames.advance(rest, false)
+	return !d.frames.sawClose
 }
 
 // goQuiet notes that the direction sends nothing more to dst: when the
-// other direction is waiting for dst's peer to answer, that peer now has
-// CloseWait to do so.
+// other direction awaits the answer of dst's peer, that peer now has
+// CloseWait to give it. Under s.mu.
 func (d *direction) goQuiet() {
-	s := d.s
-	s.closeMu.Lock()
-	defer s.closeMu.Unlock()
-	if d.quiet {
+	if !d.quietAt.IsZero() {
 		return
 	}
-	d.quiet, d.quietAt = true, time.Now()
-	if d.other().replyWait {
+	d.quietAt = time.Now()
+	// (An up direction that left a parked session is no one's other.)
+	if o := d.other(); o.awaitsReply && o.other() == d {
 		d.dst.SetReadDeadline(d.quietAt.Add(CloseWait))
 	}
 }
 
 // ended handles the end of src: a clean end half-closes dst and gives the
-// other direction CloseWait to finish; an error ends both.
-func (d *direction) ended(err error) {
-	clean, failed := d.endWords()
-	if errors.Is(err, io.EOF) {
-		d.s.setReason(clean)
-		if tc, ok := d.dst.(interface{ CloseWrite() error }); ok {
-			tc.CloseWrite()
+// other direction CloseWait to finish; a failure cuts the session.
+func (d *direction) ended(err error) bool {
+	switch {
+	case errors.Is(err, io.EOF):
+		if c, ok := d.dst.(interface{ CloseWrite() error }); ok {
+			c.CloseWrite()
 		}
-		// The other direction's src is our dst. (Under closeMu, so no
-		// keepalive ping undoes the deadline.)
-		d.s.closeMu.Lock()
-		d.s.halfClosed = true
-		d.dst.SetReadDeadline(time.Now().Add(CloseWait))
-		d.s.closeMu.Unlock()
-		return
-	}
-	if errors.Is(err, net.ErrClosed) {
-		// Someone closed a socket under us (the session's own abort, or a
+		d.s.sync(change{ev: evEnd, d: d, reason: endWords[d.side][0]})
+		return false
+	case errors.Is(err, net.ErrClosed):
+		// Someone closed a socket under us (the session's own cut, or a
 		// client whose handshake answer failed): make sure the other
 		// direction stops too, whatever its peer does.
-		d.s.abort()
-		return
+		return d.s.cut("")
 	}
-	d.s.setReason(failed)
-	d.s.abort()
+	return d.s.cut(endWords[d.side][1])
+}
+
+// exit is the direction's last act: it goes quiet, and the session ends
+// once no direction runs.
+func (d *direction) exit() {
+	if d.s.sync(change{ev: evExit, d: d}).last {
+		d.s.end()
+	}
 }
