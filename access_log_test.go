@@ -17,7 +17,6 @@ import (
 
 	"github.com/browserfailover/caddy-browser-failover/internal/fakes"
 	"github.com/browserfailover/caddy-browser-failover/internal/testgw"
-	"github.com/browserfailover/caddy-browser-failover/pool"
 )
 
 // TestResumeTokenNotLogged: with Caddy's access log on, a resume token
@@ -28,7 +27,6 @@ import (
 // (docs/securing.md). The gateway's own log, the status and the sessions
 // list never hold one either.
 func TestResumeTokenNotLogged(t *testing.T) {
-	t.Cleanup(pool.ExpireAll)
 	var contacts fakes.Contacts
 	a := startFakeBrowser(t, "tl-a", &contacts, false)
 	dir := t.TempDir()

@@ -140,8 +140,8 @@ func (h *Handler) chain(w http.ResponseWriter, r *http.Request, hs *upstreams.Ha
 	c.token = token
 	// 1. Join. The mark comes before the client's first look for room; a
 	// client that never joins the queue gives it back.
-	c.mark = pool.Waiting.Mark()
-	defer pool.Waiting.Forget(c.mark)
+	c.mark = h.reg.Waiting.Mark()
+	defer h.reg.Waiting.Forget(c.mark)
 	if !c.join() {
 		return
 	}
@@ -210,14 +210,14 @@ func (c *connect) join() bool {
 	}
 	k := h.quotaKey(c.replace)
 	c.cls.quota, c.cls.quotaTemplate = k.Resource(), k.Template
-	if !pool.Waiting.Contended(k.Resource()) && pool.TakeQuota(k, h.ClientLimit.Limit) {
+	if !c.h.reg.Waiting.Contended(k.Resource()) && c.h.reg.TakeQuota(k, h.ClientLimit.Limit) {
 		c.quota = &k
 		return true
 	}
 	// Over the limit, or others of its key wait: wait behind them.
 	c.inQuota = true
-	pool.AddQuotaWaiting(k, 1)
-	defer pool.AddQuotaWaiting(k, -1)
+	c.h.reg.AddQuotaWaiting(k, 1)
+	defer c.h.reg.AddQuotaWaiting(k, -1)
 	if !c.enqueue([]string{k.Resource()}) {
 		return false
 	}
@@ -232,13 +232,13 @@ func (c *connect) join() bool {
 			c.waiter.Want(c.pool.resources)
 			return true
 		}
-		if pool.TakeQuota(k, cl.Limit) {
+		if c.h.reg.TakeQuota(k, cl.Limit) {
 			c.quota = &k
 			c.inQuota = false
 			// Its place in the queue is kept: now it waits for a provider.
 			c.waiter.Want(c.pool.resources)
-			if pool.QuotaActive(k) < cl.Limit {
-				pool.Waiting.Offer(k.Resource())
+			if c.h.reg.QuotaActive(k) < cl.Limit {
+				c.h.reg.Waiting.Offer(k.Resource())
 			}
 			return true
 		}
@@ -434,7 +434,7 @@ func (c *connect) pick(ps *passState) (*member, cooldown.Permit, *cluster.Lease)
 			continue
 		}
 		ps.serveable++
-		if c.waiter == nil && pool.Waiting.Contended(st.Resource()) {
+		if c.waiter == nil && c.h.reg.Waiting.Contended(st.Resource()) {
 			// No barging: clients waiting for it go first.
 			c.skip(m, WordQueued)
 			continue
@@ -938,7 +938,7 @@ func (c *connect) relay(m *member, client netConn, up *upstreams.Conn, pending [
 		wasted:    c.hedgesWasted,
 		keepalive: c.h.Keepalive > 0,
 	}
-	hd := &holds{st: st, quota: c.quota, lease: c.lease}
+	hd := &holds{reg: c.h.reg, st: st, quota: c.quota, lease: c.lease}
 	c.quota, c.lease = nil, nil
 	if hd.lease != nil && c.h.shared != nil {
 		hd.store = c.h.shared.s
@@ -966,7 +966,7 @@ func (c *connect) relay(m *member, client netConn, up *upstreams.Conn, pending [
 			// have changed with resumes.
 			pk.left()
 			end.id = pk.currentID()
-			pool.Unpark(end.id)
+			c.h.reg.Unpark(end.id)
 		}
 		// The provider session created for it (session_api) is
 		// released in the background, and what the session holds
@@ -981,7 +981,7 @@ func (c *connect) relay(m *member, client netConn, up *upstreams.Conn, pending [
 	s := upstreams.NewSession(client, up, opts)
 	info := pool.SessionInfo{ID: c.id, Protocol: string(c.cls.proto), RemoteIP: remoteIP(c.r), Attempts: c.tries}
 	if hd.quota != nil {
-		info.Client = hd.quota.Shown()
+		info.Client = c.h.reg.Shown(*hd.quota)
 	}
 	if pk != nil {
 		info.ResumeToken = pk.token
@@ -1002,6 +1002,7 @@ func (c *connect) relay(m *member, client netConn, up *upstreams.Conn, pending [
 // keeps open). A session gives them back when it ends; a parked one that
 // keeps them (resume.go), when its window ends or its resume takes them.
 type holds struct {
+	reg   *pool.Registry
 	st    *pool.Provider
 	quota *pool.QuotaKey
 	lease *cluster.Lease
@@ -1024,7 +1025,7 @@ func (hd *holds) free() {
 // release gives back all but the slot.
 func (hd *holds) release() {
 	if hd.quota != nil {
-		pool.ReleaseQuota(*hd.quota)
+		hd.reg.ReleaseQuota(*hd.quota)
 		hd.quota = nil
 	}
 	if hd.lease != nil {
@@ -1041,7 +1042,7 @@ func (hd *holds) release() {
 // client hears of it, and passes on what it leaves: every provider it could
 // use that still has room is offered to the next waiter.
 func (c *connect) served(m *member) {
-	pool.Waiting.Forget(c.mark) // it never joins now; a stream's pass lasts as long as its session
+	c.h.reg.Waiting.Forget(c.mark) // it never joins now; a stream's pass lasts as long as its session
 	c.finished = true
 	if c.waiter != nil {
 		c.waiter.Leave()
@@ -1058,7 +1059,7 @@ func (c *connect) served(m *member) {
 // releaseHolds gives back what a client that got no session still holds.
 func (c *connect) releaseHolds() {
 	if c.quota != nil {
-		pool.ReleaseQuota(*c.quota)
+		c.h.reg.ReleaseQuota(*c.quota)
 		c.quota = nil
 	}
 	releaseLease(c.lease)

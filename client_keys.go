@@ -11,12 +11,10 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	"go.uber.org/zap"
-
-	"github.com/browserfailover/caddy-browser-failover/pool"
 )
 
 // The status shows each client_limit key value as a keyed hash
-// (pool.ShownKey): HMAC-SHA256 with a random secret of the deployment,
+// (pool.Registry.ShownKey): HMAC-SHA256 with a random secret of the deployment,
 // made once and kept in Caddy's storage, so the shown keys stay the same
 // across restarts; under state redis every node agrees on one secret
 // through Redis, so they are the same on every node. Without the secret a
@@ -50,7 +48,7 @@ func (h *Handler) provisionClientKeys(ctx caddy.Context) {
 		h.logger.Warn("client key secret not kept in storage; client keys in the status change on restart",
 			zap.Error(err))
 	}
-	pool.SetClientKeySecret(secret)
+	h.reg.SetClientKeySecret(secret)
 	sh := h.shared
 	if sh == nil {
 		return
@@ -65,7 +63,7 @@ func (h *Handler) provisionClientKeys(ctx caddy.Context) {
 		if err != nil {
 			return false
 		}
-		pool.SetClientKeySecret(agreed)
+		h.reg.SetClientKeySecret(agreed)
 		if !equalBytes(agreed, secret) {
 			// Kept here too, so a restart without Redis keeps it.
 			if err := storeSecret(ctx, agreed); err != nil {

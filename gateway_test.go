@@ -85,7 +85,7 @@ func echoOnce(t *testing.T, c *websocket.Conn, msg []byte) {
 }
 
 func active(name string) int64 {
-	p, ok := pool.Lookup(name)
+	p, ok := pool.Current().Lookup(name)
 	if !ok {
 		return -1
 	}
@@ -515,12 +515,12 @@ func TestBurstCountsReturnToZero(t *testing.T) {
 	wg.Wait()
 	testgw.Eventually(t, 10*time.Second, "every count back to 0", func() bool {
 		for _, n := range []string{"echo", "s500", "hang"} {
-			p, _ := pool.Lookup(n)
+			p, _ := pool.Current().Lookup(n)
 			if p.Active() != 0 || p.Reserved() != 0 {
 				return false
 			}
 		}
-		return pool.LiveSessions() == 0
+		return pool.Current().LiveSessions() == 0
 	})
 }
 
@@ -543,7 +543,7 @@ func TestOnly428AnswersAtOnce(t *testing.T) {
 	if s428.Hits.Load() != 1 {
 		t.Fatalf("provider contacted %d times", s428.Hits.Load())
 	}
-	p, _ := pool.Lookup("pw-other")
+	p, _ := pool.Current().Lookup("pw-other")
 	if snap := p.Health.Snapshot(); !snap.Healthy || snap.Failures != 0 {
 		t.Fatalf("a 428 counted against the provider: %+v", snap)
 	}
@@ -565,7 +565,7 @@ func TestTryDurationIsNotTheProvidersFault(t *testing.T) {
 	if !strings.Contains(string(body), `"outcome":"timeout"`) {
 		t.Fatalf("body %s", body)
 	}
-	p, _ := pool.Lookup("slow")
+	p, _ := pool.Current().Lookup("slow")
 	if snap := p.Health.Snapshot(); !snap.Healthy || snap.Failures != 0 || p.Reserved() != 0 {
 		t.Fatalf("try_duration counted against the provider: %+v reserved %d", snap, p.Reserved())
 	}

@@ -154,7 +154,7 @@ func hold(t *testing.T, g *testgw.Gateway) *websocket.Conn {
 
 func state(t testing.TB, name string) *pool.Provider {
 	t.Helper()
-	p, ok := pool.Lookup(name)
+	p, ok := pool.Current().Lookup(name)
 	if !ok {
 		t.Fatalf("provider %q not in the pool", name)
 	}

@@ -247,7 +247,7 @@ func TestProbeTrialWakesWaiter(t *testing.T) {
 		c, _, err := session(ctx, g.WS("/"), nil)
 		done <- res{c, err}
 	}()
-	testgw.Eventually(t, 5*time.Second, "the client to wait", func() bool { return pool.Waiting.Len() > 0 })
+	testgw.Eventually(t, 5*time.Second, "the client to wait", func() bool { return pool.Current().Waiting.Len() > 0 })
 	time.Sleep(500 * time.Millisecond) // a few more failing trials meanwhile
 	if p.upgrades.Load() != 0 {
 		t.Fatal("the waiter was sent to the provider during its cooldown")
@@ -309,7 +309,7 @@ func TestCapacityBrowserlessFull(t *testing.T) {
 	opAction(t, g, "hc-other", "drain")
 	done := make(chan error, 1)
 	go func() { done <- roundTrip(g.WS("/"), nil) }()
-	testgw.Eventually(t, 5*time.Second, "the client to wait", func() bool { return pool.Waiting.Len() > 0 })
+	testgw.Eventually(t, 5*time.Second, "the client to wait", func() bool { return pool.Current().Waiting.Len() > 0 })
 	bl.pressure.Store(`{"pressure":{"running":3,"maxConcurrent":4,"queued":0,"isAvailable":true}}`)
 	select {
 	case err := <-done:

@@ -20,11 +20,12 @@ import (
 // to its provider's health; it is listed as hedge_lost.
 func TestAbandonClosesLateWinner(t *testing.T) {
 	gen := new(int)
-	st, err := pool.Claim("abandon-unit", "ws://127.0.0.1:1/", "ws://127.0.0.1:1/", gen, cooldown.Config{MinRequests: 1}, false, 0)
+	reg := pool.NewRegistry(nil)
+	st, err := reg.Claim("abandon-unit", "ws://127.0.0.1:1/", "ws://127.0.0.1:1/", gen, cooldown.Config{MinRequests: 1}, false, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer pool.ReleaseClaim("abandon-unit", gen)
+	defer reg.ReleaseClaim("abandon-unit", gen)
 	up, err := upstreams.New(upstreams.Config{Name: "abandon-unit", URL: "ws://127.0.0.1:1/"}, upstreams.Defaults{}, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -34,7 +35,7 @@ func TestAbandonClosesLateWinner(t *testing.T) {
 		t.Fatal("no permit or slot")
 	}
 	h := &Handler{}
-	h.logger = zap.NewNop()
+	h.logger, h.reg = zap.NewNop(), reg
 	c := &connect{h: h}
 	f := &flight{m: &member{up: up, state: st}, permit: permit, cancel: func() {}, start: time.Now()}
 	results := make(chan landing, 1)

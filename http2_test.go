@@ -375,7 +375,7 @@ func TestHTTP2WaiterLeavesQueueWhenServed(t *testing.T) {
 	}
 	waiting := func() int {
 		n := 0
-		for _, q := range pool.Queues() {
+		for _, q := range pool.Current().Queues() {
 			n += q.Waiting
 		}
 		return n

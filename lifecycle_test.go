@@ -498,7 +498,7 @@ func TestReloadsKeepSessions(t *testing.T) {
 		if n := active("rec"); n != sessions {
 			t.Fatalf("after reload %d: active %d, want %d", r, n, sessions)
 		}
-		p, _ := pool.Lookup("rec")
+		p, _ := pool.Current().Lookup("rec")
 		if p.Reserved() != sessions || p.MaxConcurrent() != sessions {
 			t.Fatalf("after reload %d: reserved %d max %d", r, p.Reserved(), p.MaxConcurrent())
 		}
@@ -524,8 +524,8 @@ func TestReloadsKeepSessions(t *testing.T) {
 		c.Close(websocket.StatusNormalClosure, "")
 	}
 	testgw.Eventually(t, 5*time.Second, "every slot freed", func() bool {
-		p, _ := pool.Lookup("rec")
-		return p.Active() == 0 && p.Reserved() == 0 && pool.LiveSessions() == 0
+		p, _ := pool.Current().Lookup("rec")
+		return p.Active() == 0 && p.Reserved() == 0 && pool.Current().LiveSessions() == 0
 	})
 	// A session's slot is freed just before its end is logged.
 	testgw.Eventually(t, 5*time.Second, "every session's end logged", func() bool {

@@ -35,6 +35,9 @@ func init() {
 
 // handlerRuntime is the part of a Handler that Provision builds.
 type handlerRuntime struct {
+	// reg is the gateway's state that outlives config loads: taken on
+	// Provision, given back on Cleanup.
+	reg     *pool.Registry
 	logger  *zap.Logger
 	members []*member
 	// line is the handler's share of the process's wait queue.
@@ -80,8 +83,9 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if err := h.check(); err != nil {
 		return err
 	}
+	h.reg = pool.Acquire()
 	var err error
-	if h.obs, err = observe.New(ctx, h.logger, h.Webhooks); err != nil {
+	if h.obs, err = observe.New(ctx, h.logger, h.Webhooks, h.reg); err != nil {
 		return err
 	}
 	closeOnExit(ctx, h)
@@ -97,6 +101,11 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	known := func(s string) string { return repl.ReplaceKnown(s, "") }
 	defaults := upstreams.Defaults{ConnectTimeout: time.Duration(h.ConnectTimeout), ForwardHeaders: h.ForwardHeaders}
 	for _, pc := range h.Providers {
+		defaults.Books = nil
+		if pc.SessionAPI != nil {
+			// Its counts outlive the config load, as its sessions do.
+			defaults.Books = h.reg.Books(pc.Name)
+		}
 		up, err := upstreams.New(pc.Config, defaults, known)
 		if err != nil {
 			return err
@@ -105,7 +114,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		if err := cfg.Validate(); err != nil {
 			return fmt.Errorf("provider %q: cooldown: %w", pc.Name, err)
 		}
-		state, err := pool.Claim(pc.Name, up.Key(), up.Redacted(), h.gen, cfg, single, pc.MaxConcurrent)
+		state, err := h.reg.Claim(pc.Name, up.Key(), up.Redacted(), h.gen, cfg, single, pc.MaxConcurrent)
 		if err != nil {
 			return err
 		}
@@ -143,8 +152,8 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	for i, m := range h.members {
 		all[i], names[i] = i, m.up.Name
 	}
-	h.line = pool.Waiting.NewLine(h, size, timeout, h.resources(all), h.wants)
-	pool.RegisterQueue(h, h.line, names)
+	h.line = h.reg.Waiting.NewLine(h, size, timeout, h.resources(all), h.wants)
+	h.reg.RegisterQueue(h, h.line, names)
 	// A provider still cooling down from before a reload is offered when
 	// its cooldown ends.
 	for _, m := range h.members {
@@ -166,6 +175,10 @@ func (h *Handler) Validate() error {
 // reload. When the process is exiting, waiters are answered and every
 // session gets close 1001. Cleanup is safe after a partial Provision.
 func (h *Handler) Cleanup() error {
+	if h.reg == nil {
+		return nil // Provision stopped before it took anything
+	}
+	defer pool.Release()
 	for _, m := range h.members {
 		m.state.RemoveOnReset(h)
 	}
@@ -174,15 +187,15 @@ func (h *Handler) Cleanup() error {
 		h.obs.Close()
 	}
 	h.cleanupShared()
-	pool.UnregisterQueue(h)
+	h.reg.UnregisterQueue(h)
 	if h.line != nil {
 		if caddy.Exiting() {
 			h.line.Close()
 		} else {
 			// A reload: what the moved waiters want and has room now
 			// (a provider added, a limit raised) serves them at once.
-			for _, r := range pool.Waiting.Retire(h.line) {
-				if st, ok := pool.ByResource(r); ok && st.HasRoom() {
+			for _, r := range h.reg.Waiting.Retire(h.line) {
+				if st, ok := h.reg.ByResource(r); ok && st.HasRoom() {
 					st.Notify()
 				}
 			}
@@ -191,13 +204,13 @@ func (h *Handler) Cleanup() error {
 	// Cleanup writes no field of h: Caddy's events app copies the handler
 	// (its CaddyModule has a value receiver) while a late event is sent.
 	for _, name := range h.claimed {
-		pool.ReleaseClaim(name, h.gen)
+		h.reg.ReleaseClaim(name, h.gen)
 	}
 	if caddy.Exiting() {
 		// Parked sessions end with the process: held ones are closed,
 		// created provider sessions waiting for their window released.
-		pool.ExpireAll()
-		closeAllSessions()
+		h.reg.ExpireAll()
+		closeAllSessions(h.reg)
 		finishReleases(h.logger)
 	}
 	return nil
@@ -259,16 +272,16 @@ func closeOnExit(ctx caddy.Context, h *Handler) {
 				h.line.Close()
 			}
 			upstreams.StopCreates()
-			pool.ExpireAll()
-			closeAllSessions()
+			h.reg.ExpireAll()
+			closeAllSessions(h.reg)
 		}
 	})
 }
 
 // closeAllSessions ends every live session of the process with 1001 and
 // waits (a bounded time) until they have ended.
-func closeAllSessions() {
-	pool.CloseAll(upstreams.CloseGoingAway, upstreams.EndShutdown, time.Now().Add(2*upstreams.CloseWait))
+func closeAllSessions(reg *pool.Registry) {
+	reg.CloseAll(upstreams.CloseGoingAway, upstreams.EndShutdown, time.Now().Add(2*upstreams.CloseWait))
 }
 
 // Interface guards.

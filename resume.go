@@ -235,7 +235,7 @@ func (c *connect) newParking(m *member, up *upstreams.Conn) *parking {
 		h:        h,
 		window:   time.Duration(h.Resume.Window),
 		hold:     h.Resume.Hold,
-		token:    pool.ResumeTokenHash(c.token),
+		token:    c.h.reg.ResumeTokenHash(c.token),
 		key:      c.resumeKey(),
 		provider: m.up.Name,
 		up:       m.up,
@@ -249,7 +249,7 @@ func (c *connect) newParking(m *member, up *upstreams.Conn) *parking {
 		joined:   make(chan struct{}),
 	}
 	if c.quota != nil {
-		pk.client = c.quota.Shown()
+		pk.client = c.h.reg.Shown(*c.quota)
 	}
 	if h.shared != nil {
 		pk.store = h.shared.s
@@ -263,7 +263,7 @@ func (c *connect) resumeKey() string {
 	if c.h.ResumeKey == "" {
 		return ""
 	}
-	return pool.ResumeKeyHash(c.resumeKeyValue())
+	return c.h.reg.ResumeKeyHash(c.resumeKeyValue())
 }
 
 // resumeKeyValue is the client's resume_key value ("" without one, or
@@ -361,7 +361,7 @@ func (pk *parking) onPark(s *upstreams.Session) {
 
 // park registers the session for the window.
 func (pk *parking) park(held *upstreams.Session, code int) {
-	now := pool.Clock.Now()
+	now := pk.h.reg.Now()
 	e := &pool.Parked{
 		ID:        pk.currentID(),
 		Token:     pk.token,
@@ -408,7 +408,7 @@ func (pk *parking) park(held *upstreams.Session, code int) {
 	}
 	logger := pk.h.logger
 	store := pk.store
-	pool.Park(e, func(e *pool.Parked) {
+	pk.h.reg.Park(e, func(e *pool.Parked) {
 		// The window ran out (or an operator ended it, or the process
 		// is exiting).
 		if e.Shared && store != nil && store.Usable() {
@@ -495,7 +495,7 @@ func (c *connect) resume(presented string) {
 		c.refuseResume(unknown)
 		return
 	}
-	token := pool.ResumeTokenHash(presented)
+	token := c.h.reg.ResumeTokenHash(presented)
 	e, ok, unreachable := c.claim(token)
 	switch {
 	case unreachable:
@@ -507,7 +507,7 @@ func (c *connect) resume(presented string) {
 		return
 	}
 	if e.Refuse != "" {
-		pool.Unclaim(e)
+		c.h.reg.Unclaim(e)
 		c.refuseResume(resumeFailure{observe.ResumeConflict, http.StatusConflict, e.Refuse})
 		return
 	}
@@ -528,7 +528,7 @@ func (c *connect) resume(presented string) {
 func (c *connect) claim(token string) (e *pool.Parked, ok, unreachable bool) {
 	key := c.resumeKey()
 	c.awaitLeaving(token)
-	e, ok = pool.ClaimParked(token, key)
+	e, ok = c.h.reg.ClaimParked(token, key)
 	sh := c.h.shared
 	if sh == nil || (ok && !e.Shared) {
 		// Only this node could have parked it, and nobody else taken it.
@@ -539,7 +539,7 @@ func (c *connect) claim(token string) (e *pool.Parked, ok, unreachable bool) {
 			sh.s.Failed(op, err)
 		}
 		if ok {
-			pool.Unclaim(e)
+			c.h.reg.Unclaim(e)
 		}
 		return nil, false, true
 	}
@@ -575,7 +575,7 @@ func (c *connect) claim(token string) (e *pool.Parked, ok, unreachable bool) {
 	if err := sh.s.Store().AnnounceResumed(c.r.Context(), sp.Provider, token); err != nil {
 		sh.s.Failed("announce resumed", err)
 	}
-	now := pool.Clock.Now()
+	now := c.h.reg.Now()
 	return &pool.Parked{ID: sp.ID, Token: token, Provider: sp.Provider, Protocol: string(upstreams.ProtocolCDP), Point: rp,
 		Key: key, Started: sp.Started, Parked: now, Until: now.Add(left), Shared: true, Data: sp.Point}, true, false
 }
@@ -607,7 +607,7 @@ const leavingStart = 150 * time.Millisecond
 // resume looks for it. A session whose client is still connected stays
 // live: after leavingStart the resume finds nothing to take.
 func (c *connect) awaitLeaving(token string) {
-	ls, ok := pool.SessionByResumeToken(token)
+	ls, ok := c.h.reg.SessionByResumeToken(token)
 	if !ok || ls.Session.Parked() {
 		return
 	}
@@ -636,11 +636,11 @@ func (c *connect) awaitLeaving(token string) {
 // resume failed for a reason that is not the session's.
 func (c *connect) giveBack(e *pool.Parked) {
 	if !e.Shared {
-		pool.Unclaim(e)
+		c.h.reg.Unclaim(e)
 		return
 	}
 	sh := c.h.shared
-	if !pool.Unclaim(e) || sh == nil || !sh.s.Usable() {
+	if !c.h.reg.Unclaim(e) || sh == nil || !sh.s.Usable() {
 		return
 	}
 	sp, ok := e.Data.(upstreams.SharedPoint)
@@ -650,7 +650,7 @@ func (c *connect) giveBack(e *pool.Parked) {
 	if !ok {
 		return
 	}
-	left := e.Until.Sub(pool.Clock.Now())
+	left := e.Until.Sub(c.h.reg.Now())
 	v, _ := json.Marshal(sharedParked{ID: e.ID, Provider: e.Provider, Point: sp, Started: e.Started})
 	if err := sh.s.Store().ParkResume(context.WithoutCancel(c.r.Context()), e.Token, e.Key, v, left); err != nil {
 		sh.s.Failed("park resume", err)
@@ -687,7 +687,7 @@ func (c *connect) redial(e *pool.Parked) {
 			"the session's provider cannot take it back now (" + why + "); its window goes on"})
 	}
 	if m == nil {
-		pool.Unpark(e.ID)
+		c.h.reg.Unpark(e.ID)
 		lost()
 		c.refuseResume(resumeFailure{observe.ResumeUnavailable, http.StatusGone, "the session's provider is no longer configured here"})
 		return
@@ -705,7 +705,7 @@ func (c *connect) redial(e *pool.Parked) {
 		case kept != nil && kept.quota != nil && *kept.quota == k:
 			// Its own share, kept while it was parked.
 			c.quota, kept.quota, ownShare = kept.quota, nil, true
-		case !pool.TakeQuota(k, h.ClientLimit.Limit):
+		case !c.h.reg.TakeQuota(k, h.ClientLimit.Limit):
 			pk.putKept(kept)
 			kept = nil
 			c.giveBack(e)

@@ -271,7 +271,6 @@ func waitParked(t *testing.T, g *testgw.Gateway, id string) map[string]any {
 // same token; the session ID itself never resumes, and presenting it
 // spends nothing.
 func TestResumeSameBrowser(t *testing.T) {
-	t.Cleanup(pool.ExpireAll)
 	var contacts fakes.Contacts
 	a := startFakeBrowser(t, "rs-a", &contacts, false)
 	b := startFakeBrowser(t, "rs-b", &contacts, false)
@@ -349,7 +348,7 @@ func TestResumeSameBrowser(t *testing.T) {
 	for _, x := range []string{id, id2, id3} {
 		resumeRefused(t, g.WS("/?bf_resume="+x), nil, http.StatusGone)
 	}
-	if _, ok := pool.ParkedByID(id3); !ok {
+	if _, ok := pool.Current().ParkedByID(id3); !ok {
 		t.Fatal("presenting session IDs spent the parked session")
 	}
 }
@@ -362,7 +361,6 @@ func TestResumeSameBrowser(t *testing.T) {
 // the provider drained or in cooldown (the window goes on: the same token
 // resumes once the provider is back). None of these spends the token.
 func TestResumeRefused(t *testing.T) {
-	t.Cleanup(pool.ExpireAll)
 	var contacts fakes.Contacts
 	a := startFakeBrowser(t, "rr-a", &contacts, false)
 	b := startFakeBrowser(t, "rr-b", &contacts, false)
@@ -418,7 +416,7 @@ func TestResumeRefused(t *testing.T) {
 	}
 	a.setFailing(false)
 	testgw.Eventually(t, 10*time.Second, "rr-a's cooldown to end", func() bool {
-		p, ok := pool.Lookup("rr-a")
+		p, ok := pool.Current().Lookup("rr-a")
 		return ok && p.Health.Available()
 	})
 
@@ -471,10 +469,10 @@ func TestResumeRefused(t *testing.T) {
 	if msg := refused("no resume here", g.WS("/?bf_resume="+tok), alice, http.StatusGone); !strings.Contains(msg, "not resumable") {
 		t.Fatalf("refusal without resume: %q", msg)
 	}
-	if _, ok := pool.ParkedByID(id2); !ok {
+	if _, ok := pool.Current().ParkedByID(id2); !ok {
 		t.Fatalf("%s is no longer parked: its window goes on", id2)
 	}
-	if _, ok := pool.ParkedByID(id3); ok {
+	if _, ok := pool.Current().ParkedByID(id3); ok {
 		t.Fatalf("%s still parked after its window", id3)
 	}
 }
@@ -484,7 +482,6 @@ func TestResumeRefused(t *testing.T) {
 // answered, creating nothing; the session is released once, at the end of
 // the window after its last client left.
 func TestResumeSessionAPI(t *testing.T) {
-	t.Cleanup(pool.ExpireAll)
 	f, echo := echoREST(t)
 	g := testgw.Start(t, handler(`"resume":{"window":"1500ms"}`, apiProvider("rs-api", f, "")))
 	c, id, tok := resumeConnect(t, g.WS("/"), nil)
@@ -521,7 +518,6 @@ func TestResumeSessionAPI(t *testing.T) {
 // (parked, resumable_until) and the metrics; an operator's DELETE ends a
 // parked session, which then cannot be resumed.
 func TestResumeVisible(t *testing.T) {
-	t.Cleanup(pool.ExpireAll)
 	var contacts fakes.Contacts
 	a := startFakeBrowser(t, "rv-a", &contacts, false)
 	g := testgw.Start(t, handler(`"resume":{"window":"1m"}`, provider("rv-a", a.url(), "")))
@@ -595,7 +591,7 @@ func TestResumeVisible(t *testing.T) {
 	if code != 200 || !strings.Contains(string(body), `"parked":true`) {
 		t.Fatalf("DELETE of a parked session: %d %s", code, body)
 	}
-	if _, ok := pool.ParkedByID(id2); ok {
+	if _, ok := pool.Current().ParkedByID(id2); ok {
 		t.Fatal("still parked after DELETE")
 	}
 	resumeRefused(t, g.WS("/?bf_resume="+tok), nil, http.StatusGone)
@@ -613,7 +609,6 @@ func TestResumeVisible(t *testing.T) {
 // subprotocol (409 otherwise). At the window's end the provider gets the
 // client's own close code.
 func TestResumeHold(t *testing.T) {
-	t.Cleanup(pool.ExpireAll)
 	var contacts fakes.Contacts
 	a := startFakeBrowser(t, "rh-a", &contacts, true)
 	b := startFakeBrowser(t, "rh-b", &contacts, false)
@@ -716,7 +711,7 @@ func TestResumeHold(t *testing.T) {
 	if endReason, _ := waitLog(t, g, "session ended", id2)["close_reason"].(string); endReason != "resume window over" {
 		t.Fatalf("the held session ended with %q", endReason)
 	}
-	if n, held := pool.ParkedCount(); held != 0 {
+	if n, held := pool.Current().ParkedCount(); held != 0 {
 		t.Fatalf("%d parked (%d held) after the window", n, held)
 	}
 }
@@ -725,7 +720,6 @@ func TestResumeHold(t *testing.T) {
 // be held (a new connection cannot share its compression state): under
 // hold, its resume is answered 409 and nothing is kept open for it.
 func TestResumeHoldCompressed(t *testing.T) {
-	t.Cleanup(pool.ExpireAll)
 	var contacts fakes.Contacts
 	a := startFakeBrowser(t, "rz-a", &contacts, true)
 	a.compress = true
@@ -758,7 +752,6 @@ func TestResumeHoldCompressed(t *testing.T) {
 // browser; each client's request ends when it leaves, not with the
 // session.
 func TestResumeHoldHTTP2(t *testing.T) {
-	t.Cleanup(pool.ExpireAll)
 	var contacts fakes.Contacts
 	a := startFakeBrowser(t, "r2-a", &contacts, true)
 	g, tr := startH2(t, handler(`"resume":{"window":"1m","hold":true}`, provider("r2-a", a.url(), "")))
@@ -830,7 +823,6 @@ func TestResumeHoldHTTP2(t *testing.T) {
 // more: the client joins then, its first message reaches the browser
 // behind the commands, and it gets nothing but its own answers.
 func TestResumeHoldResetUnanswered(t *testing.T) {
-	t.Cleanup(pool.ExpireAll)
 	var contacts fakes.Contacts
 	a := startFakeBrowser(t, "rhu-a", &contacts, true)
 	a.mu.Lock()
@@ -873,7 +865,6 @@ func TestResumeHoldResetUnanswered(t *testing.T) {
 // share over; at the window's end everything is given back, released
 // once, and a new client gets a session.
 func TestParkedSessionsCount(t *testing.T) {
-	t.Cleanup(pool.ExpireAll)
 	f, _ := echoREST(t)
 	g := testgw.Start(t, handler(`"resume":{"window":"2s"},"queue":{"size":0},`+
 		`"client_limit":{"key":"{http.request.header.X-Client}","limit":1}`,
@@ -903,17 +894,17 @@ func TestParkedSessionsCount(t *testing.T) {
 	if b := f.Books(); len(b.Created) != 1 || len(b.Released) != 0 {
 		t.Fatalf("created %d, released %d: want 1 and 0", len(b.Created), len(b.Released))
 	}
-	if st, ok := pool.Lookup("pc-api"); !ok || st.Reserved() != 1 || st.Active() != 0 {
+	if st, ok := pool.Current().Lookup("pc-api"); !ok || st.Reserved() != 1 || st.Active() != 0 {
 		t.Fatal("the parked session does not hold its slot (or counts as connected)")
 	}
 
 	// The resume takes the slot and the share over: nothing more is taken.
 	c2, id2, _ := resumeConnect(t, g.WS("/?bf_resume="+tok), me)
 	echoOnce(t, c2, []byte("two"))
-	if st, _ := pool.Lookup("pc-api"); st.Reserved() != 1 || active("pc-api") != 1 {
+	if st, _ := pool.Current().Lookup("pc-api"); st.Reserved() != 1 || active("pc-api") != 1 {
 		t.Fatalf("resumed: reserved %d, active %d; want 1 and 1", st.Reserved(), active("pc-api"))
 	}
-	if n := pool.QuotaActive(pool.QuotaKey{Template: "{http.request.header.X-Client}", Value: "c1"}); n != 1 {
+	if n := pool.Current().QuotaActive(pool.QuotaKey{Template: "{http.request.header.X-Client}", Value: "c1"}); n != 1 {
 		t.Fatalf("the client's share counts %d sessions, want 1", n)
 	}
 	c2.Close(websocket.StatusNormalClosure, "")
@@ -925,10 +916,10 @@ func TestParkedSessionsCount(t *testing.T) {
 	// The window ends: released once, the slot and the share given back.
 	waitBooks(t, f, "pc-api", 1)
 	testgw.Eventually(t, 10*time.Second, "the slot to be free", func() bool {
-		st, _ := pool.Lookup("pc-api")
+		st, _ := pool.Current().Lookup("pc-api")
 		return st.Reserved() == 0
 	})
-	if n := pool.QuotaActive(pool.QuotaKey{Template: "{http.request.header.X-Client}", Value: "c1"}); n != 0 {
+	if n := pool.Current().QuotaActive(pool.QuotaKey{Template: "{http.request.header.X-Client}", Value: "c1"}); n != 0 {
 		t.Fatalf("the client's share still counts %d", n)
 	}
 	c3, _, _ := resumeConnect(t, g.WS("/"), me)
@@ -943,7 +934,6 @@ func TestParkedSessionsCount(t *testing.T) {
 // released then), so nothing parked is left unreachable. A token of the
 // wrong form gets 400.
 func TestResumeTokenReused(t *testing.T) {
-	t.Cleanup(pool.ExpireAll)
 	f, _ := echoREST(t)
 	g := testgw.Start(t, handler(`"resume":{"window":"1m"}`, apiProvider("tr-api", f, "")))
 	const token = "one-token-for-two-sessions"

@@ -272,7 +272,7 @@ func TestSecretsAudit(t *testing.T) {
 		keyed = append(keyed, c)
 	}
 	code, stBody := opAdmin(t, g, http.MethodGet, "/browser_failover/status")
-	if code != http.StatusOK || !bytes.Contains(stBody, []byte(pool.ShownKey(apiKey))) || !bytes.Contains(stBody, []byte(`"cluster"`)) {
+	if code != http.StatusOK || !bytes.Contains(stBody, []byte(pool.Current().ShownKey(apiKey))) || !bytes.Contains(stBody, []byte(`"cluster"`)) {
 		t.Fatalf("status without the hashed client key or the cluster: %s", stBody)
 	}
 	// The shown key is keyed with the deployment's secret kept in Caddy's
@@ -287,13 +287,13 @@ func TestSecretsAudit(t *testing.T) {
 	}
 	m := hmac.New(sha256.New, keySecret)
 	m.Write([]byte(apiKey))
-	if want := "hmac:" + hex.EncodeToString(m.Sum(nil)[:8]); pool.ShownKey(apiKey) != want {
-		t.Fatalf("shown key %s, want the HMAC with the stored secret %s", pool.ShownKey(apiKey), want)
+	if want := "hmac:" + hex.EncodeToString(m.Sum(nil)[:8]); pool.Current().ShownKey(apiKey) != want {
+		t.Fatalf("shown key %s, want the HMAC with the stored secret %s", pool.Current().ShownKey(apiKey), want)
 	}
 	forms = append(forms, secretForms(string(stored), string(keySecret))...)
 	record("status with client keys", stBody)
 	code, ssBody := opAdmin(t, g, http.MethodGet, "/browser_failover/sessions")
-	if code != http.StatusOK || !bytes.Contains(ssBody, []byte(pool.ShownKey(apiKey))) {
+	if code != http.StatusOK || !bytes.Contains(ssBody, []byte(pool.Current().ShownKey(apiKey))) {
 		t.Fatalf("sessions list without the hashed client key: %s", ssBody)
 	}
 	record("sessions with client keys", ssBody)
@@ -309,7 +309,7 @@ func TestSecretsAudit(t *testing.T) {
 	json.Unmarshal(ssBody, &live)
 	var ends []string
 	for _, s := range live.Sessions {
-		if s.Client == pool.ShownKey(apiKey) {
+		if s.Client == pool.Current().ShownKey(apiKey) {
 			ends = append(ends, s.ID)
 		}
 	}
@@ -361,7 +361,7 @@ func TestSecretsAudit(t *testing.T) {
 	for _, n := range names {
 		admin(n, "undrain")
 	}
-	testgw.Eventually(t, 5*time.Second, "sessions to end", func() bool { return pool.LiveSessions() == 0 })
+	testgw.Eventually(t, 5*time.Second, "sessions to end", func() bool { return pool.Current().LiveSessions() == 0 })
 	testgw.Eventually(t, 5*time.Second, "the rejection's webhook", func() bool {
 		bs, _ := rv.got()
 		return len(bs) > 0 && bytes.Contains(bs[len(bs)-1], []byte("browser_failover.rejected"))

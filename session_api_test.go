@@ -22,6 +22,7 @@ import (
 
 	"github.com/browserfailover/caddy-browser-failover/internal/fakes"
 	"github.com/browserfailover/caddy-browser-failover/internal/testgw"
+	"github.com/browserfailover/caddy-browser-failover/pool"
 	"github.com/browserfailover/caddy-browser-failover/status"
 	"github.com/browserfailover/caddy-browser-failover/upstreams"
 )
@@ -62,7 +63,7 @@ func waitBooks(t *testing.T, f *fakes.REST, provider string, n int) {
 		t.Fatal(last)
 	}
 	testgw.Eventually(t, 10*time.Second, "the gateway's books", func() bool {
-		gb, ok := upstreams.LookupBooks(provider)
+		gb, ok := pool.Current().LookupBooks(provider)
 		return ok && gb.Unreleased() == 0
 	})
 }
@@ -127,7 +128,7 @@ func TestSessionAPICreateConnectRelease(t *testing.T) {
 	if err := json.Unmarshal(f.CreateBodies()[0], &body); err != nil || body.ProjectID != "proj-1" || body.UserMetadata.Client != `team "a"` {
 		t.Fatalf("create body %s: %v", f.CreateBodies()[0], err)
 	}
-	gb, _ := upstreams.LookupBooks("api-main")
+	gb, _ := pool.Current().LookupBooks("api-main")
 	if gb.Unreleased() != 1 {
 		t.Fatalf("unreleased while live: %d", gb.Unreleased())
 	}
@@ -532,7 +533,7 @@ func TestSessionAPIReleaseRetries(t *testing.T) {
 		return false
 	}
 	g := testgw.Start(t, handler(`"queue":{"size":0}`, apiProvider("api-retry", f, "")))
-	gb, _ := upstreams.LookupBooks("api-retry")
+	gb, _ := pool.Current().LookupBooks("api-retry")
 	before := gb.ReleaseFailures.Load() // the books are the process's: -count runs add up
 	c, _, err := dial(t, g.WS("/"), nil)
 	if err != nil {

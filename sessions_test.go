@@ -208,7 +208,7 @@ http://%s {
 
 	// Every provider drained: a rejection.
 	for _, n := range []string{"ph-down", "ph-echo"} {
-		if _, err := status.Act(n, "drain"); err != nil {
+		if _, err := status.Act(pool.Current(), n, "drain"); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -286,7 +286,7 @@ func TestEndSession(t *testing.T) {
 		waiter <- dialed{c, resp, err}
 	}()
 	testgw.Eventually(t, 10*time.Second, "the second client to wait", func() bool {
-		return pool.Waiting.Len() == 1
+		return pool.Current().Waiting.Len() == 1
 	})
 
 	list := listSessions(t, g.Admin)
@@ -294,7 +294,7 @@ func TestEndSession(t *testing.T) {
 		t.Fatalf("sessions %+v, want only %s", list, firstID)
 	}
 	s := list[0]
-	if s.Provider != "end-rec" || s.Protocol != "cdp" || s.Client == nil || *s.Client != pool.ShownKey("team-blue") ||
+	if s.Provider != "end-rec" || s.Protocol != "cdp" || s.Client == nil || *s.Client != pool.Current().ShownKey("team-blue") ||
 		s.BytesUp < int64(len("first session")) || s.BytesDown < int64(len("first session")) ||
 		time.Since(s.Started) > time.Minute || s.Started.After(time.Now()) {
 		t.Fatalf("listed %+v", s)
@@ -330,7 +330,7 @@ func TestEndSession(t *testing.T) {
 	if len(list) != 1 || list[0].ID != wid || list[0].Protocol != "playwright" {
 		t.Fatalf("sessions after the end: %+v, want only %s (playwright)", list, wid)
 	}
-	if n := pool.QuotaActive(pool.QuotaKey{Template: "{http.request.header.X-Team}", Value: "team-blue"}); n != 1 {
+	if n := pool.Current().QuotaActive(pool.QuotaKey{Template: "{http.request.header.X-Team}", Value: "team-blue"}); n != 1 {
 		t.Fatalf("team-blue holds %d sessions, want 1", n)
 	}
 	var e map[string]any

@@ -19,12 +19,6 @@ import (
 // max_concurrent holds across every gateway node, and a cooldown or a
 // 408/429 skip started by one node is honoured by all, as what it is.
 
-// poolClock is the clock the providers' health runs on (pool.Clock), for
-// the shared state to give the ends of cooldowns and skips on it.
-type poolClock struct{}
-
-func (poolClock) Now() time.Time { return pool.Clock.Now() }
-
 // sharedHooks count how the shared state fares in the metrics: the
 // shared_state_up gauge, shown while a store is open, and
 // shared_state_errors_total by operation.
@@ -77,7 +71,9 @@ func (h *Handler) provisionShared() error {
 	if node == "" {
 		node = cluster.DefaultNode()
 	}
-	cfg.Clock = poolClock{}
+	// The clock the providers' health runs on, for the shared state to
+	// give the ends of cooldowns and skips on it.
+	cfg.Clock = h.reg.Clock()
 	cfg.Hooks = sharedHooks()
 	s, err := cluster.Use(cfg, node, h.logger)
 	if err != nil {
@@ -100,7 +96,7 @@ func (h *Handler) provisionShared() error {
 			// Taken back through another node: this node's entry of it
 			// is stale.
 			if e.Node != s.Store().Node() {
-				pool.UnparkToken(e.Session)
+				h.reg.UnparkToken(e.Session)
 			}
 			return
 		}

@@ -566,7 +566,7 @@ func soakSettle(t *testing.T, g *testgw.Gateway, names []string, wait time.Durat
 	var why string
 	settled := func() bool {
 		for _, n := range names {
-			p, ok := pool.Lookup(n)
+			p, ok := pool.Current().Lookup(n)
 			if !ok {
 				why = n + " is not configured"
 				return false
@@ -576,21 +576,21 @@ func soakSettle(t *testing.T, g *testgw.Gateway, names []string, wait time.Durat
 				return false
 			}
 		}
-		if n := pool.LiveSessions(); n != 0 {
+		if n := pool.Current().LiveSessions(); n != 0 {
 			why = fmt.Sprintf("%d live sessions", n)
 			return false
 		}
-		for _, q := range pool.Queues() {
+		for _, q := range pool.Current().Queues() {
 			if q.Waiting != 0 {
 				why = fmt.Sprintf("queue of %v: %d waiting", q.Providers, q.Waiting)
 				return false
 			}
 		}
-		if n, held := pool.ParkedCount(); n != 0 {
+		if n, held := pool.Current().ParkedCount(); n != 0 {
 			why = fmt.Sprintf("%d sessions parked (%d held)", n, held)
 			return false
 		}
-		if cl := pool.Clients(); len(cl) != 0 {
+		if cl := pool.Current().Clients(); len(cl) != 0 {
 			why = fmt.Sprintf("client quotas still counted: %+v", cl)
 			return false
 		}
@@ -863,7 +863,7 @@ func waitReleased(t *testing.T, f *fakes.REST, provider string) fakes.Books {
 	testgw.Eventually(t, 30*time.Second, "every created session released once", func() bool {
 		b = f.Books()
 		last = b.Balanced()
-		gb, ok := upstreams.LookupBooks(provider)
+		gb, ok := pool.Current().LookupBooks(provider)
 		if last == nil && (!ok || gb.Unreleased() != 0) {
 			last = fmt.Errorf("the gateway counts sessions unreleased")
 		}

@@ -38,7 +38,7 @@ func handler(extra string, providers ...string) string {
 
 // active is the provider's live session count (-1: unknown provider).
 func active(name string) int64 {
-	p, ok := pool.Lookup(name)
+	p, ok := pool.Current().Lookup(name)
 	if !ok {
 		return -1
 	}
@@ -274,7 +274,7 @@ func TestPlaywrightServerBehindRefused(t *testing.T) {
 	if resp == nil || resp.StatusCode != http.StatusServiceUnavailable || !strings.Contains(string(body), `"provider":"pw-server","outcome":"status_428"`) {
 		t.Fatalf("mismatched client: %v %v %s", err, resp, body)
 	}
-	if st, _ := pool.Lookup("pw-server"); st.LastError() != "status_428" {
+	if st, _ := pool.Current().Lookup("pw-server"); st.LastError() != "status_428" {
 		t.Logf("pw-server last error %q", st.LastError())
 	}
 
@@ -329,8 +329,8 @@ func TestChromiumKilledMidSession(t *testing.T) {
 	if s := ended(g)[1]; s.Provider != "kill-b" || strings.Join(s.Attempts, ",") != "kill-a:refused,kill-b:ok" {
 		t.Fatalf("second session %+v, want kill-a:refused then kill-b:ok", s)
 	}
-	if pool.LiveSessions() != 0 {
-		t.Fatalf("%d sessions still live", pool.LiveSessions())
+	if pool.Current().LiveSessions() != 0 {
+		t.Fatalf("%d sessions still live", pool.Current().LiveSessions())
 	}
 }
 

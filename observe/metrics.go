@@ -99,9 +99,9 @@ var (
 	}, []string{"result"})
 )
 
-// poolCollector reads the process-wide pool at scrape time: live sessions
-// and health per provider, and the clients waiting in every queue.
-type poolCollector struct{}
+// poolCollector reads the registry at scrape time: live sessions and
+// health per provider, and the clients waiting in every queue.
+type poolCollector struct{ reg *pool.Registry }
 
 var (
 	activeDesc = prometheus.NewDesc(prometheus.BuildFQName(namespace, subsystem, "active_sessions"),
@@ -133,8 +133,8 @@ func (poolCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- clientWaitingDesc
 }
 
-func (poolCollector) Collect(ch chan<- prometheus.Metric) {
-	for _, p := range pool.All() {
+func (c poolCollector) Collect(ch chan<- prometheus.Metric) {
+	for _, p := range c.reg.All() {
 		ch <- prometheus.MustNewConstMetric(activeDesc, prometheus.GaugeValue, float64(p.Active()), p.Name())
 		healthy := 0.0
 		if p.Health.Available() {
@@ -149,17 +149,17 @@ func (poolCollector) Collect(ch chan<- prometheus.Metric) {
 		}
 	}
 	waiting := 0
-	for _, q := range pool.Queues() {
+	for _, q := range c.reg.Queues() {
 		waiting += q.Waiting
 	}
 	ch <- prometheus.MustNewConstMetric(waitingDesc, prometheus.GaugeValue, float64(waiting))
 	keys, live, keyWaiting := 0, 0, 0
-	for _, c := range pool.Clients() {
-		if c.Active > 0 {
+	for _, k := range c.reg.Clients() {
+		if k.Active > 0 {
 			keys++
 		}
-		live += c.Active
-		keyWaiting += c.Waiting
+		live += k.Active
+		keyWaiting += k.Waiting
 	}
 	ch <- prometheus.MustNewConstMetric(clientKeysDesc, prometheus.GaugeValue, float64(keys))
 	ch <- prometheus.MustNewConstMetric(clientSessionsDesc, prometheus.GaugeValue, float64(live))
@@ -173,9 +173,10 @@ func (poolCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 }
 
-// orphanCollector reads upstreams' session API books at scrape time: the
-// provider sessions a create answer may have made that nobody can release.
-type orphanCollector struct{}
+// orphanCollector reads the registry's session API books at scrape time:
+// the provider sessions a create answer may have made that nobody can
+// release.
+type orphanCollector struct{ reg *pool.Registry }
 
 var orphansDesc = prometheus.NewDesc(prometheus.BuildFQName(namespace, subsystem, "session_orphans_total"),
 	"Provider sessions a 2xx create answer may have made that cannot be released, their ID unreadable (none at session_id, not JSON, over the read limit, cut short), by provider.",
@@ -183,29 +184,31 @@ var orphansDesc = prometheus.NewDesc(prometheus.BuildFQName(namespace, subsystem
 
 func (orphanCollector) Describe(ch chan<- *prometheus.Desc) { ch <- orphansDesc }
 
-func (orphanCollector) Collect(ch chan<- prometheus.Metric) {
-	names, books := upstreams.AllBooks()
+func (c orphanCollector) Collect(ch chan<- prometheus.Metric) {
+	names, books := c.reg.AllBooks()
 	for i, n := range names {
 		ch <- prometheus.MustNewConstMetric(orphansDesc, prometheus.CounterValue, float64(books[i].Orphans.Load()), n)
 	}
 }
 
-// collectors is everything Register puts in a registry.
-var collectors = []prometheus.Collector{
+// counters are the process's counters and histograms.
+var counters = []prometheus.Collector{
 	attempts, failovers, rejections, queueWait, handshake, sessionDuration,
-	eventDrops, webhookDeliveries, hedgesStarted, hedgesWon, hedgesWasted, sharedErrors, probes, poolCollector{},
-	orphanCollector{},
+	eventDrops, webhookDeliveries, hedgesStarted, hedgesWon, hedgesWasted, sharedErrors, probes, resumes,
 }
 
-// Register adds the process-wide collectors to reg (a config load's
-// registry, ctx.GetMetricsRegistry()). Registering again with the same
+// Register adds the counters, and the gauges read from the gateway's
+// registry reg at scrape time, to prom (a config load's metrics registry,
+// ctx.GetMetricsRegistry()). Registering again with the same metrics
 // registry, as every handler of one config does, is not an error.
-func Register(reg *prometheus.Registry) error {
-	if reg == nil {
+func Register(prom *prometheus.Registry, reg *pool.Registry) error {
+	if prom == nil {
 		return nil
 	}
+	collectors := append(counters[:len(counters):len(counters)],
+		poolCollector{reg}, orphanCollector{reg}, sessionAPICollector{reg}, parkedCollector{reg})
 	for _, c := range collectors {
-		if err := reg.Register(c); err != nil {
+		if err := prom.Register(c); err != nil {
 			var are prometheus.AlreadyRegisteredError
 			if errors.As(err, &are) {
 				continue

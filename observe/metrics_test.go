@@ -5,6 +5,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/browserfailover/caddy-browser-failover/pool"
 	"github.com/browserfailover/caddy-browser-failover/upstreams"
 )
 
@@ -15,11 +16,10 @@ func TestSessionOrphansMetric(t *testing.T) {
 	if got := OutcomeLabel(upstreams.WordBadConnectURL); got != "bad_connect_url" {
 		t.Fatalf("OutcomeLabel(bad_connect_url) = %q", got)
 	}
-	b := upstreams.BooksOf("orphan-metric-test")
-	b.Orphans.Add(2)
-	t.Cleanup(func() { b.Orphans.Add(-2) })
+	r := pool.NewRegistry(nil)
+	r.Books("orphan-metric-test").Orphans.Add(2)
 	reg := prometheus.NewRegistry()
-	if err := Register(reg); err != nil {
+	if err := Register(reg, r); err != nil {
 		t.Fatal(err)
 	}
 	families, err := reg.Gather()

@@ -8,6 +8,7 @@ package observe
 
 import (
 	"fmt"
+	"github.com/browserfailover/caddy-browser-failover/pool"
 	"sync"
 	"time"
 
@@ -57,8 +58,8 @@ type Observer struct {
 // metrics with the config load's registry, finds the events app and starts
 // the webhooks' senders (their URL and secret may hold placeholders such as
 // {env.X}, resolved here). Close stops it.
-func New(ctx caddy.Context, logger *zap.Logger, hooks []*WebhookConfig) (*Observer, error) {
-	if err := Register(ctx.GetMetricsRegistry()); err != nil {
+func New(ctx caddy.Context, logger *zap.Logger, hooks []*WebhookConfig, reg *pool.Registry) (*Observer, error) {
+	if err := Register(ctx.GetMetricsRegistry(), reg); err != nil {
 		return nil, err
 	}
 	o := &Observer{

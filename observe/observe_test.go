@@ -2,6 +2,7 @@ package observe
 
 import (
 	"encoding/json"
+	"github.com/browserfailover/caddy-browser-failover/pool"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -74,16 +75,16 @@ func TestWebhookValidate(t *testing.T) {
 
 func TestRegisterTwiceAndPerRegistry(t *testing.T) {
 	r1 := prometheus.NewPedanticRegistry()
-	if err := Register(r1); err != nil {
+	if err := Register(r1, pool.NewRegistry(nil)); err != nil {
 		t.Fatal(err)
 	}
-	if err := Register(r1); err != nil {
+	if err := Register(r1, pool.NewRegistry(nil)); err != nil {
 		t.Fatalf("second registration with the same registry: %v", err)
 	}
 	Attempt("unit-reg", upstreams.Outcome{Word: "ok", Kind: upstreams.Success, Elapsed: 5 * time.Millisecond})
 	// A reload: a new registry gets the same process-wide collectors.
 	r2 := prometheus.NewPedanticRegistry()
-	if err := Register(r2); err != nil {
+	if err := Register(r2, pool.NewRegistry(nil)); err != nil {
 		t.Fatal(err)
 	}
 	for _, r := range []*prometheus.Registry{r1, r2} {
@@ -101,7 +102,7 @@ func TestRegisterTwiceAndPerRegistry(t *testing.T) {
 			}
 		}
 	}
-	if err := Register(nil); err != nil {
+	if err := Register(nil, nil); err != nil {
 		t.Fatal(err)
 	}
 }

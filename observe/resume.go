@@ -36,19 +36,15 @@ var (
 		[]string{"held"}, nil)
 )
 
-func init() {
-	collectors = append(collectors, resumes, parkedCollector{})
-}
-
 // Resume counts a resume request's result.
 func Resume(result string) { resumes.WithLabelValues(result).Inc() }
 
-type parkedCollector struct{}
+type parkedCollector struct{ reg *pool.Registry }
 
 func (parkedCollector) Describe(ch chan<- *prometheus.Desc) { ch <- parkedDesc }
 
-func (parkedCollector) Collect(ch chan<- prometheus.Metric) {
-	all, held := pool.ParkedCount()
+func (c parkedCollector) Collect(ch chan<- prometheus.Metric) {
+	all, held := c.reg.ParkedCount()
 	ch <- prometheus.MustNewConstMetric(parkedDesc, prometheus.GaugeValue, float64(all-held), "false")
 	ch <- prometheus.MustNewConstMetric(parkedDesc, prometheus.GaugeValue, float64(held), "true")
 }

@@ -3,11 +3,12 @@ package observe
 import (
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/browserfailover/caddy-browser-failover/pool"
 	"github.com/browserfailover/caddy-browser-failover/upstreams"
 )
 
 // Counts of provider sessions created and released over session APIs,
-// read from upstreams' process-wide books.
+// read from the registry's books.
 var (
 	sessionsCreatedDesc = prometheus.NewDesc(prometheus.BuildFQName(namespace, subsystem, "sessions_created_total"),
 		"Provider sessions created over a session API, by provider.", []string{"provider"}, nil)
@@ -19,7 +20,7 @@ var (
 		"Provider sessions created and not released yet, by provider.", []string{"provider"}, nil)
 )
 
-type sessionAPICollector struct{}
+type sessionAPICollector struct{ reg *pool.Registry }
 
 func (sessionAPICollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- sessionsCreatedDesc
@@ -28,8 +29,8 @@ func (sessionAPICollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- unreleasedDesc
 }
 
-func (sessionAPICollector) Collect(ch chan<- prometheus.Metric) {
-	names, books := upstreams.AllBooks()
+func (c sessionAPICollector) Collect(ch chan<- prometheus.Metric) {
+	names, books := c.reg.AllBooks()
 	for i, n := range names {
 		b := books[i]
 		ch <- prometheus.MustNewConstMetric(sessionsCreatedDesc, prometheus.CounterValue, float64(b.Created.Load()), n)
@@ -40,7 +41,6 @@ func (sessionAPICollector) Collect(ch chan<- prometheus.Metric) {
 }
 
 func init() {
-	collectors = append(collectors, sessionAPICollector{})
 	outcomeWords[upstreams.WordCreateFailed] = true
 	outcomeWords[upstreams.WordBadCreate] = true
 }

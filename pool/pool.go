@@ -1,10 +1,12 @@
-// Package pool owns the process-wide state of every provider, keyed by the
-// provider's name: its live-session slots, its health (a cooldown machine),
-// its counters and last error, the operator's drain flag, and the live
-// sessions themselves. It lives in a caddy.UsagePool so a config reload keeps
-// live sessions open and counted and keeps cooldowns. Handlers take entries
-// on Provision and release them on Cleanup; the admin API reads entries here,
-// never from a handler.
+// Package pool owns the gateway's state that outlives a config load, in
+// one value, the Registry: the state of every provider, keyed by the
+// provider's name (its live-session slots, its health — a cooldown machine
+// —, its counters and last error, the operator's drain flag, its probe
+// loop), the wait queue, the client quotas, and the live and parked
+// sessions. The process's registry lives in a caddy.UsagePool so a config
+// reload keeps live sessions open and counted and keeps cooldowns.
+// Handlers take provider entries on Provision and release them on
+// Cleanup; the admin API reads the registry, never a handler.
 package pool
 
 import (
@@ -26,6 +28,7 @@ import (
 
 // Provider is the process-wide state of one provider name.
 type Provider struct {
+	reg    *Registry
 	name   string
 	Health *cooldown.Health
 
@@ -71,28 +74,6 @@ type resetter struct {
 // Name is the provider's name.
 func (p *Provider) Name() string { return p.name }
 
-var providers = caddy.NewUsagePool()
-
-// Clock is the clock of every provider's health and of the wait queue;
-// tests replace it before they claim providers.
-var Clock queue.Clock = queue.RealClock()
-
-// now reads Clock at call time, so a replaced Clock takes effect.
-func now() time.Time { return Clock.Now() }
-
-// clockNow is a clock that follows Clock, for the health of every provider
-// and the queue.
-type clockNow struct{}
-
-func (clockNow) Now() time.Time                                  { return Clock.Now() }
-func (clockNow) AfterFunc(d time.Duration, f func()) queue.Timer { return Clock.AfterFunc(d, f) }
-
-// Waiting is the process's wait queue: clients of every handler waiting for
-// a provider or for their client_limit share, in arrival order. Providers
-// offer it their slots, cooldown ends and undrains; quotas offer it their
-// keys.
-var Waiting = queue.New(clockNow{})
-
 // resourcePrefix starts the queue resource of every provider.
 const resourcePrefix = "provider\x00"
 
@@ -104,32 +85,32 @@ func Resource(name string) string { return resourcePrefix + name }
 func (p *Provider) Resource() string { return Resource(p.name) }
 
 // ByResource finds the configured provider of a queue resource.
-func ByResource(r string) (*Provider, bool) {
-	name, ok := strings.CutPrefix(r, resourcePrefix)
+func (r *Registry) ByResource(res string) (*Provider, bool) {
+	name, ok := strings.CutPrefix(res, resourcePrefix)
 	if !ok {
 		return nil, false
 	}
-	return Lookup(name)
+	return r.Lookup(name)
 }
 
 // Claim takes (or creates) the entry for name on behalf of one handler of a
 // config load identified by gen. urlKey is the provider's resolved URL and
 // redacted its shown form. The same name with two URLs in one config load
 // is an error; across loads the newest config wins.
-func Claim(name, urlKey, redacted string, gen any, cfg cooldown.Config, single bool, maxConcurrent int) (*Provider, error) {
-	v, _, err := providers.LoadOrNew(name, func() (caddy.Destructor, error) {
+func (r *Registry) Claim(name, urlKey, redacted string, gen any, cfg cooldown.Config, single bool, maxConcurrent int) (*Provider, error) {
+	v, _, err := r.providers.LoadOrNew(name, func() (caddy.Destructor, error) {
 		// A provider that left the config with sessions still live comes
 		// back with them (and its health): they still hold its slots.
-		retiredMu.Lock()
-		defer retiredMu.Unlock()
-		if p, ok := retired[name]; ok {
-			delete(retired, name)
+		r.retiredMu.Lock()
+		defer r.retiredMu.Unlock()
+		if p, ok := r.retired[name]; ok {
+			delete(r.retired, name)
 			return p, nil
 		}
 		// A name that was drained before it left the config comes back
 		// undrained.
-		Waiting.Restore(Resource(name))
-		return &Provider{name: name, Health: cooldown.New(cfg, clockNow{})}, nil
+		r.Waiting.Restore(Resource(name))
+		return &Provider{reg: r, name: name, Health: cooldown.New(cfg, r.clock)}, nil
 	})
 	if err != nil {
 		return nil, err
@@ -138,7 +119,7 @@ func Claim(name, urlKey, redacted string, gen any, cfg cooldown.Config, single b
 	p.mu.Lock()
 	if p.gen == gen && p.urlKey != urlKey && p.urlKey != "" {
 		p.mu.Unlock()
-		providers.Delete(name)
+		r.providers.Delete(name)
 		return nil, fmt.Errorf("provider %q is declared with two different URLs", name)
 	}
 	if p.gen != gen {
@@ -179,9 +160,9 @@ type claimed struct {
 // the settings of the load before gen are put back once gen's last claim
 // is released: a config that never ran must not leave its limits, cooldown
 // settings or URL on the running config's provider.
-func ReleaseClaim(name string, gen any) {
-	p, ok := Lookup(name)
-	if deleted, _ := providers.Delete(name); !ok || deleted {
+func (r *Registry) ReleaseClaim(name string, gen any) {
+	p, ok := r.Lookup(name)
+	if deleted, _ := r.providers.Delete(name); !ok || deleted {
 		return
 	}
 	p.mu.Lock()
@@ -208,11 +189,12 @@ func ReleaseClaim(name string, gen any) {
 // sessions, if any, keep running until they end; until then the entry is
 // kept aside, so a config that brings the name back counts them.
 func (p *Provider) Destruct() error {
-	retiredMu.Lock()
+	r := p.reg
+	r.retiredMu.Lock()
 	if p.used.Load() > 0 {
-		retired[p.name] = p
+		r.retired[p.name] = p
 	}
-	retiredMu.Unlock()
+	r.retiredMu.Unlock()
 	return nil
 }
 
@@ -221,25 +203,20 @@ func (p *Provider) Destruct() error {
 func (p *Provider) giveBack() int64 {
 	u := p.used.Add(-1)
 	if u == 0 {
-		retiredMu.Lock()
-		if retired[p.name] == p {
-			delete(retired, p.name)
+		r := p.reg
+		r.retiredMu.Lock()
+		if r.retired[p.name] == p {
+			delete(r.retired, p.name)
 		}
-		retiredMu.Unlock()
+		r.retiredMu.Unlock()
 	}
 	return u
 }
 
-// Providers that left the config with live sessions, by name.
-var (
-	retiredMu sync.Mutex
-	retired   = map[string]*Provider{}
-)
-
 // Lookup finds the entry of a configured provider.
-func Lookup(name string) (*Provider, bool) {
+func (r *Registry) Lookup(name string) (*Provider, bool) {
 	var found *Provider
-	providers.Range(func(k, v any) bool {
+	r.providers.Range(func(k, v any) bool {
 		if k == name {
 			found = v.(*Provider)
 			return false
@@ -250,9 +227,9 @@ func Lookup(name string) (*Provider, bool) {
 }
 
 // All lists every configured provider's entry, sorted by name.
-func All() []*Provider {
+func (r *Registry) All() []*Provider {
 	var all []*Provider
-	providers.Range(func(_, v any) bool {
+	r.providers.Range(func(_, v any) bool {
 		all = append(all, v.(*Provider))
 		return true
 	})
@@ -313,7 +290,7 @@ func (p *Provider) Unreserve() {
 func (p *Provider) UnreserveFailed() {
 	u := p.giveBack()
 	if m := p.Limit(); m > 0 && u+1 >= m && p.skippedFull.Swap(false) {
-		p.WakeAt(now().Add(time.Second))
+		p.WakeAt(p.reg.Now().Add(time.Second))
 	}
 }
 
@@ -325,14 +302,14 @@ func (p *Provider) SkippedFull() { p.skippedFull.Store(true) }
 func (p *Provider) Establish(s *upstreams.Session, info SessionInfo) {
 	p.live.Add(1)
 	info.Provider = p.name
-	track(s, info)
+	p.reg.track(s, info)
 }
 
 // End frees a live session's slot. The live count drops before the slot
 // is given back, so a session that takes the slot at once is never
 // counted beside the one that left it (live never exceeds the limit).
 func (p *Provider) End(s *upstreams.Session) {
-	untrack(s)
+	p.reg.untrack(s)
 	p.live.Add(-1)
 	p.giveBack()
 	p.Notify()
@@ -345,7 +322,7 @@ func (p *Provider) End(s *upstreams.Session) {
 // max_concurrent. The slot is given back with Unreserve when the window
 // ends, or taken over by the resume (Establish, as after TryReserve).
 func (p *Provider) Park(s *upstreams.Session) {
-	untrack(s)
+	p.reg.untrack(s)
 	p.live.Add(-1)
 }
 
@@ -367,9 +344,9 @@ func (p *Provider) Draining() bool { return p.draining.Load() }
 func (p *Provider) SetDraining(on bool) {
 	p.draining.Store(on)
 	if on {
-		Waiting.Withdraw(p.Resource())
+		p.reg.Waiting.Withdraw(p.Resource())
 	} else {
-		Waiting.Restore(p.Resource())
+		p.reg.Waiting.Restore(p.Resource())
 	}
 }
 
@@ -460,10 +437,10 @@ func (p *Provider) HandshakeMS() (float64, bool) {
 
 // Notify offers the provider to the longest-waiting client that can use
 // it: a slot freed, a trial passed, or a limit grew.
-func (p *Provider) Notify() { Waiting.Offer(p.Resource()) }
+func (p *Provider) Notify() { p.reg.Waiting.Offer(p.Resource()) }
 
 // WakeAt offers the provider at t (the end of its cooldown or skip).
-func (p *Provider) WakeAt(t time.Time) { Waiting.OfferAt(p.Resource(), t) }
+func (p *Provider) WakeAt(t time.Time) { p.reg.Waiting.OfferAt(p.Resource(), t) }
 
 // HasRoom tells whether a client could be given the provider now: not
 // drained, below max_concurrent, and healthy (no cooldown, skip or trial in
@@ -494,36 +471,30 @@ type queueEntry struct {
 	order     uint64
 }
 
-var (
-	queuesMu sync.Mutex
-	queues   = map[any]queueEntry{}
-	queueSeq uint64
-)
-
 // RegisterQueue lists a handler's queue (q may report size 0 when the queue
 // is off) under owner until UnregisterQueue.
-func RegisterQueue(owner any, q QueueInfo, providers []string) {
-	queuesMu.Lock()
-	queueSeq++
-	queues[owner] = queueEntry{q: q, providers: providers, order: queueSeq}
-	queuesMu.Unlock()
+func (r *Registry) RegisterQueue(owner any, q QueueInfo, providers []string) {
+	r.queuesMu.Lock()
+	r.queueSeq++
+	r.queues[owner] = queueEntry{q: q, providers: providers, order: r.queueSeq}
+	r.queuesMu.Unlock()
 }
 
 // UnregisterQueue removes owner's queue.
-func UnregisterQueue(owner any) {
-	queuesMu.Lock()
-	delete(queues, owner)
-	queuesMu.Unlock()
+func (r *Registry) UnregisterQueue(owner any) {
+	r.queuesMu.Lock()
+	delete(r.queues, owner)
+	r.queuesMu.Unlock()
 }
 
 // Queues lists the registered queues in registration order.
-func Queues() []QueueCount {
-	queuesMu.Lock()
-	entries := make([]queueEntry, 0, len(queues))
-	for _, e := range queues {
+func (r *Registry) Queues() []QueueCount {
+	r.queuesMu.Lock()
+	entries := make([]queueEntry, 0, len(r.queues))
+	for _, e := range r.queues {
 		entries = append(entries, e)
 	}
-	queuesMu.Unlock()
+	r.queuesMu.Unlock()
 	sort.Slice(entries, func(i, j int) bool { return entries[i].order < entries[j].order })
 	out := make([]QueueCount, 0, len(entries))
 	for _, e := range entries {
@@ -568,6 +539,9 @@ func (p *Provider) Cluster() ClusterView {
 	defer p.mu.Unlock()
 	return p.cluster
 }
+
+// Books are the provider's session API counts, when it has a session API.
+func (p *Provider) Books() (*upstreams.Books, bool) { return p.reg.LookupBooks(p.name) }
 
 // Interface guard: a Provider is a value of the process-wide UsagePool
 // (its Destruct runs when no config uses the name any more).

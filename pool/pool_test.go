@@ -15,52 +15,53 @@ import (
 // the name) leaves the running load's settings; a load that replaces the
 // running one keeps its own when the old one lets go.
 func TestReleaseClaimRestores(t *testing.T) {
+	r := NewRegistry(nil)
 	running, failed, next := new(int), new(int), new(int) // load identities
 	cfg := cooldown.Config{MinRequests: 3}
-	p, err := Claim("pool-unit", "ws://h:1/", "ws://h:1/", running, cfg, false, 2)
+	p, err := r.Claim("pool-unit", "ws://h:1/", "ws://h:1/", running, cfg, false, 2)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer ReleaseClaim("pool-unit", next)
+	defer r.ReleaseClaim("pool-unit", next)
 
 	// A failing load: two handlers claim it with other settings.
 	for range 2 {
-		if _, err := Claim("pool-unit", "ws://other:1/", "ws://other:1/", failed, cooldown.Config{MinRequests: 9}, true, 1); err != nil {
+		if _, err := r.Claim("pool-unit", "ws://other:1/", "ws://other:1/", failed, cooldown.Config{MinRequests: 9}, true, 1); err != nil {
 			t.Fatal(err)
 		}
 	}
 	if p.MaxConcurrent() != 1 || p.URL() != "ws://other:1/" {
 		t.Fatalf("the claims did not apply: max %d url %s", p.MaxConcurrent(), p.URL())
 	}
-	ReleaseClaim("pool-unit", failed)
+	r.ReleaseClaim("pool-unit", failed)
 	if p.MaxConcurrent() != 1 {
 		t.Fatal("restored before the failed load's last claim went")
 	}
-	ReleaseClaim("pool-unit", failed)
+	r.ReleaseClaim("pool-unit", failed)
 	if p.MaxConcurrent() != 2 || p.URL() != "ws://h:1/" || p.Health.Config().MinRequests != 3 {
 		t.Fatalf("the failed load's settings stayed: max %d url %s min_requests %d", p.MaxConcurrent(), p.URL(), p.Health.Config().MinRequests)
 	}
 
 	// A load that runs: the old load's release keeps the new settings.
-	if _, err := Claim("pool-unit", "ws://h:1/", "ws://h:1/", next, cfg, false, 5); err != nil {
+	if _, err := r.Claim("pool-unit", "ws://h:1/", "ws://h:1/", next, cfg, false, 5); err != nil {
 		t.Fatal(err)
 	}
-	ReleaseClaim("pool-unit", running)
+	r.ReleaseClaim("pool-unit", running)
 	if p.MaxConcurrent() != 5 {
 		t.Fatalf("the replaced load's release changed the new settings: max %d", p.MaxConcurrent())
 	}
-	if q, ok := Lookup("pool-unit"); !ok || q != p {
+	if q, ok := r.Lookup("pool-unit"); !ok || q != p {
 		t.Fatal("the entry went away while the new load holds it")
 	}
 }
 
 // wokenBy puts a waiter for want in the process queue, runs do, and
 // reports whether do woke it (or how its wait ended).
-func wokenBy(t *testing.T, want []string, do func()) (woken bool, err error) {
+func wokenBy(t *testing.T, r *Registry, want []string, do func()) (woken bool, err error) {
 	t.Helper()
-	line := Waiting.NewLine(t, 10, time.Minute, want, nil)
+	line := r.Waiting.NewLine(t, 10, time.Minute, want, nil)
 	defer line.Close()
-	w, jerr := line.Join(Waiting.Mark(), nil, want, time.Time{})
+	w, jerr := line.Join(r.Waiting.Mark(), nil, want, time.Time{})
 	if jerr != nil {
 		t.Fatal(jerr)
 	}
@@ -77,51 +78,52 @@ func wokenBy(t *testing.T, want []string, do func()) (woken bool, err error) {
 // an undrain; a drain ends the wait of a client that could use nothing
 // else; a provider that nobody waits for offers nothing to others.
 func TestProviderEventsReachTheQueue(t *testing.T) {
+	r := NewRegistry(nil)
 	cfg := cooldown.Config{MinRequests: 3}
 	gen1, gen2 := new(int), new(int)
-	p, err := Claim("pool-q", "ws://h:1/", "ws://h:1/", gen1, cfg, false, 1)
+	p, err := r.Claim("pool-q", "ws://h:1/", "ws://h:1/", gen1, cfg, false, 1)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer ReleaseClaim("pool-q", gen2)
+	defer r.ReleaseClaim("pool-q", gen2)
 	want := []string{p.Resource()}
 	if !p.TryReserve() {
 		t.Fatal("no slot")
 	}
-	if woken, _ := wokenBy(t, want, func() {}); woken {
+	if woken, _ := wokenBy(t, r, want, func() {}); woken {
 		t.Fatal("woken with nothing offered")
 	}
-	if woken, _ := wokenBy(t, []string{Resource("other")}, p.Unreserve); woken {
+	if woken, _ := wokenBy(t, r, []string{Resource("other")}, p.Unreserve); woken {
 		t.Fatal("a waiter for another provider was woken by this one's slot")
 	}
 	p.TryReserve()
-	if woken, _ := wokenBy(t, want, p.Unreserve); !woken {
+	if woken, _ := wokenBy(t, r, want, p.Unreserve); !woken {
 		t.Fatal("a freed slot did not reach the waiter")
 	}
 	p.TryReserve()
-	if woken, _ := wokenBy(t, want, func() {
-		if _, err := Claim("pool-q", "ws://h:1/", "ws://h:1/", gen2, cfg, false, 2); err != nil {
+	if woken, _ := wokenBy(t, r, want, func() {
+		if _, err := r.Claim("pool-q", "ws://h:1/", "ws://h:1/", gen2, cfg, false, 2); err != nil {
 			t.Fatal(err)
 		}
 	}); !woken {
 		t.Fatal("a reload that raised max_concurrent did not reach the waiter")
 	}
-	ReleaseClaim("pool-q", gen1)
+	r.ReleaseClaim("pool-q", gen1)
 	p.Unreserve()
-	if _, err := wokenBy(t, want, func() { p.SetDraining(true) }); !errors.Is(err, queue.ErrUnavailable) {
+	if _, err := wokenBy(t, r, want, func() { p.SetDraining(true) }); !errors.Is(err, queue.ErrUnavailable) {
 		t.Fatalf("drain: waiter got %v, want ErrUnavailable", err)
 	}
-	if woken, _ := wokenBy(t, append(want, Resource("other")), func() { p.SetDraining(false) }); !woken {
+	if woken, _ := wokenBy(t, r, append(want, Resource("other")), func() { p.SetDraining(false) }); !woken {
 		t.Fatal("an undrain did not reach the waiter")
 	}
 	if !p.HasRoom() {
 		t.Fatal("HasRoom false for an idle, healthy, undrained provider")
 	}
 	k := QuotaKey{Template: "{x}", Value: "v"}
-	if !TakeQuota(k, 1) || TakeQuota(k, 1) {
+	if !r.TakeQuota(k, 1) || r.TakeQuota(k, 1) {
 		t.Fatal("quota")
 	}
-	if woken, _ := wokenBy(t, []string{k.Resource()}, func() { ReleaseQuota(k) }); !woken {
+	if woken, _ := wokenBy(t, r, []string{k.Resource()}, func() { r.ReleaseQuota(k) }); !woken {
 		t.Fatal("a released quota did not reach its key's waiter")
 	}
 }

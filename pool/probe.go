@@ -2,7 +2,6 @@ package pool
 
 import (
 	"context"
-	"math/rand/v2"
 	"sync"
 	"time"
 
@@ -15,7 +14,8 @@ import (
 // process, whatever the number of handlers using it and of config reloads:
 // handlers register their health check on Provision and remove it on
 // Cleanup, and the loop follows the newest registration. It runs while at
-// least one registration is left, on Clock, one probe at a time.
+// least one registration is left, on the registry's clock, one probe at a
+// time.
 //
 // A probe feeds the provider's health like a client's attempt: a passing
 // probe is a success, a failing one a failure in the same window. While a
@@ -25,7 +25,7 @@ import (
 // any client is sent to it. A probe that reads capacity (browserless's
 // /pressure) marks the provider full while it says so.
 //
-// Each loop has a timer of its own on Clock, and a probe runs on its
+// Each loop has a timer of its own on the clock, and a probe runs on its
 // timer's goroutine; the probe times of the loops of one interval are the
 // same (see stepUp).
 
@@ -137,7 +137,7 @@ func (p *Provider) Probe(owner any, cfg ProbeConfig) {
 		l.ctx, l.cancel = context.WithCancel(context.Background())
 		p.Health.SetProbeTrials(true)
 		l.interval = cfg.Interval
-		p.paceLocked(now())
+		p.paceLocked(p.reg.Now())
 		return
 	}
 	p.followNewestLocked()
@@ -197,7 +197,7 @@ func (p *Provider) followNewestLocked() {
 	if l.running {
 		return // the probe's end schedules the next with it
 	}
-	t := now()
+	t := p.reg.Now()
 	if l.lastStart.IsZero() {
 		// The first probe keeps its time if that comes within the new
 		// interval.
@@ -221,15 +221,11 @@ func (p *Provider) followNewestLocked() {
 // of a cooldown or skip is not rounded: the trial runs as soon as it may,
 // and the probes after it go back to the loop's times.
 
-// probeOffset is this process's phase of the probe times, so that gateways
-// probing one provider do not all probe it at once; tests set it to zero.
-var probeOffset = rand.N(24 * time.Hour)
-
 // stepUp is the first probe time at or after t of the loops probing every
-// interval.
-func stepUp(t time.Time, interval time.Duration) time.Time {
+// interval, in the phase offset.
+func stepUp(t time.Time, interval, offset time.Duration) time.Time {
 	step := max(interval, time.Millisecond)
-	r := t.Add(-probeOffset).Truncate(step).Add(probeOffset)
+	r := t.Add(-offset).Truncate(step).Add(offset)
 	if r.Before(t) {
 		r = r.Add(step)
 	}
@@ -238,7 +234,9 @@ func stepUp(t time.Time, interval time.Duration) time.Time {
 
 // paceLocked makes the loop's next probe due at the first probe time from
 // t.
-func (p *Provider) paceLocked(t time.Time) { p.scheduleLocked(stepUp(t, p.probe.interval)) }
+func (p *Provider) paceLocked(t time.Time) {
+	p.scheduleLocked(stepUp(t, p.probe.interval, p.reg.probeOffset))
+}
 
 // scheduleLocked makes the loop's next probe due at t, on a timer of its
 // own.
@@ -247,7 +245,7 @@ func (p *Provider) scheduleLocked(t time.Time) {
 	p.unscheduleLocked()
 	l.due = t
 	seq := l.seq
-	l.timer = Clock.AfterFunc(max(t.Sub(now()), 0), func() { p.fire(seq) })
+	l.timer = p.reg.clock.AfterFunc(max(t.Sub(p.reg.Now()), 0), func() { p.fire(seq) })
 }
 
 // unscheduleLocked voids the loop's pending probe, if any.
@@ -284,7 +282,7 @@ func (p *Provider) fire(seq uint64) {
 		return
 	}
 	l.timer = nil
-	t := now()
+	t := p.reg.Now()
 	permit, ok := p.Health.AcquireProbe()
 	if !ok {
 		if u := p.Health.Until(); u.After(t) {
@@ -388,16 +386,16 @@ func (p *Provider) applyProbe(j probeJob, res upstreams.ProbeResult) {
 	if l.epoch != epoch {
 		// The loop was started again meanwhile; its first probe, whose
 		// timer may have come while this one ran, goes now at the latest.
-		p.scheduleLocked(later(l.due, now()))
+		p.scheduleLocked(later(l.due, p.reg.Now()))
 		return
 	}
 	// The next probe: at the end of a cooldown or skip that runs now, or
 	// an interval after this one started.
 	if u := p.Health.Until(); !u.IsZero() {
-		p.scheduleLocked(later(u, now()))
+		p.scheduleLocked(later(u, p.reg.Now()))
 		return
 	}
-	p.paceLocked(later(due.Add(l.interval), now()))
+	p.paceLocked(later(due.Add(l.interval), p.reg.Now()))
 }
 
 // later is the later of two times.

@@ -98,18 +98,17 @@ func (c *fakeClock) Advance(d time.Duration) {
 	c.mu.Unlock()
 }
 
-// useFakeClock makes the pool's Clock a fake one for the test's duration;
-// probes run in place (inline, within Advance) or on their timer's own
+// fakeRegistry is a registry of the test's own on a fake clock; probes
+// run in place (inline, within Advance) or on their timer's own
 // goroutine. The clock starts at a multiple of every interval the tests
 // use, and the probe times' phase is zero: the first probe of a loop comes
 // at once.
-func useFakeClock(t *testing.T, inline bool) *fakeClock {
+func fakeRegistry(t *testing.T, inline bool) (*Registry, *fakeClock) {
 	t.Helper()
 	c := &fakeClock{now: time.Unix(1_700_000_000, 0), async: !inline}
-	oldClock, oldOffset := Clock, probeOffset
-	Clock, probeOffset = c, 0
-	t.Cleanup(func() { Clock, probeOffset = oldClock, oldOffset })
-	return c
+	r := NewRegistry(c)
+	r.probeOffset = 0
+	return r, c
 }
 
 // pending is the number of timers set and not yet run or stopped.
@@ -199,14 +198,14 @@ func (r *recorder[T]) list() []T {
 // reports collects what a registration is told.
 type reports = recorder[ProbeReport]
 
-func claimProbed(t *testing.T, name string, cfg cooldown.Config, max int) *Provider {
+func claimProbed(t *testing.T, r *Registry, name string, cfg cooldown.Config, max int) *Provider {
 	t.Helper()
 	gen := new(int)
-	p, err := Claim(name, "ws://h:1/"+name, "ws://h:1/"+name, gen, cfg, false, max)
+	p, err := r.Claim(name, "ws://h:1/"+name, "ws://h:1/"+name, gen, cfg, false, max)
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { ReleaseClaim(name, gen) })
+	t.Cleanup(func() { r.ReleaseClaim(name, gen) })
 	return p
 }
 
@@ -215,8 +214,8 @@ func claimProbed(t *testing.T, name string, cfg cooldown.Config, max int) *Provi
 // end is the trial, and clients get nothing until it passes; a passing
 // probe ends the cooldown and its doubling.
 func TestProbeFailuresTripCooldown(t *testing.T) {
-	c := useFakeClock(t, true)
-	p := claimProbed(t, "probe-trip", cooldown.Config{Duration: 10 * time.Second, MaxDuration: time.Minute, MinRequests: 2}, 0)
+	r, c := fakeRegistry(t, true)
+	p := claimProbed(t, r, "probe-trip", cooldown.Config{Duration: 10 * time.Second, MaxDuration: time.Minute, MinRequests: 2}, 0)
 	fp := &fakeProber{}
 	fp.set(failing(upstreams.WordRefused))
 	var rs reports
@@ -289,8 +288,8 @@ func TestProbeFailuresTripCooldown(t *testing.T) {
 // TestProbesNeverOverlap: a probe slower than the interval delays the
 // next; one provider never has two probes in flight.
 func TestProbesNeverOverlap(t *testing.T) {
-	c := useFakeClock(t, false)
-	p := claimProbed(t, "probe-overlap", cooldown.Config{}, 0)
+	r, c := fakeRegistry(t, false)
+	p := claimProbed(t, r, "probe-overlap", cooldown.Config{}, 0)
 	fp := &fakeProber{hold: make(chan struct{})}
 	fp.set(passing())
 	owner := new(int)
@@ -332,8 +331,8 @@ func TestProbesNeverOverlap(t *testing.T) {
 // interval, at the same pace, with the newest prober and report; a changed
 // interval applies from the last probe; the last removal stops it.
 func TestProbeReloadsKeepOneLoop(t *testing.T) {
-	c := useFakeClock(t, true)
-	p := claimProbed(t, "probe-reload", cooldown.Config{}, 0)
+	r, c := fakeRegistry(t, true)
+	p := claimProbed(t, r, "probe-reload", cooldown.Config{}, 0)
 	a, b, d := &fakeProber{name: "a"}, &fakeProber{name: "b"}, &fakeProber{name: "d"}
 	for _, f := range []*fakeProber{a, b, d} {
 		f.set(passing())
@@ -400,8 +399,8 @@ func TestProbeReloadsKeepOneLoop(t *testing.T) {
 // offers it to the queue; learnt maxConcurrent is its limit when
 // max_concurrent is unset; a stopped loop forgets it all.
 func TestProbeCapacity(t *testing.T) {
-	c := useFakeClock(t, true)
-	p := claimProbed(t, "probe-capacity", cooldown.Config{}, 0)
+	r, c := fakeRegistry(t, true)
+	p := claimProbed(t, r, "probe-capacity", cooldown.Config{}, 0)
 	fp := &fakeProber{}
 	fp.set(pressure(2, 5, true))
 	var rs reports
@@ -428,7 +427,7 @@ func TestProbeCapacity(t *testing.T) {
 		t.Fatal("running = maxConcurrent: the provider is not full")
 	}
 	fp.set(pressure(4, 5, true))
-	woken, _ := wokenBy(t, []string{p.Resource()}, func() { c.Advance(time.Second) })
+	woken, _ := wokenBy(t, r, []string{p.Resource()}, func() { c.Advance(time.Second) })
 	if !woken || p.Full() || !rs.list()[3].CapacityFreed {
 		t.Fatalf("a freed slot: woken %v, full %v", woken, p.Full())
 	}
@@ -466,7 +465,7 @@ func TestProbeCapacity(t *testing.T) {
 	if !p.Full() {
 		t.Fatal("not full")
 	}
-	woken, _ = wokenBy(t, []string{p.Resource()}, func() { p.Unprobe(owner) })
+	woken, _ = wokenBy(t, r, []string{p.Resource()}, func() { p.Unprobe(owner) })
 	if !woken || p.Full() || p.Limit() != 0 {
 		t.Fatalf("after the loop stopped: woken %v, full %v, limit %d", woken, p.Full(), p.Limit())
 	}
@@ -475,8 +474,8 @@ func TestProbeCapacity(t *testing.T) {
 // TestProbeBy: the end of a cooldown a client caused, sooner than the next
 // probe, brings that probe forward: it is the trial.
 func TestProbeBy(t *testing.T) {
-	c := useFakeClock(t, true)
-	p := claimProbed(t, "probe-by", cooldown.Config{Duration: time.Second, MinRequests: 1, FailureThreshold: 0.4}, 0)
+	r, c := fakeRegistry(t, true)
+	p := claimProbed(t, r, "probe-by", cooldown.Config{Duration: time.Second, MinRequests: 1, FailureThreshold: 0.4}, 0)
 	fp := &fakeProber{}
 	fp.set(passing())
 	owner := new(int)
@@ -535,8 +534,8 @@ func (p *Provider) probing() bool {
 // for its provider only; a loop brought forward goes back to the common
 // times after; stopped loops leave no timer.
 func TestProbeLoopsTogether(t *testing.T) {
-	c := useFakeClock(t, true)
-	probeOffset = 300 * time.Millisecond
+	r, c := fakeRegistry(t, true)
+	r.probeOffset = 300 * time.Millisecond
 	t0 := c.Now()
 	var ps []*Provider
 	var fps []*fakeProber
@@ -545,7 +544,7 @@ func TestProbeLoopsTogether(t *testing.T) {
 	add := func(name string, interval time.Duration) {
 		f := &fakeProber{name: name}
 		f.set(passing())
-		p := claimProbed(t, "probe-together-"+name, cooldown.Config{}, 0)
+		p := claimProbed(t, r, "probe-together-"+name, cooldown.Config{}, 0)
 		r := &reports{}
 		p.Probe(owner, ProbeConfig{Prober: f, Interval: interval, Report: r.add})
 		ps, fps, rs = append(ps, p), append(fps, f), append(rs, r)

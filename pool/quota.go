@@ -2,12 +2,9 @@ package pool
 
 import (
 	"crypto/hmac"
-	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
 	"sort"
-	"sync"
-	"sync/atomic"
 )
 
 // Client quotas: the live sessions of each client key value (client_limit),
@@ -23,11 +20,6 @@ type quotaEntry struct {
 	waiting int
 }
 
-var (
-	quotaMu sync.Mutex
-	quotas  = map[string]*quotaEntry{}
-)
-
 // QuotaKey identifies a key value under a client_limit key template (so two
 // handlers with the same template share counts, and different templates
 // never do).
@@ -42,65 +34,55 @@ func (k QuotaKey) id() string { return k.Template + "\x00" + k.Value }
 // the queue.
 func (k QuotaKey) Resource() string { return "client\x00" + k.id() }
 
-// keySecret keys the hash of ShownKey. Until SetClientKeySecret gives the
-// deployment's own, it is a random secret of this process.
-var keySecret atomic.Pointer[[]byte]
-
-func init() {
-	b := make([]byte, 32)
-	_, _ = rand.Read(b)
-	keySecret.Store(&b)
-}
-
 // SetClientKeySecret sets the secret ShownKey is keyed with: the
 // deployment's, kept in Caddy's storage (and agreed on through the shared
 // state by every node), so the shown keys are the same on every node and
 // across restarts. An empty secret changes nothing.
-func SetClientKeySecret(secret []byte) {
+func (r *Registry) SetClientKeySecret(secret []byte) {
 	if len(secret) == 0 {
 		return
 	}
 	b := append([]byte(nil), secret...)
-	keySecret.Store(&b)
+	r.keySecret.Store(&b)
 }
 
 // ShownKey is how a key value appears in status: "hmac:" and 16 hex
 // digits of its HMAC-SHA256 keyed with the deployment's secret, never the
 // value itself (it may be an API key or a user id). Without the secret,
 // likely values cannot be tried against it.
-func ShownKey(value string) string {
+func (r *Registry) ShownKey(value string) string {
 	if value == "" {
 		return "(empty)"
 	}
-	m := hmac.New(sha256.New, *keySecret.Load())
+	m := hmac.New(sha256.New, *r.keySecret.Load())
 	m.Write([]byte(value))
 	return "hmac:" + hex.EncodeToString(m.Sum(nil)[:8])
 }
 
-func entryLocked(k QuotaKey) *quotaEntry {
+func (r *Registry) entryLocked(k QuotaKey) *quotaEntry {
 	id := k.id()
-	e := quotas[id]
+	e := r.quotas[id]
 	if e == nil {
 		e = &quotaEntry{value: k.Value}
-		quotas[id] = e
+		r.quotas[id] = e
 	}
 	return e
 }
 
-func dropIfUnusedLocked(k QuotaKey, e *quotaEntry) {
+func (r *Registry) dropIfUnusedLocked(k QuotaKey, e *quotaEntry) {
 	if e.active == 0 && e.waiting == 0 {
-		delete(quotas, k.id())
+		delete(r.quotas, k.id())
 	}
 }
 
 // TakeQuota counts one more session for k if it holds fewer than limit.
 // The caller gives it back with ReleaseQuota exactly once.
-func TakeQuota(k QuotaKey, limit int) bool {
-	quotaMu.Lock()
-	defer quotaMu.Unlock()
-	e := entryLocked(k)
+func (r *Registry) TakeQuota(k QuotaKey, limit int) bool {
+	r.quotaMu.Lock()
+	defer r.quotaMu.Unlock()
+	e := r.entryLocked(k)
 	if e.active >= limit {
-		dropIfUnusedLocked(k, e)
+		r.dropIfUnusedLocked(k, e)
 		return false
 	}
 	e.active++
@@ -109,34 +91,34 @@ func TakeQuota(k QuotaKey, limit int) bool {
 
 // ReleaseQuota gives back a session counted by TakeQuota and offers k to
 // the longest-waiting client held back by it.
-func ReleaseQuota(k QuotaKey) {
-	quotaMu.Lock()
-	e := quotas[k.id()]
+func (r *Registry) ReleaseQuota(k QuotaKey) {
+	r.quotaMu.Lock()
+	e := r.quotas[k.id()]
 	if e == nil || e.active == 0 {
-		quotaMu.Unlock()
+		r.quotaMu.Unlock()
 		return
 	}
 	e.active--
-	dropIfUnusedLocked(k, e)
-	quotaMu.Unlock()
-	Waiting.Offer(k.Resource())
+	r.dropIfUnusedLocked(k, e)
+	r.quotaMu.Unlock()
+	r.Waiting.Offer(k.Resource())
 }
 
 // AddQuotaWaiting counts clients waiting on k's limit (delta +1 or -1), for
 // status.
-func AddQuotaWaiting(k QuotaKey, delta int) {
-	quotaMu.Lock()
-	defer quotaMu.Unlock()
-	e := entryLocked(k)
+func (r *Registry) AddQuotaWaiting(k QuotaKey, delta int) {
+	r.quotaMu.Lock()
+	defer r.quotaMu.Unlock()
+	e := r.entryLocked(k)
 	e.waiting += delta
-	dropIfUnusedLocked(k, e)
+	r.dropIfUnusedLocked(k, e)
 }
 
 // QuotaActive is the live count of k (for tests and checks).
-func QuotaActive(k QuotaKey) int {
-	quotaMu.Lock()
-	defer quotaMu.Unlock()
-	if e := quotas[k.id()]; e != nil {
+func (r *Registry) QuotaActive(k QuotaKey) int {
+	r.quotaMu.Lock()
+	defer r.quotaMu.Unlock()
+	if e := r.quotas[k.id()]; e != nil {
 		return e.active
 	}
 	return 0
@@ -152,16 +134,16 @@ type ClientCount struct {
 
 // Clients lists every key value with live sessions or waiters, by key.
 // Values under different templates that hash alike are listed apart.
-func Clients() []ClientCount {
-	quotaMu.Lock()
-	out := make([]ClientCount, 0, len(quotas))
-	for _, e := range quotas {
+func (r *Registry) Clients() []ClientCount {
+	r.quotaMu.Lock()
+	out := make([]ClientCount, 0, len(r.quotas))
+	for _, e := range r.quotas {
 		if e.active == 0 && e.waiting == 0 {
 			continue
 		}
-		out = append(out, ClientCount{Key: ShownKey(e.value), Active: e.active, Waiting: e.waiting})
+		out = append(out, ClientCount{Key: r.ShownKey(e.value), Active: e.active, Waiting: e.waiting})
 	}
-	quotaMu.Unlock()
+	r.quotaMu.Unlock()
 	sort.Slice(out, func(i, j int) bool {
 		if out[i].Key != out[j].Key {
 			return out[i].Key < out[j].Key
@@ -172,4 +154,4 @@ func Clients() []ClientCount {
 }
 
 // Shown is how k's value appears in status and the session list.
-func (k QuotaKey) Shown() string { return ShownKey(k.Value) }
+func (r *Registry) Shown(k QuotaKey) string { return r.ShownKey(k.Value) }

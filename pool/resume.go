@@ -6,7 +6,6 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"slices"
-	"sync"
 	"time"
 
 	"github.com/browserfailover/caddy-browser-failover/queue"
@@ -26,7 +25,8 @@ import (
 // and is parked here as well while no client is joined to it. Each parked
 // entry is taken back at most once, and only with the key it was parked
 // under.
-// Entries are process-wide: reloads keep them. Their windows run on Clock.
+// Entries live in the registry: reloads keep them. Their windows run on
+// the registry's clock.
 
 // Parked is one resumable session.
 type Parked struct {
@@ -69,35 +69,30 @@ type Parked struct {
 	// Data is the parker's own, given back with the entry.
 	Data any
 
+	reg    *Registry
 	timer  queue.Timer
 	expire func(*Parked)
 }
-
-var (
-	parkedMu sync.Mutex
-	parked   = map[string]*Parked{} // by session ID
-	byToken  = map[string]*Parked{} // by token hash
-)
 
 // Park registers e until e.Until. When the window ends unclaimed, e leaves
 // the registry and expire is called with it (in its own goroutine), to
 // release what it holds. An entry already parked under the same token (a
 // client that used one token for two sessions) is replaced: its window
 // ends now.
-func Park(e *Parked, expire func(*Parked)) {
-	parkedMu.Lock()
+func (r *Registry) Park(e *Parked, expire func(*Parked)) {
+	r.parkedMu.Lock()
 	var ended []*Parked
-	for _, old := range []*Parked{parked[e.ID], byToken[e.Token]} {
+	for _, old := range []*Parked{r.parked[e.ID], r.byToken[e.Token]} {
 		if old != nil && old != e && !slices.Contains(ended, old) {
 			old.timer.Stop()
 			old.removeLocked()
 			ended = append(ended, old)
 		}
 	}
-	e.expire = expire
+	e.reg, e.expire = r, expire
 	e.addLocked()
 	e.arm()
-	parkedMu.Unlock()
+	r.parkedMu.Unlock()
 	for _, old := range ended {
 		if old.expire != nil {
 			go old.expire(old)
@@ -107,31 +102,34 @@ func Park(e *Parked, expire func(*Parked)) {
 
 // addLocked and removeLocked keep both indexes (parkedMu held).
 func (e *Parked) addLocked() {
-	parked[e.ID] = e
+	r := e.reg
+	r.parked[e.ID] = e
 	if e.Token != "" {
-		byToken[e.Token] = e
+		r.byToken[e.Token] = e
 	}
 }
 
 func (e *Parked) removeLocked() {
-	if parked[e.ID] == e {
-		delete(parked, e.ID)
+	r := e.reg
+	if r.parked[e.ID] == e {
+		delete(r.parked, e.ID)
 	}
-	if byToken[e.Token] == e {
-		delete(byToken, e.Token)
+	if r.byToken[e.Token] == e {
+		delete(r.byToken, e.Token)
 	}
 }
 
 // arm starts e's window timer (parkedMu held).
 func (e *Parked) arm() {
-	e.timer = Clock.AfterFunc(e.Until.Sub(now()), func() {
-		parkedMu.Lock()
-		if parked[e.ID] != e {
-			parkedMu.Unlock()
+	r := e.reg
+	e.timer = r.clock.AfterFunc(e.Until.Sub(r.Now()), func() {
+		r.parkedMu.Lock()
+		if r.parked[e.ID] != e {
+			r.parkedMu.Unlock()
 			return
 		}
 		e.removeLocked()
-		parkedMu.Unlock()
+		r.parkedMu.Unlock()
 		if e.expire != nil {
 			e.expire(e)
 		}
@@ -143,14 +141,14 @@ func (e *Parked) arm() {
 // it was parked under. A wrong key leaves it in place. The caller gives it
 // back with Unclaim when the resume cannot go on for a reason that is not
 // the client's.
-func ClaimParked(token, key string) (*Parked, bool) {
+func (r *Registry) ClaimParked(token, key string) (*Parked, bool) {
 	if token == "" {
 		return nil, false
 	}
-	parkedMu.Lock()
-	defer parkedMu.Unlock()
-	e, ok := byToken[token]
-	if !ok || e.Key != key || !now().Before(e.Until) {
+	r.parkedMu.Lock()
+	defer r.parkedMu.Unlock()
+	e, ok := r.byToken[token]
+	if !ok || e.Key != key || !r.Now().Before(e.Until) {
 		return nil, false
 	}
 	e.removeLocked()
@@ -161,10 +159,11 @@ func ClaimParked(token, key string) (*Parked, bool) {
 // Unclaim puts back an entry ClaimParked took, for the rest of its window. It
 // reports false, and calls its expire, when the window has ended
 // meanwhile.
-func Unclaim(e *Parked) bool {
-	parkedMu.Lock()
-	if !now().Before(e.Until) {
-		parkedMu.Unlock()
+func (r *Registry) Unclaim(e *Parked) bool {
+	r.parkedMu.Lock()
+	e.reg = r // an entry taken from the shared store comes here first
+	if !r.Now().Before(e.Until) {
+		r.parkedMu.Unlock()
 		if e.expire != nil {
 			e.expire(e)
 		}
@@ -172,17 +171,17 @@ func Unclaim(e *Parked) bool {
 	}
 	e.addLocked()
 	e.arm()
-	parkedMu.Unlock()
+	r.parkedMu.Unlock()
 	return true
 }
 
 // Unpark removes the entry id whatever its key (an operator ended it, or
 // its held session ended on its own) and returns it; its expire is not
 // called.
-func Unpark(id string) (*Parked, bool) {
-	parkedMu.Lock()
-	defer parkedMu.Unlock()
-	e, ok := parked[id]
+func (r *Registry) Unpark(id string) (*Parked, bool) {
+	r.parkedMu.Lock()
+	defer r.parkedMu.Unlock()
+	e, ok := r.parked[id]
 	if !ok {
 		return nil, false
 	}
@@ -193,20 +192,20 @@ func Unpark(id string) (*Parked, bool) {
 
 // UnparkToken removes the entry parked under the token hash, if it is
 // shared (another node took it back through the shared store).
-func UnparkToken(token string) {
-	parkedMu.Lock()
-	defer parkedMu.Unlock()
-	if e, ok := byToken[token]; ok && e.Shared {
+func (r *Registry) UnparkToken(token string) {
+	r.parkedMu.Lock()
+	defer r.parkedMu.Unlock()
+	if e, ok := r.byToken[token]; ok && e.Shared {
 		e.removeLocked()
 		e.timer.Stop()
 	}
 }
 
 // ParkedByID finds a parked entry, for the sessions list.
-func ParkedByID(id string) (Parked, bool) {
-	parkedMu.Lock()
-	defer parkedMu.Unlock()
-	e, ok := parked[id]
+func (r *Registry) ParkedByID(id string) (Parked, bool) {
+	r.parkedMu.Lock()
+	defer r.parkedMu.Unlock()
+	e, ok := r.parked[id]
 	if !ok {
 		return Parked{}, false
 	}
@@ -214,13 +213,13 @@ func ParkedByID(id string) (Parked, bool) {
 }
 
 // ParkedSessions lists the parked entries, oldest first.
-func ParkedSessions() []Parked {
-	parkedMu.Lock()
-	out := make([]Parked, 0, len(parked))
-	for _, e := range parked {
+func (r *Registry) ParkedSessions() []Parked {
+	r.parkedMu.Lock()
+	out := make([]Parked, 0, len(r.parked))
+	for _, e := range r.parked {
 		out = append(out, *e)
 	}
-	parkedMu.Unlock()
+	r.parkedMu.Unlock()
 	slices.SortFunc(out, func(a, b Parked) int {
 		if c := a.Started.Compare(b.Started); c != 0 {
 			return c
@@ -231,10 +230,10 @@ func ParkedSessions() []Parked {
 }
 
 // ParkedCount counts the parked entries, and those of them held open.
-func ParkedCount() (all, held int) {
-	parkedMu.Lock()
-	defer parkedMu.Unlock()
-	for _, e := range parked {
+func (r *Registry) ParkedCount() (all, held int) {
+	r.parkedMu.Lock()
+	defer r.parkedMu.Unlock()
+	for _, e := range r.parked {
 		all++
 		if e.Held != nil {
 			held++
@@ -245,17 +244,17 @@ func ParkedCount() (all, held int) {
 
 // ExpireAll ends every window now (the process is exiting): each entry
 // leaves the registry and its expire runs before ExpireAll returns.
-func ExpireAll() {
-	parkedMu.Lock()
-	all := make([]*Parked, 0, len(parked))
-	for _, e := range parked {
+func (r *Registry) ExpireAll() {
+	r.parkedMu.Lock()
+	all := make([]*Parked, 0, len(r.parked))
+	for _, e := range r.parked {
 		e.timer.Stop()
 		all = append(all, e)
 	}
 	for _, e := range all {
 		e.removeLocked()
 	}
-	parkedMu.Unlock()
+	r.parkedMu.Unlock()
 	for _, e := range all {
 		if e.expire != nil {
 			e.expire(e)
@@ -266,18 +265,18 @@ func ExpireAll() {
 // ResumeKeyHash is how a resume key value is kept: the whole HMAC-SHA256
 // keyed with the deployment's secret, hex (the same on every node). The
 // value itself (a user id, a token) is never kept.
-func ResumeKeyHash(value string) string {
-	return keyedHash("resume\x00", value)
+func (r *Registry) ResumeKeyHash(value string) string {
+	return r.keyedHash("resume\x00", value)
 }
 
 // ResumeTokenHash is how a resume token is kept: like ResumeKeyHash, under
 // a label of its own. Knowing the hash does not help to present the token.
-func ResumeTokenHash(token string) string {
-	return keyedHash("resume token\x00", token)
+func (r *Registry) ResumeTokenHash(token string) string {
+	return r.keyedHash("resume token\x00", token)
 }
 
-func keyedHash(label, value string) string {
-	m := hmac.New(sha256.New, *keySecret.Load())
+func (r *Registry) keyedHash(label, value string) string {
+	m := hmac.New(sha256.New, *r.keySecret.Load())
 	m.Write([]byte(label))
 	m.Write([]byte(value))
 	return hex.EncodeToString(m.Sum(nil))
@@ -286,8 +285,8 @@ func keyedHash(label, value string) string {
 // DropParked ends the entry id now, as an operator asked: it leaves the
 // registry and its expire runs (a held session is closed, a created
 // provider session released).
-func DropParked(id string) (Parked, bool) {
-	e, ok := Unpark(id)
+func (r *Registry) DropParked(id string) (Parked, bool) {
+	e, ok := r.Unpark(id)
 	if !ok {
 		return Parked{}, false
 	}

@@ -3,7 +3,6 @@ package pool
 import (
 	"cmp"
 	"slices"
-	"sync"
 	"time"
 
 	"github.com/browserfailover/caddy-browser-failover/upstreams"
@@ -49,58 +48,49 @@ type LiveSession struct {
 	seq     uint64
 }
 
-var (
-	sessionsMu sync.Mutex
-	sessions   = map[*upstreams.Session]*LiveSession{}
-	sessionIDs = map[string]*LiveSession{}
-	// sessionTokens indexes the resumable ones by resume token hash.
-	sessionTokens = map[string]*LiveSession{}
-	sessionSeq    uint64
-)
-
-func track(s *upstreams.Session, info SessionInfo) {
-	sessionsMu.Lock()
-	sessionSeq++
-	e := &LiveSession{SessionInfo: info, Session: s, seq: sessionSeq}
-	sessions[s] = e
+func (r *Registry) track(s *upstreams.Session, info SessionInfo) {
+	r.sessionsMu.Lock()
+	r.sessionSeq++
+	e := &LiveSession{SessionInfo: info, Session: s, seq: r.sessionSeq}
+	r.sessions[s] = e
 	if info.ID != "" {
-		sessionIDs[info.ID] = e
+		r.sessionIDs[info.ID] = e
 	}
 	if info.ResumeToken != "" {
-		sessionTokens[info.ResumeToken] = e
+		r.sessionTokens[info.ResumeToken] = e
 	}
-	sessionsMu.Unlock()
+	r.sessionsMu.Unlock()
 }
 
-func untrack(s *upstreams.Session) {
-	sessionsMu.Lock()
-	if e, ok := sessions[s]; ok {
-		delete(sessions, s)
-		if sessionIDs[e.ID] == e {
-			delete(sessionIDs, e.ID)
+func (r *Registry) untrack(s *upstreams.Session) {
+	r.sessionsMu.Lock()
+	if e, ok := r.sessions[s]; ok {
+		delete(r.sessions, s)
+		if r.sessionIDs[e.ID] == e {
+			delete(r.sessionIDs, e.ID)
 		}
-		if sessionTokens[e.ResumeToken] == e {
-			delete(sessionTokens, e.ResumeToken)
+		if r.sessionTokens[e.ResumeToken] == e {
+			delete(r.sessionTokens, e.ResumeToken)
 		}
 	}
-	sessionsMu.Unlock()
+	r.sessionsMu.Unlock()
 }
 
 // LiveSessions counts the live sessions of the process.
-func LiveSessions() int {
-	sessionsMu.Lock()
-	defer sessionsMu.Unlock()
-	return len(sessions)
+func (r *Registry) LiveSessions() int {
+	r.sessionsMu.Lock()
+	defer r.sessionsMu.Unlock()
+	return len(r.sessions)
 }
 
 // Sessions lists the live sessions of the process, oldest first.
-func Sessions() []LiveSession {
-	sessionsMu.Lock()
-	out := make([]LiveSession, 0, len(sessions))
-	for _, e := range sessions {
+func (r *Registry) Sessions() []LiveSession {
+	r.sessionsMu.Lock()
+	out := make([]LiveSession, 0, len(r.sessions))
+	for _, e := range r.sessions {
 		out = append(out, *e)
 	}
-	sessionsMu.Unlock()
+	r.sessionsMu.Unlock()
 	slices.SortFunc(out, func(a, b LiveSession) int {
 		if c := a.Session.Start().Compare(b.Session.Start()); c != 0 {
 			return c
@@ -111,10 +101,10 @@ func Sessions() []LiveSession {
 }
 
 // SessionByID finds a live session by its ID.
-func SessionByID(id string) (LiveSession, bool) {
-	sessionsMu.Lock()
-	defer sessionsMu.Unlock()
-	e, ok := sessionIDs[id]
+func (r *Registry) SessionByID(id string) (LiveSession, bool) {
+	r.sessionsMu.Lock()
+	defer r.sessionsMu.Unlock()
+	e, ok := r.sessionIDs[id]
 	if !ok {
 		return LiveSession{}, false
 	}
@@ -122,10 +112,10 @@ func SessionByID(id string) (LiveSession, bool) {
 }
 
 // SessionByResumeToken finds a live session by its resume token's hash.
-func SessionByResumeToken(token string) (LiveSession, bool) {
-	sessionsMu.Lock()
-	defer sessionsMu.Unlock()
-	e, ok := sessionTokens[token]
+func (r *Registry) SessionByResumeToken(token string) (LiveSession, bool) {
+	r.sessionsMu.Lock()
+	defer r.sessionsMu.Unlock()
+	e, ok := r.sessionTokens[token]
 	if !ok || token == "" {
 		return LiveSession{}, false
 	}
@@ -137,8 +127,8 @@ func SessionByResumeToken(token string) (LiveSession, bool) {
 // wait for the session to end (its slot, client_limit share and
 // cluster-wide slot freed, the next waiter offered them) and reports the
 // session as found, and whether it has ended.
-func EndSession(id string, wait time.Duration) (LiveSession, bool, bool) {
-	e, ok := SessionByID(id)
+func (r *Registry) EndSession(id string, wait time.Duration) (LiveSession, bool, bool) {
+	e, ok := r.SessionByID(id)
 	if !ok {
 		return LiveSession{}, false, false
 	}
@@ -155,13 +145,13 @@ func EndSession(id string, wait time.Duration) (LiveSession, bool, bool) {
 
 // CloseAll ends every live session with a close frame (code, reason) and
 // waits until they have ended or the deadline passes.
-func CloseAll(code int, reason string, deadline time.Time) {
-	sessionsMu.Lock()
-	all := make([]*upstreams.Session, 0, len(sessions))
-	for s := range sessions {
+func (r *Registry) CloseAll(code int, reason string, deadline time.Time) {
+	r.sessionsMu.Lock()
+	all := make([]*upstreams.Session, 0, len(r.sessions))
+	for s := range r.sessions {
 		all = append(all, s)
 	}
-	sessionsMu.Unlock()
+	r.sessionsMu.Unlock()
 	for _, s := range all {
 		s.Close(code, reason)
 	}
@@ -178,16 +168,16 @@ func CloseAll(code int, reason string, deadline time.Time) {
 
 // RenameSession gives the live session s a new ID and client address (a
 // held session joined by a resuming client).
-func RenameSession(s *upstreams.Session, id, remoteIP string) {
-	sessionsMu.Lock()
-	defer sessionsMu.Unlock()
-	e, ok := sessions[s]
+func (r *Registry) RenameSession(s *upstreams.Session, id, remoteIP string) {
+	r.sessionsMu.Lock()
+	defer r.sessionsMu.Unlock()
+	e, ok := r.sessions[s]
 	if !ok {
 		return
 	}
-	if sessionIDs[e.ID] == e {
-		delete(sessionIDs, e.ID)
+	if r.sessionIDs[e.ID] == e {
+		delete(r.sessionIDs, e.ID)
 	}
 	e.ID, e.RemoteIP = id, remoteIP
-	sessionIDs[id] = e
+	r.sessionIDs[id] = e
 }

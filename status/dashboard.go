@@ -19,6 +19,8 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+
+	"github.com/browserfailover/caddy-browser-failover/pool"
 )
 
 func init() {
@@ -72,6 +74,16 @@ type Dashboard struct {
 
 	page  []byte
 	names caddyhttp.MatchHost // Hosts and the site's host names
+	// reg is the registry it shows; nil: the process's (pool.Current).
+	reg *pool.Registry
+}
+
+// registry is the registry the dashboard shows now.
+func (d *Dashboard) registry() *pool.Registry {
+	if d.reg != nil {
+		return d.reg
+	}
+	return pool.Current()
 }
 
 // CaddyModule returns the Caddy module information.
@@ -263,9 +275,9 @@ func (d *Dashboard) ServeHTTP(w http.ResponseWriter, r *http.Request, _ caddyhtt
 	n := len(segs)
 	switch {
 	case segs[n-1] == "status.json":
-		return d.serveJSON(w, r, func() any { return Snapshot() })
+		return d.serveJSON(w, r, func() any { return Snapshot(d.registry()) })
 	case segs[n-1] == "sessions.json":
-		return d.serveJSON(w, r, func() any { return ListSessions() })
+		return d.serveJSON(w, r, func() any { return ListSessions(d.registry()) })
 	case n >= 3 && segs[n-3] == "providers":
 		name, err := url.PathUnescape(segs[n-2])
 		if err != nil || name == "" {
@@ -278,7 +290,7 @@ func (d *Dashboard) ServeHTTP(w http.ResponseWriter, r *http.Request, _ caddyhtt
 		if !d.allowed(w, r) {
 			return nil
 		}
-		out, err := Act(name, action)
+		out, err := Act(d.registry(), name, action)
 		if err != nil {
 			return dashError(w, http.StatusNotFound, strings.TrimPrefix(err.Error(), ErrNotFound.Error()+": "))
 		}
@@ -291,7 +303,7 @@ func (d *Dashboard) ServeHTTP(w http.ResponseWriter, r *http.Request, _ caddyhtt
 		if err != nil {
 			return dashError(w, http.StatusNotFound, "bad session ID in the path")
 		}
-		out, err := EndSession(id)
+		out, err := EndSession(d.registry(), id)
 		if err != nil {
 			return dashError(w, http.StatusNotFound, strings.TrimPrefix(err.Error(), ErrNotFound.Error()+": "))
 		}

@@ -27,9 +27,9 @@ import (
 )
 
 // dashboard is a provisioned dashboard on the site gw.example.
-func dashboard(t *testing.T, controls bool) *Dashboard {
+func dashboard(t *testing.T, reg *pool.Registry, controls bool) *Dashboard {
 	t.Helper()
-	d := &Dashboard{Controls: controls}
+	d := &Dashboard{Controls: controls, reg: reg}
 	if err := d.Provision(siteContext("gw.example")); err != nil {
 		t.Fatal(err)
 	}
@@ -89,7 +89,7 @@ func TestDashboardPage(t *testing.T) {
 	}
 
 	for _, controls := range []bool{false, true} {
-		d := dashboard(t, controls)
+		d := dashboard(t, pool.NewRegistry(nil), controls)
 		for _, path := range []string{"/", "/dash", "/dash/", "/ops/dashboard/"} {
 			w := do(t, d, http.MethodGet, path, false, nil)
 			if w.Code != 200 || w.Header().Get("Content-Type") != "text/html; charset=utf-8" {
@@ -133,18 +133,19 @@ func TestDashboardPage(t *testing.T) {
 // actions run the admin API's actions, only with controls on and only
 // from the page itself.
 func TestDashboardJSONAndActions(t *testing.T) {
-	p, err := pool.Claim("dash-unit", "ws://u:pw@h/?k=v", "ws://REDACTED@h/?k=REDACTED", t, cooldown.Config{}, false, 0)
+	reg := pool.NewRegistry(nil)
+	p, err := reg.Claim("dash-unit", "ws://u:pw@h/?k=v", "ws://REDACTED@h/?k=REDACTED", t, cooldown.Config{}, false, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer pool.ReleaseClaim("dash-unit", t)
-	slashed, err := pool.Claim("dash/unit", "ws://h2/", "ws://h2/", t, cooldown.Config{}, false, 0)
+	defer reg.ReleaseClaim("dash-unit", t)
+	slashed, err := reg.Claim("dash/unit", "ws://h2/", "ws://h2/", t, cooldown.Config{}, false, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer pool.ReleaseClaim("dash/unit", t)
+	defer reg.ReleaseClaim("dash/unit", t)
 
-	off, on := dashboard(t, false), dashboard(t, true)
+	off, on := dashboard(t, reg, false), dashboard(t, reg, true)
 	for _, d := range []*Dashboard{off, on} {
 		w := do(t, d, http.MethodGet, "/dash/status.json", false, nil)
 		var st Status
@@ -363,15 +364,16 @@ func TestDashboardHostsJSON(t *testing.T) {
 // or of hosts (any port, any case); any other Host gets 403 before
 // anything is done, so a refused action leaves the provider as it was.
 func TestDashboardHost(t *testing.T) {
-	p, err := pool.Claim("dash-host", "ws://h/", "ws://h/", t, cooldown.Config{}, false, 0)
+	reg := pool.NewRegistry(nil)
+	p, err := reg.Claim("dash-host", "ws://h/", "ws://h/", t, cooldown.Config{}, false, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer pool.ReleaseClaim("dash-host", t)
+	defer reg.ReleaseClaim("dash-host", t)
 	t.Setenv("DASH_TEST_HOST", "env.example")
 
 	// On the site gw.example, with more names of its own.
-	d := &Dashboard{Controls: true, Hosts: []string{"Ops.Example", "*.tunnel.example", "{env.DASH_TEST_HOST}"}}
+	d := &Dashboard{Controls: true, Hosts: []string{"Ops.Example", "*.tunnel.example", "{env.DASH_TEST_HOST}"}, reg: reg}
 	if err := d.Validate(); err != nil {
 		t.Fatal(err)
 	}
@@ -386,7 +388,7 @@ func TestDashboardHost(t *testing.T) {
 		}
 	}
 	// On a site without a host matcher (:8081), with no hosts option.
-	bare := &Dashboard{Controls: true}
+	bare := &Dashboard{Controls: true, reg: reg}
 	if err := bare.Provision(siteContext()); err != nil {
 		t.Fatal(err)
 	}
@@ -485,11 +487,14 @@ func TestDashboardHost(t *testing.T) {
 // which leave the provider as it was. The names of one server's sites are
 // not another's. A JSON config with a bad name of hosts does not load.
 func TestDashboardHostConfig(t *testing.T) {
-	p, err := pool.Claim("dash-host-cfg", "ws://h/", "ws://h/", t, cooldown.Config{}, false, 0)
+	// The dashboards of a real Caddy show the process's registry.
+	reg := pool.Acquire()
+	defer pool.Release()
+	p, err := reg.Claim("dash-host-cfg", "ws://h/", "ws://h/", t, cooldown.Config{}, false, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer pool.ReleaseClaim("dash-host-cfg", t)
+	defer reg.ReleaseClaim("dash-host-cfg", t)
 	port := func() string {
 		ln, err := net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {

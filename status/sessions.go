@@ -48,7 +48,7 @@ type Session struct {
 
 // sessionOf builds a registry entry's Session object, its duration and
 // bytes as of now.
-func sessionOf(e pool.LiveSession) Session {
+func sessionOf(reg *pool.Registry, e pool.LiveSession) Session {
 	start := e.Session.Start()
 	out := Session{
 		ID:         e.ID,
@@ -65,7 +65,7 @@ func sessionOf(e pool.LiveSession) Session {
 		c := e.Client
 		out.Client = &c
 	}
-	if p, ok := pool.ParkedByID(e.ID); ok && p.Held == e.Session {
+	if p, ok := reg.ParkedByID(e.ID); ok && p.Held == e.Session {
 		out.Parked = true
 		until := p.Until.UTC()
 		out.ResumableUntil = &until
@@ -100,12 +100,15 @@ func parkedOf(p pool.Parked) Session {
 // sessions that are not held, each oldest first (never a nil list). It
 // reads the session and resume registries and each session's counters,
 // nothing else.
-func ListSessions() Sessions {
-	live := pool.Sessions()
-	parked := pool.ParkedSessions()
+func ListSessions(reg *pool.Registry) Sessions {
+	if reg == nil {
+		return Sessions{Sessions: []Session{}}
+	}
+	live := reg.Sessions()
+	parked := reg.ParkedSessions()
 	out := Sessions{Sessions: make([]Session, 0, len(live)+len(parked))}
 	for _, e := range live {
-		out.Sessions = append(out.Sessions, sessionOf(e))
+		out.Sessions = append(out.Sessions, sessionOf(reg, e))
 	}
 	for _, p := range parked {
 		if p.Held == nil {
@@ -129,25 +132,28 @@ const endWait = 2 * upstreams.CloseWait
 // A parked session is ended too: a held one like a live one (its
 // provider gets the close frame), one that is not held is no longer
 // resumable (and a provider session created for it is released).
-func EndSession(id string) (Session, error) {
-	e, found, _ := pool.EndSession(id, endWait)
-	if found {
-		return sessionOf(e), nil
+func EndSession(reg *pool.Registry, id string) (Session, error) {
+	if reg == nil {
+		return Session{}, fmt.Errorf("%w: no live or parked session %q", ErrNotFound, id)
 	}
-	if p, ok := pool.DropParked(id); ok {
+	e, found, _ := reg.EndSession(id, endWait)
+	if found {
+		return sessionOf(reg, e), nil
+	}
+	if p, ok := reg.DropParked(id); ok {
 		return parkedOf(p), nil
 	}
 	return Session{}, fmt.Errorf("%w: no live or parked session %q", ErrNotFound, id)
 }
 
-func (Admin) handleSessions(w http.ResponseWriter, r *http.Request) error {
+func (a Admin) handleSessions(w http.ResponseWriter, r *http.Request) error {
 	if r.Method != http.MethodGet && r.Method != http.MethodHead {
 		return methodNotAllowed(w, "GET, HEAD")
 	}
-	return writeJSON(w, r, ListSessions())
+	return writeJSON(w, r, ListSessions(a.registry()))
 }
 
-func (Admin) handleSession(w http.ResponseWriter, r *http.Request) error {
+func (a Admin) handleSession(w http.ResponseWriter, r *http.Request) error {
 	id := strings.TrimPrefix(r.URL.Path, SessionsPath+"/")
 	if id == "" || strings.Contains(id, "/") {
 		return notFound("want /browser_failover/sessions/<id>")
@@ -155,7 +161,7 @@ func (Admin) handleSession(w http.ResponseWriter, r *http.Request) error {
 	if r.Method != http.MethodDelete {
 		return methodNotAllowed(w, "DELETE")
 	}
-	s, err := EndSession(id)
+	s, err := EndSession(a.registry(), id)
 	if err != nil {
 		return notFound(err.Error())
 	}

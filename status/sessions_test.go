@@ -81,17 +81,18 @@ func liveSession(t *testing.T, p *pool.Provider, info pool.SessionInfo) (*upstre
 // operator" to both sides, frees its slot and answers its object; unknown
 // IDs are 404 and other methods 405.
 func TestSessionsAdmin(t *testing.T) {
-	p, err := pool.Claim("sessions-unit", "ws://h/", "ws://h/", t, cooldown.Config{}, false, 0)
+	reg := pool.NewRegistry(nil)
+	p, err := reg.Claim("sessions-unit", "ws://h/", "ws://h/", t, cooldown.Config{}, false, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer pool.ReleaseClaim("sessions-unit", t)
+	defer reg.ReleaseClaim("sessions-unit", t)
 
 	first, _, _ := liveSession(t, p, pool.SessionInfo{ID: "first-id", Protocol: "cdp", RemoteIP: "127.0.0.1", Attempts: 2})
 	time.Sleep(2 * time.Millisecond) // distinct start times
 	_, client2, provider2 := liveSession(t, p, pool.SessionInfo{ID: "second-id", Protocol: "playwright", Client: "sha256:0123456789ab", RemoteIP: "127.0.0.2", Attempts: 1})
 
-	rec, err := serve(t, http.MethodGet, SessionsPath)
+	rec, err := serve(t, reg, http.MethodGet, SessionsPath)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -126,7 +127,7 @@ func TestSessionsAdmin(t *testing.T) {
 	}
 
 	// End the second one.
-	rec, err = serve(t, http.MethodDelete, SessionsPath+"/second-id")
+	rec, err = serve(t, reg, http.MethodDelete, SessionsPath+"/second-id")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -147,7 +148,7 @@ func TestSessionsAdmin(t *testing.T) {
 	if n := p.Active(); n != 1 {
 		t.Fatalf("active %d after the end, want 1", n)
 	}
-	if _, ok := pool.SessionByID("second-id"); ok {
+	if _, ok := reg.SessionByID("second-id"); ok {
 		t.Fatal("the ended session is still listed")
 	}
 
@@ -164,7 +165,7 @@ func TestSessionsAdmin(t *testing.T) {
 		{http.MethodDelete, SessionsPath + "/", 404},
 		{http.MethodDelete, SessionsPath + "/a/b", 404},
 	} {
-		_, err := serve(t, tc.method, tc.path)
+		_, err := serve(t, reg, tc.method, tc.path)
 		if got := apiStatus(err); got != tc.status {
 			t.Errorf("%s %s: %d (%v), want %d", tc.method, tc.path, got, err, tc.status)
 		}

@@ -24,7 +24,6 @@ import (
 
 	"github.com/browserfailover/caddy-browser-failover/cluster"
 	"github.com/browserfailover/caddy-browser-failover/pool"
-	"github.com/browserfailover/caddy-browser-failover/upstreams"
 )
 
 func init() {
@@ -32,7 +31,19 @@ func init() {
 }
 
 // Admin is the admin API module admin.api.browser_failover.
-type Admin struct{}
+type Admin struct {
+	// reg is the registry it serves; nil: the process's (pool.Current),
+	// as when Caddy loads the module.
+	reg *pool.Registry
+}
+
+// registry is the registry the admin API serves now.
+func (a Admin) registry() *pool.Registry {
+	if a.reg != nil {
+		return a.reg
+	}
+	return pool.Current()
+}
 
 // CaddyModule returns the Caddy module information.
 func (Admin) CaddyModule() caddy.ModuleInfo {
@@ -103,8 +114,11 @@ type Client struct {
 
 // Clients lists the client_limit key values with live sessions or waiters,
 // ordered by key; never nil.
-func Clients() []Client {
-	rows := pool.Clients()
+func Clients(reg *pool.Registry) []Client {
+	if reg == nil {
+		return []Client{}
+	}
+	rows := reg.Clients()
 	out := make([]Client, 0, len(rows))
 	for _, r := range rows {
 		out = append(out, Client{Key: r.Key, Active: r.Active, Waiting: r.Waiting})
@@ -124,9 +138,12 @@ type Queue struct {
 }
 
 // Queues lists every handler's line, oldest handler first.
-func Queues() []Queue {
+func Queues(reg *pool.Registry) []Queue {
 	out := []Queue{}
-	for _, q := range pool.Queues() {
+	if reg == nil {
+		return out
+	}
+	for _, q := range reg.Queues() {
 		ps := q.Providers
 		if ps == nil {
 			ps = []string{}
@@ -249,16 +266,20 @@ func clusterObject(st cluster.ProviderState, max int64) any {
 // call per store, whatever the number of providers.
 const clusterReadTimeout = time.Second
 
-// Snapshot returns the status of every provider (sorted by name) and queue.
-func Snapshot() Status {
-	st := Status{Providers: []Provider{}, Queues: Queues(), Clients: Clients()}
-	all := pool.All()
+// Snapshot returns the status of every provider (sorted by name) and queue
+// of the registry reg (nil: none, an empty document).
+func Snapshot(reg *pool.Registry) Status {
+	st := Status{Providers: []Provider{}, Queues: Queues(reg), Clients: Clients(reg)}
+	if reg == nil {
+		return st
+	}
+	all := reg.All()
 	clusters, up := readClusters(all)
 	for _, p := range all {
 		st.Providers = append(st.Providers, local(p, clusters))
 	}
 	st.SharedStateUp = up
-	st.Parked.Sessions, st.Parked.Held = pool.ParkedCount()
+	st.Parked.Sessions, st.Parked.Held = reg.ParkedCount()
 	return st
 }
 
@@ -334,7 +355,7 @@ func local(p *pool.Provider, clusters map[string]cluster.ProviderState) Provider
 		}
 		out.Capacity = c
 	}
-	if b, ok := upstreams.LookupBooks(p.Name()); ok {
+	if b, ok := p.Books(); ok {
 		n := b.Unreleased()
 		out.Unreleased = &n
 	}
@@ -344,11 +365,11 @@ func local(p *pool.Provider, clusters map[string]cluster.ProviderState) Provider
 	return out
 }
 
-func (Admin) handleStatus(w http.ResponseWriter, r *http.Request) error {
+func (a Admin) handleStatus(w http.ResponseWriter, r *http.Request) error {
 	if r.Method != http.MethodGet && r.Method != http.MethodHead {
 		return methodNotAllowed(w, "GET, HEAD")
 	}
-	return writeJSON(w, r, Snapshot())
+	return writeJSON(w, r, Snapshot(a.registry()))
 }
 
 // actions are what POST /browser_failover/providers/<name>/<action> does.
@@ -365,7 +386,7 @@ var actions = map[string]func(*pool.Provider){
 	},
 }
 
-func (Admin) handleProvider(w http.ResponseWriter, r *http.Request) error {
+func (a Admin) handleProvider(w http.ResponseWriter, r *http.Request) error {
 	rest := strings.TrimPrefix(r.URL.Path, ProvidersPath)
 	i := strings.LastIndexByte(rest, '/')
 	if i <= 0 {
@@ -378,7 +399,7 @@ func (Admin) handleProvider(w http.ResponseWriter, r *http.Request) error {
 	if r.Method != http.MethodPost {
 		return methodNotAllowed(w, "POST")
 	}
-	out, err := Act(name, action)
+	out, err := Act(a.registry(), name, action)
 	if err != nil {
 		return notFound(err.Error())
 	}
@@ -401,12 +422,17 @@ func unknownAction(action string) string {
 // Act runs an operator's action (drain, undrain or reset) on the provider
 // called name and returns the provider's status object after it. An
 // unknown action or provider is an ErrNotFound.
-func Act(name, action string) (Provider, error) {
+func Act(reg *pool.Registry, name, action string) (Provider, error) {
 	do, ok := actions[action]
 	if !ok {
 		return Provider{}, fmt.Errorf("%w: %s", ErrNotFound, unknownAction(action))
 	}
-	p, ok := pool.Lookup(name)
+	var p *pool.Provider
+	if reg != nil {
+		p, ok = reg.Lookup(name)
+	} else {
+		ok = false
+	}
 	if !ok {
 		return Provider{}, fmt.Errorf("%w: no provider named %q", ErrNotFound, name)
 	}

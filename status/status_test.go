@@ -22,10 +22,10 @@ import (
 
 // serve runs the admin route for path and returns the recorder and the
 // handler's error (the admin server turns an APIError into its status).
-func serve(t *testing.T, method, path string) (*httptest.ResponseRecorder, error) {
+func serve(t *testing.T, reg *pool.Registry, method, path string) (*httptest.ResponseRecorder, error) {
 	t.Helper()
 	var h caddy.AdminHandler
-	for _, r := range (Admin{}).Routes() {
+	for _, r := range (Admin{reg: reg}).Routes() {
 		// Like the admin server's mux: exact patterns, and patterns ending
 		// in "/" for their subtree.
 		if r.Pattern == path || (strings.HasSuffix(r.Pattern, "/") && len(path) > len(r.Pattern) && strings.HasPrefix(path, r.Pattern)) {
@@ -57,16 +57,14 @@ func (stoppedClock) AfterFunc(d time.Duration, f func()) queue.Timer {
 
 func TestAdminRoutes(t *testing.T) {
 	now := time.Now()
-	old := pool.Clock
-	pool.Clock = stoppedClock{now}
-	defer func() { pool.Clock = old }()
+	reg := pool.NewRegistry(stoppedClock{now})
 
 	cfg := cooldown.Config{Duration: time.Minute, MinRequests: 1}
-	p, err := pool.Claim("status-unit-a", "ws://u:pw@h/?k=secret", "ws://REDACTED@h/?k=REDACTED", t, cfg, false, 4)
+	p, err := reg.Claim("status-unit-a", "ws://u:pw@h/?k=secret", "ws://REDACTED@h/?k=REDACTED", t, cfg, false, 4)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer pool.ReleaseClaim("status-unit-a", t)
+	defer reg.ReleaseClaim("status-unit-a", t)
 
 	// One failure trips the cooldown (min_requests 1).
 	permit, _ := p.Health.Acquire()
@@ -75,7 +73,7 @@ func TestAdminRoutes(t *testing.T) {
 		t.Fatalf("change %v", ch)
 	}
 
-	rec, err := serve(t, http.MethodGet, StatusPath)
+	rec, err := serve(t, reg, http.MethodGet, StatusPath)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -105,15 +103,15 @@ func TestAdminRoutes(t *testing.T) {
 		t.Fatalf("status %+v", *got)
 	}
 
-	rec, err = serve(t, http.MethodPost, ProvidersPath+"status-unit-a/drain")
+	rec, err = serve(t, reg, http.MethodPost, ProvidersPath+"status-unit-a/drain")
 	if err != nil || !bytes.Contains(rec.Body.Bytes(), []byte(`"draining":true`)) || !p.Draining() {
 		t.Fatalf("drain: %v %s", err, rec.Body)
 	}
-	rec, err = serve(t, http.MethodPost, ProvidersPath+"status-unit-a/undrain")
+	rec, err = serve(t, reg, http.MethodPost, ProvidersPath+"status-unit-a/undrain")
 	if err != nil || p.Draining() {
 		t.Fatalf("undrain: %v %s", err, rec.Body)
 	}
-	rec, err = serve(t, http.MethodPost, ProvidersPath+"status-unit-a/reset")
+	rec, err = serve(t, reg, http.MethodPost, ProvidersPath+"status-unit-a/reset")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -140,7 +138,7 @@ func TestAdminRoutes(t *testing.T) {
 		{http.MethodGet, ProvidersPath + "status-unit-a/drain", 405},
 		{http.MethodPost, StatusPath, 405},
 	} {
-		_, err := serve(t, tc.method, tc.path)
+		_, err := serve(t, reg, tc.method, tc.path)
 		if got := apiStatus(err); got != tc.status {
 			t.Errorf("%s %s: %d (%v), want %d", tc.method, tc.path, got, err, tc.status)
 		}
@@ -150,16 +148,17 @@ func TestAdminRoutes(t *testing.T) {
 // TestStatusClients: client_limit keys show hashed, with their live and
 // waiting counts, and the raw key value appears nowhere in the answer.
 func TestStatusClients(t *testing.T) {
+	reg := pool.NewRegistry(nil)
 	const secret = "sk-live-4f9a1c0ffee"
 	k := pool.QuotaKey{Template: "{http.request.header.X-Api-Key}", Value: secret}
-	if !pool.TakeQuota(k, 2) || !pool.TakeQuota(k, 2) {
+	if !reg.TakeQuota(k, 2) || !reg.TakeQuota(k, 2) {
 		t.Fatal("quota refused below its limit")
 	}
-	if pool.TakeQuota(k, 2) {
+	if reg.TakeQuota(k, 2) {
 		t.Fatal("quota granted over its limit")
 	}
-	pool.AddQuotaWaiting(k, 1)
-	rec, err := serve(t, http.MethodGet, StatusPath)
+	reg.AddQuotaWaiting(k, 1)
+	rec, err := serve(t, reg, http.MethodGet, StatusPath)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -173,18 +172,18 @@ func TestStatusClients(t *testing.T) {
 	if err := json.Unmarshal(rec.Body.Bytes(), &st); err != nil {
 		t.Fatal(err)
 	}
-	want := Client{Key: pool.ShownKey(secret), Active: 2, Waiting: 1}
+	want := Client{Key: reg.ShownKey(secret), Active: 2, Waiting: 1}
 	if len(st.Clients) != 1 || st.Clients[0] != want {
 		t.Fatalf("clients %+v, want [%+v]", st.Clients, want)
 	}
-	pool.AddQuotaWaiting(k, -1)
-	pool.ReleaseQuota(k)
-	pool.ReleaseQuota(k)
-	pool.ReleaseQuota(k) // one too many: ignored
-	if n := pool.QuotaActive(k); n != 0 {
+	reg.AddQuotaWaiting(k, -1)
+	reg.ReleaseQuota(k)
+	reg.ReleaseQuota(k)
+	reg.ReleaseQuota(k) // one too many: ignored
+	if n := reg.QuotaActive(k); n != 0 {
 		t.Fatalf("active %d after release", n)
 	}
-	if c := pool.Clients(); len(c) != 0 {
+	if c := reg.Clients(); len(c) != 0 {
 		t.Fatalf("clients %+v after release", c)
 	}
 }
@@ -249,24 +248,25 @@ func (v *fakeView) ResetShared(context.Context, string) {}
 // shared_state_up tells whether the store answered; and a store that does
 // not answer holds the status up for a bounded time only.
 func TestStatusCluster(t *testing.T) {
+	reg := pool.NewRegistry(nil)
 	cfg := cooldown.Config{}
-	a, err := pool.Claim("status-cl-a", "ws://h/a", "ws://h/a", t, cfg, false, 4)
+	a, err := reg.Claim("status-cl-a", "ws://h/a", "ws://h/a", t, cfg, false, 4)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer pool.ReleaseClaim("status-cl-a", t)
-	b, err := pool.Claim("status-cl-b", "ws://h/b", "ws://h/b", t, cfg, false, 0)
+	defer reg.ReleaseClaim("status-cl-a", t)
+	b, err := reg.Claim("status-cl-b", "ws://h/b", "ws://h/b", t, cfg, false, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer pool.ReleaseClaim("status-cl-b", t)
+	defer reg.ReleaseClaim("status-cl-b", t)
 	v := &fakeView{active: map[string]int{"status-cl-a": 7, "status-cl-b": 9}, up: true}
 	a.SetCluster(v)
 	b.SetCluster(v)
 	defer a.SetCluster(nil)
 	defer b.SetCluster(nil)
 
-	st := Snapshot()
+	st := Snapshot(reg)
 	if v.calls.Load() != 1 {
 		t.Fatalf("%d calls to the store for two providers, want 1", v.calls.Load())
 	}
@@ -288,7 +288,7 @@ func TestStatusCluster(t *testing.T) {
 	}
 
 	v.up = false
-	if st := Snapshot(); st.SharedStateUp == nil || *st.SharedStateUp {
+	if st := Snapshot(reg); st.SharedStateUp == nil || *st.SharedStateUp {
 		t.Fatalf("shared_state_up %v while down", st.SharedStateUp)
 	}
 
@@ -296,7 +296,7 @@ func TestStatusCluster(t *testing.T) {
 	// figures, once the read's bound has passed.
 	v.hang = true
 	start := time.Now()
-	st = Snapshot()
+	st = Snapshot(reg)
 	if took := time.Since(start); took < clusterReadTimeout-10*time.Millisecond || took > 20*clusterReadTimeout {
 		t.Fatalf("status with a hanging store took %v (bound %v)", took, clusterReadTimeout)
 	}
@@ -312,7 +312,7 @@ func TestStatusCluster(t *testing.T) {
 	// Without shared state the field is absent.
 	a.SetCluster(nil)
 	b.SetCluster(nil)
-	b2, _ = json.Marshal(Snapshot())
+	b2, _ = json.Marshal(Snapshot(reg))
 	if bytes.Contains(b2, []byte("shared_state_up")) {
 		t.Fatalf("shared_state_up without shared state: %s", b2)
 	}

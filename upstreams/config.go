@@ -90,6 +90,9 @@ type Defaults struct {
 	// x-playwright-* (see CheckForwardHeaders); a trailing "*" matches a
 	// prefix.
 	ForwardHeaders []string
+	// Books count the sessions of its session API (nil: counts of its
+	// own); the caller keeps them across config loads.
+	Books *Books
 }
 
 // Problem is one problem with a provider's settings and the options at

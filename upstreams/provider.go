@@ -188,7 +188,7 @@ func New(c Config, d Defaults, known func(string) string) (*Provider, error) {
 	if api != nil {
 		// The gateway dials the URL each create answer gives.
 		p.Discover = false
-		if p.api, err = newSessionAPI(p, *api, tlsOpts); err != nil {
+		if p.api, err = newSessionAPI(p, *api, tlsOpts, d.Books); err != nil {
 			return nil, fmt.Errorf("provider %q: session_api: %w", c.Name, err)
 		}
 	}
@@ -200,6 +200,14 @@ func New(c Config, d Defaults, known func(string) string) (*Provider, error) {
 		p.tlsConfig = cfg
 	}
 	return p, nil
+}
+
+// Books are the provider's session API counts, nil without a session API.
+func (p *Provider) Books() *Books {
+	if p.api == nil {
+		return nil
+	}
+	return p.api.books
 }
 
 // Key is the provider's resolved URL: two providers of one name are the

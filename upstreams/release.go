@@ -3,7 +3,6 @@ package upstreams
 import (
 	"context"
 	"errors"
-	"sort"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -40,49 +39,6 @@ type counter = atomic.Int64
 type chanOnce struct{ done atomic.Bool }
 
 func (o *chanOnce) do() bool { return o.done.CompareAndSwap(false, true) }
-
-var (
-	booksMu sync.Mutex
-	books   = map[string]*Books{}
-)
-
-// BooksOf returns the session API counts of the provider name, made on
-// first use; they live as long as the process.
-func BooksOf(name string) *Books {
-	booksMu.Lock()
-	defer booksMu.Unlock()
-	b, ok := books[name]
-	if !ok {
-		b = &Books{}
-		books[name] = b
-	}
-	return b
-}
-
-// AllBooks returns the names of the providers with session API counts, in
-// order, and their counts.
-func AllBooks() ([]string, []*Books) {
-	booksMu.Lock()
-	defer booksMu.Unlock()
-	names := make([]string, 0, len(books))
-	for n := range books {
-		names = append(names, n)
-	}
-	sort.Strings(names)
-	out := make([]*Books, len(names))
-	for i, n := range names {
-		out[i] = books[n]
-	}
-	return names, out
-}
-
-// LookupBooks returns the counts of provider name, if it has a session API.
-func LookupBooks(name string) (*Books, bool) {
-	booksMu.Lock()
-	defer booksMu.Unlock()
-	b, ok := books[name]
-	return b, ok
-}
 
 type releaser struct {
 	slots chan struct{}

@@ -130,7 +130,8 @@ type sessionAPI struct {
 	hosts      hostRule
 }
 
-// Books are a provider's session API counts, process-wide by provider name.
+// Books are a provider's session API counts. They outlive a config load:
+// the caller keeps them by provider name (Defaults.Books).
 type Books struct {
 	// Created: sessions the provider created whose ID the gateway read.
 	Created counter
@@ -241,12 +242,16 @@ func checkCallURL(s string) error {
 }
 
 // newSessionAPI readies a for provider p (its URL resolves relative call
-// URLs; its TLS options apply to the calls).
-func newSessionAPI(p *Provider, a SessionAPI, o TLSOptions) (*sessionAPI, error) {
+// URLs; its TLS options apply to the calls), counting in books (nil: its
+// own).
+func newSessionAPI(p *Provider, a SessionAPI, o TLSOptions, books *Books) (*sessionAPI, error) {
 	if err := ValidateSessionAPI(a); err != nil {
 		return nil, err
 	}
-	s := &sessionAPI{SessionAPI: a, books: BooksOf(p.Name), provider: p.Name}
+	if books == nil {
+		books = &Books{}
+	}
+	s := &sessionAPI{SessionAPI: a, books: books, provider: p.Name}
 	base := &url.URL{Scheme: p.httpScheme, Host: p.host}
 	var err error
 	if s.createURL, err = resolveCall(base, a.CreateURL); err != nil {

@@ -225,9 +225,10 @@ func TestCreateAnswerLimit(t *testing.T) {
 		f := fakes.NewREST(func(string) string { return echo.URL() })
 		defer f.Close()
 		f.Pad = MaxCreateAnswer + 1
-		b := BooksOf("api-big-id")
+		p := restProvider(t, "api-big-id", f)
+		b := p.Books()
 		before := b.Orphans.Load()
-		res := restProvider(t, "api-big-id", f).Connect(context.Background(), testHandshake(), nil)
+		res := p.Connect(context.Background(), testHandshake(), nil)
 		if res.Outcome.Word != WordBadCreate || res.Outcome.Kind != Failure || !strings.Contains(res.Outcome.Err.Error(), "larger than") {
 			t.Fatalf("%q %v %v", res.Outcome.Word, res.Outcome.Kind, res.Outcome.Err)
 		}
@@ -240,9 +241,10 @@ func TestCreateAnswerLimit(t *testing.T) {
 		f := fakes.NewREST(func(string) string { return echo.URL() })
 		defer f.Close()
 		f.Pad, f.PadFirst = MaxCreateAnswer+1, true
-		b := BooksOf("api-big-noid")
+		p := restProvider(t, "api-big-noid", f)
+		b := p.Books()
 		before, seen := b.Orphans.Load(), len(orphans())
-		res := restProvider(t, "api-big-noid", f).Connect(context.Background(), testHandshake(), nil)
+		res := p.Connect(context.Background(), testHandshake(), nil)
 		if res.Outcome.Word != WordBadCreate || res.Outcome.Kind != Failure {
 			t.Fatalf("%q %v %v", res.Outcome.Word, res.Outcome.Kind, res.Outcome.Err)
 		}
@@ -265,9 +267,10 @@ func TestCreateAnswerLimit(t *testing.T) {
 			w.Write([]byte(`{"id":"s-cut","connectUrl":"ws://127.0.0.1:1/","padding":"xx`))
 			return true // the connection ends 4 KiB short
 		}
-		b := BooksOf("api-cut")
+		p := restProvider(t, "api-cut", f)
+		b := p.Books()
 		before := b.Orphans.Load()
-		res := restProvider(t, "api-cut", f).Connect(context.Background(), testHandshake(), nil)
+		res := p.Connect(context.Background(), testHandshake(), nil)
 		if res.Outcome.Word != WordReset || res.Outcome.Kind != Failure {
 			t.Fatalf("%q %v %v", res.Outcome.Word, res.Outcome.Kind, res.Outcome.Err)
 		}
@@ -282,9 +285,10 @@ func TestCreateAnswerLimit(t *testing.T) {
 			w.Write([]byte(`{"connectUrl":"ws://127.0.0.1:1/"}`))
 			return true
 		}
-		b := BooksOf("api-noid")
+		p := restProvider(t, "api-noid", f)
+		b := p.Books()
 		before, seen := b.Orphans.Load(), len(orphans())
-		res := restProvider(t, "api-noid", f).Connect(context.Background(), testHandshake(), nil)
+		res := p.Connect(context.Background(), testHandshake(), nil)
 		if res.Outcome.Word != WordBadCreate {
 			t.Fatalf("%q %v", res.Outcome.Word, res.Outcome.Err)
 		}
