@@ -83,7 +83,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if err := h.check(); err != nil {
 		return err
 	}
-	h.reg = pool.Acquire()
+	h.reg = pool.Acquire(setupRegistry)
 	var err error
 	if h.obs, err = observe.New(ctx, h.logger, h.Webhooks, h.reg); err != nil {
 		return err
@@ -101,7 +101,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	known := func(s string) string { return repl.ReplaceKnown(s, "") }
 	defaults := upstreams.Defaults{ConnectTimeout: time.Duration(h.ConnectTimeout), ForwardHeaders: h.ForwardHeaders}
 	for _, pc := range h.Providers {
-		defaults.Books = nil
+		defaults.Books, defaults.Releaser = nil, h.reg.Releaser()
 		if pc.SessionAPI != nil {
 			// Its counts outlive the config load, as its sessions do.
 			defaults.Books = h.reg.Books(pc.Name)
@@ -211,7 +211,7 @@ func (h *Handler) Cleanup() error {
 		// created provider sessions waiting for their window released.
 		h.reg.ExpireAll()
 		closeAllSessions(h.reg)
-		finishReleases(h.logger)
+		finishReleases(h.reg, h.logger)
 	}
 	return nil
 }
@@ -271,7 +271,7 @@ func closeOnExit(ctx caddy.Context, h *Handler) {
 			if h.line != nil {
 				h.line.Close()
 			}
-			upstreams.StopCreates()
+			h.reg.Releaser().StopCreates()
 			h.reg.ExpireAll()
 			closeAllSessions(h.reg)
 		}

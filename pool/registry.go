@@ -62,6 +62,8 @@ type Registry struct {
 
 	booksMu sync.Mutex
 	books   map[string]*upstreams.Books
+	// releaser releases the provider sessions created over session APIs.
+	releaser *upstreams.Releaser
 
 	// probeOffset is the registry's phase of the probe times, so that
 	// gateways probing one provider do not all probe it at once.
@@ -85,6 +87,7 @@ func NewRegistry(clock queue.Clock) *Registry {
 		sessionIDs:    map[string]*LiveSession{},
 		sessionTokens: map[string]*LiveSession{},
 		books:         map[string]*upstreams.Books{},
+		releaser:      upstreams.NewReleaser(),
 	}
 	r.Waiting = queue.New(clock)
 	r.probeOffset = mrand.N(24 * time.Hour)
@@ -99,6 +102,10 @@ func (r *Registry) Clock() queue.Clock { return r.clock }
 
 // Now reads the registry's clock.
 func (r *Registry) Now() time.Time { return r.clock.Now() }
+
+// Releaser releases the provider sessions created over session APIs; a
+// process exit waits for it.
+func (r *Registry) Releaser() *upstreams.Releaser { return r.releaser }
 
 // Books returns the session API counts of the provider name, made on
 // first use; they live as long as the registry.
@@ -154,12 +161,17 @@ var (
 
 const registryKey = "browser_failover"
 
-// Acquire returns the process's registry, making it on first use. Each
-// call is paired with one Release: a handler acquires it on Provision and
-// releases it on Cleanup, so it outlives config reloads.
-func Acquire() *Registry {
+// Acquire returns the process's registry, making it on first use (setup,
+// when not nil, readies a new one before anyone uses it: hooks of its
+// releaser). Each call is paired with one Release: a handler acquires it
+// on Provision and releases it on Cleanup, so it outlives config reloads.
+func Acquire(setup func(*Registry)) *Registry {
 	v, _, _ := registries.LoadOrNew(registryKey, func() (caddy.Destructor, error) {
-		return NewRegistry(nil), nil
+		r := NewRegistry(nil)
+		if setup != nil {
+			setup(r)
+		}
+		return r, nil
 	})
 	return v.(*Registry)
 }

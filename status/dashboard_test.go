@@ -488,7 +488,7 @@ func TestDashboardHost(t *testing.T) {
 // not another's. A JSON config with a bad name of hosts does not load.
 func TestDashboardHostConfig(t *testing.T) {
 	// The dashboards of a real Caddy show the process's registry.
-	reg := pool.Acquire()
+	reg := pool.Acquire(nil)
 	defer pool.Release()
 	p, err := reg.Claim("dash-host-cfg", "ws://h/", "ws://h/", t, cooldown.Config{}, false, 0)
 	if err != nil {

@@ -93,6 +93,10 @@ type Defaults struct {
 	// Books count the sessions of its session API (nil: counts of its
 	// own); the caller keeps them across config loads.
 	Books *Books
+	// Releaser releases the sessions its session API creates (nil: one
+	// of its own); the caller keeps it across config loads, and waits for
+	// it at exit.
+	Releaser *Releaser
 }
 
 // Problem is one problem with a provider's settings and the options at

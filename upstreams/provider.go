@@ -188,7 +188,7 @@ func New(c Config, d Defaults, known func(string) string) (*Provider, error) {
 	if api != nil {
 		// The gateway dials the URL each create answer gives.
 		p.Discover = false
-		if p.api, err = newSessionAPI(p, *api, tlsOpts, d.Books); err != nil {
+		if p.api, err = newSessionAPI(p, *api, tlsOpts, d.Books, d.Releaser); err != nil {
 			return nil, fmt.Errorf("provider %q: session_api: %w", c.Name, err)
 		}
 	}

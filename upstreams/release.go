@@ -8,39 +8,40 @@ import (
 	"time"
 )
 
-// Releases of provider sessions run here, off the request path: a
-// process-wide releaser with a bounded number of calls in flight, each
-// session tried up to ReleaseTries times, each call bounded by
-// ReleaseTimeout. Submitting never blocks. Create calls in flight count
-// as pending too, until what they created is released or handed to a
-// connection, so that a process exit waits for them; StopCreates keeps
-// new ones from starting.
+// Releases of provider sessions run off the request path, in a Releaser:
+// a bounded number of calls in flight, each session tried up to Tries
+// times, each call bounded by Timeout. Submitting never blocks. Create
+// calls in flight count as pending too, until what they created is
+// released or handed to a connection, so that a process exit waits for
+// them; StopCreates keeps new ones from starting. The caller keeps one
+// Releaser for every provider that outlives a config load (the gateway's
+// registry does), and hands it to New in Defaults.
 
-// Release settings.
-var (
-	// ReleaseTries is how many calls one release makes at most.
-	ReleaseTries = 3
-	// ReleaseTimeout bounds one release call.
-	ReleaseTimeout = 10 * time.Second
-	// ReleaseBackoff is the wait before retry n (1, 2, …): n times it.
-	ReleaseBackoff = time.Second
-	// ReleaseConcurrency bounds the release calls in flight.
-	ReleaseConcurrency = 8
-	// ReleaseSleep waits between tries; tests replace it.
-	ReleaseSleep = func(d time.Duration) { time.Sleep(d) }
-	// OnReleaseFailure, when set, hears of each failed release call
-	// (the provider's name and the cause, which never holds a secret).
-	OnReleaseFailure func(provider string, err error)
-)
+// Releaser releases provider sessions. Its settings are read when it is
+// made (NewReleaser sets the defaults); change them only before use.
+type Releaser struct {
+	// Tries is how many calls one release makes at most.
+	Tries int
+	// Timeout bounds one release call.
+	Timeout time.Duration
+	// Backoff is the wait before retry n (1, 2, …): n times it.
+	Backoff time.Duration
+	// Sleep waits between tries (tests replace it).
+	Sleep func(time.Duration)
+	// CreateGrace is how long a create call may go on after its attempt
+	// gave up (the client left, connect_timeout passed): long enough to
+	// learn the ID of a session the provider created anyway, and release
+	// it.
+	CreateGrace time.Duration
+	// OnFailure, when set, hears of each failed release call (the
+	// provider's name and the cause, which never holds a secret).
+	OnFailure func(provider string, err error)
+	// OnOrphan, when set, hears of each session a create answer may have
+	// made that cannot be released: a 2xx answer whose session ID could
+	// not be read. It gets the provider's name and the cause, which never
+	// holds a header, a URL or the answer's body.
+	OnOrphan func(provider, cause string)
 
-type counter = atomic.Int64
-
-// chanOnce is a sync.Once that reports whether this call was the first.
-type chanOnce struct{ done atomic.Bool }
-
-func (o *chanOnce) do() bool { return o.done.CompareAndSwap(false, true) }
-
-type releaser struct {
 	slots chan struct{}
 	mu    sync.Mutex
 	// pending counts releases submitted and not finished, and create
@@ -50,6 +51,23 @@ type releaser struct {
 	// stopped: StopCreates was called; no create call starts.
 	stopped bool
 }
+
+// NewReleaser returns a releaser with the default settings: 3 tries, 10 s
+// a call, 1 s then 2 s between them, 8 calls in flight, 30 s of grace for
+// a create call.
+func NewReleaser() *Releaser {
+	r := &Releaser{Tries: 3, Timeout: 10 * time.Second, Backoff: time.Second,
+		Sleep: time.Sleep, CreateGrace: 30 * time.Second, slots: make(chan struct{}, 8)}
+	r.idle = sync.NewCond(&r.mu)
+	return r
+}
+
+type counter = atomic.Int64
+
+// chanOnce is a sync.Once that reports whether this call was the first.
+type chanOnce struct{ done atomic.Bool }
+
+func (o *chanOnce) do() bool { return o.done.CompareAndSwap(false, true) }
 
 // ErrCreatesStopped is the error of an attempt refused, or given up after
 // its create call answered, because StopCreates was called. Its Result
@@ -62,25 +80,25 @@ var ErrCreatesStopped = errors.New("the gateway is shutting down: no provider se
 // call already in flight is still waited for by WaitReleases, and the
 // session it creates is released, not dialed (its attempt ends the same
 // way). Call it when the process begins to exit, before WaitReleases.
-func StopCreates() {
-	rel.mu.Lock()
-	rel.stopped = true
-	rel.mu.Unlock()
+func (r *Releaser) StopCreates() {
+	r.mu.Lock()
+	r.stopped = true
+	r.mu.Unlock()
 }
 
 // AllowCreates undoes StopCreates (for tests, and for a process that
 // goes on after all).
-func AllowCreates() {
-	rel.mu.Lock()
-	rel.stopped = false
-	rel.mu.Unlock()
+func (r *Releaser) AllowCreates() {
+	r.mu.Lock()
+	r.stopped = false
+	r.mu.Unlock()
 }
 
 // CreatesStopped reports whether StopCreates is in effect.
-func CreatesStopped() bool {
-	rel.mu.Lock()
-	defer rel.mu.Unlock()
-	return rel.stopped
+func (r *Releaser) CreatesStopped() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.stopped
 }
 
 func stoppedResult() Result {
@@ -91,7 +109,7 @@ func stoppedResult() Result {
 // once creates are stopped. settled, called when what the call created is
 // released (submitted) or handed on, ends the count; calls after the
 // first do nothing.
-func (r *releaser) startCreate() (settled func(), ok bool) {
+func (r *Releaser) startCreate() (settled func(), ok bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.stopped {
@@ -103,7 +121,7 @@ func (r *releaser) startCreate() (settled func(), ok bool) {
 }
 
 // finished ends one pending count.
-func (r *releaser) finished() {
+func (r *Releaser) finished() {
 	r.mu.Lock()
 	r.pending--
 	if r.pending == 0 {
@@ -112,21 +130,8 @@ func (r *releaser) finished() {
 	r.mu.Unlock()
 }
 
-var rel = func() *releaser {
-	r := &releaser{}
-	r.idle = sync.NewCond(&r.mu)
-	return r
-}()
-
-func (r *releaser) submit(s *Remote) {
+func (r *Releaser) submit(s *Remote) {
 	r.mu.Lock()
-	if r.slots == nil {
-		n := ReleaseConcurrency
-		if n < 1 {
-			n = 1
-		}
-		r.slots = make(chan struct{}, n)
-	}
 	slots := r.slots
 	r.pending++
 	r.mu.Unlock()
@@ -138,15 +143,14 @@ func (r *releaser) submit(s *Remote) {
 	}()
 }
 
-// run releases s: up to ReleaseTries calls, waiting n×ReleaseBackoff before
-// try n+1.
+// run releases s: up to Tries calls, waiting n×Backoff before try n+1.
 func (s *Remote) run() {
-	b := s.api.books
-	for try := 1; try <= ReleaseTries; try++ {
+	b, r := s.api.books, s.api.rel
+	for try := 1; try <= r.Tries; try++ {
 		if try > 1 {
-			ReleaseSleep(time.Duration(try-1) * ReleaseBackoff)
+			r.Sleep(time.Duration(try-1) * r.Backoff)
 		}
-		ctx, cancel := context.WithTimeout(context.Background(), ReleaseTimeout)
+		ctx, cancel := context.WithTimeout(context.Background(), r.Timeout)
 		ok, err := s.release(ctx)
 		cancel()
 		if ok {
@@ -154,35 +158,35 @@ func (s *Remote) run() {
 			return
 		}
 		b.ReleaseFailures.Add(1)
-		if f := OnReleaseFailure; f != nil {
+		if f := r.OnFailure; f != nil {
 			f(s.api.provider, err)
 		}
 	}
 }
 
-// PendingReleases is the number of releases not finished yet, create
+// Pending is the number of releases not finished yet, create
 // calls in flight included.
-func PendingReleases() int {
-	rel.mu.Lock()
-	defer rel.mu.Unlock()
-	return rel.pending
+func (r *Releaser) Pending() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.pending
 }
 
-// WaitReleases waits until every submitted release has finished, and
+// Wait waits until every submitted release has finished, and
 // every create call in flight has answered and what it created has been
 // released or handed to a connection, or until the deadline passes; it
 // reports whether all finished.
-func WaitReleases(deadline time.Time) bool {
+func (r *Releaser) Wait(deadline time.Time) bool {
 	t := time.AfterFunc(time.Until(deadline), func() {
-		rel.mu.Lock()
-		rel.idle.Broadcast()
-		rel.mu.Unlock()
+		r.mu.Lock()
+		r.idle.Broadcast()
+		r.mu.Unlock()
 	})
 	defer t.Stop()
-	rel.mu.Lock()
-	defer rel.mu.Unlock()
-	for rel.pending > 0 && time.Now().Before(deadline) {
-		rel.idle.Wait()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for r.pending > 0 && time.Now().Before(deadline) {
+		r.idle.Wait()
 	}
-	return rel.pending == 0
+	return r.pending == 0
 }

@@ -49,12 +49,6 @@ var (
 	errBadConnectURL = errors.New("connect URL refused")
 )
 
-// OnOrphan, when set, hears of each session a create answer may have made
-// that the gateway cannot release: a 2xx answer whose session ID could not
-// be read. It gets the provider's name and the cause, which never holds a
-// header, a URL or the answer's body.
-var OnOrphan func(provider, cause string)
-
 // SessionAPI describes a provider that creates a browser over REST before
 // each attempt: create it, dial the WebSocket URL the answer gives, release
 // it when the session (or the attempt) ends.
@@ -126,6 +120,7 @@ type sessionAPI struct {
 	hasRelBody bool
 	client     *http.Client
 	books      *Books
+	rel        *Releaser
 	provider   string
 	hosts      hostRule
 }
@@ -244,14 +239,17 @@ func checkCallURL(s string) error {
 // newSessionAPI readies a for provider p (its URL resolves relative call
 // URLs; its TLS options apply to the calls), counting in books (nil: its
 // own).
-func newSessionAPI(p *Provider, a SessionAPI, o TLSOptions, books *Books) (*sessionAPI, error) {
+func newSessionAPI(p *Provider, a SessionAPI, o TLSOptions, books *Books, rel *Releaser) (*sessionAPI, error) {
 	if err := ValidateSessionAPI(a); err != nil {
 		return nil, err
 	}
 	if books == nil {
 		books = &Books{}
 	}
-	s := &sessionAPI{SessionAPI: a, books: books, provider: p.Name}
+	if rel == nil {
+		rel = NewReleaser()
+	}
+	s := &sessionAPI{SessionAPI: a, books: books, rel: rel, provider: p.Name}
 	base := &url.URL{Scheme: p.httpScheme, Host: p.host}
 	var err error
 	if s.createURL, err = resolveCall(base, a.CreateURL); err != nil {
@@ -390,7 +388,7 @@ func (r *Remote) Release() {
 	if r == nil || !r.once.do() {
 		return
 	}
-	rel.submit(r)
+	r.api.rel.submit(r)
 }
 
 // created is the result of a create call.
@@ -511,10 +509,10 @@ func (a *sessionAPI) create(ctx context.Context, headers []Header, payload []byt
 }
 
 // orphan books a session a 2xx create answer may have made that cannot be
-// released (its ID unknown), and tells OnOrphan.
+// released (its ID unknown), and tells its releaser's OnOrphan.
 func (a *sessionAPI) orphan(why string) {
 	a.books.Orphans.Add(1)
-	if f := OnOrphan; f != nil {
+	if f := a.rel.OnOrphan; f != nil {
 		f(a.provider, why)
 	}
 }
@@ -659,11 +657,6 @@ func (r *Remote) release(ctx context.Context) (ok bool, err error) {
 	return false, fmt.Errorf("release answered %d", resp.StatusCode)
 }
 
-// CreateGrace is how long a create call may go on after its attempt gave
-// up (the client left, connect_timeout passed): long enough to learn the
-// ID of a session the provider created anyway, and release it.
-var CreateGrace = 30 * time.Second
-
 // connectAPI is one attempt at a provider with a session API: create,
 // then dial the connect URL of the answer, all within actx. The created
 // session goes with the connection on success and is released on every
@@ -676,7 +669,7 @@ func (p *Provider) connectAPI(ctx, actx context.Context, deadline time.Time, hs 
 		word, kind := ClassifyError(err, errors.Is(ctx.Err(), context.Canceled))
 		return Result{Outcome: Outcome{Word: word, Kind: kind, Err: err}}
 	}
-	settled, ok := rel.startCreate()
+	settled, ok := p.api.rel.startCreate()
 	if !ok {
 		return stoppedResult()
 	}
@@ -688,7 +681,7 @@ func (p *Provider) connectAPI(ctx, actx context.Context, deadline time.Time, hs 
 	headers, body := p.api.prepare(replace)
 	// The call is not cut when the attempt ends: a session created after
 	// that is still learnt and released.
-	cctx, ccancel := context.WithDeadline(context.WithoutCancel(ctx), deadline.Add(CreateGrace))
+	cctx, ccancel := context.WithDeadline(context.WithoutCancel(ctx), deadline.Add(p.api.rel.CreateGrace))
 	answer := make(chan created, 1)
 	go func() {
 		defer ccancel()
@@ -714,7 +707,7 @@ func (p *Provider) connectAPI(ctx, actx context.Context, deadline time.Time, hs 
 		}
 		return *c.res
 	}
-	if CreatesStopped() {
+	if p.api.rel.CreatesStopped() {
 		c.remote.Release()
 		return stoppedResult()
 	}
@@ -731,7 +724,7 @@ func (p *Provider) connectAPI(ctx, actx context.Context, deadline time.Time, hs 
 	if res.Outcome.Kind == Success {
 		res.Conn.Remote = c.remote
 		res.Conn.Point.ConnectURL = c.connectURL
-		if CreatesStopped() {
+		if p.api.rel.CreatesStopped() {
 			res.Conn.Close() // releases the session
 			return stoppedResult()
 		}

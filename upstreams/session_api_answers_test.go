@@ -21,6 +21,9 @@ import (
 
 const testAPIKey = "sk-live-answers-93c1f0"
 
+// testRel releases the sessions of the providers restProvider makes.
+var testRel = NewReleaser()
+
 // restProvider is a provider whose session API is the fake f's, with an
 // API key in header_up and in the session API headers.
 func restProvider(t *testing.T, name string, f *fakes.REST, connectHosts ...string) *Provider {
@@ -35,7 +38,7 @@ func restProvider(t *testing.T, name string, f *fakes.REST, connectHosts ...stri
 			ReleaseMethod: "POST", ReleaseURL: "/v1/sessions/{session_id}/release",
 			ConnectHosts: connectHosts,
 		},
-	}, Defaults{}, nil)
+	}, Defaults{Releaser: testRel}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -48,8 +51,8 @@ func testHandshake() *Handshake { return &Handshake{Key: NewKey(), Header: http.
 // the releaser has nothing pending.
 func settle(t *testing.T, f *fakes.REST, n int) {
 	t.Helper()
-	if !WaitReleases(time.Now().Add(10 * time.Second)) {
-		t.Fatalf("releases still pending: %d", PendingReleases())
+	if !testRel.Wait(time.Now().Add(10 * time.Second)) {
+		t.Fatalf("releases still pending: %d", testRel.Pending())
 	}
 	b := f.Books()
 	if err := b.Balanced(); err != nil || len(b.Created) != n {
@@ -57,17 +60,17 @@ func settle(t *testing.T, f *fakes.REST, n int) {
 	}
 }
 
-// swapOrphanHook records OnOrphan calls for the test.
+// swapOrphanHook records testRel's OnOrphan calls for the test.
 func swapOrphanHook(t *testing.T) func() []string {
 	var mu sync.Mutex
 	var got []string
-	prev := OnOrphan
-	OnOrphan = func(provider, cause string) {
+	prev := testRel.OnOrphan
+	testRel.OnOrphan = func(provider, cause string) {
 		mu.Lock()
 		got = append(got, provider+": "+cause)
 		mu.Unlock()
 	}
-	t.Cleanup(func() { OnOrphan = prev })
+	t.Cleanup(func() { testRel.OnOrphan = prev })
 	return func() []string {
 		mu.Lock()
 		defer mu.Unlock()
@@ -255,7 +258,7 @@ func TestCreateAnswerLimit(t *testing.T) {
 		if len(got) != 1 || !strings.HasPrefix(got[0], "api-big-noid: ") || strings.Contains(got[0], "xxxx") || strings.Contains(got[0], testAPIKey) {
 			t.Fatalf("orphan reports %q", got)
 		}
-		if !WaitReleases(time.Now().Add(5*time.Second)) || len(f.Books().Released) != 0 {
+		if !testRel.Wait(time.Now().Add(5*time.Second)) || len(f.Books().Released) != 0 {
 			t.Fatalf("released %+v", f.Books())
 		}
 	})
@@ -274,7 +277,7 @@ func TestCreateAnswerLimit(t *testing.T) {
 		if res.Outcome.Word != WordReset || res.Outcome.Kind != Failure {
 			t.Fatalf("%q %v %v", res.Outcome.Word, res.Outcome.Kind, res.Outcome.Err)
 		}
-		if !WaitReleases(time.Now().Add(5*time.Second)) || f.Books().Unknown != 1 || b.Orphans.Load() != before {
+		if !testRel.Wait(time.Now().Add(5*time.Second)) || f.Books().Unknown != 1 || b.Orphans.Load() != before {
 			t.Fatalf("the session s-cut was not released: %+v, orphans %d→%d", f.Books(), before, b.Orphans.Load())
 		}
 	})
@@ -347,11 +350,11 @@ func TestWaitReleasesWaitsForCreate(t *testing.T) {
 	if res := <-done; res.Outcome.Kind != ClientGone {
 		t.Fatalf("%q %v", res.Outcome.Word, res.Outcome.Err)
 	}
-	if PendingReleases() == 0 {
+	if testRel.Pending() == 0 {
 		t.Fatal("the create in flight is not pending")
 	}
-	if !WaitReleases(time.Now().Add(5 * time.Second)) {
-		t.Fatalf("still pending: %d", PendingReleases())
+	if !testRel.Wait(time.Now().Add(5 * time.Second)) {
+		t.Fatalf("still pending: %d", testRel.Pending())
 	}
 	b := f.Books()
 	if len(b.Created) != 1 || len(f.Creates()) != 1 || b.Balanced() != nil {
@@ -366,7 +369,7 @@ func TestWaitReleasesWaitsForCreate(t *testing.T) {
 // attempt ends as client_gone, not against the provider), and a create in
 // flight is waited for and its session released, not dialed.
 func TestStopCreates(t *testing.T) {
-	t.Cleanup(AllowCreates)
+	t.Cleanup(testRel.AllowCreates)
 	echo := fakes.Echo("stop-creates", nil)
 	defer echo.Close()
 	f := fakes.NewREST(func(string) string { return echo.URL() })
@@ -382,8 +385,8 @@ func TestStopCreates(t *testing.T) {
 	done := make(chan Result, 1)
 	go func() { done <- p.Connect(context.Background(), testHandshake(), nil) }()
 	<-entered
-	StopCreates()
-	if !CreatesStopped() {
+	testRel.StopCreates()
+	if !testRel.CreatesStopped() {
 		t.Fatal("not stopped")
 	}
 	// A new attempt: no create call.
@@ -394,7 +397,7 @@ func TestStopCreates(t *testing.T) {
 	if n := len(f.Creates()); n != 1 {
 		t.Fatalf("%d create calls, want the one in flight", n)
 	}
-	if WaitReleases(time.Now().Add(50 * time.Millisecond)) {
+	if testRel.Wait(time.Now().Add(50 * time.Millisecond)) {
 		t.Fatal("WaitReleases did not wait for the create in flight")
 	}
 	close(gate)
@@ -406,7 +409,7 @@ func TestStopCreates(t *testing.T) {
 	if n := echo.Hits.Load(); n != 0 {
 		t.Fatalf("dialed %d times after StopCreates", n)
 	}
-	AllowCreates()
+	testRel.AllowCreates()
 	res = p.Connect(context.Background(), testHandshake(), nil)
 	if res.Outcome.Kind != Success {
 		t.Fatalf("after AllowCreates: %q %v", res.Outcome.Word, res.Outcome.Err)
