@@ -861,10 +861,10 @@ type handOff struct {
 }
 
 // handOver takes over the client's connection, for a new session as for a
-// resumed one: an HTTP/1.1 client is hijacked (the bytes it pipelined
-// behind its handshake kept), and its greeting is the raw 101 answer; an
-// HTTP/2 or HTTP/3 client (extended CONNECT) gets a stream, and its
-// greeting is a 200 with fields. The resume token handed out in fields is
+// resumed one: an HTTP/1.1 client is hijacked from the server itself
+// (hijack; the bytes it pipelined behind its handshake kept), and its
+// greeting is the raw 101 answer; an HTTP/2 or HTTP/3 client (extended
+// CONNECT) gets a stream, and its greeting is a 200 with fields. The resume token handed out in fields is
 // taken out of the header map once sent: Caddy's access log reads it
 // again, and must not show it.
 func (c *connect) handOver(answer []byte, fields []upstreams.HeaderField) (handOff, error) {
@@ -881,7 +881,7 @@ func (c *connect) handOver(answer []byte, fields []upstreams.HeaderField) (handO
 			return err
 		}}, nil
 	}
-	conn, brw, err := http.NewResponseController(c.w).Hijack()
+	conn, brw, err := hijack(c.w)
 	if err != nil {
 		return handOff{}, err
 	}
@@ -891,7 +891,7 @@ func (c *connect) handOver(answer []byte, fields []upstreams.HeaderField) (handO
 		pending = make([]byte, n)
 		brw.Read(pending)
 	}
-	return handOff{conn: relayConn(conn), pending: pending, greet: func() error {
+	return handOff{conn: conn, pending: pending, greet: func() error {
 		_, err := conn.Write(answer)
 		return err
 	}}, nil

@@ -1,37 +1,33 @@
 package browserfailover
 
 import (
+	"bufio"
 	"net"
-	"reflect"
+	"net/http"
 )
 
-// relayConn is the connection a hijacked client's session is relayed on.
+// hijack takes an HTTP/1.1 client's connection over from the server
+// itself, beneath every wrapper the handler chain put around the
+// ResponseWriter.
 //
-// Caddy hands out a hijacked connection wrapped so that its access log can
-// count the bytes read and written on it. An HTTP/1.1 session outlives its
-// request: Caddy writes the request's access log line as soon as the
-// handler returns, while the relay goes on reading and writing, so the
+// Caddy's access log wraps the writer to count the bytes of the response,
+// and its hijack hands out a connection that goes on counting. A session
+// outlives its request: Caddy writes the request's log line as soon as
+// the handler returns, while the relay goes on reading and writing, so the
 // relay must not touch those counters (they are not safe to share across
-// goroutines). The gateway writes its answer (the 101) through the
-// wrapper, so the log line counts it, and relays on the connection
-// underneath. The wrapper keeps that connection as its embedded net.Conn;
-// a wrapper without one is relayed on as it is.
-func relayConn(hijacked net.Conn) net.Conn {
-	v := reflect.ValueOf(hijacked)
-	if v.Kind() != reflect.Pointer || v.IsNil() || v.Elem().Kind() != reflect.Struct {
-		return hijacked
+// goroutines), and it needs the server's own connection (a TCP connection
+// is spliced). Every wrapper in Caddy's chain exposes the writer it wraps
+// (Unwrap), as http.ResponseController expects; the innermost is the
+// server's, and hijacking it hands out the connection itself. The access
+// log therefore records the request and its status but no response bytes
+// for an upgrade.
+func hijack(w http.ResponseWriter) (net.Conn, *bufio.ReadWriter, error) {
+	for {
+		u, ok := w.(interface{ Unwrap() http.ResponseWriter })
+		if !ok {
+			break
+		}
+		w = u.Unwrap()
 	}
-	sf, ok := v.Elem().Type().FieldByName("Conn")
-	if !ok || !sf.Anonymous || len(sf.Index) != 1 {
-		return hijacked
-	}
-	f := v.Elem().FieldByIndex(sf.Index)
-	if !f.CanInterface() {
-		return hijacked
-	}
-	inner, ok := f.Interface().(net.Conn)
-	if !ok || inner == nil {
-		return hijacked
-	}
-	return inner
+	return http.NewResponseController(w).Hijack()
 }
