@@ -658,10 +658,13 @@ func (d *direction) goQuiet() {
 func (d *direction) ended(err error) bool {
 	switch {
 	case errors.Is(err, io.EOF):
+		// The reason first: the half-close may have dst's peer hang up
+		// at once, and the other direction must not find its source's
+		// end the first news of who ended the session.
+		d.s.sync(change{ev: evEnd, d: d, reason: endWords[d.side][0]})
 		if c, ok := d.dst.(interface{ CloseWrite() error }); ok {
 			c.CloseWrite()
 		}
-		d.s.sync(change{ev: evEnd, d: d, reason: endWords[d.side][0]})
 		return false
 	case errors.Is(err, net.ErrClosed):
 		// Someone closed a socket under us (the session's own cut, or a

@@ -304,3 +304,22 @@ func TestSessionClientSocketClosedBeforeRun(t *testing.T) {
 		t.Fatal("the provider's connection is still open")
 	}
 }
+
+// TestSessionEndReasonIsFirstToHangUp: a client that hangs up its TCP
+// connection without a close frame ended the session, even when the
+// provider hangs up the moment the gateway half-closes toward it (each
+// round is a race the relay must not lose).
+func TestSessionEndReasonIsFirstToHangUp(t *testing.T) {
+	for i := 0; i < 50; i++ {
+		f := newRelay(t, SessionOptions{})
+		go func() {
+			io.Copy(io.Discard, f.provider)
+			f.provider.Close()
+		}()
+		f.client.Close()
+		f.waitEnd(t, 3*time.Second)
+		if r := f.s.Reason(); r != EndClientClosed {
+			t.Fatalf("round %d: reason %q, want %q", i, r, EndClientClosed)
+		}
+	}
+}
