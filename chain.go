@@ -12,7 +12,6 @@ import (
 
 	"github.com/browserfailover/caddy-browser-failover/cluster"
 	"github.com/browserfailover/caddy-browser-failover/cooldown"
-	"github.com/browserfailover/caddy-browser-failover/observe"
 	"github.com/browserfailover/caddy-browser-failover/pool"
 	"github.com/browserfailover/caddy-browser-failover/queue"
 	"github.com/browserfailover/caddy-browser-failover/upstreams"
@@ -513,7 +512,7 @@ func (c *connect) attemptInTurn(ctx context.Context, ps *passState) passEnd {
 			return passNothing
 		}
 		if failed != nil {
-			observe.Failover(failed.up.Name)
+			c.h.reg.Metrics().Failover(failed.up.Name)
 		}
 		res := m.up.Connect(ctx, c.hs, c.replace)
 		c.record(m, res.Outcome)
@@ -582,7 +581,7 @@ func (c *connect) attemptHedged(ctx context.Context, ps *passState) passEnd {
 		live[f] = struct{}{}
 		if hedge {
 			c.hedgesStarted++
-			observe.HedgeStarted(m.up.Name)
+			c.h.reg.Metrics().HedgeStarted(m.up.Name)
 		}
 		go func() { results <- landing{f: f, res: f.m.up.Connect(actx, c.hs, c.replace)} }()
 		// hedge_after counts from the newest attempt.
@@ -608,7 +607,7 @@ func (c *connect) attemptHedged(ctx context.Context, ps *passState) passEnd {
 			switch c.h.conclude(ps, l.f.m, l.f.permit, l.res, false) {
 			case verdictSuccess:
 				if l.f.hedge {
-					observe.HedgeWon(l.f.m.up.Name)
+					c.h.reg.Metrics().HedgeWon(l.f.m.up.Name)
 				}
 				c.abandon(live, results)
 				c.lease = l.f.lease
@@ -627,7 +626,7 @@ func (c *connect) attemptHedged(ctx context.Context, ps *passState) passEnd {
 			// Failed on its own: with nothing else in flight the next
 			// candidate starts at once, as without hedging.
 			if len(live) == 0 && !(ctx.Err() != nil && c.r.Context().Err() != nil) && launch(false) {
-				observe.Failover(l.f.m.up.Name)
+				c.h.reg.Metrics().Failover(l.f.m.up.Name)
 			}
 		}
 	}
@@ -651,7 +650,7 @@ func (c *connect) abandon(live map[*flight]struct{}, results <-chan landing) {
 		c.add(attempt{Provider: f.m.up.Name, Outcome: upstreams.WordHedgeLost, MS: roundMS(time.Since(f.start))})
 		c.tries++
 		c.hedgesWasted++
-		observe.HedgeWasted(f.m.up.Name)
+		c.h.reg.Metrics().HedgeWasted(f.m.up.Name)
 	}
 	n := len(live)
 	h := c.h
@@ -683,7 +682,7 @@ func (h *Handler) conclude(ps *passState, m *member, permit cooldown.Permit, res
 	st := m.state
 	o := res.Outcome
 	if lost {
-		observe.Attempt(m.up.Name, o)
+		h.reg.Metrics().Attempt(m.up.Name, o)
 	}
 	if o.Kind == upstreams.Failure || o.Kind == upstreams.Capacity || o.Kind == upstreams.Incompatible {
 		st.SetLastError(o.Word)
@@ -787,7 +786,7 @@ func (h *Handler) healthChanged(st *pool.Provider, change cooldown.Change, undec
 func (c *connect) record(m *member, o upstreams.Outcome) {
 	c.add(attempt{Provider: m.up.Name, Outcome: o.Word, MS: roundMS(o.Elapsed)})
 	c.tries++
-	observe.Attempt(m.up.Name, o)
+	c.h.reg.Metrics().Attempt(m.up.Name, o)
 	if ce := c.h.logger.Check(zap.DebugLevel, "attempt"); ce != nil {
 		fields := []zap.Field{
 			zap.String("provider", m.up.Name),
@@ -929,6 +928,7 @@ func (c *connect) relay(m *member, client netConn, up *upstreams.Conn, pending [
 	st := m.state
 	c.served(m)
 	end := &sessionEnd{
+		metrics:   c.h.reg.Metrics(),
 		logger:    c.h.logger,
 		id:        c.id,
 		provider:  m.up.Name,

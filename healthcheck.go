@@ -11,7 +11,6 @@ import (
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"go.uber.org/zap"
 
-	"github.com/browserfailover/caddy-browser-failover/observe"
 	"github.com/browserfailover/caddy-browser-failover/pool"
 	"github.com/browserfailover/caddy-browser-failover/upstreams"
 )
@@ -316,7 +315,7 @@ func (h *Handler) provisionProbes() error {
 		if err != nil {
 			return err
 		}
-		pw := &probeWatch{h: h, st: m.state, count: observe.ProbeCounter(pc.Name)}
+		pw := &probeWatch{h: h, st: m.state, count: h.reg.Metrics().ProbeCounter(pc.Name)}
 		m.state.Probe(h, pool.ProbeConfig{Prober: pr, Interval: time.Duration(hc.Interval),
 			ReadsCapacity: hc.Capacity != "", Report: pw.report})
 		h.probes = append(h.probes, m.state)

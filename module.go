@@ -25,6 +25,7 @@ import (
 	"github.com/browserfailover/caddy-browser-failover/observe"
 	"github.com/browserfailover/caddy-browser-failover/pool"
 	"github.com/browserfailover/caddy-browser-failover/queue"
+	"github.com/browserfailover/caddy-browser-failover/status"
 	_ "github.com/browserfailover/caddy-browser-failover/status" // the admin API module
 	"github.com/browserfailover/caddy-browser-failover/upstreams"
 )
@@ -85,7 +86,10 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	}
 	h.reg = pool.Acquire(setupRegistry)
 	var err error
-	if h.obs, err = observe.New(ctx, h.logger, h.Webhooks, h.reg); err != nil {
+	if err := observe.Register(ctx.GetMetricsRegistry(), h.reg.Metrics(), status.Gauges(h.reg)); err != nil {
+		return err
+	}
+	if h.obs, err = observe.New(ctx, h.logger, h.Webhooks, h.reg.Metrics()); err != nil {
 		return err
 	}
 	closeOnExit(ctx, h)

@@ -73,7 +73,7 @@ func (c *connect) finish(rp *reply) {
 // observeWait measures the client's time in the queue, if it queued.
 func (c *connect) observeWait() {
 	if c.waiter != nil {
-		observe.QueueWait(c.waited)
+		c.h.reg.Metrics().QueueWait(c.waited)
 	}
 }
 
@@ -218,6 +218,7 @@ func (h *Handler) retryAfter() int {
 // request alive.
 type sessionEnd struct {
 	logger   *zap.Logger
+	metrics  *observe.Metrics
 	id       string
 	provider string
 	attempts attempts
@@ -229,7 +230,7 @@ type sessionEnd struct {
 }
 
 func (e *sessionEnd) log(s *upstreams.Session) {
-	observe.SessionEnded(e.provider, time.Since(s.Start()))
+	e.metrics.SessionEnded(e.provider, time.Since(s.Start()))
 	var pings []zap.Field
 	if e.keepalive {
 		pings = append(pings, zap.Int64("keepalive_pings", s.KeepalivePings()))

@@ -710,7 +710,7 @@ func (c *connect) redial(e *pool.Parked) {
 			kept = nil
 			c.giveBack(e)
 			c.finish(c.overOrUnavailableQuota())
-			observe.Resume(observe.ResumeUnavailable)
+			c.h.reg.Metrics().Resume(observe.ResumeUnavailable)
 			return
 		default:
 			c.quota = &k
@@ -752,7 +752,7 @@ func (c *connect) redial(e *pool.Parked) {
 	case verdictSuccess:
 		c.lease = lease
 		res.Conn.Remote = e.Remote
-		observe.Resume(observe.ResumeOK)
+		c.h.reg.Metrics().Resume(observe.ResumeOK)
 		h.logger.Info("session resumed", zap.String("session_id", c.id), zap.String("resumed_from", e.ID),
 			zap.String("provider", m.up.Name), zap.Bool("held", false))
 		c.establish(m, res.Conn)
@@ -767,7 +767,7 @@ func (c *connect) redial(e *pool.Parked) {
 			c.giveBack(e)
 		}
 		c.finish(nil)
-		observe.Resume(observe.ResumeRefused)
+		c.h.reg.Metrics().Resume(observe.ResumeRefused)
 		return
 	}
 	releaseLease(lease)
@@ -791,7 +791,7 @@ const resumeRetryAfter = 2
 
 // refuseResume answers a resume that cannot be served.
 func (c *connect) refuseResume(f resumeFailure) {
-	observe.Resume(f.result)
+	c.h.reg.Metrics().Resume(f.result)
 	body := map[string]any{"error": f.msg}
 	if len(c.attempts) > 0 {
 		body["attempts"] = c.attempts

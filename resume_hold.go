@@ -78,7 +78,7 @@ func (c *connect) joinHeld(e *pool.Parked) {
 		return
 	}
 	frames, bytes := s.ParkedDropped()
-	observe.Resume(observe.ResumeOK)
+	c.h.reg.Metrics().Resume(observe.ResumeOK)
 	c.h.logger.Info("session resumed", zap.String("session_id", c.id), zap.String("resumed_from", e.ID),
 		zap.String("provider", e.Provider), zap.Bool("held", true),
 		zap.Int64("dropped_frames", frames), zap.Int64("dropped_bytes", bytes))
@@ -99,7 +99,7 @@ func (c *connect) resumeBroke(e *pool.Parked, err error) {
 		c.h.reg.RenameSession(e.Held, e.ID, e.RemoteIP)
 		c.h.reg.Unclaim(e)
 	}
-	observe.Resume(observe.ResumeRefused)
+	c.h.reg.Metrics().Resume(observe.ResumeRefused)
 	c.h.logger.Info("resume failed", zap.String("session_id", c.id), zap.String("resumed_from", e.ID),
 		zap.String("provider", e.Provider), zap.Error(err))
 }

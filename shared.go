@@ -22,12 +22,12 @@ import (
 // sharedHooks count how the shared state fares in the metrics: the
 // shared_state_up gauge, shown while a store is open, and
 // shared_state_errors_total by operation.
-func sharedHooks() cluster.Hooks {
+func sharedHooks(m *observe.Metrics) cluster.Hooks {
 	return cluster.Hooks{
-		Opened: observe.SharedStateOpened,
-		Closed: observe.SharedStateClosed,
-		Up:     observe.SharedStateUp,
-		Failed: observe.SharedStateError,
+		Opened: m.SharedStateOpened,
+		Closed: m.SharedStateClosed,
+		Up:     m.SharedStateUp,
+		Failed: m.SharedStateError,
 	}
 }
 
@@ -74,7 +74,7 @@ func (h *Handler) provisionShared() error {
 	// The clock the providers' health runs on, for the shared state to
 	// give the ends of cooldowns and skips on it.
 	cfg.Clock = h.reg.Clock()
-	cfg.Hooks = sharedHooks()
+	cfg.Hooks = sharedHooks(h.reg.Metrics())
 	s, err := cluster.Use(cfg, node, h.logger)
 	if err != nil {
 		return fmt.Errorf("state redis: %w", err)

@@ -8,7 +8,6 @@ package observe
 
 import (
 	"fmt"
-	"github.com/browserfailover/caddy-browser-failover/pool"
 	"sync"
 	"time"
 
@@ -39,13 +38,15 @@ type event struct {
 }
 
 // Observer emits one handler's events to Caddy's events app and its
-// webhooks. Its methods are safe for concurrent use and on a nil Observer
-// (which only counts metrics).
+// webhooks, and counts what it emits (and drops) in the registry's
+// metrics. Its methods are safe for concurrent use and on a nil Observer
+// (which does nothing).
 type Observer struct {
-	ctx    caddy.Context
-	app    *caddyevents.App
-	logger *zap.Logger
-	hooks  []*webhook
+	ctx     caddy.Context
+	app     *caddyevents.App
+	logger  *zap.Logger
+	hooks   []*webhook
+	metrics *Metrics
 
 	mu     sync.Mutex
 	closed bool
@@ -54,20 +55,18 @@ type Observer struct {
 	done   chan struct{}
 }
 
-// New makes the Observer of a handler being provisioned: it registers the
-// metrics with the config load's registry, finds the events app and starts
-// the webhooks' senders (their URL and secret may hold placeholders such as
-// {env.X}, resolved here). Close stops it.
-func New(ctx caddy.Context, logger *zap.Logger, hooks []*WebhookConfig, reg *pool.Registry) (*Observer, error) {
-	if err := Register(ctx.GetMetricsRegistry(), reg); err != nil {
-		return nil, err
-	}
+// New makes the Observer of a handler being provisioned, counting in m:
+// it finds the events app and starts the webhooks' senders (their URL and
+// secret may hold placeholders such as {env.X}, resolved here). Close
+// stops it.
+func New(ctx caddy.Context, logger *zap.Logger, hooks []*WebhookConfig, m *Metrics) (*Observer, error) {
 	o := &Observer{
-		ctx:    ctx,
-		logger: logger,
-		queue:  make(chan event, eventQueueSize),
-		stop:   make(chan struct{}),
-		done:   make(chan struct{}),
+		ctx:     ctx,
+		logger:  logger,
+		metrics: m,
+		queue:   make(chan event, eventQueueSize),
+		stop:    make(chan struct{}),
+		done:    make(chan struct{}),
 	}
 	if ctx.Context != nil {
 		// The http app loads the events app whether or not it is
@@ -83,7 +82,7 @@ func New(ctx caddy.Context, logger *zap.Logger, hooks []*WebhookConfig, reg *poo
 		if hc == nil {
 			continue
 		}
-		wh, err := newWebhook(hc, repl, logger)
+		wh, err := newWebhook(hc, repl, logger, m, defaultPacing())
 		if err != nil {
 			o.closeHooks()
 			return nil, fmt.Errorf("webhook %d: %w", i+1, err)
@@ -163,7 +162,7 @@ func (o *Observer) publish(ev event) {
 		select {
 		case o.queue <- ev:
 		default:
-			eventDrops.WithLabelValues("events_app").Inc()
+			o.metrics.eventDrops.WithLabelValues("events_app").Inc()
 		}
 	}
 	var body []byte
@@ -203,8 +202,11 @@ func (o *Observer) Recovered(provider string) {
 // answer's status, why the handler's reason (see ReasonWord), attempts the
 // number of attempts and skips listed in the answer.
 func (o *Observer) Rejected(status int, why string, attempts int) {
+	if o == nil {
+		return
+	}
 	reason := ReasonWord(why)
-	rejections.WithLabelValues(reason).Inc()
+	o.metrics.rejections.WithLabelValues(reason).Inc()
 	o.publish(event{name: EventRejected, at: time.Now(), data: map[string]any{
 		"status":   status,
 		"reason":   reason,

@@ -2,7 +2,6 @@ package observe
 
 import (
 	"encoding/json"
-	"github.com/browserfailover/caddy-browser-failover/pool"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -73,18 +72,25 @@ func TestWebhookValidate(t *testing.T) {
 	}
 }
 
-func TestRegisterTwiceAndPerRegistry(t *testing.T) {
+// TestMetricsPerValue: one Metrics value registers with every config
+// load's metrics registry (twice with the same one is not an error), and
+// counts only what was counted in it.
+func TestMetricsPerValue(t *testing.T) {
+	m, other := NewMetrics(), NewMetrics()
 	r1 := prometheus.NewPedanticRegistry()
-	if err := Register(r1, pool.NewRegistry(nil)); err != nil {
+	if err := Register(r1, m); err != nil {
 		t.Fatal(err)
 	}
-	if err := Register(r1, pool.NewRegistry(nil)); err != nil {
+	if err := Register(r1, m); err != nil {
 		t.Fatalf("second registration with the same registry: %v", err)
 	}
-	Attempt("unit-reg", upstreams.Outcome{Word: "ok", Kind: upstreams.Success, Elapsed: 5 * time.Millisecond})
-	// A reload: a new registry gets the same process-wide collectors.
+	m.Attempt("unit-reg", upstreams.Outcome{Word: "ok", Kind: upstreams.Success, Elapsed: 5 * time.Millisecond})
+	other.Attempt("unit-reg", upstreams.Outcome{Word: "ok", Kind: upstreams.Success})
+	m.SharedStateOpened()
+	m.SharedStateUp(true)
+	// A reload: a new metrics registry gets the same collectors.
 	r2 := prometheus.NewPedanticRegistry()
-	if err := Register(r2, pool.NewRegistry(nil)); err != nil {
+	if err := Register(r2, m); err != nil {
 		t.Fatal(err)
 	}
 	for _, r := range []*prometheus.Registry{r1, r2} {
@@ -92,31 +98,48 @@ func TestRegisterTwiceAndPerRegistry(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		names := map[string]bool{}
+		got := map[string]float64{}
 		for _, mf := range mfs {
-			names[mf.GetName()] = true
-		}
-		for _, n := range []string{"caddy_browser_failover_attempts_total", "caddy_browser_failover_handshake_seconds", "caddy_browser_failover_queue_waiting"} {
-			if !names[n] {
-				t.Errorf("%s missing from %v", n, names)
+			for _, x := range mf.GetMetric() {
+				switch {
+				case x.GetCounter() != nil:
+					got[mf.GetName()] += x.GetCounter().GetValue()
+				case x.GetHistogram() != nil:
+					got[mf.GetName()] += float64(x.GetHistogram().GetSampleCount())
+				case x.GetGauge() != nil:
+					got[mf.GetName()] += x.GetGauge().GetValue()
+				}
 			}
 		}
+		if got["caddy_browser_failover_attempts_total"] != 1 || got["caddy_browser_failover_handshake_seconds"] != 1 {
+			t.Errorf("attempts %v, handshakes %v: want 1 each (the other value's attempt not counted)",
+				got["caddy_browser_failover_attempts_total"], got["caddy_browser_failover_handshake_seconds"])
+		}
+		if v, ok := got["caddy_browser_failover_shared_state_up"]; !ok || v != 1 {
+			t.Errorf("shared_state_up %v (shown: %v), want 1 while a store is open", v, ok)
+		}
 	}
-	if err := Register(nil, nil); err != nil {
+	m.SharedStateClosed()
+	mfs, _ := r1.Gather()
+	for _, mf := range mfs {
+		if mf.GetName() == "caddy_browser_failover_shared_state_up" {
+			t.Error("shared_state_up shown with no store open")
+		}
+	}
+	if err := Register(nil, m); err != nil {
 		t.Fatal(err)
 	}
 }
 
-func shortDelivery(t *testing.T) {
-	old := retryBackoff
-	oldTimeout := requestTimeout
-	retryBackoff = []time.Duration{10 * time.Millisecond, 20 * time.Millisecond, 40 * time.Millisecond}
-	requestTimeout = 200 * time.Millisecond
-	t.Cleanup(func() { retryBackoff, requestTimeout = old, oldTimeout })
+// shortPacing delivers at once, retrying after 10, 20 and 40 ms.
+func shortPacing() pacing {
+	p := defaultPacing()
+	p.backoff = []time.Duration{10 * time.Millisecond, 20 * time.Millisecond, 40 * time.Millisecond}
+	p.timeout = 200 * time.Millisecond
+	return p
 }
 
 func TestWebhookSignedRetried(t *testing.T) {
-	shortDelivery(t)
 	var mu sync.Mutex
 	var bodies [][]byte
 	var n atomic.Int32
@@ -135,7 +158,7 @@ func TestWebhookSignedRetried(t *testing.T) {
 		mu.Unlock()
 	}))
 	defer srv.Close()
-	wh, err := newWebhook(&WebhookConfig{URL: srv.URL + "/h?token=t0k", Secret: "k3y", Events: []string{"recovered"}}, caddy.NewReplacer(), zap.NewNop())
+	wh, err := newWebhook(&WebhookConfig{URL: srv.URL + "/h?token=t0k", Secret: "k3y", Events: []string{"recovered"}}, caddy.NewReplacer(), zap.NewNop(), NewMetrics(), shortPacing())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -173,12 +196,11 @@ func TestWebhookSignedRetried(t *testing.T) {
 }
 
 func TestWebhookFailureLogRedacted(t *testing.T) {
-	shortDelivery(t)
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(500) }))
 	defer srv.Close()
 	core, logs := observer.New(zap.DebugLevel)
 	u := strings.Replace(srv.URL, "http://", "http://user:pAsSwOrD@", 1) + "/h?token=qUeRySeCrEt"
-	wh, err := newWebhook(&WebhookConfig{URL: u, Secret: "sIgNsEcReT"}, caddy.NewReplacer(), zap.New(core))
+	wh, err := newWebhook(&WebhookConfig{URL: u, Secret: "sIgNsEcReT"}, caddy.NewReplacer(), zap.New(core), NewMetrics(), shortPacing())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -212,10 +234,9 @@ func TestWebhookFailureLogRedacted(t *testing.T) {
 }
 
 func TestWebhookDropsOldestWhenFull(t *testing.T) {
-	old := webhookQueueSize
-	webhookQueueSize = 3
-	defer func() { webhookQueueSize = old }()
-	wh, err := newWebhook(&WebhookConfig{URL: "http://127.0.0.1:1/"}, caddy.NewReplacer(), zap.NewNop())
+	pace := defaultPacing()
+	pace.queue = 3
+	wh, err := newWebhook(&WebhookConfig{URL: "http://127.0.0.1:1/"}, caddy.NewReplacer(), zap.NewNop(), NewMetrics(), pace)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -98,19 +98,25 @@ func (c *WebhookConfig) Validate() error {
 	return nil
 }
 
-// Delivery settings; tests shorten them.
-var (
-	// webhookQueueSize bounds the events waiting for one webhook; when
-	// full, the oldest is dropped (and counted).
-	webhookQueueSize = 1000
-	// retryBackoff is the wait before each retry of a failed delivery.
-	retryBackoff = []time.Duration{500 * time.Millisecond, time.Second, 2 * time.Second}
-	// requestTimeout bounds one POST.
-	requestTimeout = 5 * time.Second
-	// drainGrace is how long a closed webhook keeps delivering what it
-	// still holds.
-	drainGrace = 5 * time.Second
-)
+// pacing is how a webhook delivers: how many events it holds (when full,
+// the oldest is dropped, and counted), the wait before each retry of a
+// failed delivery, the bound of one POST, and how long a closed webhook
+// keeps delivering what it still holds. Tests shorten it.
+type pacing struct {
+	queue   int
+	backoff []time.Duration
+	timeout time.Duration
+	grace   time.Duration
+}
+
+func defaultPacing() pacing {
+	return pacing{
+		queue:   1000,
+		backoff: []time.Duration{500 * time.Millisecond, time.Second, 2 * time.Second},
+		timeout: 5 * time.Second,
+		grace:   5 * time.Second,
+	}
+}
 
 // delivery is one event body for one webhook.
 type delivery struct {
@@ -127,6 +133,8 @@ type webhook struct {
 	client *http.Client
 	logger *zap.Logger
 	now    func() time.Time // the deliveries' timestamps
+	pace   pacing
+	counts *Metrics
 
 	queue     chan delivery
 	stopping  chan struct{}
@@ -135,7 +143,7 @@ type webhook struct {
 	closeOnce sync.Once
 }
 
-func newWebhook(c *WebhookConfig, repl *caddy.Replacer, logger *zap.Logger) (*webhook, error) {
+func newWebhook(c *WebhookConfig, repl *caddy.Replacer, logger *zap.Logger, m *Metrics, pace pacing) (*webhook, error) {
 	if err := c.Validate(); err != nil {
 		return nil, err
 	}
@@ -158,9 +166,11 @@ func newWebhook(c *WebhookConfig, repl *caddy.Replacer, logger *zap.Logger) (*we
 			// signature and body.
 			CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
 		},
-		queue:    make(chan delivery, webhookQueueSize),
+		queue:    make(chan delivery, pace.queue),
 		stopping: make(chan struct{}),
 		now:      time.Now,
+		pace:     pace,
+		counts:   m,
 	}
 	if len(c.Events) > 0 {
 		w.events = map[string]bool{}
@@ -180,11 +190,11 @@ func (w *webhook) wants(event string) bool {
 func (w *webhook) start() { go w.run() }
 
 // close stops taking events; what is queued is delivered for at most
-// drainGrace.
+// its pacing's grace.
 func (w *webhook) close() {
 	w.closeOnce.Do(func() {
 		close(w.stopping)
-		time.AfterFunc(drainGrace, w.cancel)
+		time.AfterFunc(w.pace.grace, w.cancel)
 	})
 }
 
@@ -198,7 +208,7 @@ func (w *webhook) enqueue(d delivery) {
 		}
 		select {
 		case <-w.queue:
-			eventDrops.WithLabelValues("webhook").Inc()
+			w.counts.eventDrops.WithLabelValues("webhook").Inc()
 		default:
 		}
 	}
@@ -228,9 +238,9 @@ func (w *webhook) run() {
 func (w *webhook) deliver(d delivery) {
 	var cause error
 	tries := 0
-	for i := 0; i <= len(retryBackoff); i++ {
+	for i := 0; i <= len(w.pace.backoff); i++ {
 		if i > 0 {
-			t := time.NewTimer(retryBackoff[i-1])
+			t := time.NewTimer(w.pace.backoff[i-1])
 			select {
 			case <-t.C:
 			case <-w.ctx.Done():
@@ -246,7 +256,7 @@ func (w *webhook) deliver(d delivery) {
 		tries++
 		retry, err := w.post(d)
 		if err == nil {
-			webhookDeliveries.WithLabelValues("ok").Inc()
+			w.counts.webhookDeliveries.WithLabelValues("ok").Inc()
 			return
 		}
 		cause = err
@@ -254,7 +264,7 @@ func (w *webhook) deliver(d delivery) {
 			break
 		}
 	}
-	webhookDeliveries.WithLabelValues("failed").Inc()
+	w.counts.webhookDeliveries.WithLabelValues("failed").Inc()
 	w.logger.Warn("webhook delivery failed",
 		zap.String("webhook", w.shown),
 		zap.String("event", d.event),
@@ -264,7 +274,7 @@ func (w *webhook) deliver(d delivery) {
 
 // post makes one delivery attempt. The error never holds the URL.
 func (w *webhook) post(d delivery) (retry bool, err error) {
-	ctx, cancel := context.WithTimeout(w.ctx, requestTimeout)
+	ctx, cancel := context.WithTimeout(w.ctx, w.pace.timeout)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, w.url, bytes.NewReader(d.body))
 	if err != nil {

@@ -46,7 +46,6 @@ func receiverCheck(secret []byte, h http.Header, body []byte, now time.Time) err
 // accepts a delivery, and rejects the same delivery replayed six minutes
 // later, and one whose timestamp was rewritten to look fresh.
 func TestWebhookReplayRejected(t *testing.T) {
-	shortDelivery(t)
 	secret := []byte("rEpLaY-k3y")
 	var mu sync.Mutex
 	receiverNow := time.Now
@@ -68,7 +67,7 @@ func TestWebhookReplayRejected(t *testing.T) {
 	}))
 	defer srv.Close()
 
-	wh, err := newWebhook(&WebhookConfig{URL: srv.URL + "/hook", Secret: string(secret)}, caddy.NewReplacer(), zap.NewNop())
+	wh, err := newWebhook(&WebhookConfig{URL: srv.URL + "/hook", Secret: string(secret)}, caddy.NewReplacer(), zap.NewNop(), NewMetrics(), shortPacing())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -142,16 +141,16 @@ func TestWebhookReplayRejected(t *testing.T) {
 func TestWebhookEmptySecret(t *testing.T) {
 	t.Setenv("BF_WEBHOOK_SECRET_SET", "s3t")
 	repl := caddy.NewReplacer()
-	_, err := newWebhook(&WebhookConfig{URL: "http://127.0.0.1:1/", Secret: "{env.BF_WEBHOOK_SECRET_UNSET}"}, repl, zap.NewNop())
+	_, err := newWebhook(&WebhookConfig{URL: "http://127.0.0.1:1/", Secret: "{env.BF_WEBHOOK_SECRET_UNSET}"}, repl, zap.NewNop(), NewMetrics(), defaultPacing())
 	if err == nil || !strings.Contains(err.Error(), "secret is empty") {
 		t.Fatalf("unset secret variable: %v", err)
 	}
-	wh, err := newWebhook(&WebhookConfig{URL: "http://127.0.0.1:1/", Secret: "{env.BF_WEBHOOK_SECRET_SET}"}, repl, zap.NewNop())
+	wh, err := newWebhook(&WebhookConfig{URL: "http://127.0.0.1:1/", Secret: "{env.BF_WEBHOOK_SECRET_SET}"}, repl, zap.NewNop(), NewMetrics(), defaultPacing())
 	if err != nil || string(wh.secret) != "s3t" {
 		t.Fatalf("set secret variable: %v", err)
 	}
 	wh.close()
-	if _, err := newWebhook(&WebhookConfig{URL: "http://127.0.0.1:1/"}, repl, zap.NewNop()); err != nil {
+	if _, err := newWebhook(&WebhookConfig{URL: "http://127.0.0.1:1/"}, repl, zap.NewNop(), NewMetrics(), defaultPacing()); err != nil {
 		t.Fatalf("no secret: %v", err)
 	}
 }

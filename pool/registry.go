@@ -10,6 +10,7 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 
+	"github.com/browserfailover/caddy-browser-failover/observe"
 	"github.com/browserfailover/caddy-browser-failover/queue"
 	"github.com/browserfailover/caddy-browser-failover/upstreams"
 )
@@ -18,7 +19,7 @@ import (
 // provider's entry (slots, health, counters, drain flag, probe loop), the
 // wait queue, the client_limit counts, the live and the parked sessions,
 // the session API books, the secret client keys and resume tokens are
-// hashed with, and the clock all of it runs on. It is one value: the
+// hashed with, the metrics' counters, and the clock all of it runs on. It is one value: the
 // process's is kept in a caddy.UsagePool entry that every handler takes on
 // Provision and gives back on Cleanup (Acquire, Release), so it lives as
 // long as some config uses the gateway, reloads included; a test builds a
@@ -65,6 +66,10 @@ type Registry struct {
 	// releaser releases the provider sessions created over session APIs.
 	releaser *upstreams.Releaser
 
+	// metrics are the counters and histograms the gateway adds to Caddy's
+	// metrics.
+	metrics *observe.Metrics
+
 	// probeOffset is the registry's phase of the probe times, so that
 	// gateways probing one provider do not all probe it at once.
 	probeOffset time.Duration
@@ -88,6 +93,7 @@ func NewRegistry(clock queue.Clock) *Registry {
 		sessionTokens: map[string]*LiveSession{},
 		books:         map[string]*upstreams.Books{},
 		releaser:      upstreams.NewReleaser(),
+		metrics:       observe.NewMetrics(),
 	}
 	r.Waiting = queue.New(clock)
 	r.probeOffset = mrand.N(24 * time.Hour)
@@ -106,6 +112,9 @@ func (r *Registry) Now() time.Time { return r.clock.Now() }
 // Releaser releases the provider sessions created over session APIs; a
 // process exit waits for it.
 func (r *Registry) Releaser() *upstreams.Releaser { return r.releaser }
+
+// Metrics are the registry's counters and histograms.
+func (r *Registry) Metrics() *observe.Metrics { return r.metrics }
 
 // Books returns the session API counts of the provider name, made on
 // first use; they live as long as the registry.

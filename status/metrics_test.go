@@ -1,10 +1,11 @@
-package observe
+package status
 
 import (
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/browserfailover/caddy-browser-failover/observe"
 	"github.com/browserfailover/caddy-browser-failover/pool"
 	"github.com/browserfailover/caddy-browser-failover/upstreams"
 )
@@ -13,13 +14,13 @@ import (
 // of the session API books' orphans, and bad_connect_url is a label as
 // it is.
 func TestSessionOrphansMetric(t *testing.T) {
-	if got := OutcomeLabel(upstreams.WordBadConnectURL); got != "bad_connect_url" {
+	if got := observe.OutcomeLabel(upstreams.WordBadConnectURL); got != "bad_connect_url" {
 		t.Fatalf("OutcomeLabel(bad_connect_url) = %q", got)
 	}
 	r := pool.NewRegistry(nil)
 	r.Books("orphan-metric-test").Orphans.Add(2)
 	reg := prometheus.NewRegistry()
-	if err := Register(reg, r); err != nil {
+	if err := observe.Register(reg, r.Metrics(), Gauges(r)); err != nil {
 		t.Fatal(err)
 	}
 	families, err := reg.Gather()
