@@ -1,8 +1,6 @@
 package browserfailover
 
 import (
-	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
-
 	"github.com/browserfailover/caddy-browser-failover/upstreams"
 )
 
@@ -75,14 +73,4 @@ func (r *reader) parseSessionAPI(prefix string) (*upstreams.SessionAPI, error) {
 		return nil, err
 	}
 	return c, nil
-}
-
-// twoArgs reads exactly two arguments of the current option.
-func twoArgs(d *caddyfile.Dispenser) (string, string, error) {
-	opt := d.Val()
-	args := d.RemainingArgs()
-	if len(args) != 2 {
-		return "", "", d.Errf("%s takes two values, got %d", opt, len(args))
-	}
-	return args[0], args[1], nil
 }

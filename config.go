@@ -5,11 +5,13 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/http"
 	"slices"
 	"strings"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 
 	"github.com/browserfailover/caddy-browser-failover/cooldown"
 	"github.com/browserfailover/caddy-browser-failover/observe"
@@ -716,4 +718,211 @@ func (r *RedisConfig) validate() error {
 	}
 	errs = append(errs, fromProblems(r.TLS.Validate()))
 	return errors.Join(errs...)
+}
+
+// Health check defaults.
+const (
+	defaultProbeInterval = 10 * time.Second
+	defaultProbeTimeout  = upstreams.DefaultProbeTimeout
+)
+
+// HealthCheckConfig is an active health check (JSON key "health_check"):
+// the handler's, for every provider, and a provider's own, whose settings
+// override the handler's one by one.
+type HealthCheckConfig struct {
+	// Off, in a provider, turns the handler's health check off for it.
+	Off bool `json:"off,omitempty"`
+	// URI is what a probe GETs: a path, which takes the provider's scheme
+	// (ws becomes http, wss https), host and query; or a full http(s)
+	// URL, used as it is. Default: /json/version under the provider's
+	// path for http(s):// providers, /pressure with capacity browserless;
+	// ws(s):// providers need one. May hold {env.X} placeholders.
+	URI string `json:"uri,omitempty"`
+	// Interval is the time between two probes' starts; default 10s.
+	Interval caddy.Duration `json:"interval,omitempty"`
+	// Timeout bounds one probe; default 2s (the interval, when shorter).
+	Timeout caddy.Duration `json:"timeout,omitempty"`
+	// ExpectStatus is the status of a passing probe; default 200.
+	ExpectStatus int `json:"expect_status,omitempty"`
+	// Capacity "browserless" reads the answer as browserless's /pressure
+	// JSON: the provider is skipped as full while it says so.
+	Capacity string `json:"capacity,omitempty"`
+
+	// at is the Caddyfile's health_check token, for errors found once the
+	// whole handler is read (nil for JSON).
+	at *caddyfile.Dispenser
+	// given holds the settings stated explicitly (see explicit).
+	given explicit
+}
+
+// UnmarshalJSON decodes a health check, noting which settings it states.
+func (c *HealthCheckConfig) UnmarshalJSON(b []byte) error {
+	type plain HealthCheckConfig
+	given, err := stated(b, (*plain)(c), "HealthCheckConfig")
+	c.given = given
+	return err
+}
+
+// validate checks the block's own values, each problem naming its
+// setting (the Caddyfile parser reports it at that setting's line). A
+// stated zero is no interval, timeout or status: an error in JSON as in
+// the Caddyfile, where a setting left out takes its default.
+func (c *HealthCheckConfig) validate() error {
+	if c == nil {
+		return nil
+	}
+	if c.Off {
+		if c.URI != "" || c.Interval != 0 || c.Timeout != 0 || c.ExpectStatus != 0 || c.Capacity != "" || len(c.given) > 1 {
+			return &optionError{msg: "health_check off takes no other setting", whole: true}
+		}
+		return nil
+	}
+	errs := []error{
+		positive(c.given, "interval", c.Interval, "health_check interval"),
+		positive(c.given, "timeout", c.Timeout, "health_check timeout"),
+	}
+	if c.Interval > 0 && c.Timeout > c.Interval {
+		errs = append(errs, bad([]string{"timeout", "interval"}, "health_check timeout (%v) must not exceed its interval (%v)", time.Duration(c.Timeout), time.Duration(c.Interval)))
+	}
+	if (c.ExpectStatus != 0 || c.given["expect_status"]) && (c.ExpectStatus < 100 || c.ExpectStatus > 599) {
+		errs = append(errs, badOpt("expect_status", "health_check expect_status %d is not an HTTP status", c.ExpectStatus))
+	}
+	switch c.Capacity {
+	case "", upstreams.CapacityBrowserless:
+	default:
+		errs = append(errs, badOpt("capacity", "health_check capacity %q: want browserless", c.Capacity))
+	}
+	if err := upstreams.CheckProbeURI(c.URI); err != nil {
+		errs = append(errs, badOpt("uri", "%v", err))
+	}
+	return errors.Join(errs...)
+}
+
+// effectiveHealthCheck merges a provider's health check over the
+// handler's, with defaults; nil when the provider is not probed.
+func effectiveHealthCheck(handler, own *HealthCheckConfig) *HealthCheckConfig {
+	if own != nil && own.Off {
+		return nil
+	}
+	if handler == nil && own == nil {
+		return nil
+	}
+	var c HealthCheckConfig
+	if handler != nil {
+		c = *handler
+	}
+	if own != nil {
+		if own.URI != "" {
+			c.URI = own.URI
+		}
+		if own.Interval != 0 {
+			c.Interval = own.Interval
+		}
+		if own.Timeout != 0 {
+			c.Timeout = own.Timeout
+		}
+		if own.ExpectStatus != 0 {
+			c.ExpectStatus = own.ExpectStatus
+		}
+		if own.Capacity != "" {
+			c.Capacity = own.Capacity
+		}
+	}
+	// A default never makes the check invalid: one left out fits the
+	// other, given, value (a short interval shortens the default timeout,
+	// a long timeout lengthens the default interval).
+	if c.Interval == 0 {
+		c.Interval = caddy.Duration(max(defaultProbeInterval, time.Duration(c.Timeout)))
+	}
+	if c.Timeout == 0 {
+		c.Timeout = caddy.Duration(min(defaultProbeTimeout, time.Duration(c.Interval)))
+	}
+	if c.ExpectStatus == 0 {
+		c.ExpectStatus = http.StatusOK
+	}
+	return &c
+}
+
+// checkHealthChecks is check()'s part for health checks and keepalive:
+// each block's values, and each provider's merged check against its URL.
+func (h *Handler) checkHealthChecks() error {
+	var errs []error
+	if h.Keepalive < 0 {
+		errs = append(errs, errors.New("keepalive must not be negative"))
+	}
+	if hc := h.HealthCheck; hc != nil {
+		if hc.Off {
+			errs = append(errs, errors.New("health_check off is for a provider: it turns the handler's health check off for that provider"))
+		} else if err := hc.validate(); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	for _, p := range h.Providers {
+		if p == nil {
+			continue
+		}
+		if err := p.HealthCheck.validate(); err != nil {
+			errs = append(errs, fmt.Errorf("provider %q: %w", p.Name, err))
+			continue
+		}
+		if err := checkProbeTarget(p, effectiveHealthCheck(h.HealthCheck, p.HealthCheck)); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// checkProbeTarget checks that a provider's merged health check has
+// something to GET: a ws(s):// provider has no default.
+func checkProbeTarget(p *ProviderConfig, hc *HealthCheckConfig) error {
+	if hc == nil {
+		return nil
+	}
+	if hc.Timeout > hc.Interval {
+		return fmt.Errorf("provider %q: health_check timeout (%v) must not exceed its interval (%v)", p.Name, time.Duration(hc.Timeout), time.Duration(hc.Interval))
+	}
+	if hc.URI != "" || hc.Capacity != "" {
+		return nil
+	}
+	scheme, _, _ := strings.Cut(p.URL, "://")
+	if strings.EqualFold(scheme, "ws") || strings.EqualFold(scheme, "wss") {
+		return fmt.Errorf("provider %q: health_check needs a uri for a ws:// or wss:// provider (a path on its host, such as /json/version, or a full http(s) URL), or health_check off", p.Name)
+	}
+	return nil
+}
+
+// ResumeConfig makes sessions resumable (JSON key "resume").
+type ResumeConfig struct {
+	// Window is how long a session that its client ended may be resumed.
+	// Required, positive.
+	Window caddy.Duration `json:"window"`
+	// Hold keeps the provider connection open during the window, for
+	// providers that end the browser when its connection closes. A held
+	// session keeps its slot. Default: false.
+	Hold bool `json:"hold,omitempty"`
+}
+
+func (rc *ResumeConfig) validate() error {
+	if rc == nil {
+		return nil
+	}
+	if rc.Window <= 0 {
+		return badOpt("resume", "resume needs a positive window, got %s", time.Duration(rc.Window))
+	}
+	return nil
+}
+
+// validateResumeKey checks resume_key against resume.
+func (h *Handler) validateResumeKey() error {
+	if h.ResumeKey == "" {
+		return nil
+	}
+	if h.Resume == nil {
+		// Judged on the whole block: resume may come after it.
+		return &optionError{msg: "resume_key binds resumable sessions to a key: it needs resume", opts: []string{"resume_key"}, whole: true}
+	}
+	if !strings.Contains(h.ResumeKey, "{") {
+		return badOpt("resume_key", "resume_key must hold a placeholder (e.g. {http.auth.user.id}), got a constant")
+	}
+	return nil
 }

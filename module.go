@@ -24,49 +24,12 @@ import (
 	_ "github.com/browserfailover/caddy-browser-failover/internal/xconnect"
 	"github.com/browserfailover/caddy-browser-failover/observe"
 	"github.com/browserfailover/caddy-browser-failover/pool"
-	"github.com/browserfailover/caddy-browser-failover/queue"
-	"github.com/browserfailover/caddy-browser-failover/status"
-	_ "github.com/browserfailover/caddy-browser-failover/status" // the admin API module
+	"github.com/browserfailover/caddy-browser-failover/status" // also registers the admin API module
 	"github.com/browserfailover/caddy-browser-failover/upstreams"
 )
 
 func init() {
 	caddy.RegisterModule(Handler{})
-}
-
-// handlerRuntime is the part of a Handler that Provision builds.
-type handlerRuntime struct {
-	// reg is the gateway's state that outlives config loads: taken on
-	// Provision, given back on Cleanup.
-	reg     *pool.Registry
-	logger  *zap.Logger
-	members []*member
-	// line is the handler's share of the process's wait queue.
-	line      *queue.Line
-	discovery bool
-	claimed   []string
-	gen       any               // the config load this handler belongs to
-	obs       *observe.Observer // metrics, events, webhooks
-	// routed: some provider declares a protocol, so clients are matched.
-	routed bool
-	// pools holds, per class of client, the members that can serve it
-	// and their own strategy (poolOf).
-	pools  *sync.Map
-	shared *shared // state redis; nil when state is per node
-	// probes are the providers whose probe loop has this handler's
-	// health check.
-	probes []*pool.Provider
-	// origins are the web-page origins whose upgrades are served.
-	origins originSet
-}
-
-// member is one provider of this handler: its dialer and its process-wide
-// state.
-type member struct {
-	up        *upstreams.Provider
-	state     *pool.Provider
-	proto     upstreams.Protocol
-	pwVersion string
 }
 
 // CaddyModule returns the Caddy module information.

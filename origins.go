@@ -4,12 +4,9 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"net/http"
 	"net/url"
 	"strconv"
 	"strings"
-
-	"github.com/browserfailover/caddy-browser-failover/observe"
 )
 
 // Browser origins. A browser sends Origin with every WebSocket upgrade a
@@ -133,15 +130,4 @@ func validateOrigins(list []string) error {
 		}
 	}
 	return errors.Join(errs...)
-}
-
-// refuseOrigin is the 403 of an upgrade that a web page opened from an
-// origin allowed_origins does not name. The body does not repeat the
-// origin.
-func (c *connect) refuseOrigin() *reply {
-	const msg = "refused: this upgrade carries an Origin header, so a web page opened it, and this gateway accepts " +
-		"web pages only from the origins its allowed_origins option names (automation clients send no Origin)"
-	return &reply{status: http.StatusForbidden, reason: observe.ReasonOrigin, write: func(w http.ResponseWriter, _ *http.Request) {
-		writeJSON(w, http.StatusForbidden, map[string]string{"error": msg}, nil)
-	}}
 }

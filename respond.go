@@ -10,7 +10,6 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	"go.uber.org/zap"
-	"go.uber.org/zap/zapcore"
 
 	"github.com/browserfailover/caddy-browser-failover/observe"
 	"github.com/browserfailover/caddy-browser-failover/upstreams"
@@ -249,35 +248,6 @@ func (e *sessionEnd) log(s *upstreams.Session) {
 	}, pings...)...)
 }
 
-// attempt is one line of a client's way through the chain: a provider tried
-// (or skipped) and how it went.
-type attempt struct {
-	Provider string  `json:"provider"`
-	Outcome  string  `json:"outcome"`
-	MS       float64 `json:"ms"`
-}
-
-// attempts renders as a zap array.
-type attempts []attempt
-
-func (as attempts) MarshalLogArray(enc zapcore.ArrayEncoder) error {
-	for _, a := range as {
-		enc.AppendObject(a)
-	}
-	return nil
-}
-
-func (a attempt) MarshalLogObject(enc zapcore.ObjectEncoder) error {
-	enc.AddString("provider", a.Provider)
-	enc.AddString("outcome", a.Outcome)
-	enc.AddFloat64("ms", a.MS)
-	return nil
-}
-
-func roundMS(d time.Duration) float64 {
-	return math.Round(float64(d)/float64(time.Millisecond)*10) / 10
-}
-
 // writeJSON writes v as JSON with status; set adjusts headers first.
 func writeJSON(w http.ResponseWriter, status int, v any, set func(http.Header)) error {
 	b, err := json.Marshal(v)
@@ -305,3 +275,14 @@ func replacerOf(r *http.Request) *caddy.Replacer {
 
 // netConn is the client side of a session.
 type netConn = net.Conn
+
+// refuseOrigin is the 403 of an upgrade that a web page opened from an
+// origin allowed_origins does not name. The body does not repeat the
+// origin.
+func (c *connect) refuseOrigin() *reply {
+	const msg = "refused: this upgrade carries an Origin header, so a web page opened it, and this gateway accepts " +
+		"web pages only from the origins its allowed_origins option names (automation clients send no Origin)"
+	return &reply{status: http.StatusForbidden, reason: observe.ReasonOrigin, write: func(w http.ResponseWriter, _ *http.Request) {
+		writeJSON(w, http.StatusForbidden, map[string]string{"error": msg}, nil)
+	}}
+}

@@ -3,19 +3,14 @@ package browserfailover
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"net/http"
 	"net/url"
-	"strconv"
 	"strings"
-	"sync"
 	"time"
 
-	"github.com/caddyserver/caddy/v2"
 	"go.uber.org/zap"
 
-	"github.com/browserfailover/caddy-browser-failover/cluster"
 	"github.com/browserfailover/caddy-browser-failover/observe"
 	"github.com/browserfailover/caddy-browser-failover/pool"
 	"github.com/browserfailover/caddy-browser-failover/upstreams"
@@ -54,13 +49,6 @@ const (
 	ResumeHeader = "Browser-Failover-Resume"
 )
 
-// Where a client brings its own resume token on its first connect, and
-// where the gateway hands one out on the 101 when the client brought none.
-const (
-	ResumeTokenQuery  = "bf_resume_token"
-	ResumeTokenHeader = "Browser-Failover-Resume-Token"
-)
-
 // A resume token is minResumeToken to maxResumeToken URL-safe characters
 // (A-Z, a-z, 0-9, - and _): at least 128 bits of a client's randomness in
 // base64url.
@@ -86,46 +74,6 @@ func validResumeToken(t string) bool {
 // newResumeToken is a token the gateway makes for a client that brought
 // none: as random as a session ID, and never one.
 func newResumeToken() string { return newSessionID() }
-
-// EndResumeWindow is the close reason a held session's provider side gets
-// when its window ends without a resume.
-const EndResumeWindow = "resume window over"
-
-// ResumeConfig makes sessions resumable (JSON key "resume").
-type ResumeConfig struct {
-	// Window is how long a session that its client ended may be resumed.
-	// Required, positive.
-	Window caddy.Duration `json:"window"`
-	// Hold keeps the provider connection open during the window, for
-	// providers that end the browser when its connection closes. A held
-	// session keeps its slot. Default: false.
-	Hold bool `json:"hold,omitempty"`
-}
-
-func (rc *ResumeConfig) validate() error {
-	if rc == nil {
-		return nil
-	}
-	if rc.Window <= 0 {
-		return badOpt("resume", "resume needs a positive window, got %s", time.Duration(rc.Window))
-	}
-	return nil
-}
-
-// validateResumeKey checks resume_key against resume.
-func (h *Handler) validateResumeKey() error {
-	if h.ResumeKey == "" {
-		return nil
-	}
-	if h.Resume == nil {
-		// Judged on the whole block: resume may come after it.
-		return &optionError{msg: "resume_key binds resumable sessions to a key: it needs resume", opts: []string{"resume_key"}, whole: true}
-	}
-	if !strings.Contains(h.ResumeKey, "{") {
-		return badOpt("resume_key", "resume_key must hold a placeholder (e.g. {http.auth.user.id}), got a constant")
-	}
-	return nil
-}
 
 // resumeRequest takes out of the client's request what it says of
 // resuming: presented is the token of a session it takes back (the
@@ -188,285 +136,6 @@ func (c *connect) prepareResume() bool {
 		return false
 	}
 	return true
-}
-
-// parking is what a resumable session needs to be parked when its client
-// ends it: where its browser is, and under which token and key.
-type parking struct {
-	h        *Handler
-	window   time.Duration
-	hold     bool
-	token    string // hashed resume token
-	key      string // hashed resume key ("" when none)
-	provider string
-	up       *upstreams.Provider
-	proto    string
-	point    upstreams.ResumePoint
-	// remote is the provider session created for it (session_api), whose
-	// release waits for the window's end while parked.
-	remote   *upstreams.Remote
-	answer   *upstreams.Answer // the provider's 101 (its subprotocol, extensions)
-	started  time.Time
-	client   string
-	store    *cluster.Shared // set when the resume registry is shared
-	bytesUp  int64
-	bytesDn  int64
-	remoteIP string
-
-	mu sync.Mutex
-	id string // the session's current ID
-	// joined is closed when the client joined now leaves (the session is
-	// parked, or ends): an extended CONNECT client's handler returns then.
-	joined chan struct{}
-	// kept is what a parked session that holds a created provider session
-	// (no hold) keeps counted while parked: its slot, client_limit share
-	// and cluster-wide slot. nil otherwise, and once a resume took them.
-	kept *holds
-}
-
-// newParking prepares the parking of the session c establishes with up at
-// m, or returns nil when it cannot be resumed.
-func (c *connect) newParking(m *member, up *upstreams.Conn) *parking {
-	h := c.h
-	if h.Resume == nil || c.token == "" || c.cls.proto == upstreams.ProtocolPlaywright || up.Point.IsZero() {
-		return nil
-	}
-	pk := &parking{
-		h:        h,
-		window:   time.Duration(h.Resume.Window),
-		hold:     h.Resume.Hold,
-		token:    c.h.reg.ResumeTokenHash(c.token),
-		key:      c.resumeKey(),
-		provider: m.up.Name,
-		up:       m.up,
-		proto:    string(c.cls.proto),
-		point:    up.Point,
-		remote:   up.Remote,
-		answer:   up.Answer,
-		started:  time.Now(),
-		remoteIP: remoteIP(c.r),
-		id:       c.id,
-		joined:   make(chan struct{}),
-	}
-	if c.quota != nil {
-		pk.client = c.h.reg.Shown(*c.quota)
-	}
-	if h.shared != nil {
-		pk.store = h.shared.s
-	}
-	return pk
-}
-
-// resumeKey is the hashed value of the client's resume_key ("" without
-// one).
-func (c *connect) resumeKey() string {
-	if c.h.ResumeKey == "" {
-		return ""
-	}
-	return c.h.reg.ResumeKeyHash(c.resumeKeyValue())
-}
-
-// resumeKeyValue is the client's resume_key value ("" without one, or
-// when the placeholder has no value for it).
-func (c *connect) resumeKeyValue() string {
-	if c.h.ResumeKey == "" || c.replace == nil {
-		return ""
-	}
-	return c.replace(c.h.ResumeKey)
-}
-
-func (pk *parking) currentID() string {
-	pk.mu.Lock()
-	defer pk.mu.Unlock()
-	return pk.id
-}
-
-// left marks the joined client gone.
-func (pk *parking) left() {
-	pk.mu.Lock()
-	defer pk.mu.Unlock()
-	select {
-	case <-pk.joined:
-	default:
-		close(pk.joined)
-	}
-}
-
-// compressed reports whether the session negotiated a WebSocket extension
-// (compression): a new connection cannot share its state, so it is never
-// held.
-func (pk *parking) compressed() bool {
-	return pk.answer.Header.Get("Sec-Websocket-Extensions") != ""
-}
-
-// ended is called when a session that was not held has ended, with what
-// it holds: a session its client ended is parked. A parked session whose
-// provider session lives on (created over a session API) keeps it, and
-// keeps what it holds counted, until its window ends or a resume takes
-// them; ended then reports true, and the caller releases nothing. A
-// session that negotiated compression under hold is parked only to
-// answer its resume 409.
-func (pk *parking) ended(s *upstreams.Session, hd *holds) bool {
-	if pk == nil || (pk.hold && !pk.compressed()) || !s.ClientEnded() {
-		return false
-	}
-	pk.bytesUp, pk.bytesDn = s.BytesUp(), s.BytesDown()
-	if pk.hold {
-		// Nothing to go back to: a provider session created for it is
-		// released now.
-		pk.remote = nil
-		pk.park(nil, s.ClientCloseCode())
-		return false
-	}
-	keep := pk.remote != nil
-	if keep {
-		pk.mu.Lock()
-		pk.kept = hd
-		pk.mu.Unlock()
-		hd.st.Park(s)
-	}
-	pk.park(nil, s.ClientCloseCode())
-	return keep
-}
-
-// takeKept takes what a parked session keeps counted (nil when nothing).
-func (pk *parking) takeKept() *holds {
-	if pk == nil {
-		return nil
-	}
-	pk.mu.Lock()
-	defer pk.mu.Unlock()
-	k := pk.kept
-	pk.kept = nil
-	return k
-}
-
-// putKept gives them back to the parked session (a resume that could not
-// go on).
-func (pk *parking) putKept(k *holds) {
-	if pk == nil || k == nil {
-		return
-	}
-	pk.mu.Lock()
-	pk.kept = k
-	pk.mu.Unlock()
-}
-
-// onPark is the held session's OnPark: its client left, its provider
-// connection stays open for the window.
-func (pk *parking) onPark(s *upstreams.Session) {
-	pk.left()
-	pk.park(s, s.ClientCloseCode())
-}
-
-// park registers the session for the window.
-func (pk *parking) park(held *upstreams.Session, code int) {
-	now := pk.h.reg.Now()
-	e := &pool.Parked{
-		ID:        pk.currentID(),
-		Token:     pk.token,
-		Provider:  pk.provider,
-		Protocol:  pk.proto,
-		Point:     pk.point,
-		Key:       pk.key,
-		Started:   pk.started,
-		Parked:    now,
-		Until:     now.Add(pk.window),
-		Client:    pk.client,
-		RemoteIP:  pk.remoteIP,
-		BytesUp:   pk.bytesUp,
-		BytesDown: pk.bytesDn,
-		CloseCode: code,
-		Held:      held,
-		Remote:    pk.remote,
-		Data:      pk,
-	}
-	if pk.hold && held == nil {
-		// Under hold, a session that is not held has nothing to go back
-		// to (its provider ends the browser with the connection).
-		e.Refuse = "the session negotiated a WebSocket extension (" + extensionNames(pk.answer.Header.Get("Sec-Websocket-Extensions")) +
-			"): it could not be held, and a new connection cannot join it"
-	}
-	if held != nil {
-		e.BytesUp, e.BytesDown = held.BytesUp(), held.BytesDown()
-	}
-	// Another node may take it back only when nothing of it lives here:
-	// no open connection, no provider session to release. What the
-	// shared store keeps holds no secret of the provider's.
-	if pk.store != nil && held == nil && pk.remote == nil && e.Refuse == "" && pk.store.Usable() {
-		if sp, ok := pk.up.Share(pk.point); ok {
-			v, _ := json.Marshal(sharedParked{ID: e.ID, Provider: pk.provider, Point: sp, Started: pk.started})
-			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-			if err := pk.store.Store().ParkResume(ctx, pk.token, pk.key, v, pk.window); err != nil {
-				pk.store.Failed("park resume", err)
-			} else {
-				pk.store.Worked()
-				e.Shared = true
-			}
-			cancel()
-		}
-	}
-	logger := pk.h.logger
-	store := pk.store
-	pk.h.reg.Park(e, func(e *pool.Parked) {
-		// The window ran out (or an operator ended it, or the process
-		// is exiting).
-		if e.Shared && store != nil && store.Usable() {
-			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-			store.Store().DropResume(ctx, e.Token, e.Key)
-			cancel()
-		}
-		if e.Held != nil {
-			e.Held.Close(e.CloseCode, EndResumeWindow)
-		} else {
-			e.Remote.Release()
-			if k := pk.takeKept(); k != nil {
-				k.free()
-			}
-		}
-		logger.Info("resume window over", zap.String("session_id", e.ID), zap.String("provider", e.Provider),
-			zap.Bool("held", e.Held != nil))
-	})
-	logger.Info("session parked",
-		zap.String("session_id", e.ID),
-		zap.String("provider", e.Provider),
-		zap.Bool("held", held != nil),
-		zap.Int("close_code", code),
-		zap.Time("resumable_until", e.Until),
-	)
-}
-
-// sharedParked is what the shared registry keeps of a parked session,
-// under its token's hash: names and a point without secrets, each
-// checked when read back.
-type sharedParked struct {
-	ID       string                `json:"id"`
-	Provider string                `json:"provider"`
-	Point    upstreams.SharedPoint `json:"point"`
-	Started  time.Time             `json:"started"`
-}
-
-// decodeSharedParked reads an entry of the shared registry, refusing one
-// whose names are not what this gateway writes.
-func decodeSharedParked(v []byte) (sharedParked, error) {
-	var sp sharedParked
-	if err := json.Unmarshal(v, &sp); err != nil {
-		return sp, errors.New("not JSON")
-	}
-	if !validSessionID(sp.ID) {
-		return sp, errors.New("not a session ID")
-	}
-	if sp.Provider == "" || strings.IndexFunc(sp.Provider, func(r rune) bool { return r < ' ' || r == 0x7f }) >= 0 {
-		return sp, errors.New("not a provider name")
-	}
-	return sp, nil
-}
-
-// resumeFailure is why a resume is refused: its metric label and message.
-type resumeFailure struct {
-	result string
-	status int
-	msg    string
 }
 
 // resume serves a client that presents the resume token of a session it
@@ -783,28 +452,4 @@ func (c *connect) redial(e *pool.Parked) {
 func (c *connect) overOrUnavailableQuota() *reply {
 	c.inQuota = true
 	return c.overOrUnavailable("client limit")
-}
-
-// resumeRetryAfter is the Retry-After of a resume refused while the shared
-// registry cannot be asked: about when the shared state is tried again.
-const resumeRetryAfter = 2
-
-// refuseResume answers a resume that cannot be served.
-func (c *connect) refuseResume(f resumeFailure) {
-	c.h.reg.Metrics().Resume(f.result)
-	body := map[string]any{"error": f.msg}
-	if len(c.attempts) > 0 {
-		body["attempts"] = c.attempts
-	}
-	provider := ""
-	if len(c.attempts) > 0 {
-		provider = c.attempts[len(c.attempts)-1].Provider
-	}
-	c.finish(&reply{status: f.status, reason: "resume " + f.result, provider: provider, write: func(w http.ResponseWriter, _ *http.Request) {
-		writeJSON(w, f.status, body, func(hd http.Header) {
-			if f.status == http.StatusServiceUnavailable {
-				hd.Set("Retry-After", strconv.Itoa(resumeRetryAfter))
-			}
-		})
-	}})
 }

@@ -131,19 +131,6 @@ func offersProtocol(h http.Header, want string) bool {
 	return false
 }
 
-// extensionNames lists the extension names of a Sec-WebSocket-Extensions
-// value, without their parameters.
-func extensionNames(v string) string {
-	var names []string
-	for _, ext := range strings.Split(v, ",") {
-		name, _, _ := strings.Cut(ext, ";")
-		if name = strings.TrimSpace(name); name != "" {
-			names = append(names, name)
-		}
-	}
-	return strings.Join(names, ", ")
-}
-
 // A client joining a held session shares the DevTools connection with the
 // clients that used it before, and Chrome keeps what they set up on it:
 // their target discovery and auto-attach stay on, and Chrome reports each

@@ -35,14 +35,6 @@ func sharedHooks(m *observe.Metrics) cluster.Hooks {
 // the shared state could not be reached (on_unavailable reject).
 const WordStateUnavailable = "state_unavailable"
 
-// shared is a handler's use of a store.
-type shared struct {
-	s      *cluster.Shared
-	reject bool // on_unavailable reject
-	cancel func()
-	stop   chan struct{} // closed on Cleanup
-}
-
 // provisionShared opens the handler's shared state and subscribes to the
 // other nodes' news.
 func (h *Handler) provisionShared() error {
@@ -239,13 +231,6 @@ func (c *connect) stateDown(ps *passState, m *member) (*cluster.Lease, bool) {
 		return nil, false
 	}
 	return nil, true
-}
-
-// releaseLease gives a lease back without holding up the caller.
-func releaseLease(l *cluster.Lease) {
-	if l != nil {
-		go l.Release()
-	}
 }
 
 // The status reads a provider's cluster-wide state from its store.

@@ -1,0 +1,108 @@
+package browserfailover
+
+import (
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+)
+
+// parseHealthCheck reads `health_check off` or
+//
+//	health_check {
+//		uri           <path or full URL>
+//		interval      <duration>
+//		timeout       <duration>
+//		expect_status <code>
+//		capacity      browserless
+//	}
+//
+// Each setting appears at most once; an error names its line.
+func parseHealthCheck(d *caddyfile.Dispenser) (*HealthCheckConfig, error) {
+	c := &HealthCheckConfig{at: caddyfile.NewDispenser([]caddyfile.Token{d.Token()})}
+	c.at.Next()
+	if d.NextArg() {
+		if d.Val() != "off" || d.NextArg() {
+			return nil, d.Errf("health_check takes a block, or off")
+		}
+		c.Off = true
+		c.given.add("off")
+		if d.NextBlock(d.Nesting()) {
+			return nil, d.Errf("health_check off takes no block")
+		}
+		return c, nil
+	}
+	b := (&reader{d: d}).open()
+	for nesting := d.Nesting(); d.NextBlock(nesting); {
+		opt := d.Val()
+		if err := b.option(); err != nil {
+			return nil, err
+		}
+		var err error
+		switch opt {
+		case "uri":
+			c.URI, err = oneArg(d)
+		case "interval":
+			c.Interval, err = durationArg(d)
+		case "timeout":
+			c.Timeout, err = durationArg(d)
+		case "expect_status":
+			c.ExpectStatus, err = intArg(d)
+		case "capacity":
+			c.Capacity, err = oneArg(d)
+		default:
+			return nil, d.Errf("health_check: unknown option %q", opt)
+		}
+		if err != nil {
+			return nil, err
+		}
+		c.given.add(opt)
+		if err := b.check(c.validate(), opt); err != nil {
+			return nil, err
+		}
+	}
+	if err := b.finish(c.validate()); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+// checkProbeTargets is the Caddyfile's last check: each provider's merged
+// health check has something to GET. The error names the line of the
+// provider's health_check, or else of the handler's.
+func (h *Handler) checkProbeTargets(d *caddyfile.Dispenser) error {
+	for _, p := range h.Providers {
+		err := checkProbeTarget(p, effectiveHealthCheck(h.HealthCheck, p.HealthCheck))
+		if err == nil {
+			continue
+		}
+		at := d
+		if p.HealthCheck != nil && p.HealthCheck.at != nil {
+			at = p.HealthCheck.at
+		} else if h.HealthCheck != nil && h.HealthCheck.at != nil {
+			at = h.HealthCheck.at
+		}
+		return at.Err(err.Error())
+	}
+	return nil
+}
+
+// parseKeepalive reads `keepalive <interval>` or `keepalive off`.
+func parseKeepalive(d *caddyfile.Dispenser) (caddy.Duration, error) {
+	if !d.NextArg() {
+		return 0, d.Errf("keepalive needs an interval, or off")
+	}
+	v := d.Val()
+	if d.NextArg() {
+		return 0, d.Errf("keepalive takes one value")
+	}
+	if v == "off" {
+		return 0, nil
+	}
+	dur, err := caddy.ParseDuration(v)
+	if err != nil {
+		return 0, d.Errf("keepalive: invalid duration %q", v)
+	}
+	if dur < 0 {
+		return 0, d.Errf("keepalive must not be negative (0 or off turns it off); got %q", v)
+	}
+	return caddy.Duration(dur), nil
+}

@@ -1,0 +1,342 @@
+package browserfailover
+
+import (
+	"math"
+	"net/http"
+	"slices"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+
+	"github.com/browserfailover/caddy-browser-failover/cluster"
+	"github.com/browserfailover/caddy-browser-failover/pool"
+	"github.com/browserfailover/caddy-browser-failover/queue"
+	"github.com/browserfailover/caddy-browser-failover/upstreams"
+)
+
+// One client's state as the chain's steps see it (connect), what it holds
+// and gives back (holds), and how its attempts are recorded for the logs
+// and the 503 body. Files above this one (steps, resume, chain) act on a
+// connect; the helpers below it (config, handler) know nothing of one.
+
+// maxLoggedAttempts bounds the attempts kept for the 503 body and logs.
+const maxLoggedAttempts = 50
+
+// connect is one client's way through the chain.
+type connect struct {
+	h       *Handler // the handler serving it; a reload may hand it on
+	w       http.ResponseWriter
+	r       *http.Request
+	hs      *upstreams.Handshake
+	replace func(string) string
+	repl    *caddy.Replacer // nil outside Caddy
+	start   time.Time
+	// id names the client's session (session_id.go).
+	id string
+	// token is the client's resume token (resume.go): the one it brought,
+	// or (handOut) one the gateway made for it and puts on its 101; ""
+	// when its session cannot be resumed.
+	token   string
+	handOut bool
+
+	cls  *class
+	pool *poolOf // the handler's members that can serve the client
+
+	attempts                    []attempt
+	hedgesStarted, hedgesWasted int
+	// tries counts the provider attempts made (skips are not attempts).
+	tries int
+
+	// Waiting.
+	mark    *queue.Mark // taken before the first pass; ended by Join, served or chain's end
+	waiter  *queue.Waiter
+	joined  time.Time
+	waited  time.Duration
+	inQuota bool // waiting for its client_limit share, not a provider
+
+	// Held until the session takes them, or released by finish.
+	quota *pool.QuotaKey
+	lease *cluster.Lease
+
+	// allIncompatible: the last pass found every provider it could use
+	// answering 428 (a Playwright server of another version).
+	allIncompatible bool
+	finished        bool
+	// leftHeld is closed when the client of a held session is let go
+	// (resume.go); nil otherwise.
+	leftHeld <-chan struct{}
+}
+
+// class is what the queue knows of a waiting client: enough for the
+// handler of a new config to tell what it can use there.
+type class struct {
+	proto     upstreams.Protocol
+	pwVersion string
+	affinity  string
+	// quota is the resource of its client_limit key, "" without one.
+	quota string
+	// quotaTemplate is the client_limit key it was counted under.
+	quotaTemplate string
+}
+
+// passEnd is how one pass over the candidates ended.
+type passEnd int
+
+// passState is one pass's way through the ordered candidates.
+type passState struct {
+	order    []int
+	next     int // index in order of the next candidate to look at
+	deadline time.Time
+	tried    int
+	// Providers that could serve this client later: not drained, and not
+	// a Playwright server of another version (428).
+	serveable, incompatible int
+	// retry: only providers that failed without cooling down stand in
+	// the way.
+	retry bool
+	// stateDown: providers refused because the shared state is
+	// unreachable (on_unavailable reject); they cannot be waited for.
+	stateDown int
+}
+
+// verdict is what an attempt's outcome means for the pass.
+type verdict int
+
+// record notes an attempt's outcome in the client's list, the metrics and
+// the debug log.
+func (c *connect) record(m *member, o upstreams.Outcome) {
+	c.add(attempt{Provider: m.up.Name, Outcome: o.Word, MS: roundMS(o.Elapsed)})
+	c.tries++
+	c.h.reg.Metrics().Attempt(m.up.Name, o)
+	if ce := c.h.logger.Check(zap.DebugLevel, "attempt"); ce != nil {
+		fields := []zap.Field{
+			zap.String("provider", m.up.Name),
+			zap.String("outcome", o.Word),
+			zap.Float64("ms", roundMS(o.Elapsed)),
+		}
+		if o.Err != nil {
+			fields = append(fields, zap.String("cause", o.Err.Error()))
+		}
+		ce.Write(fields...)
+	}
+}
+
+// add keeps the latest maxLoggedAttempts attempts.
+func (c *connect) add(a attempt) {
+	if len(c.attempts) >= maxLoggedAttempts {
+		copy(c.attempts, c.attempts[1:])
+		c.attempts = c.attempts[:len(c.attempts)-1]
+	}
+	c.attempts = append(c.attempts, a)
+}
+
+// skip records a provider passed over without an attempt.
+func (c *connect) skip(m *member, word string) {
+	c.add(attempt{Provider: m.up.Name, Outcome: word})
+}
+
+// holds are what a live session counts against: its provider's slot, its
+// client_limit share and its cluster-wide slot (with the shared store it
+// keeps open). A session gives them back when it ends; a parked one that
+// keeps them (resume.go), when its window ends or its resume takes them.
+type holds struct {
+	reg   *pool.Registry
+	st    *pool.Provider
+	quota *pool.QuotaKey
+	lease *cluster.Lease
+	store *cluster.Shared
+}
+
+// end gives them back as the live session s ends.
+func (hd *holds) end(s *upstreams.Session) {
+	hd.st.End(s)
+	hd.release()
+}
+
+// free gives back a parked session's: the slot it kept without a live
+// session, and the rest.
+func (hd *holds) free() {
+	hd.st.Unreserve()
+	hd.release()
+}
+
+// release gives back all but the slot.
+func (hd *holds) release() {
+	if hd.quota != nil {
+		hd.reg.ReleaseQuota(*hd.quota)
+		hd.quota = nil
+	}
+	if hd.lease != nil {
+		hd.lease.Release()
+		hd.lease = nil
+	}
+	if hd.store != nil {
+		hd.store.Release()
+		hd.store = nil
+	}
+}
+
+// releaseHolds gives back what a client that got no session still holds.
+func (c *connect) releaseHolds() {
+	if c.quota != nil {
+		c.h.reg.ReleaseQuota(*c.quota)
+		c.quota = nil
+	}
+	releaseLease(c.lease)
+	c.lease = nil
+}
+
+// poolOf is the part of a handler that can serve one class of client
+// (its protocol and Playwright version): its members in config order,
+// their names in the queue, and the strategy that rotates among them, so
+// each pool of a mixed handler keeps its own rotation. The slices are
+// shared and never changed.
+type poolOf struct {
+	members   []int
+	resources []string
+	strategy  upstreams.Strategy
+}
+
+// poolFor returns the pool of clients of class cl, made once per handler
+// and class.
+func (h *Handler) poolFor(cl *class) *poolOf {
+	key := ""
+	if h.routed {
+		key = string(cl.proto) + " " + cl.pwVersion
+	}
+	if p, ok := h.pools.Load(key); ok {
+		return p.(*poolOf)
+	}
+	p := &poolOf{}
+	for i, m := range h.members {
+		if !h.routed || upstreams.Serves(m.proto, m.pwVersion, cl.proto, cl.pwVersion) {
+			p.members = append(p.members, i)
+		}
+	}
+	p.resources = h.resources(p.members)
+	p.strategy, _ = upstreams.NewStrategy(h.Strategy)
+	actual, _ := h.pools.LoadOrStore(key, p)
+	return actual.(*poolOf)
+}
+
+// resources names members in the queue.
+func (h *Handler) resources(members []int) []string {
+	out := make([]string, len(members))
+	for j, i := range members {
+		out[j] = h.members[i].state.Resource()
+	}
+	return out
+}
+
+// wants is the handler's queue.WantsFunc: what a waiter moved here by a
+// reload waits for. One that waited for its client_limit share goes on
+// waiting for it when this handler has the same limit; otherwise it is
+// woken to go on.
+func (h *Handler) wants(cls any, before []string) ([]string, bool) {
+	cl, ok := cls.(*class)
+	if !ok {
+		return nil, false
+	}
+	if cl.quota != "" && slices.Contains(before, cl.quota) {
+		if h.ClientLimit != nil && h.ClientLimit.Key == cl.quotaTemplate {
+			return before, false
+		}
+		return h.poolFor(cl).resources, true
+	}
+	return h.poolFor(cl).resources, false
+}
+
+// quotaKey is the client's client_limit key.
+func (h *Handler) quotaKey(replace func(string) string) pool.QuotaKey {
+	k := pool.QuotaKey{Template: h.ClientLimit.Key}
+	if replace != nil {
+		k.Value = replace(h.ClientLimit.Key)
+	}
+	return k
+}
+
+// clientKind names what the client speaks, for messages.
+func (c *connect) clientKind() string {
+	return c.cls.kind()
+}
+
+func (cl *class) kind() string {
+	if cl.proto != upstreams.ProtocolPlaywright {
+		return "CDP"
+	}
+	if cl.pwVersion == "" {
+		return "Playwright"
+	}
+	return "Playwright " + cl.pwVersion
+}
+
+// affinityKey extracts the affinity key of a request ("" when none).
+func (h *Handler) affinityKey(r *http.Request) string {
+	a := h.Affinity
+	if a == nil {
+		return ""
+	}
+	switch a.Source {
+	case "header":
+		return r.Header.Get(a.Name)
+	case "query":
+		return r.URL.Query().Get(a.Name)
+	case "cookie":
+		if ck, err := r.Cookie(a.Name); err == nil {
+			return ck.Value
+		}
+	}
+	return ""
+}
+
+// attempt is one line of a client's way through the chain: a provider tried
+// (or skipped) and how it went.
+type attempt struct {
+	Provider string  `json:"provider"`
+	Outcome  string  `json:"outcome"`
+	MS       float64 `json:"ms"`
+}
+
+// attempts renders as a zap array.
+type attempts []attempt
+
+func (as attempts) MarshalLogArray(enc zapcore.ArrayEncoder) error {
+	for _, a := range as {
+		enc.AppendObject(a)
+	}
+	return nil
+}
+
+func (a attempt) MarshalLogObject(enc zapcore.ObjectEncoder) error {
+	enc.AddString("provider", a.Provider)
+	enc.AddString("outcome", a.Outcome)
+	enc.AddFloat64("ms", a.MS)
+	return nil
+}
+
+func roundMS(d time.Duration) float64 {
+	return math.Round(float64(d)/float64(time.Millisecond)*10) / 10
+}
+
+// releaseLease gives a lease back without holding up the caller.
+func releaseLease(l *cluster.Lease) {
+	if l != nil {
+		go l.Release()
+	}
+}
+
+const (
+	passNothing     passEnd = iota // every candidate failed or was skipped
+	passEstablished                // a session runs
+	passAnswered                   // the client got an answer (relayed 4xx, error)
+	passClientGone                 // the client went away (or its wait ran out)
+)
+
+const (
+	verdictNext    verdict = iota // go on with the next candidate
+	verdictSuccess                // a session is to be established
+	verdictRelay                  // the provider's answer goes to the client
+	verdictGone                   // the client went away
+)
