@@ -239,12 +239,8 @@ func (r *reader) parseProvider() (*ProviderConfig, *block, error) {
 		return nil, nil, err
 	}
 	var cooldownBlock *block
-	for nesting := d.Nesting(); d.NextBlock(nesting); {
-		opt := d.Val()
-		if err := b.option(); err != nil {
-			return nil, nil, err
-		}
-		var err error
+	what := fmt.Sprintf("provider %q", p.Name)
+	err := b.each(what, &p.given, p.validate, func(opt string) (err error) {
 		switch opt {
 		case "priority":
 			var n int
@@ -278,7 +274,7 @@ func (r *reader) parseProvider() (*ProviderConfig, *block, error) {
 			t := tlsOf(&p.TLS)
 			t.TrustedCACertFiles = append(t.TrustedCACertFiles, files...)
 		case "cooldown":
-			p.Cooldown, cooldownBlock, err = r.parseCooldown(fmt.Sprintf("provider %q: cooldown: ", p.Name))
+			p.Cooldown, cooldownBlock, err = r.parseCooldown(what + ": cooldown: ")
 		case "protocol":
 			var v string
 			v, err = oneArg(d)
@@ -288,19 +284,13 @@ func (r *reader) parseProvider() (*ProviderConfig, *block, error) {
 		case "health_check":
 			p.HealthCheck, err = parseHealthCheck(d)
 		case "session_api":
-			p.SessionAPI, err = r.parseSessionAPI(fmt.Sprintf("provider %q: ", p.Name))
+			p.SessionAPI, err = r.parseSessionAPI(what + ": ")
 		default:
-			return nil, nil, d.Errf("provider %q: unknown option %q", p.Name, opt)
+			return errUnknownOption
 		}
-		if err != nil {
-			return nil, nil, err
-		}
-		p.given.add(opt)
-		if err := b.check(p.validate(), opt); err != nil {
-			return nil, nil, err
-		}
-	}
-	if err := b.finish(p.validate()); err != nil {
+		return err
+	})
+	if err != nil {
 		return nil, nil, err
 	}
 	return p, cooldownBlock, nil
@@ -345,12 +335,8 @@ func (r *reader) parseCooldown(prefix string) (*CooldownConfig, *block, error) {
 	}
 	b := r.open()
 	c := &CooldownConfig{}
-	for nesting := d.Nesting(); d.NextBlock(nesting); {
-		opt := d.Val()
-		if err := b.option(); err != nil {
-			return nil, nil, err
-		}
-		var err error
+	validate := func() error { return within(prefix, c.validate()) }
+	err := b.each("cooldown", &c.given, validate, func(opt string) (err error) {
 		switch opt {
 		case "duration":
 			c.Duration, err = durationArg(d)
@@ -363,17 +349,11 @@ func (r *reader) parseCooldown(prefix string) (*CooldownConfig, *block, error) {
 		case "min_requests":
 			c.MinRequests, err = intArg(d)
 		default:
-			return nil, nil, d.Errf("cooldown: unknown option %q", opt)
+			return errUnknownOption
 		}
-		if err != nil {
-			return nil, nil, err
-		}
-		c.given.add(opt)
-		if err := b.check(within(prefix, c.validate()), opt); err != nil {
-			return nil, nil, err
-		}
-	}
-	if err := b.finish(within(prefix, c.validate())); err != nil {
+		return err
+	})
+	if err != nil {
 		return nil, nil, err
 	}
 	return c, b, nil
@@ -384,14 +364,8 @@ func (r *reader) parseQueue() (*QueueConfig, error) {
 	if d.NextArg() {
 		return nil, d.ArgErr()
 	}
-	b := r.open()
 	q := &QueueConfig{}
-	for nesting := d.Nesting(); d.NextBlock(nesting); {
-		opt := d.Val()
-		if err := b.option(); err != nil {
-			return nil, err
-		}
-		var err error
+	return q, r.open().each("queue", &q.given, q.validate, func(opt string) (err error) {
 		switch opt {
 		case "size":
 			var n int
@@ -401,17 +375,10 @@ func (r *reader) parseQueue() (*QueueConfig, error) {
 		case "timeout":
 			q.Timeout, err = durationArg(d)
 		default:
-			return nil, d.Errf("queue: unknown option %q", opt)
+			return errUnknownOption
 		}
-		if err != nil {
-			return nil, err
-		}
-		q.given.add(opt)
-		if err := b.check(q.validate(), opt); err != nil {
-			return nil, err
-		}
-	}
-	return q, b.finish(q.validate())
+		return err
+	})
 }
 
 func (r *reader) parseSession() (*SessionConfig, error) {
@@ -419,30 +386,18 @@ func (r *reader) parseSession() (*SessionConfig, error) {
 	if d.NextArg() {
 		return nil, d.ArgErr()
 	}
-	b := r.open()
 	s := &SessionConfig{}
-	for nesting := d.Nesting(); d.NextBlock(nesting); {
-		opt := d.Val()
-		if err := b.option(); err != nil {
-			return nil, err
-		}
-		var err error
+	return s, r.open().each("session", nil, s.validate, func(opt string) (err error) {
 		switch opt {
 		case "idle_timeout":
 			s.IdleTimeout, err = durationArg(d)
 		case "max_duration":
 			s.MaxDuration, err = durationArg(d)
 		default:
-			return nil, d.Errf("session: unknown option %q", opt)
+			return errUnknownOption
 		}
-		if err != nil {
-			return nil, err
-		}
-		if err := b.check(s.validate(), opt); err != nil {
-			return nil, err
-		}
-	}
-	return s, b.finish(s.validate())
+		return err
+	})
 }
 
 // parseAffinity reads `affinity header|query|cookie <name>`.
@@ -525,12 +480,7 @@ func (r *reader) parseState() (*StateConfig, error) {
 	if err := b.check(st.validate(), "state", "address"); err != nil {
 		return nil, err
 	}
-	for nesting := d.Nesting(); d.NextBlock(nesting); {
-		opt := d.Val()
-		if err := b.option(); err != nil {
-			return nil, err
-		}
-		var err error
+	return st, b.each("state", &rc.given, st.validate, func(opt string) (err error) {
 		switch opt {
 		case "username":
 			rc.Username, err = oneArg(d)
@@ -562,17 +512,10 @@ func (r *reader) parseState() (*StateConfig, error) {
 		case "on_unavailable":
 			st.OnUnavailable, err = oneArg(d)
 		default:
-			return nil, d.Errf("state: unknown option %q", opt)
+			return errUnknownOption
 		}
-		if err != nil {
-			return nil, err
-		}
-		rc.given.add(opt)
-		if err := b.check(st.validate(), opt); err != nil {
-			return nil, err
-		}
-	}
-	return st, b.finish(st.validate())
+		return err
+	})
 }
 
 // Interface guards.

@@ -30,13 +30,7 @@ func parseHealthCheck(d *caddyfile.Dispenser) (*HealthCheckConfig, error) {
 		}
 		return c, nil
 	}
-	b := (&reader{d: d}).open()
-	for nesting := d.Nesting(); d.NextBlock(nesting); {
-		opt := d.Val()
-		if err := b.option(); err != nil {
-			return nil, err
-		}
-		var err error
+	err := (&reader{d: d}).open().each("health_check", &c.given, c.validate, func(opt string) (err error) {
 		switch opt {
 		case "uri":
 			c.URI, err = oneArg(d)
@@ -49,17 +43,11 @@ func parseHealthCheck(d *caddyfile.Dispenser) (*HealthCheckConfig, error) {
 		case "capacity":
 			c.Capacity, err = oneArg(d)
 		default:
-			return nil, d.Errf("health_check: unknown option %q", opt)
+			return errUnknownOption
 		}
-		if err != nil {
-			return nil, err
-		}
-		c.given.add(opt)
-		if err := b.check(c.validate(), opt); err != nil {
-			return nil, err
-		}
-	}
-	if err := b.finish(c.validate()); err != nil {
+		return err
+	})
+	if err != nil {
 		return nil, err
 	}
 	return c, nil

@@ -87,6 +87,38 @@ func (b *block) check(err error, opts ...string) error {
 	return nil
 }
 
+// errUnknownOption is what a block's read answers for an option it does
+// not know; each turns it into an error naming the block and the option.
+var errUnknownOption = errors.New("unknown option")
+
+// each reads the rest of the block, one option at a time: read sets the
+// option named from its arguments (errUnknownOption for a name it does not
+// know), given (nil: none) records it as stated, and a problem that
+// validate finds with it is reported at its line. At the block's end,
+// whatever validate still finds is reported by finish.
+func (b *block) each(what string, given *explicit, validate func() error, read func(opt string) error) error {
+	d := b.r.d
+	for nesting := d.Nesting(); d.NextBlock(nesting); {
+		opt := d.Val()
+		if err := b.option(); err != nil {
+			return err
+		}
+		if err := read(opt); err != nil {
+			if errors.Is(err, errUnknownOption) {
+				return d.Errf("%s: unknown option %q", what, opt)
+			}
+			return err
+		}
+		if given != nil {
+			given.add(opt)
+		}
+		if err := b.check(validate(), opt); err != nil {
+			return err
+		}
+	}
+	return b.finish(validate())
+}
+
 // finish reports, at the block's end, the problem in err that comes first
 // in the file: each at the line of the last given of its options, or at
 // the block's first line when it names none given.

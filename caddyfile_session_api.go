@@ -27,14 +27,9 @@ func (r *reader) parseSessionAPI(prefix string) (*upstreams.SessionAPI, error) {
 	if d.NextArg() {
 		return nil, d.ArgErr()
 	}
-	b := r.open("header", "connect_hosts")
 	c := &upstreams.SessionAPI{}
-	for nesting := d.Nesting(); d.NextBlock(nesting); {
-		opt := d.Val()
-		if err := b.option(); err != nil {
-			return nil, err
-		}
-		var err error
+	validate := func() error { return within(prefix, fromProblems(upstreams.ValidateSessionAPI(*c))) }
+	err := r.open("header", "connect_hosts").each(prefix+"session_api", nil, validate, func(opt string) (err error) {
 		switch opt {
 		case "create":
 			c.CreateMethod, c.CreateURL, err = twoArgs(d)
@@ -60,16 +55,11 @@ func (r *reader) parseSessionAPI(prefix string) (*upstreams.SessionAPI, error) {
 			}
 			c.ConnectHosts = append(c.ConnectHosts, hosts...)
 		default:
-			return nil, d.Errf("%ssession_api: unknown option %q", prefix, opt)
+			return errUnknownOption
 		}
-		if err != nil {
-			return nil, err
-		}
-		if err := b.check(within(prefix, fromProblems(upstreams.ValidateSessionAPI(*c))), opt); err != nil {
-			return nil, err
-		}
-	}
-	if err := b.finish(within(prefix, fromProblems(upstreams.ValidateSessionAPI(*c)))); err != nil {
+		return err
+	})
+	if err != nil {
 		return nil, err
 	}
 	return c, nil

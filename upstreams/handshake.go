@@ -151,7 +151,7 @@ type target struct {
 // written, sent as is when nothing is merged.
 func (p *Provider) wsTarget(hs *Handshake, path string, query url.Values, rawQuery, host string) target {
 	uri := path
-	if p.PassQuery && hs.RawQuery != "" {
+	if p.conf.PassQuery && hs.RawQuery != "" {
 		if cq, err := url.ParseQuery(hs.RawQuery); err == nil && len(cq) > 0 {
 			q := make(url.Values, len(query)+len(cq))
 			for k, v := range cq {

@@ -24,13 +24,12 @@ const DefaultConnectTimeout = 10 * time.Second
 
 // Provider is one configured browser provider, ready to be dialed.
 type Provider struct {
-	// Name, Priority, Weight, ConnectTimeout and PassQuery are the
-	// options it was built from (defaults applied).
+	// Name, Priority, Weight and ConnectTimeout are the options it was
+	// built from, defaults applied.
 	Name           string
 	Priority       int
 	Weight         int
 	ConnectTimeout time.Duration
-	PassQuery      bool
 	// Discover tells whether each connect first reads /json/version.
 	Discover bool
 
@@ -53,6 +52,10 @@ type Provider struct {
 	redacted   string
 
 	api *sessionAPI // nil without a session API
+
+	// conf is the configuration it was built from: an option that needs
+	// no preparing is read from here where it is used.
+	conf Config
 }
 
 // New checks c (with Validate) and builds the provider: its placeholders
@@ -99,11 +102,11 @@ func New(c Config, d Defaults, known func(string) string) (*Provider, error) {
 		Priority:       1,
 		Weight:         c.Weight,
 		ConnectTimeout: time.Duration(c.ConnectTimeout),
-		PassQuery:      c.PassQuery,
 		headerOps:      ops,
 		tlsOpts:        tlsOpts,
 		key:            raw,
 		redacted:       Redact(u),
+		conf:           c,
 	}
 	if c.Priority != nil {
 		p.Priority = *c.Priority
