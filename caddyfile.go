@@ -12,6 +12,7 @@ import (
 	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
+	"github.com/browserfailover/caddy-browser-failover/cluster"
 	"github.com/browserfailover/caddy-browser-failover/observe"
 	"github.com/browserfailover/caddy-browser-failover/upstreams"
 )
@@ -296,10 +297,11 @@ func (r *reader) parseProvider() (*ProviderConfig, *block, error) {
 	return p, cooldownBlock, nil
 }
 
-// tlsOf returns *t, creating it when nil.
-func tlsOf(t **upstreams.TLSOptions) *upstreams.TLSOptions {
+// tlsOf returns *t, creating it when nil (a provider's TLS settings, or
+// the Redis store's).
+func tlsOf[T any](t **T) *T {
 	if *t == nil {
-		*t = &upstreams.TLSOptions{}
+		*t = new(T)
 	}
 	return *t
 }
@@ -474,7 +476,7 @@ func (r *reader) parseState() (*StateConfig, error) {
 	if len(args) != 2 || args[0] != "redis" {
 		return nil, d.Errf("state takes a backend and its address: state redis <host:port>")
 	}
-	st := &StateConfig{Redis: &RedisConfig{Address: args[1]}}
+	st := &StateConfig{Redis: &RedisConfig{Config: cluster.Config{Address: args[1]}}}
 	rc := st.Redis
 	b.note("state", "address")
 	if err := b.check(st.validate(), "state", "address"); err != nil {

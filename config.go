@@ -13,6 +13,7 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 
+	"github.com/browserfailover/caddy-browser-failover/cluster"
 	"github.com/browserfailover/caddy-browser-failover/cooldown"
 	"github.com/browserfailover/caddy-browser-failover/observe"
 	"github.com/browserfailover/caddy-browser-failover/upstreams"
@@ -172,29 +173,12 @@ type StateConfig struct {
 	OnUnavailable string `json:"on_unavailable,omitempty"`
 }
 
-// RedisConfig is how to reach the Redis server of the shared state.
+// RedisConfig is how to reach the Redis server of the shared state: the
+// settings of cluster.Config (address, username, password, db,
+// key_prefix, tls, lease_ttl, timeout), which is also what the store runs
+// with once the placeholders are resolved.
 type RedisConfig struct {
-	// Address is host:port; it may hold {env.X} placeholders. Required.
-	Address string `json:"address"`
-	// Username is the ACL user. Default: Redis's default user.
-	Username string `json:"username,omitempty"`
-	// Password may hold {env.X} placeholders; it is never logged or shown.
-	// Default: none.
-	Password string `json:"password,omitempty"`
-	// DB is the database number, not negative. Default: 0.
-	DB int `json:"db,omitempty"`
-	// KeyPrefix goes before every key and channel name; nodes sharing
-	// state use the same. Default: "browser_failover:".
-	KeyPrefix string `json:"key_prefix,omitempty"`
-	// TLS connects with TLS when set (empty: with the system's roots).
-	// Default: plain TCP.
-	TLS *upstreams.TLSOptions `json:"tls,omitempty"`
-	// LeaseTTL is how long a slot outlives a node that stopped renewing
-	// it; must be positive. Default: 15s.
-	LeaseTTL caddy.Duration `json:"lease_ttl,omitempty"`
-	// Timeout bounds every Redis call; must be positive and, when both are
-	// given, shorter than LeaseTTL. Default: 500ms.
-	Timeout caddy.Duration `json:"timeout,omitempty"`
+	cluster.Config
 
 	given explicit
 }
@@ -283,6 +267,9 @@ const (
 // stated, so validate rejects a stated 0 the same way in both, where a
 // left-out option takes its default.
 type explicit map[string]bool
+
+// has tells whether key was stated.
+func (e explicit) has(key string) bool { return e[key] }
 
 func (e *explicit) add(key string) {
 	if *e == nil {
@@ -511,7 +498,7 @@ func (p *ProviderConfig) validate() error {
 	if p.Name == "" {
 		return badOpt("name", "provider has no name")
 	}
-	errs := []error{fromProblems(p.Config.Validate(func(opt string) bool { return p.given[opt] }))}
+	errs := []error{fromProblems(p.Config.Validate(p.given.has))}
 	if p.MaxConcurrent < 0 {
 		errs = append(errs, badOpt("max_concurrent", "max_concurrent must not be negative, got %d", p.MaxConcurrent))
 	}
@@ -533,16 +520,20 @@ func (p *ProviderConfig) validate() error {
 	return within(fmt.Sprintf("provider %q: ", p.Name), errors.Join(errs...))
 }
 
-// fromProblems turns the problems upstreams names (*upstreams.Problem)
-// into the handler's, which the Caddyfile parser reports at the line of
+// fromProblems turns the problems upstreams and cluster name
+// (*upstreams.Problem, *cluster.Problem) into the handler's, which the Caddyfile parser reports at the line of
 // the option at fault.
 func fromProblems(err error) error {
 	var out []error
 	for _, e := range problems(err) {
 		var up *upstreams.Problem
-		if errors.As(e, &up) {
+		var cp *cluster.Problem
+		switch {
+		case errors.As(e, &up):
 			out = append(out, &optionError{msg: up.Msg, opts: up.Options, whole: up.Whole})
-		} else {
+		case errors.As(e, &cp):
+			out = append(out, &optionError{msg: cp.Msg, opts: cp.Options})
+		default:
 			out = append(out, e)
 		}
 	}
@@ -701,23 +692,7 @@ func (r *RedisConfig) validate() error {
 	if r == nil {
 		return nil
 	}
-	var errs []error
-	if r.Address == "" {
-		errs = append(errs, badOpt("address", "redis needs an address (host:port)"))
-	}
-	if r.DB < 0 {
-		errs = append(errs, badOpt("db", "redis db must not be negative, got %d", r.DB))
-	}
-	errs = append(errs,
-		positive(r.given, "lease_ttl", r.LeaseTTL, "redis lease_ttl"),
-		positive(r.given, "timeout", r.Timeout, "redis timeout"),
-	)
-	if r.LeaseTTL > 0 && r.Timeout > 0 && r.Timeout >= r.LeaseTTL {
-		errs = append(errs, bad([]string{"lease_ttl", "timeout"}, "redis timeout must be shorter than lease_ttl, got %v and %v",
-			time.Duration(r.Timeout), time.Duration(r.LeaseTTL)))
-	}
-	errs = append(errs, fromProblems(r.TLS.Validate()))
-	return errors.Join(errs...)
+	return fromProblems(r.Config.Validate(r.given.has))
 }
 
 // Health check defaults.

@@ -135,6 +135,11 @@ var parityCases = []parityCase{
 	{scope: "redis", cf: "lease_ttl 1s\ntimeout 2s", js: `"lease_ttl":"1s","timeout":"2s"`},
 	{scope: "redis", cf: "password {env.P}\nkey_prefix bf:", js: `"password":"{env.P}","key_prefix":"bf:"`, ok: true},
 	{scope: "redis", cf: "tls\ntls_server_name r", js: `"tls":{"server_name":"r"}`, ok: true},
+	{scope: "redis", cf: "lease_ttl 10ms", js: `"lease_ttl":"10ms"`},
+	{scope: "redis", cf: "tls_trusted_ca_certs \"\"", js: `"tls":{"trusted_ca_certs":[""]}`},
+	{scope: "handler", cf: "state redis redis://h:6379", js: `"state":{"redis":{"address":"redis://h:6379"}}`},
+	{scope: "handler", cf: "state redis h:0", js: `"state":{"redis":{"address":"h:0"}}`},
+	{scope: "handler", cf: "state redis {env.REDIS_ADDR}", js: `"state":{"redis":{"address":"{env.REDIS_ADDR}"}}`, ok: true},
 	{scope: "state", cf: "on_unavailable reject", js: `"on_unavailable":"reject"`, ok: true},
 	{scope: "state", cf: "on_unavailable wait", js: `"on_unavailable":"wait"`},
 

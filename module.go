@@ -11,7 +11,6 @@ package browserfailover
 
 import (
 	"errors"
-	"fmt"
 	"net/http"
 	"sync"
 	"time"
@@ -77,10 +76,9 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		if err != nil {
 			return err
 		}
+		// Each block was checked by its validator, and the two merged by
+		// the handler's (clash).
 		cfg := base.Merge(pc.Cooldown.toConfig())
-		if err := cfg.Validate(); err != nil {
-			return fmt.Errorf("provider %q: cooldown: %w", pc.Name, err)
-		}
 		state, err := h.reg.Claim(pc.Name, up.Key(), up.Redacted(), h.gen, cfg, single, pc.MaxConcurrent)
 		if err != nil {
 			return err

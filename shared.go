@@ -46,19 +46,10 @@ func (h *Handler) provisionShared() error {
 		return nil
 	}
 	repl := caddy.NewReplacer()
-	r := st.Redis
-	cfg := cluster.Config{
-		Address:   repl.ReplaceKnown(r.Address, ""),
-		Username:  repl.ReplaceKnown(r.Username, ""),
-		Password:  repl.ReplaceKnown(r.Password, ""),
-		DB:        r.DB,
-		KeyPrefix: r.KeyPrefix,
-		LeaseTTL:  time.Duration(r.LeaseTTL),
-		Timeout:   time.Duration(r.Timeout),
-	}
-	if r.TLS != nil {
-		cfg.TLS = &cluster.TLS{ServerName: r.TLS.ServerName, InsecureSkipVerify: r.TLS.InsecureSkipVerify, CAFiles: r.TLS.TrustedCACertFiles}
-	}
+	cfg := st.Redis.Config
+	cfg.Address = repl.ReplaceKnown(cfg.Address, "")
+	cfg.Username = repl.ReplaceKnown(cfg.Username, "")
+	cfg.Password = repl.ReplaceKnown(cfg.Password, "")
 	node := repl.ReplaceKnown(st.Node, "")
 	if node == "" {
 		node = cluster.DefaultNode()

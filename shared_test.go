@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/caddyserver/caddy/v2"
 	"github.com/coder/websocket"
 
 	"github.com/browserfailover/caddy-browser-failover/cluster"
@@ -28,7 +29,7 @@ func stateJSON(addr, onUnavailable string) string {
 
 func otherNode(t *testing.T, addr string) *cluster.Store {
 	t.Helper()
-	s, err := cluster.Open(cluster.Config{Address: addr, KeyPrefix: "sh-test:", LeaseTTL: time.Second, Timeout: 300 * time.Millisecond}, "gw-other")
+	s, err := cluster.Open(cluster.Config{Address: addr, KeyPrefix: "sh-test:", LeaseTTL: caddy.Duration(time.Second), Timeout: caddy.Duration(300 * time.Millisecond)}, "gw-other")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -18,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/caddyserver/caddy/v2"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest"
 	"go.uber.org/zap/zaptest/observer"
@@ -28,7 +29,7 @@ func open(t *testing.T, r *redisServer, node string, tweak func(*Config)) *Store
 	t.Helper()
 	cfg := Config{
 		Address:   r.Addr(),
-		LeaseTTL:  600 * time.Millisecond,
+		LeaseTTL:  caddy.Duration(600 * time.Millisecond),
 		KeyPrefix: "test:" + t.Name() + ":",
 		Logger:    zaptest.NewLogger(t),
 	}
@@ -115,8 +116,11 @@ func TestAcquireExactUnderContention(t *testing.T) {
 	const max = 5
 	var stores []*Store
 	for _, n := range []string{"a", "b", "c"} {
-		// A generous bound: 60 goroutines share the connections.
-		stores = append(stores, open(t, r, n, func(c *Config) { c.Timeout = 5 * time.Second }))
+		// A generous bound: 60 goroutines share the connections (and a
+		// lease outlives a call).
+		stores = append(stores, open(t, r, n, func(c *Config) {
+			c.Timeout, c.LeaseTTL = caddy.Duration(5*time.Second), caddy.Duration(10*time.Second)
+		}))
 	}
 	ctx := context.Background()
 	var held, peak, granted, full atomic.Int64
@@ -207,7 +211,7 @@ func TestUnlimitedIsCountedPerNode(t *testing.T) {
 
 func TestRenewalKeepsLeases(t *testing.T) {
 	r := startRedis(t)
-	a := open(t, r, "a", func(c *Config) { c.LeaseTTL = 900 * time.Millisecond })
+	a := open(t, r, "a", func(c *Config) { c.LeaseTTL = caddy.Duration(900 * time.Millisecond) })
 	g, err := a.Acquire(context.Background(), "p", 1)
 	if err != nil || g.Lease == nil {
 		t.Fatalf("Acquire: %+v, %v", g, err)
@@ -499,7 +503,7 @@ func TestSubscribeCancel(t *testing.T) {
 
 func TestRedisOutage(t *testing.T) {
 	r := startRedis(t)
-	a := open(t, r, "a", func(c *Config) { c.Timeout = 300 * time.Millisecond })
+	a := open(t, r, "a", func(c *Config) { c.Timeout = caddy.Duration(300 * time.Millisecond) })
 	rec := subscribe(t, a)
 	ctx := context.Background()
 	kept, err := a.Acquire(ctx, "p", 3)
@@ -575,7 +579,7 @@ func bounded(t *testing.T, what string, call func() error) {
 
 func TestRedisHangs(t *testing.T) {
 	r := startRedis(t)
-	a := open(t, r, "a", func(c *Config) { c.Timeout = 300 * time.Millisecond })
+	a := open(t, r, "a", func(c *Config) { c.Timeout = caddy.Duration(300 * time.Millisecond) })
 	subscribe(t, a)
 	ctx := context.Background()
 	g, err := a.Acquire(ctx, "p", 1)
@@ -701,18 +705,18 @@ func TestOpenValidates(t *testing.T) {
 		secret     string // never in the error
 	}{
 		{name: "ok", node: "a", cfg: Config{Address: "127.0.0.1:6379"}},
-		{name: "tls", node: "a", cfg: Config{Address: "redis.internal:6380", TLS: &TLS{CAFiles: []string{ca}}}},
+		{name: "tls", node: "a", cfg: Config{Address: "redis.internal:6380", TLS: &TLS{TrustedCACertFiles: []string{ca}}}},
 		{name: "no node", cfg: Config{Address: "127.0.0.1:6379"}, want: "node name"},
-		{name: "no address", node: "a", want: "address is required"},
+		{name: "no address", node: "a", want: "redis needs an address"},
 		{name: "url", node: "a", cfg: Config{Address: "redis://user:hunter22@host:6379"}, want: "not a URL", secret: "hunter22"},
 		{name: "user info", node: "a", cfg: Config{Address: "user:hunter22@host:6379"}, want: "not a URL", secret: "hunter22"},
 		{name: "no port", node: "a", cfg: Config{Address: "hunter22"}, want: "host:port", secret: "hunter22"},
 		{name: "bad port", node: "a", cfg: Config{Address: "host:hunter22"}, want: "port", secret: "hunter22"},
 		{name: "db", node: "a", cfg: Config{Address: "h:1", DB: -1}, want: "db"},
-		{name: "ttl", node: "a", cfg: Config{Address: "h:1", LeaseTTL: -time.Second}, want: "lease_ttl"},
-		{name: "timeout", node: "a", cfg: Config{Address: "h:1", Timeout: -time.Second}, want: "timeout"},
-		{name: "ca missing", node: "a", cfg: Config{Address: "h:1", TLS: &TLS{CAFiles: []string{filepath.Join(dir, "none.pem")}}}, want: "none.pem"},
-		{name: "ca not pem", node: "a", cfg: Config{Address: "h:1", TLS: &TLS{CAFiles: []string{notPEM}}}, want: "no PEM"},
+		{name: "ttl", node: "a", cfg: Config{Address: "h:1", LeaseTTL: caddy.Duration(-time.Second)}, want: "lease_ttl"},
+		{name: "timeout", node: "a", cfg: Config{Address: "h:1", Timeout: caddy.Duration(-time.Second)}, want: "timeout"},
+		{name: "ca missing", node: "a", cfg: Config{Address: "h:1", TLS: &TLS{TrustedCACertFiles: []string{filepath.Join(dir, "none.pem")}}}, want: "none.pem"},
+		{name: "ca not pem", node: "a", cfg: Config{Address: "h:1", TLS: &TLS{TrustedCACertFiles: []string{notPEM}}}, want: "no PEM"},
 		{name: "password", node: "a", cfg: Config{Address: "h", Password: "hunter22"}, want: "host:port", secret: "hunter22"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -795,7 +799,7 @@ func TestLibraryLogRouted(t *testing.T) {
 	addr := r.Addr()
 	r.Stop()
 	core, logs := observer.New(zap.DebugLevel)
-	s, err := Open(Config{Address: addr, Timeout: 300 * time.Millisecond, Logger: zap.New(core)}, "a")
+	s, err := Open(Config{Address: addr, Timeout: caddy.Duration(300 * time.Millisecond), Logger: zap.New(core)}, "a")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -7,10 +7,12 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
 
+	"github.com/caddyserver/caddy/v2"
 	"github.com/redis/go-redis/v9"
 	"github.com/redis/go-redis/v9/maintnotifications"
 	"go.uber.org/zap"
@@ -23,53 +25,64 @@ const (
 	DefaultTimeout   = 500 * time.Millisecond
 )
 
-// TLS configures a TLS connection to Redis.
+// TLS configures a TLS connection to Redis (JSON key "tls" of the
+// gateway's Redis settings).
 type TLS struct {
-	// ServerName is the name verified in the server's certificate; default
-	// the host of Config.Address.
-	ServerName string
 	// InsecureSkipVerify disables verification of the server's
-	// certificate. For tests only.
-	InsecureSkipVerify bool
-	// CAFiles are PEM files of the CAs trusted for the server's
-	// certificate, instead of the system roots.
-	CAFiles []string
+	// certificate (tls_insecure_skip_verify). For tests only.
+	InsecureSkipVerify bool `json:"insecure_skip_verify,omitempty"`
+	// ServerName is the name verified in the server's certificate
+	// (tls_server_name). Default: the host of Config.Address.
+	ServerName string `json:"server_name,omitempty"`
+	// TrustedCACertFiles are PEM files of the CAs trusted for the
+	// server's certificate (tls_trusted_ca_certs). Default: the system's
+	// roots.
+	TrustedCACertFiles []string `json:"trusted_ca_certs,omitempty"`
 }
 
-// Config is how a Store reaches Redis and how long its leases live.
+// Config is how a Store reaches Redis and how long its leases live. Its
+// settings are also the JSON form of the gateway's Redis block (JSON key
+// "redis" under "state"), checked by Validate; Logger, Clock and Hooks are
+// set by the program.
 type Config struct {
-	// Address is the Redis server as host:port. Credentials go in
-	// Username and Password, never here.
-	Address string
-	// Username is the ACL user (Redis 6+); empty for the default user.
-	Username string
-	// Password is the already resolved password. It is never logged nor
-	// put in an error.
-	Password string
-	// DB is the database number.
-	DB int
-	// KeyPrefix is put before every key and the pub/sub channel; default
-	// DefaultKeyPrefix. Nodes sharing state must use the same prefix.
-	KeyPrefix string
-	// TLS, when non-nil, makes the connection use TLS; nil is plain TCP.
-	TLS *TLS
+	// Address is host:port; in a gateway's config it may hold {env.X}
+	// placeholders, resolved before Open. Credentials go in Username and
+	// Password, never here. Required.
+	Address string `json:"address"`
+	// Username is the ACL user (Redis 6+). Default: Redis's default user.
+	Username string `json:"username,omitempty"`
+	// Password may hold {env.X} placeholders in a gateway's config; Open
+	// takes it resolved. It is never logged nor put in an error. Default:
+	// none.
+	Password string `json:"password,omitempty"`
+	// DB is the database number, not negative. Default: 0.
+	DB int `json:"db,omitempty"`
+	// KeyPrefix goes before every key and the pub/sub channel; nodes
+	// sharing state must use the same. Default: DefaultKeyPrefix.
+	KeyPrefix string `json:"key_prefix,omitempty"`
+	// TLS connects with TLS when set (empty: with the system's roots).
+	// Default: plain TCP.
+	TLS *TLS `json:"tls,omitempty"`
 	// LeaseTTL is how long a lease lives without renewal: a dead node's
-	// slots are free again within one LeaseTTL. Default DefaultLeaseTTL.
-	LeaseTTL time.Duration
-	// Timeout bounds every Redis call (dial included); default
+	// slots are free again within one LeaseTTL; at least 30ms. Default:
+	// DefaultLeaseTTL.
+	LeaseTTL caddy.Duration `json:"lease_ttl,omitempty"`
+	// Timeout bounds every Redis call (dial included); must be positive
+	// and, when both are given, shorter than LeaseTTL. Default:
 	// DefaultTimeout.
-	Timeout time.Duration
+	Timeout caddy.Duration `json:"timeout,omitempty"`
+
 	// Logger receives renewal and subscription trouble; nil logs nothing.
-	Logger *zap.Logger
+	Logger *zap.Logger `json:"-"`
 	// Clock is this node's clock, the one its cooldowns run on: the ends
 	// of shared cooldowns and skips are given on it. Nil is the real one.
 	// Redis' own clock keeps the shared deadlines, so the nodes' clocks
 	// need not agree.
-	Clock Clock
+	Clock Clock `json:"-"`
 	// Hooks are told how the shared state fares (the gateway counts it in
 	// its metrics). Only the Shared that Use opens calls them; Open does
 	// not.
-	Hooks Hooks
+	Hooks Hooks `json:"-"`
 }
 
 // Clock is a node's time source; tests give one that is off.
@@ -83,10 +96,10 @@ func (cfg Config) withDefaults() Config {
 		cfg.KeyPrefix = DefaultKeyPrefix
 	}
 	if cfg.LeaseTTL == 0 {
-		cfg.LeaseTTL = DefaultLeaseTTL
+		cfg.LeaseTTL = caddy.Duration(DefaultLeaseTTL)
 	}
 	if cfg.Timeout == 0 {
-		cfg.Timeout = DefaultTimeout
+		cfg.Timeout = caddy.Duration(DefaultTimeout)
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = zap.NewNop()
@@ -97,30 +110,78 @@ func (cfg Config) withDefaults() Config {
 // minLeaseTTL keeps the renewal period (LeaseTTL/3) meaningful.
 const minLeaseTTL = 30 * time.Millisecond
 
-// validate checks cfg (after withDefaults). Errors never repeat the
-// address, which could hold credentials when mistyped as a URL, nor the
-// password.
-func (cfg Config) validate() error {
+// Problem is one problem with the settings and the options at fault, named
+// as the Caddyfile names them, so that a config parser can report it at
+// their line.
+type Problem struct {
+	Options []string
+	Msg     string
+}
+
+func (e *Problem) Error() string { return e.Msg }
+
+func problemf(options []string, format string, args ...any) *Problem {
+	return &Problem{Options: options, Msg: fmt.Sprintf(format, args...)}
+}
+
+// Validate checks the settings as configured, their placeholders not yet
+// resolved (an address holding one is checked by Open, resolved); stated
+// tells whether an option was written at all, since a stated zero
+// duration is an error where one left out takes its default (nil: none
+// stated). Its error joins *Problem values; it never repeats the address,
+// which could hold credentials when mistyped as a URL, nor the password.
+func (cfg Config) Validate(stated func(option string) bool) error {
+	return cfg.validate(stated, false)
+}
+
+func (cfg Config) validate(stated func(option string) bool, resolved bool) error {
+	given := func(o string) bool { return stated != nil && stated(o) }
 	var errs []error
-	if cfg.Address == "" {
-		errs = append(errs, errors.New("address is required"))
-	} else if strings.ContainsAny(cfg.Address, "@/") {
-		errs = append(errs, errors.New("address must be host:port, not a URL; give credentials as username and password"))
-	} else if _, port, err := net.SplitHostPort(cfg.Address); err != nil {
-		errs = append(errs, errors.New("address must be host:port"))
-	} else if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
-		errs = append(errs, errors.New("address must be host:port with a port in 1-65535"))
+	switch addr := cfg.Address; {
+	case addr == "":
+		errs = append(errs, problemf([]string{"address"}, "redis needs an address (host:port)"))
+	case !resolved && strings.Contains(addr, "{"):
+		// A placeholder: its value is checked once resolved.
+	default:
+		if err := checkAddress(addr); err != "" {
+			errs = append(errs, problemf([]string{"address"}, "redis address %s", err))
+		}
 	}
 	if cfg.DB < 0 {
-		errs = append(errs, fmt.Errorf("db must not be negative, got %d", cfg.DB))
+		errs = append(errs, problemf([]string{"db"}, "redis db must not be negative, got %d", cfg.DB))
 	}
-	if cfg.LeaseTTL < minLeaseTTL {
-		errs = append(errs, fmt.Errorf("lease_ttl must be at least %v, got %v", minLeaseTTL, cfg.LeaseTTL))
+	switch ttl := time.Duration(cfg.LeaseTTL); {
+	case ttl < 0 || (ttl == 0 && given("lease_ttl")):
+		errs = append(errs, problemf([]string{"lease_ttl"}, "redis lease_ttl must be positive, got %v", ttl))
+	case ttl > 0 && ttl < minLeaseTTL:
+		errs = append(errs, problemf([]string{"lease_ttl"}, "redis lease_ttl must be at least %v, got %v", minLeaseTTL, ttl))
 	}
-	if cfg.Timeout < 0 {
-		errs = append(errs, fmt.Errorf("timeout must not be negative, got %v", cfg.Timeout))
+	if t := time.Duration(cfg.Timeout); t < 0 || (t == 0 && given("timeout")) {
+		errs = append(errs, problemf([]string{"timeout"}, "redis timeout must be positive, got %v", t))
+	}
+	if cfg.LeaseTTL > 0 && cfg.Timeout > 0 && cfg.Timeout >= cfg.LeaseTTL {
+		errs = append(errs, problemf([]string{"lease_ttl", "timeout"}, "redis timeout must be shorter than lease_ttl, got %v and %v",
+			time.Duration(cfg.Timeout), time.Duration(cfg.LeaseTTL)))
+	}
+	if cfg.TLS != nil && slices.Contains(cfg.TLS.TrustedCACertFiles, "") {
+		errs = append(errs, problemf([]string{"tls_trusted_ca_certs"}, "tls_trusted_ca_certs: empty file name"))
 	}
 	return errors.Join(errs...)
+}
+
+// checkAddress tells what is wrong with a host:port ("" when nothing).
+func checkAddress(addr string) string {
+	if strings.ContainsAny(addr, "@/") {
+		return "must be host:port, not a URL; give credentials as username and password"
+	}
+	_, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return "must be host:port"
+	}
+	if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
+		return "must be host:port with a port in 1-65535"
+	}
+	return ""
 }
 
 // tlsConfig builds the TLS configuration, reading the CA files.
@@ -138,9 +199,9 @@ func (cfg Config) tlsConfig() (*tls.Config, error) {
 			tc.ServerName = host
 		}
 	}
-	if len(cfg.TLS.CAFiles) > 0 {
+	if len(cfg.TLS.TrustedCACertFiles) > 0 {
 		roots := x509.NewCertPool()
-		for _, f := range cfg.TLS.CAFiles {
+		for _, f := range cfg.TLS.TrustedCACertFiles {
 			pem, err := os.ReadFile(f)
 			if err != nil {
 				return nil, fmt.Errorf("tls ca file: %w", err)
@@ -164,11 +225,11 @@ func (cfg Config) options(tc *tls.Config) *redis.Options {
 		Password:              cfg.Password,
 		DB:                    cfg.DB,
 		TLSConfig:             tc,
-		DialTimeout:           cfg.Timeout,
+		DialTimeout:           time.Duration(cfg.Timeout),
 		DialerRetries:         1,
-		ReadTimeout:           cfg.Timeout,
-		WriteTimeout:          cfg.Timeout,
-		PoolTimeout:           cfg.Timeout,
+		ReadTimeout:           time.Duration(cfg.Timeout),
+		WriteTimeout:          time.Duration(cfg.Timeout),
+		PoolTimeout:           time.Duration(cfg.Timeout),
 		ContextTimeoutEnabled: true,
 		// A handful of connections serve a gateway's decisions (one
 		// round trip each); idle ones go after a minute.

@@ -178,7 +178,7 @@ func (s *Store) receive(ctx context.Context, ps *redis.PubSub, sub *subscription
 	defer stop()
 	// Idle this long and the connection is pinged; idle twice and it is
 	// taken for dead.
-	idle := max(s.cfg.LeaseTTL/3, time.Second)
+	idle := max(time.Duration(s.cfg.LeaseTTL)/3, time.Second)
 	pinged := false
 	for {
 		msg, err := ps.ReceiveTimeout(ctx, idle)

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"sync/atomic"
+	"time"
 
 	"go.uber.org/zap"
 )
@@ -122,7 +123,7 @@ func (s *Store) Acquire(ctx context.Context, provider string, max int) (Grant, e
 	defer cancel()
 	res, err := acquireScript.Run(ctx, s.rdb,
 		[]string{s.leaseKey(provider), s.cooldownKey(provider)},
-		max, l.member, s.cfg.LeaseTTL.Milliseconds(), s.channel(),
+		max, l.member, time.Duration(s.cfg.LeaseTTL).Milliseconds(), s.channel(),
 		s.event(EventReleased, provider, 0, 0),
 	).Int64Slice()
 	if err != nil {

@@ -61,7 +61,7 @@ func DefaultNode() string {
 func poolKey(cfg Config, node string) string {
 	tlsKey := "plain"
 	if cfg.TLS != nil {
-		tlsKey = fmt.Sprintf("tls|%s|%v|%q", cfg.TLS.ServerName, cfg.TLS.InsecureSkipVerify, cfg.TLS.CAFiles)
+		tlsKey = fmt.Sprintf("tls|%s|%v|%q", cfg.TLS.ServerName, cfg.TLS.InsecureSkipVerify, cfg.TLS.TrustedCACertFiles)
 	}
 	sum := sha256.Sum256([]byte(fmt.Sprintf("%q|%q|%q|%d|%q|%s|%v|%v|%q",
 		cfg.Address, cfg.Username, cfg.Password, cfg.DB, cfg.KeyPrefix, tlsKey, cfg.LeaseTTL, cfg.Timeout, node)))

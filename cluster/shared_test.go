@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/caddyserver/caddy/v2"
 	"go.uber.org/zap/zaptest"
 )
 
@@ -16,8 +17,8 @@ import (
 func sharedConfig(t *testing.T, r *redisServer) Config {
 	return Config{
 		Address:   r.Addr(),
-		LeaseTTL:  600 * time.Millisecond,
-		Timeout:   300 * time.Millisecond,
+		LeaseTTL:  caddy.Duration(600 * time.Millisecond),
+		Timeout:   caddy.Duration(300 * time.Millisecond),
 		KeyPrefix: "test:" + t.Name() + ":",
 	}
 }

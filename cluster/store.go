@@ -45,14 +45,15 @@ type Store struct {
 // does no network I/O: the first call connects. It starts the background
 // renewal of the leases the Store will hold.
 func Open(cfg Config, node string) (*Store, error) {
-	cfg = cfg.withDefaults()
 	var errs []error
 	if node == "" {
 		errs = append(errs, errors.New("node name is required"))
 	}
-	if err := cfg.validate(); err != nil {
+	// Checked as given: a zero takes its default.
+	if err := cfg.validate(nil, true); err != nil {
 		errs = append(errs, err)
 	}
+	cfg = cfg.withDefaults()
 	tc, err := cfg.tlsConfig()
 	if err != nil {
 		errs = append(errs, err)
@@ -106,7 +107,7 @@ func (s *Store) Close() error {
 
 	s.stopRenewals()
 	if len(held) > 0 {
-		ctx, cancel := context.WithTimeout(context.Background(), s.cfg.Timeout)
+		ctx, cancel := context.WithTimeout(context.Background(), time.Duration(s.cfg.Timeout))
 		if err := s.releaseRemote(ctx, held); err != nil {
 			s.log.Warn("shared state: leases not released at close; they expire on their own",
 				zap.Int("leases", len(held)), zap.Error(err))
@@ -141,7 +142,7 @@ func (s *Store) ctx(parent context.Context) (context.Context, context.CancelFunc
 	if parent == nil {
 		parent = context.Background()
 	}
-	return context.WithTimeout(parent, s.cfg.Timeout)
+	return context.WithTimeout(parent, time.Duration(s.cfg.Timeout))
 }
 
 // errClosed is the cause of calls made after Close.
@@ -157,7 +158,7 @@ func (s *Store) isClosed() bool {
 // stopRenewals.
 func (s *Store) renewLoop() {
 	defer close(s.renewDone)
-	t := time.NewTicker(s.cfg.LeaseTTL / 3)
+	t := time.NewTicker(time.Duration(s.cfg.LeaseTTL) / 3)
 	defer t.Stop()
 	for {
 		select {
@@ -196,7 +197,7 @@ func (s *Store) renew() {
 	sort.Strings(providers)
 
 	keys := make([]string, 0, len(providers))
-	args := []any{s.cfg.LeaseTTL.Milliseconds(), s.channel()}
+	args := []any{time.Duration(s.cfg.LeaseTTL).Milliseconds(), s.channel()}
 	for _, p := range providers {
 		keys = append(keys, s.leaseKey(p))
 		ls := byProvider[p]
@@ -282,7 +283,7 @@ func (s *Store) Live(provider string) (int, bool) {
 	s.mu.Lock()
 	seen, ok := s.live[provider]
 	s.mu.Unlock()
-	if !ok || s.now().Sub(seen.at) > s.cfg.LeaseTTL {
+	if !ok || s.now().Sub(seen.at) > time.Duration(s.cfg.LeaseTTL) {
 		return 0, false
 	}
 	return seen.n, true

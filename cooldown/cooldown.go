@@ -72,7 +72,6 @@
 package cooldown
 
 import (
-	"errors"
 	"fmt"
 	"math"
 	"sync"
@@ -156,36 +155,6 @@ func (c Config) Merge(override Config) Config {
 // WithDefaults fills zero fields from DefaultConfig.
 func (c Config) WithDefaults() Config {
 	return DefaultConfig().Merge(c)
-}
-
-// Validate rejects negative durations, a failure_threshold outside (0,1] when
-// set (0 means unset), a negative min_requests, and a max_duration smaller
-// than duration when both are set. Error messages name the fields as the
-// Caddyfile spells them; all problems found are reported (joined).
-func (c Config) Validate() error {
-	var errs []error
-	for _, d := range []struct {
-		name string
-		v    time.Duration
-	}{
-		{"duration", c.Duration},
-		{"max_duration", c.MaxDuration},
-		{"window", c.Window},
-	} {
-		if d.v < 0 {
-			errs = append(errs, fmt.Errorf("%s must not be negative, got %v", d.name, d.v))
-		}
-	}
-	if c.FailureThreshold != 0 && !(c.FailureThreshold > 0 && c.FailureThreshold <= 1) {
-		errs = append(errs, fmt.Errorf("failure_threshold must be in (0,1], got %v", c.FailureThreshold))
-	}
-	if c.MinRequests < 0 {
-		errs = append(errs, fmt.Errorf("min_requests must not be negative, got %d", c.MinRequests))
-	}
-	if c.Duration > 0 && c.MaxDuration > 0 && c.MaxDuration < c.Duration {
-		errs = append(errs, fmt.Errorf("max_duration (%v) must not be less than duration (%v)", c.MaxDuration, c.Duration))
-	}
-	return errors.Join(errs...)
 }
 
 // maxDuration is the effective cap: MaxDuration, but never less than
