@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"net/http"
 	"slices"
 	"strings"
 	"time"
@@ -695,33 +694,14 @@ func (r *RedisConfig) validate() error {
 	return fromProblems(r.Config.Validate(r.given.has))
 }
 
-// Health check defaults.
-const (
-	defaultProbeInterval = 10 * time.Second
-	defaultProbeTimeout  = upstreams.DefaultProbeTimeout
-)
-
 // HealthCheckConfig is an active health check (JSON key "health_check"):
 // the handler's, for every provider, and a provider's own, whose settings
-// override the handler's one by one.
+// override the handler's one by one. Its settings are upstreams.ProbeOptions
+// (uri, interval, timeout, expect_status, capacity).
 type HealthCheckConfig struct {
 	// Off, in a provider, turns the handler's health check off for it.
 	Off bool `json:"off,omitempty"`
-	// URI is what a probe GETs: a path, which takes the provider's scheme
-	// (ws becomes http, wss https), host and query; or a full http(s)
-	// URL, used as it is. Default: /json/version under the provider's
-	// path for http(s):// providers, /pressure with capacity browserless;
-	// ws(s):// providers need one. May hold {env.X} placeholders.
-	URI string `json:"uri,omitempty"`
-	// Interval is the time between two probes' starts; default 10s.
-	Interval caddy.Duration `json:"interval,omitempty"`
-	// Timeout bounds one probe; default 2s (the interval, when shorter).
-	Timeout caddy.Duration `json:"timeout,omitempty"`
-	// ExpectStatus is the status of a passing probe; default 200.
-	ExpectStatus int `json:"expect_status,omitempty"`
-	// Capacity "browserless" reads the answer as browserless's /pressure
-	// JSON: the provider is skipped as full while it says so.
-	Capacity string `json:"capacity,omitempty"`
+	upstreams.ProbeOptions
 
 	// at is the Caddyfile's health_check token, for errors found once the
 	// whole handler is read (nil for JSON).
@@ -739,38 +719,18 @@ func (c *HealthCheckConfig) UnmarshalJSON(b []byte) error {
 }
 
 // validate checks the block's own values, each problem naming its
-// setting (the Caddyfile parser reports it at that setting's line). A
-// stated zero is no interval, timeout or status: an error in JSON as in
-// the Caddyfile, where a setting left out takes its default.
+// setting (the Caddyfile parser reports it at that setting's line).
 func (c *HealthCheckConfig) validate() error {
 	if c == nil {
 		return nil
 	}
 	if c.Off {
-		if c.URI != "" || c.Interval != 0 || c.Timeout != 0 || c.ExpectStatus != 0 || c.Capacity != "" || len(c.given) > 1 {
+		if c.ProbeOptions != (upstreams.ProbeOptions{}) || len(c.given) > 1 {
 			return &optionError{msg: "health_check off takes no other setting", whole: true}
 		}
 		return nil
 	}
-	errs := []error{
-		positive(c.given, "interval", c.Interval, "health_check interval"),
-		positive(c.given, "timeout", c.Timeout, "health_check timeout"),
-	}
-	if c.Interval > 0 && c.Timeout > c.Interval {
-		errs = append(errs, bad([]string{"timeout", "interval"}, "health_check timeout (%v) must not exceed its interval (%v)", time.Duration(c.Timeout), time.Duration(c.Interval)))
-	}
-	if (c.ExpectStatus != 0 || c.given["expect_status"]) && (c.ExpectStatus < 100 || c.ExpectStatus > 599) {
-		errs = append(errs, badOpt("expect_status", "health_check expect_status %d is not an HTTP status", c.ExpectStatus))
-	}
-	switch c.Capacity {
-	case "", upstreams.CapacityBrowserless:
-	default:
-		errs = append(errs, badOpt("capacity", "health_check capacity %q: want browserless", c.Capacity))
-	}
-	if err := upstreams.CheckProbeURI(c.URI); err != nil {
-		errs = append(errs, badOpt("uri", "%v", err))
-	}
-	return errors.Join(errs...)
+	return fromProblems(c.ProbeOptions.Validate(c.given.has))
 }
 
 // effectiveHealthCheck merges a provider's health check over the
@@ -803,18 +763,7 @@ func effectiveHealthCheck(handler, own *HealthCheckConfig) *HealthCheckConfig {
 			c.Capacity = own.Capacity
 		}
 	}
-	// A default never makes the check invalid: one left out fits the
-	// other, given, value (a short interval shortens the default timeout,
-	// a long timeout lengthens the default interval).
-	if c.Interval == 0 {
-		c.Interval = caddy.Duration(max(defaultProbeInterval, time.Duration(c.Timeout)))
-	}
-	if c.Timeout == 0 {
-		c.Timeout = caddy.Duration(min(defaultProbeTimeout, time.Duration(c.Interval)))
-	}
-	if c.ExpectStatus == 0 {
-		c.ExpectStatus = http.StatusOK
-	}
+	c.ProbeOptions = c.ProbeOptions.WithDefaults()
 	return &c
 }
 
@@ -847,23 +796,15 @@ func (h *Handler) checkHealthChecks() error {
 	return errors.Join(errs...)
 }
 
-// checkProbeTarget checks that a provider's merged health check has
-// something to GET: a ws(s):// provider has no default.
+// checkProbeTarget checks a provider's merged health check: its settings
+// together (a timeout from one block, an interval from the other), and
+// that it has something to GET.
 func checkProbeTarget(p *ProviderConfig, hc *HealthCheckConfig) error {
 	if hc == nil {
 		return nil
 	}
-	if hc.Timeout > hc.Interval {
-		return fmt.Errorf("provider %q: health_check timeout (%v) must not exceed its interval (%v)", p.Name, time.Duration(hc.Timeout), time.Duration(hc.Interval))
-	}
-	if hc.URI != "" || hc.Capacity != "" {
-		return nil
-	}
-	scheme, _, _ := strings.Cut(p.URL, "://")
-	if strings.EqualFold(scheme, "ws") || strings.EqualFold(scheme, "wss") {
-		return fmt.Errorf("provider %q: health_check needs a uri for a ws:// or wss:// provider (a path on its host, such as /json/version, or a full http(s) URL), or health_check off", p.Name)
-	}
-	return nil
+	err := errors.Join(hc.ProbeOptions.Validate(nil), upstreams.CheckProbeTarget(p.URL, hc.ProbeOptions))
+	return within(fmt.Sprintf("provider %q: ", p.Name), fromProblems(err))
 }
 
 // ResumeConfig makes sessions resumable (JSON key "resume").

@@ -9,6 +9,8 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig"
+
+	"github.com/browserfailover/caddy-browser-failover/upstreams"
 )
 
 // parityCase is one option value written both ways: as Caddyfile lines and
@@ -409,11 +411,11 @@ func TestHealthCheckImplicitDefaults(t *testing.T) {
 		interval, timeout caddy.Duration
 	}{
 		{"nothing given", &HealthCheckConfig{}, nil, ms(10000), ms(2000)},
-		{"short interval", nil, &HealthCheckConfig{Interval: ms(100)}, ms(100), ms(100)},
-		{"short interval at the handler", &HealthCheckConfig{Interval: ms(500)}, nil, ms(500), ms(500)},
-		{"long timeout", nil, &HealthCheckConfig{Timeout: ms(15000)}, ms(15000), ms(15000)},
-		{"both", nil, &HealthCheckConfig{Interval: ms(3000), Timeout: ms(1000)}, ms(3000), ms(1000)},
-		{"merged", &HealthCheckConfig{Timeout: ms(1000)}, &HealthCheckConfig{Interval: ms(400)}, ms(400), ms(1000)},
+		{"short interval", nil, &HealthCheckConfig{ProbeOptions: upstreams.ProbeOptions{Interval: ms(100)}}, ms(100), ms(100)},
+		{"short interval at the handler", &HealthCheckConfig{ProbeOptions: upstreams.ProbeOptions{Interval: ms(500)}}, nil, ms(500), ms(500)},
+		{"long timeout", nil, &HealthCheckConfig{ProbeOptions: upstreams.ProbeOptions{Timeout: ms(15000)}}, ms(15000), ms(15000)},
+		{"both", nil, &HealthCheckConfig{ProbeOptions: upstreams.ProbeOptions{Interval: ms(3000), Timeout: ms(1000)}}, ms(3000), ms(1000)},
+		{"merged", &HealthCheckConfig{ProbeOptions: upstreams.ProbeOptions{Timeout: ms(1000)}}, &HealthCheckConfig{ProbeOptions: upstreams.ProbeOptions{Interval: ms(400)}}, ms(400), ms(1000)},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := effectiveHealthCheck(tc.handler, tc.own)

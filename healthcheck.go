@@ -28,12 +28,9 @@ func (h *Handler) provisionProbes() error {
 			continue
 		}
 		m := h.members[i]
-		pr, err := m.up.NewProber(upstreams.ProbeOptions{
-			URI:          repl.ReplaceKnown(hc.URI, ""),
-			Timeout:      time.Duration(hc.Timeout),
-			ExpectStatus: hc.ExpectStatus,
-			Capacity:     hc.Capacity,
-		})
+		o := hc.ProbeOptions
+		o.URI = repl.ReplaceKnown(o.URI, "")
+		pr, err := m.up.NewProber(o)
 		if err != nil {
 			return err
 		}

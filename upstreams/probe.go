@@ -16,6 +16,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/caddyserver/caddy/v2"
 )
 
 // Active health checks: a probe is one HTTP GET to the provider (or to a
@@ -26,8 +28,9 @@ import (
 
 // Health check defaults.
 const (
-	DefaultProbeTimeout = 2 * time.Second
-	DefaultProbeStatus  = http.StatusOK
+	DefaultProbeInterval = 10 * time.Second
+	DefaultProbeTimeout  = 2 * time.Second
+	DefaultProbeStatus   = http.StatusOK
 	// CapacityBrowserless reads browserless's /pressure answer.
 	CapacityBrowserless = "browserless"
 	// probeUserAgent names the gateway's probes in the provider's logs.
@@ -41,22 +44,92 @@ const (
 	probeIdleConns = 2
 )
 
-// ProbeOptions configure the active health check of one provider.
+// ProbeOptions are the settings of one provider's active health check:
+// the JSON form of a "health_check" block, and what its probes run with.
 type ProbeOptions struct {
-	// URI is a path ("/json/version"), which takes the provider's scheme
-	// (ws becomes http, wss https), host and query; or a full http:// or
-	// https:// URL, used as it is. Empty: the provider's path followed by
-	// /json/version for an http(s):// provider, /pressure with
-	// CapacityBrowserless; a ws(s):// provider without capacity needs one.
-	URI string
+	// URI is what a probe GETs: a path ("/json/version"), which takes the
+	// provider's scheme (ws becomes http, wss https), host and query; or
+	// a full http:// or https:// URL, used as it is. Default: the
+	// provider's path followed by /json/version for an http(s)://
+	// provider, /pressure with capacity browserless; a ws(s):// provider
+	// needs one. May hold {env.X} placeholders.
+	URI string `json:"uri,omitempty"`
+	// Interval is the time between two probes' starts. Default: 10s (the
+	// timeout, when longer).
+	Interval caddy.Duration `json:"interval,omitempty"`
 	// Timeout bounds one probe: TCP, TLS, the request and the whole
-	// answer. Default DefaultProbeTimeout.
-	Timeout time.Duration
-	// ExpectStatus is the status of a passing probe; default 200.
-	ExpectStatus int
-	// Capacity is "" or CapacityBrowserless: the answer is then
-	// browserless's pressure JSON, read for the provider's capacity.
-	Capacity string
+	// answer. Default: 2s (the interval, when shorter).
+	Timeout caddy.Duration `json:"timeout,omitempty"`
+	// ExpectStatus is the status of a passing probe. Default: 200.
+	ExpectStatus int `json:"expect_status,omitempty"`
+	// Capacity "browserless" reads the answer as browserless's /pressure
+	// JSON: the provider is skipped as full while it says so.
+	Capacity string `json:"capacity,omitempty"`
+}
+
+// Validate checks the settings' own values; stated tells whether one was
+// written at all (a stated zero is no interval, timeout or status, while
+// one left out takes its default; nil: none stated). A uri holding a
+// placeholder is checked again by NewProber, resolved. Its error joins
+// *Problem values.
+func (o *ProbeOptions) Validate(stated func(option string) bool) error {
+	given := func(opt string) bool { return stated != nil && stated(opt) }
+	var errs []error
+	for _, d := range []struct {
+		opt string
+		v   caddy.Duration
+	}{{"interval", o.Interval}, {"timeout", o.Timeout}} {
+		if d.v < 0 || (d.v == 0 && given(d.opt)) {
+			errs = append(errs, problemf(d.opt, "health_check %s must be positive, got %v", d.opt, time.Duration(d.v)))
+		}
+	}
+	if o.Interval > 0 && o.Timeout > o.Interval {
+		errs = append(errs, &Problem{Options: []string{"timeout", "interval"},
+			Msg: fmt.Sprintf("health_check timeout (%v) must not exceed its interval (%v)", time.Duration(o.Timeout), time.Duration(o.Interval))})
+	}
+	if (o.ExpectStatus != 0 || given("expect_status")) && (o.ExpectStatus < 100 || o.ExpectStatus > 599) {
+		errs = append(errs, problemf("expect_status", "health_check expect_status %d is not an HTTP status", o.ExpectStatus))
+	}
+	switch o.Capacity {
+	case "", CapacityBrowserless:
+	default:
+		errs = append(errs, problemf("capacity", "health_check capacity %q: want browserless", o.Capacity))
+	}
+	if err := CheckProbeURI(o.URI); err != nil {
+		errs = append(errs, problemf("uri", "%v", err))
+	}
+	return errors.Join(errs...)
+}
+
+// WithDefaults returns o with what was left out set: a default never makes
+// the check invalid, so one left out fits the other, given, value (a short
+// interval shortens the default timeout, a long timeout lengthens the
+// default interval).
+func (o ProbeOptions) WithDefaults() ProbeOptions {
+	if o.Interval == 0 {
+		o.Interval = caddy.Duration(max(DefaultProbeInterval, time.Duration(o.Timeout)))
+	}
+	if o.Timeout == 0 {
+		o.Timeout = caddy.Duration(min(DefaultProbeTimeout, time.Duration(o.Interval)))
+	}
+	if o.ExpectStatus == 0 {
+		o.ExpectStatus = DefaultProbeStatus
+	}
+	return o
+}
+
+// CheckProbeTarget tells whether a provider at providerURL has something
+// for the health check o to GET: a ws:// or wss:// provider has no
+// default. A URL that is a placeholder is judged once resolved.
+func CheckProbeTarget(providerURL string, o ProbeOptions) error {
+	if o.URI != "" || o.Capacity != "" {
+		return nil
+	}
+	scheme, _, _ := strings.Cut(providerURL, "://")
+	if strings.EqualFold(scheme, "ws") || strings.EqualFold(scheme, "wss") {
+		return problemf("uri", "health_check needs a uri for a ws:// or wss:// provider (a path on its host, such as /json/version, or a full http(s) URL), or health_check off")
+	}
+	return nil
 }
 
 // CheckProbeURI checks the form of a health check uri: empty, a path
@@ -169,32 +242,16 @@ type Prober struct {
 // NewProber builds the health check of p. Errors name the provider and the
 // problem, never a secret.
 func (p *Provider) NewProber(o ProbeOptions) (*Prober, error) {
-	if o.Timeout <= 0 {
-		o.Timeout = DefaultProbeTimeout
-	}
-	if o.ExpectStatus == 0 {
-		o.ExpectStatus = DefaultProbeStatus
-	}
-	if o.ExpectStatus < 100 || o.ExpectStatus > 599 {
-		return nil, fmt.Errorf("provider %q: health_check expect_status %d is not an HTTP status", p.Name, o.ExpectStatus)
-	}
-	switch o.Capacity {
-	case "", CapacityBrowserless:
-	default:
-		return nil, fmt.Errorf("provider %q: health_check capacity %q: want browserless", p.Name, o.Capacity)
-	}
-	if err := CheckProbeURI(o.URI); err != nil {
+	o = o.WithDefaults()
+	err := errors.Join(o.Validate(nil), CheckProbeTarget(p.key, o))
+	if err != nil {
 		return nil, fmt.Errorf("provider %q: %w", p.Name, err)
 	}
 	uri := o.URI
 	if uri == "" {
-		switch {
-		case o.Capacity == CapacityBrowserless:
+		uri = strings.TrimSuffix(p.path, "/") + "/json/version"
+		if o.Capacity == CapacityBrowserless {
 			uri = "/pressure"
-		case p.httpURL:
-			uri = strings.TrimSuffix(p.path, "/") + "/json/version"
-		default:
-			return nil, fmt.Errorf("provider %q: health_check needs a uri for a ws:// or wss:// provider (a path on its host, such as /json/version, or a full http(s) URL), or health_check off", p.Name)
 		}
 	}
 	u, err := url.Parse(uri)
@@ -306,7 +363,7 @@ func probeHeader(p *Provider, own bool, userAuth string) http.Header {
 // probe's timeout bounds the dial too.
 func (pr *Prober) dialer(cfg *tls.Config) func(ctx context.Context, network, addr string) (net.Conn, error) {
 	return func(ctx context.Context, _, addr string) (net.Conn, error) {
-		ctx, cancel := context.WithTimeout(ctx, pr.opts.Timeout)
+		ctx, cancel := context.WithTimeout(ctx, time.Duration(pr.opts.Timeout))
 		defer cancel()
 		conn, err := dialTo(ctx, addr, cfg)
 		if err != nil {
@@ -336,7 +393,7 @@ func (pr *Prober) Probe(ctx context.Context) (res ProbeResult) {
 	defer pr.mu.Unlock()
 	start := time.Now()
 	defer func() { res.Outcome.Elapsed = time.Since(start) }()
-	pctx, cancel := context.WithTimeout(ctx, pr.opts.Timeout)
+	pctx, cancel := context.WithTimeout(ctx, time.Duration(pr.opts.Timeout))
 	defer cancel()
 	status, body, err := pr.get(pctx)
 	if err == nil && pr.hostRefused(status, body) {

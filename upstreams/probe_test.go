@@ -15,6 +15,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/caddyserver/caddy/v2"
 )
 
 func probedProvider(t *testing.T, o Config) *Provider {
@@ -201,7 +203,7 @@ func TestProbeOutcomes(t *testing.T) {
 			defer c.Close()
 		}
 	}()
-	prh, _ := probedProvider(t, Config{URL: "http://" + hang.Addr().String()}).NewProber(ProbeOptions{Timeout: 200 * time.Millisecond})
+	prh, _ := probedProvider(t, Config{URL: "http://" + hang.Addr().String()}).NewProber(ProbeOptions{Timeout: caddy.Duration(200 * time.Millisecond)})
 	start := time.Now()
 	r := probeOnce(t, prh)
 	if r.Outcome.Word != WordTimeout || time.Since(start) < 200*time.Millisecond || time.Since(start) > 5*time.Second {
@@ -210,7 +212,7 @@ func TestProbeOutcomes(t *testing.T) {
 	// Called off: nothing learnt.
 	ctx, cancel := context.WithCancel(context.Background())
 	time.AfterFunc(50*time.Millisecond, cancel)
-	prh2, _ := probedProvider(t, Config{URL: "http://" + hang.Addr().String()}).NewProber(ProbeOptions{Timeout: 5 * time.Second})
+	prh2, _ := probedProvider(t, Config{URL: "http://" + hang.Addr().String()}).NewProber(ProbeOptions{Timeout: caddy.Duration(5 * time.Second)})
 	if r := prh2.Probe(ctx); r.Outcome.Kind != ClientGone {
 		t.Fatalf("called off: %+v", r)
 	}
@@ -286,7 +288,7 @@ func TestProbeSlowAnswers(t *testing.T) {
 		}
 		fmt.Fprint(w, full)
 	})
-	pr, _ := probedProvider(t, Config{URL: ps.URL}).NewProber(ProbeOptions{Capacity: CapacityBrowserless, Timeout: 5 * time.Second})
+	pr, _ := probedProvider(t, Config{URL: ps.URL}).NewProber(ProbeOptions{Capacity: CapacityBrowserless, Timeout: caddy.Duration(5 * time.Second)})
 	defer pr.Close()
 	for i := 1; i <= 5; i++ {
 		r := probeOnce(t, pr)
@@ -315,7 +317,7 @@ func TestProbeKeptConnectionTimeoutAndCalledOff(t *testing.T) {
 		}
 		fmt.Fprint(w, "ok")
 	})
-	pr, _ := probedProvider(t, Config{URL: ps.URL}).NewProber(ProbeOptions{Timeout: 200 * time.Millisecond})
+	pr, _ := probedProvider(t, Config{URL: ps.URL}).NewProber(ProbeOptions{Timeout: caddy.Duration(200 * time.Millisecond)})
 	defer pr.Close()
 	probeOnce(t, pr)
 	hang.Store(true)
@@ -328,7 +330,7 @@ func TestProbeKeptConnectionTimeoutAndCalledOff(t *testing.T) {
 		t.Fatalf("after the timeout: %+v, %d connections", r, ps.conns.Load())
 	}
 
-	pr2, _ := probedProvider(t, Config{URL: ps.URL}).NewProber(ProbeOptions{Timeout: 10 * time.Second})
+	pr2, _ := probedProvider(t, Config{URL: ps.URL}).NewProber(ProbeOptions{Timeout: caddy.Duration(10 * time.Second)})
 	defer pr2.Close()
 	probeOnce(t, pr2)
 	hang.Store(true)
@@ -347,7 +349,7 @@ func TestProbeCloseWaits(t *testing.T) {
 		<-release
 		fmt.Fprint(w, "ok")
 	})
-	pr, _ := probedProvider(t, Config{URL: ps.URL}).NewProber(ProbeOptions{Timeout: 10 * time.Second})
+	pr, _ := probedProvider(t, Config{URL: ps.URL}).NewProber(ProbeOptions{Timeout: caddy.Duration(10 * time.Second)})
 	probed := make(chan ProbeResult, 1)
 	go func() { probed <- probeOnce(t, pr) }()
 	waitFor(t, "the probe to reach the provider", func() bool { return ps.last() != nil })
