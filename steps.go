@@ -314,13 +314,16 @@ func (c *connect) relay(m *member, client netConn, up *upstreams.Conn, pending [
 		opts.Hold, opts.OnPark = true, pk.onPark
 		c.leftHeld = pk.joined
 	}
+	// The closure outlives the request: it must not hold c, whose
+	// request and writer keep the server's buffers of the connection.
+	reg := c.h.reg
 	opts.OnEnd = func(s *upstreams.Session) {
 		if pk != nil {
 			// A held session may end while parked; its ID may
 			// have changed with resumes.
 			pk.left()
 			end.id = pk.currentID()
-			c.h.reg.Unpark(end.id)
+			reg.Unpark(end.id)
 		}
 		// The provider session created for it (session_api) is
 		// released in the background, and what the session holds
