@@ -276,6 +276,17 @@ func (d *direction) drop(p []byte) bool {
 	defer count()
 	for {
 		if d.ctl.n == 0 && d.frames.atBoundary() {
+			if d.wait == nil && len(p) > 0 && !d.frames.fragmented {
+				// A client may have asked to join since this read
+				// began: it takes the stream from this message
+				// boundary on, not from the next read.
+				if v := d.s.sync(change{ev: evLook}); v.phase == joining && v.req != nil {
+					if _, err := d.joinReady(v.req); err != nil {
+						count()
+						return d.heldEnd(err)
+					}
+				}
+			}
 			if d.wait != nil && !d.frames.fragmented {
 				ready, err := d.joinReady(nil)
 				if err != nil {

@@ -204,6 +204,7 @@ func (s *Session) sync(c change) (v view) {
 	case evTick:
 		s.tick()
 	case evLook:
+		v.req = s.joiner
 	default:
 		v.moved = s.step(c)
 	}
