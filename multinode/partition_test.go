@@ -357,6 +357,11 @@ func TestClusterPartitionOverLimit(t *testing.T) {
 	eventually(t, 10*time.Second, "the load's sessions ended", func() (bool, string) {
 		return echo.Open() == max, fmt.Sprintf("%d open", echo.Open())
 	})
+	// A node gives a lease back after its session has closed at the
+	// provider: wait until the cluster holds none of the load's.
+	for _, g := range []*node{gw2, gw3} {
+		eventually(t, 10*time.Second, g.Name+": the load's leases given back", clusterIs(g, "echo", 0, nil))
+	}
 	extra := holdSessions(t, gw2, 3)
 	proxy.Heal()
 	echo.peak.Store(echo.Open())
