@@ -81,6 +81,7 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //		keepalive    <interval>|off
 //		resume       <window> [hold]
 //		resume_key   <placeholder>
+//		reap_interval <duration>
 //		health_check {
 //			uri           <path or full URL>
 //			interval      <duration>
@@ -189,6 +190,8 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			}
 		case "keepalive":
 			h.Keepalive, err = parseKeepalive(d)
+		case "reap_interval":
+			h.ReapInterval, err = durationArg(d)
 		case "resume":
 			h.Resume, err = parseResume(d)
 		case "resume_key":

@@ -92,9 +92,13 @@ type Handler struct {
 	// this long, and ends the session when that side answers none of two
 	// pings. Default: 0, off.
 	Keepalive caddy.Duration `json:"keepalive,omitempty"`
+	// ReapInterval is how often the ledger of created provider sessions
+	// is searched for sessions a gone process left behind, which are then
+	// released (the process's smallest wins). Default: 1m.
+	ReapInterval caddy.Duration `json:"reap_interval,omitempty"`
 	// Resume lets a CDP client whose session ended from its side (its
 	// close frame, or its connection dropping) take the same browser back
-	// within a window, by its session ID. Default: off.
+	// within a window, by its resume token. Default: off.
 	Resume *ResumeConfig `json:"resume,omitempty"`
 	// ResumeKey binds each resumable session to the value this
 	// placeholder had for its client (e.g. {http.auth.user.id}): only a
@@ -461,6 +465,7 @@ func (h *Handler) validateOwn() error {
 		positive(h.given, "connect_timeout", h.ConnectTimeout, "connect_timeout"),
 		notNegative("try_duration", h.TryDuration, "try_duration"),
 		notNegative("hedge_after", h.HedgeAfter, "hedge_after"),
+		positive(h.given, "reap_interval", h.ReapInterval, "reap_interval"),
 	)
 	if h.MaxAttempts < 0 {
 		errs = append(errs, badOpt("max_attempts", "max_attempts must not be negative, got %d", h.MaxAttempts))

@@ -128,6 +128,9 @@ var parityCases = []parityCase{
 	{scope: "session", cf: "max_duration 1h", js: `"max_duration":"1h"`, ok: true},
 	{scope: "session", cf: "idle_timeout -1s", js: `"idle_timeout":"-1s"`},
 
+	{scope: "handler", cf: "reap_interval 10s", js: `"reap_interval":"10s"`, ok: true},
+	{scope: "handler", cf: "reap_interval 0s", js: `"reap_interval":0`},
+	{scope: "handler", cf: "reap_interval -1s", js: `"reap_interval":"-1s"`},
 	// Shared state.
 	{scope: "redis", cf: "db 0", js: `"db":0`, ok: true},
 	{scope: "redis", cf: "db -1", js: `"db":-1`},

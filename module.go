@@ -95,6 +95,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		state.OnReset(h, func() { h.resetRecovered(state) })
 		h.members = append(h.members, m)
 	}
+	h.provisionLedger(ctx, known)
 	if err := h.provisionShared(); err != nil {
 		return err
 	}

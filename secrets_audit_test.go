@@ -297,6 +297,20 @@ func TestSecretsAudit(t *testing.T) {
 		t.Fatalf("sessions list without the hashed client key: %s", ssBody)
 	}
 	record("sessions with client keys", ssBody)
+	// The ledger of created sessions, in the storage: node, provider,
+	// session IDs and times, never a credential.
+	ledgerFiles := 0
+	filepath.Walk(filepath.Join(g.Storage, "browser_failover", "ledger"), func(p string, info os.FileInfo, err error) error {
+		if err == nil && !info.IsDir() {
+			b, _ := os.ReadFile(p)
+			record("ledger file "+filepath.Base(p), b)
+			ledgerFiles++
+		}
+		return nil
+	})
+	if ledgerFiles == 0 {
+		t.Fatal("no ledger file in the storage")
+	}
 	scrape(g)
 	// Ending them answers their objects: once from the admin API, once
 	// from the dashboard.

@@ -6,7 +6,9 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"go.uber.org/zap"
 
+	"github.com/browserfailover/caddy-browser-failover/cluster"
 	"github.com/browserfailover/caddy-browser-failover/pool"
+	"github.com/browserfailover/caddy-browser-failover/upstreams"
 )
 
 // releaseGrace bounds how long a process exit waits for the releases of
@@ -41,5 +43,44 @@ func setupRegistry(reg *pool.Registry) {
 	rel.OnOrphan = func(provider, cause string) {
 		caddy.Log().Named("http.handlers.browser_failover").Error("provider session cannot be released: the create answer gave no session ID",
 			zap.String("provider", provider), zap.String("cause", cause))
+	}
+	// A session a gone process left behind, released: the operator sees
+	// which, and from which process.
+	rel.OnReaped = func(provider, id, from string) {
+		caddy.Log().Named("http.handlers.browser_failover").Info("session reaped",
+			zap.String("provider", provider), zap.String("provider_session_id", id), zap.String("owner", from))
+	}
+	rel.OnLedgerError = func(provider string, err error) {
+		caddy.Log().Named("http.handlers.browser_failover").Error("ledger of provider sessions: write failed",
+			zap.String("provider", provider), zap.Error(err))
+	}
+}
+
+// provisionLedger opens the process's ledger of created provider sessions
+// (on the config's storage) when a provider of the handler has a session
+// API, and tells the reaper how to release a session left at each of them.
+func (h *Handler) provisionLedger(ctx caddy.Context, known func(string) string) {
+	var apis []*member
+	for _, m := range h.members {
+		if m.up.HasSessionAPI() {
+			apis = append(apis, m)
+		}
+	}
+	if len(apis) == 0 {
+		return
+	}
+	node := cluster.DefaultNode()
+	if h.State != nil {
+		if n := known(h.State.Node); n != "" {
+			node = n
+		}
+	}
+	logger := h.logger
+	h.reg.OpenLedger(ctx.Storage(), node, time.Duration(h.ReapInterval), func(op string, err error) {
+		logger.Warn("ledger of provider sessions", zap.String("op", op), zap.Error(err))
+	})
+	for _, m := range apis {
+		up := m.up
+		h.reg.SetAdopter(up.Name, func(id, from string) *upstreams.Remote { return up.Adopt(id, from, known) })
 	}
 }

@@ -12,6 +12,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"strings"
 	"sync"
 	"syscall"
@@ -730,5 +731,46 @@ func TestSessionAPICreateAnswerLimit(t *testing.T) {
 				t.Fatal("the log shows a header, a URL or the answer's body")
 			}
 		})
+	}
+}
+
+// TestLedgerWriteFailsOver: when the ledger cannot be written (Caddy's
+// storage broke), a session created over a session API is released at
+// once and never dialed, and the client fails over to the next provider;
+// the provider is not counted as failing.
+func TestLedgerWriteFailsOver(t *testing.T) {
+	contacts := &fakes.Contacts{}
+	browser := fakes.Echo("api-browser", contacts)
+	defer browser.Close()
+	f := fakes.NewREST(func(string) string { return browser.URL() })
+	defer f.Close()
+	plain := fakes.Echo("plain", contacts)
+	defer plain.Close()
+	g := testgw.Start(t, handler(`"strategy":"priority"`,
+		apiProvider("api", f, `"priority":1`), provider("plain", plain.URL(), `"priority":2`)))
+	// The storage becomes a file: every write under it fails.
+	if err := os.Rename(g.Storage, g.Storage+".gone"); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(g.Storage, []byte("not a directory"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	c, _, err := dial(t, "ws://"+g.Addr+"/", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.CloseNow()
+	echoOnce(t, c, []byte("served by plain"))
+	if got := contacts.List(); len(got) != 1 || got[0] != "plain" {
+		t.Fatalf("dialed %v, want only plain (the created session is never dialed)", got)
+	}
+	waitBooks(t, f, "api", 1)
+	st := providerStatus(t, g, "api")
+	if st.LastError != "ledger_failed" || st.Failures != 0 || st.CooldownUntil != nil || st.Ledger == nil || st.Ledger.Pending != 0 {
+		t.Fatalf("api status %+v", st)
+	}
+	logs := g.Logs()
+	if !strings.Contains(logs, "ledger of provider sessions: write failed") || strings.Contains(logs, apiSecret) {
+		t.Fatal("the ledger failure is not logged, or the log shows the API key")
 	}
 }

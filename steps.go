@@ -71,7 +71,7 @@ func (h *Handler) conclude(ps *passState, m *member, permit cooldown.Permit, res
 	if lost {
 		h.reg.Metrics().Attempt(m.up.Name, o)
 	}
-	if o.Kind == upstreams.Failure || o.Kind == upstreams.Capacity || o.Kind == upstreams.Incompatible {
+	if o.Kind == upstreams.Failure || o.Kind == upstreams.Capacity || o.Kind == upstreams.Incompatible || o.Kind == upstreams.Gateway {
 		st.SetLastError(o.Word)
 	}
 	switch o.Kind {
@@ -104,6 +104,14 @@ func (h *Handler) conclude(ps *passState, m *member, permit cooldown.Permit, res
 		st.UnreserveFailed()
 		if ps != nil {
 			ps.incompatible++
+		}
+	case upstreams.Gateway:
+		// The gateway's own trouble (its ledger): not the provider's;
+		// a waiter tries again.
+		h.settle(st, permit, cooldown.Neutral, 0)
+		st.UnreserveFailed()
+		if ps != nil {
+			ps.retry = true
 		}
 	case upstreams.Relay:
 		h.settle(st, permit, cooldown.Neutral, 0)

@@ -104,6 +104,13 @@ func freeAddr(t *testing.T) string {
 // fails, the end of the node's logs and its status go to the test log.
 func startNode(t *testing.T, name string, handler map[string]any) *node {
 	t.Helper()
+	return startNodeOn(t, name, handler, "")
+}
+
+// startNodeOn is startNode with Caddy's storage at storage (a file system
+// root; "" leaves Caddy's default, private to the node).
+func startNodeOn(t *testing.T, name string, handler map[string]any, storage string) *node {
+	t.Helper()
 	bin := caddyBin(t)
 	dir := t.TempDir()
 	n := &node{
@@ -123,6 +130,9 @@ func startNode(t *testing.T, name string, handler map[string]any) *node {
 			"automatic_https": map[string]any{"disable": true},
 			"routes":          []any{map[string]any{"handle": []any{handler}}},
 		}}}},
+	}
+	if storage != "" {
+		cfg["storage"] = map[string]any{"module": "file_system", "root": storage}
 	}
 	b, err := json.MarshalIndent(cfg, "", "  ")
 	if err != nil {
@@ -180,6 +190,24 @@ func (n *node) Kill() {
 	n.once.Do(func() {
 		_ = n.cmd.Process.Kill()
 		<-n.exited
+	})
+}
+
+// Stop ends the process as an operator would (the admin API's /stop) and
+// waits for it to exit.
+func (n *node) Stop() {
+	n.once.Do(func() {
+		resp, err := adminClient.Post("http://"+n.Admin+"/stop", "application/json", nil)
+		if err == nil {
+			resp.Body.Close()
+		}
+		select {
+		case <-n.exited:
+		case <-time.After(30 * time.Second):
+			n.t.Errorf("%s did not exit after /stop", n.Name)
+			_ = n.cmd.Process.Kill()
+			<-n.exited
+		}
 	})
 }
 

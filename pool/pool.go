@@ -543,6 +543,10 @@ func (p *Provider) Cluster() ClusterView {
 // Books are the provider's session API counts, when it has a session API.
 func (p *Provider) Books() (*upstreams.Books, bool) { return p.reg.LookupBooks(p.name) }
 
+// LedgerPending is the provider's entries in the ledger not confirmed
+// released; false while the ledger is not open.
+func (p *Provider) LedgerPending() (int, bool) { return p.reg.LedgerPending(p.name) }
+
 // Interface guard: a Provider is a value of the process-wide UsagePool
 // (its Destruct runs when no config uses the name any more).
 var _ caddy.Destructor = (*Provider)(nil)

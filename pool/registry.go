@@ -73,6 +73,10 @@ type Registry struct {
 	// probeOffset is the registry's phase of the probe times, so that
 	// gateways probing one provider do not all probe it at once.
 	probeOffset time.Duration
+
+	// ledger keeps the created provider sessions until their release is
+	// confirmed (ledger.go).
+	ledger ledgerState
 }
 
 // NewRegistry returns an empty registry on clock (nil: the real one).
@@ -160,6 +164,7 @@ func (r *Registry) LookupBooks(name string) (*upstreams.Books, bool) {
 // it: held ones are closed, created provider sessions released.
 func (r *Registry) Destruct() error {
 	r.ExpireAll()
+	r.closeLedger()
 	return nil
 }
 

@@ -35,6 +35,8 @@ var (
 	sessionsReleasedDesc = gaugeDesc("sessions_released_total", "Provider sessions released over a session API, by provider.", "provider")
 	releaseFailuresDesc  = gaugeDesc("session_release_failures_total", "Release calls that failed (each retry counts), by provider.", "provider")
 	unreleasedDesc       = gaugeDesc("sessions_unreleased", "Provider sessions created and not released yet, by provider.", "provider")
+	sessionsReapedDesc   = gaugeDesc("sessions_reaped_total", "Provider sessions a gone process left behind (found in the ledger) that this process released, by provider.", "provider")
+	ledgerPendingDesc    = gaugeDesc("ledger_pending", "Ledger entries not confirmed released (live sessions included), by provider.", "provider")
 	parkedDesc           = gaugeDesc("parked_sessions",
 		"Sessions ended by their client that may still be resumed; held: those whose provider connection is kept open.", "held")
 )
@@ -42,7 +44,7 @@ var (
 func (gauges) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{activeDesc, healthyDesc, overLimitDesc, waitingDesc, clientKeysDesc,
 		clientSessionsDesc, clientWaitingDesc, orphansDesc, sessionsCreatedDesc, sessionsReleasedDesc,
-		releaseFailuresDesc, unreleasedDesc, parkedDesc} {
+		releaseFailuresDesc, unreleasedDesc, sessionsReapedDesc, ledgerPendingDesc, parkedDesc} {
 		ch <- d
 	}
 }
@@ -91,6 +93,10 @@ func (g gauges) Collect(ch chan<- prometheus.Metric) {
 		counter(sessionsReleasedDesc, b.Released.Load(), n)
 		counter(releaseFailuresDesc, b.ReleaseFailures.Load(), n)
 		gauge(unreleasedDesc, int(b.Unreleased()), n)
+		counter(sessionsReapedDesc, b.Reaped.Load(), n)
+		if pending, ok := g.reg.LedgerPending(n); ok {
+			gauge(ledgerPendingDesc, pending, n)
+		}
 	}
 	all, held := g.reg.ParkedCount()
 	gauge(parkedDesc, all-held, "false")

@@ -187,6 +187,9 @@ type Provider struct {
 	// Unreleased is, for a provider with a session API, the sessions it
 	// created that are not released yet; absent for other providers.
 	Unreleased *int64 `json:"unreleased,omitempty"`
+	// Ledger is, for a provider with a session API once the ledger is
+	// open, what the ledger of created sessions holds for it.
+	Ledger *Ledger `json:"ledger,omitempty"`
 }
 
 // Probe is the last probe of a provider's active health check.
@@ -358,6 +361,9 @@ func local(p *pool.Provider, clusters map[string]cluster.ProviderState) Provider
 	if b, ok := p.Books(); ok {
 		n := b.Unreleased()
 		out.Unreleased = &n
+		if pending, ok := p.LedgerPending(); ok {
+			out.Ledger = &Ledger{Pending: pending, Reaped: b.Reaped.Load()}
+		}
 	}
 	if st, ok := clusters[p.Name()]; ok {
 		out.Cluster = clusterObject(st, p.MaxConcurrent())
@@ -370,6 +376,16 @@ func (a Admin) handleStatus(w http.ResponseWriter, r *http.Request) error {
 		return methodNotAllowed(w, "GET, HEAD")
 	}
 	return writeJSON(w, r, Snapshot(a.registry()))
+}
+
+// Ledger is a provider's part of the ledger of created sessions.
+type Ledger struct {
+	// Pending: entries not confirmed released, live sessions included,
+	// and those a gone process left that this one has not taken yet.
+	Pending int `json:"pending"`
+	// Reaped: sessions a gone process left that this one released since
+	// it started.
+	Reaped int64 `json:"reaped"`
 }
 
 // actions are what POST /browser_failover/providers/<name>/<action> does.

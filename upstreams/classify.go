@@ -34,6 +34,10 @@ const (
 	Relay
 	// ClientGone: the client went away; stop, record nothing.
 	ClientGone
+	// Gateway: the gateway itself cannot go on with this provider (the
+	// ledger of created sessions could not be written); try the next
+	// provider; nothing recorded against this one.
+	Gateway
 )
 
 // String names the kind for logs.
@@ -51,6 +55,8 @@ func (k Kind) String() string {
 		return "relay"
 	case ClientGone:
 		return "client_gone"
+	case Gateway:
+		return "gateway"
 	}
 	return "unknown"
 }

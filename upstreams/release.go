@@ -28,6 +28,9 @@ type Releaser struct {
 	Backoff time.Duration
 	// Sleep waits between tries (tests replace it).
 	Sleep func(time.Duration)
+	// Later runs f after d, for the rounds of tries of a session the
+	// ledger keeps (tests replace it).
+	Later func(d time.Duration, f func()) *time.Timer
 	// CreateGrace is how long a create call may go on after its attempt
 	// gave up (the client left, connect_timeout passed): long enough to
 	// learn the ID of a session the provider created anyway, and release
@@ -41,6 +44,18 @@ type Releaser struct {
 	// not be read. It gets the provider's name and the cause, which never
 	// holds a header, a URL or the answer's body.
 	OnOrphan func(provider, cause string)
+	// Ledger, when set, keeps every session created until its release is
+	// confirmed: a session is recorded before its connect URL is dialed
+	// (an attempt whose entry cannot be written releases the session and
+	// ends with kind Gateway), and a release that keeps failing is tried
+	// again, with a growing wait, for as long as the process runs.
+	Ledger Ledger
+	// OnReaped, when set, hears of each adopted session (one a gone
+	// process created, see Adopt) whose release the provider confirmed:
+	// the provider's name, its session ID and the owner it came from.
+	OnReaped func(provider, id, from string)
+	// OnLedgerError, when set, hears of each ledger write that failed.
+	OnLedgerError func(provider string, err error)
 
 	slots chan struct{}
 	mu    sync.Mutex
@@ -57,7 +72,7 @@ type Releaser struct {
 // a create call.
 func NewReleaser() *Releaser {
 	r := &Releaser{Tries: 3, Timeout: 10 * time.Second, Backoff: time.Second,
-		Sleep: time.Sleep, CreateGrace: 30 * time.Second, slots: make(chan struct{}, 8)}
+		Sleep: time.Sleep, CreateGrace: 30 * time.Second, Later: time.AfterFunc, slots: make(chan struct{}, 8)}
 	r.idle = sync.NewCond(&r.mu)
 	return r
 }
@@ -144,6 +159,10 @@ func (r *Releaser) submit(s *Remote) {
 }
 
 // run releases s: up to Tries calls, waiting n×Backoff before try n+1.
+// With a ledger, a confirmed release removes the session's entry, and a
+// session whose round of tries failed gets another round later: its entry
+// stays until then, so a process that exits meanwhile leaves it to be
+// reaped.
 func (s *Remote) run() {
 	b, r := s.api.books, s.api.rel
 	for try := 1; try <= r.Tries; try++ {
@@ -154,7 +173,12 @@ func (s *Remote) run() {
 		ok, err := s.release(ctx)
 		cancel()
 		if ok {
-			b.Released.Add(1)
+			if s.from == "" {
+				b.Released.Add(1)
+			} else {
+				b.Reaped.Add(1)
+			}
+			s.released()
 			return
 		}
 		b.ReleaseFailures.Add(1)
@@ -162,6 +186,50 @@ func (s *Remote) run() {
 			f(s.api.provider, err)
 		}
 	}
+	if r.Ledger != nil && s.recorded {
+		s.rounds++
+		r.Later(roundWait(s.rounds), func() { r.submit(s) })
+	}
+}
+
+// roundWait is the wait before round n+1 of a kept session's tries: 10 s,
+// doubling, at most 5 minutes.
+func roundWait(n int) time.Duration {
+	return min(10*time.Second<<min(n-1, 5), 5*time.Minute)
+}
+
+// released books a confirmed release with the ledger.
+func (s *Remote) released() {
+	r := s.api.rel
+	if r.Ledger == nil || !s.recorded {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), r.Timeout)
+	err := r.Ledger.Remove(ctx, s.api.provider, s.id)
+	cancel()
+	if err != nil {
+		// The entry stays: a later reaper releases the session once
+		// more, and the provider answers it as released.
+		r.ledgerError(s.api.provider, err)
+	}
+	if s.from != "" {
+		if f := r.OnReaped; f != nil {
+			f(s.api.provider, s.id, s.from)
+		}
+	}
+}
+
+func (r *Releaser) ledgerError(provider string, err error) {
+	if f := r.OnLedgerError; f != nil {
+		f(provider, err)
+	}
+}
+
+// Ledger keeps the provider sessions created until their release is
+// confirmed (package ledger implements it over Caddy's storage).
+type Ledger interface {
+	Record(ctx context.Context, provider, id string) error
+	Remove(ctx context.Context, provider, id string) error
 }
 
 // Pending is the number of releases not finished yet, create

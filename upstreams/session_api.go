@@ -33,6 +33,9 @@ const (
 	// create call's host, not under its registrable domain, not named in
 	// ConnectHosts).
 	WordBadConnectURL = "bad_connect_url"
+	// WordLedger: the session created could not be written to the
+	// ledger; it was released, not dialed.
+	WordLedger = "ledger_failed"
 )
 
 // MaxCreateAnswer bounds the create answer the gateway reads. A larger
@@ -139,6 +142,10 @@ type Books struct {
 	// cannot release (a 2xx answer whose session ID could not be read:
 	// none at the pointer, not JSON, over MaxCreateAnswer, cut short).
 	Orphans counter
+	// Reaped: sessions another process created and left behind (their
+	// ledger entries adopted) whose release the provider accepted; not in
+	// Created nor Released.
+	Reaped counter
 }
 
 // Unreleased is the number of sessions created and not released yet.
@@ -377,10 +384,33 @@ type Remote struct {
 	id      string
 	headers []Header // resolved at create time
 	once    chanOnce
+	// recorded: the ledger holds its entry; from is the gone owner an
+	// adopted session came from; rounds counts the rounds of release
+	// tries that failed.
+	recorded bool
+	from     string
+	rounds   int
 }
 
 // ID is the provider's session ID.
 func (r *Remote) ID() string { return r.id }
+
+// HasSessionAPI reports whether the provider creates its sessions over a
+// session API.
+func (p *Provider) HasSessionAPI() bool { return p.api != nil }
+
+// Adopt returns, for release, session id that another process created at
+// this provider and left behind (from names that process; its ledger entry
+// is now this one's). The release call's headers are resolved with known,
+// without a request: a header that needs the request's placeholders is sent
+// without their values. Nil when the provider has no session API.
+func (p *Provider) Adopt(id, from string, known func(string) string) *Remote {
+	if p.api == nil {
+		return nil
+	}
+	headers, _ := p.api.prepare(known)
+	return &Remote{api: p.api, id: id, headers: headers, recorded: true, from: from}
+}
 
 // Release hands the session to the background releaser (at most once; a
 // nil Remote is a no-op). It never blocks.
@@ -504,6 +534,16 @@ func (a *sessionAPI) create(ctx context.Context, headers []Header, payload []byt
 	if !ok {
 		r.Release()
 		return failed("no connect URL at " + a.ConnectURL)
+	}
+	if l := a.rel.Ledger; l != nil {
+		// Never a dial without an entry: a session the ledger does not
+		// name would outlive a crash of this process.
+		if err := l.Record(ctx, a.provider, id); err != nil {
+			a.rel.ledgerError(a.provider, err)
+			r.Release()
+			return created{res: &Result{Outcome: Outcome{Word: WordLedger, Kind: Gateway, Err: err}}}
+		}
+		r.recorded = true
 	}
 	return created{remote: r, connectURL: cu}
 }

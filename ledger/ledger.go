@@ -1,0 +1,312 @@
+// Package ledger keeps the provider sessions a gateway created over a
+// session API until their release is confirmed, in a store that outlives
+// the process (Caddy's configured storage), and finds the ones whose owner
+// is gone so that a surviving or restarted process releases them.
+//
+// Each process is one owner, with an ID of its own, and keeps a heartbeat
+// in the store. An entry is written before the session's connect URL is
+// dialed and removed once the provider confirmed its release, so after a
+// crash (kill -9, an OOM kill, a lost machine) the store still names every
+// session the process had not released. Another process reaps an entry
+// once its owner's heartbeat is older than OwnerGone: it adopts it first
+// (moves it under its own name, under a lock, so two reapers never both
+// take one), then releases it like one of its own. An entry names the
+// node, the provider, the provider's session ID and when it was created;
+// never a credential, a header or a body.
+package ledger
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"path"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+)
+
+// Store is what the ledger needs of a storage: the part of Caddy's
+// certmagic.Storage it uses.
+type Store interface {
+	Store(ctx context.Context, key string, value []byte) error
+	Load(ctx context.Context, key string) ([]byte, error)
+	Delete(ctx context.Context, key string) error
+	List(ctx context.Context, prefix string, recursive bool) ([]string, error)
+	Lock(ctx context.Context, name string) error
+	Unlock(ctx context.Context, name string) error
+}
+
+// Timing of owners: a process refreshes its heartbeat every Heartbeat; an
+// owner whose heartbeat is older than OwnerGone (or who has none) is gone.
+const (
+	Heartbeat = 5 * time.Second
+	OwnerGone = 15 * time.Second
+)
+
+// Where the ledger keeps its keys in the store.
+const (
+	root      = "browser_failover/ledger"
+	ownersDir = root + "/owners"
+	entryDir  = root + "/entries"
+	lockName  = "browser_failover_ledger_"
+)
+
+// Entry is one provider session created and not yet known to be released.
+type Entry struct {
+	// Owner is the ID of the process that holds it.
+	Owner string `json:"owner"`
+	// Node is the owner's node name, for operators.
+	Node string `json:"node"`
+	// Provider is the provider's name in the config.
+	Provider string `json:"provider"`
+	// ID is the provider's session ID.
+	ID string `json:"session_id"`
+	// Created is when the provider answered the create call.
+	Created time.Time `json:"created"`
+	// From is the owner the entry was adopted from ("" when its owner
+	// created it).
+	From string `json:"adopted_from,omitempty"`
+}
+
+// heartbeat is an owner's record.
+type heartbeat struct {
+	Node string    `json:"node"`
+	Seen time.Time `json:"seen"`
+}
+
+// Ledger is one process's side of the ledger.
+type Ledger struct {
+	store Store
+	owner string
+	node  string
+	now   func() time.Time
+
+	mu sync.Mutex
+	// pending counts, per provider, the entries this process holds.
+	pending map[string]int
+}
+
+// New returns the ledger of a process named node (for operators) on store;
+// now is its clock (nil: the real one). It writes nothing until Beat.
+func New(store Store, node string, now func() time.Time) *Ledger {
+	if now == nil {
+		now = time.Now
+	}
+	b := make([]byte, 12)
+	_, _ = rand.Read(b)
+	return &Ledger{store: store, owner: hex.EncodeToString(b), node: node, now: now, pending: map[string]int{}}
+}
+
+// Owner is this process's owner ID.
+func (l *Ledger) Owner() string { return l.owner }
+
+// entryKey is where the entry of provider's session id lives under owner:
+// a hash, since names and IDs may hold any character.
+func entryKey(owner, provider, id string) string {
+	sum := sha256.Sum256([]byte(provider + "\x00" + id))
+	return path.Join(entryDir, owner, hex.EncodeToString(sum[:16]))
+}
+
+// Beat refreshes this process's heartbeat.
+func (l *Ledger) Beat(ctx context.Context) error {
+	b, _ := json.Marshal(heartbeat{Node: l.node, Seen: l.now().UTC()})
+	return l.store.Store(ctx, path.Join(ownersDir, l.owner), b)
+}
+
+// Record writes the entry of a session provider just created, before its
+// connect URL is dialed. An error means the entry is not kept: the caller
+// releases the session and does not dial it.
+func (l *Ledger) Record(ctx context.Context, provider, id string) error {
+	e := Entry{Owner: l.owner, Node: l.node, Provider: provider, ID: id, Created: l.now().UTC()}
+	if err := l.put(ctx, e); err != nil {
+		return err
+	}
+	l.count(provider, 1)
+	return nil
+}
+
+func (l *Ledger) put(ctx context.Context, e Entry) error {
+	b, err := json.Marshal(e)
+	if err != nil {
+		return err
+	}
+	if err := l.store.Store(ctx, entryKey(e.Owner, e.Provider, e.ID), b); err != nil {
+		return fmt.Errorf("ledger: %w", err)
+	}
+	return nil
+}
+
+func (l *Ledger) count(provider string, n int) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.pending[provider] += n
+	if l.pending[provider] <= 0 {
+		delete(l.pending, provider)
+	}
+}
+
+// Remove deletes the entry of a session whose release the provider
+// confirmed. A session this process holds no entry of is left alone.
+func (l *Ledger) Remove(ctx context.Context, provider, id string) error {
+	if err := l.store.Delete(ctx, entryKey(l.owner, provider, id)); err != nil {
+		return fmt.Errorf("ledger: %w", err)
+	}
+	l.count(provider, -1)
+	return nil
+}
+
+// Pending is the number of entries this process holds, per provider: the
+// sessions it created or adopted whose release is not confirmed yet.
+func (l *Ledger) Pending() map[string]int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	out := make(map[string]int, len(l.pending))
+	for k, v := range l.pending {
+		out[k] = v
+	}
+	return out
+}
+
+// Orphans returns the entries of every owner that is gone, oldest first,
+// and, when some other owner is still alive but holds entries, the
+// earliest time one of them could be gone (zero when none).
+func (l *Ledger) Orphans(ctx context.Context) (orphans []Entry, next time.Time, err error) {
+	owners, err := l.list(ctx, entryDir)
+	if err != nil {
+		return nil, time.Time{}, err
+	}
+	now := l.now()
+	var errs []error
+	for _, owner := range owners {
+		if owner == l.owner {
+			continue
+		}
+		seen, err := l.lastSeen(ctx, owner)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		if gone := seen.Add(OwnerGone); now.Before(gone) {
+			if next.IsZero() || gone.Before(next) {
+				next = gone
+			}
+			continue
+		}
+		keys, err := l.list(ctx, path.Join(entryDir, owner))
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		for _, k := range keys {
+			e, err := l.load(ctx, path.Join(entryDir, owner, k))
+			if err != nil {
+				if !errors.Is(err, fs.ErrNotExist) {
+					errs = append(errs, err)
+				}
+				continue
+			}
+			orphans = append(orphans, e)
+		}
+	}
+	sort.Slice(orphans, func(i, j int) bool { return orphans[i].Created.Before(orphans[j].Created) })
+	return orphans, next, errors.Join(errs...)
+}
+
+// lastSeen is when owner last beat (zero when it never did, or its
+// record is unreadable: it is then gone).
+func (l *Ledger) lastSeen(ctx context.Context, owner string) (time.Time, error) {
+	b, err := l.store.Load(ctx, path.Join(ownersDir, owner))
+	if errors.Is(err, fs.ErrNotExist) {
+		return time.Time{}, nil
+	}
+	if err != nil {
+		return time.Time{}, fmt.Errorf("ledger: owner %s: %w", owner, err)
+	}
+	var hb heartbeat
+	if json.Unmarshal(b, &hb) != nil {
+		return time.Time{}, nil
+	}
+	return hb.Seen, nil
+}
+
+// list returns the names directly under dir (none when it does not exist).
+func (l *Ledger) list(ctx context.Context, dir string) ([]string, error) {
+	keys, err := l.store.List(ctx, dir, false)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("ledger: %w", err)
+	}
+	names := make([]string, 0, len(keys))
+	for _, k := range keys {
+		names = append(names, path.Base(strings.TrimSuffix(k, "/")))
+	}
+	return names, nil
+}
+
+func (l *Ledger) load(ctx context.Context, key string) (Entry, error) {
+	b, err := l.store.Load(ctx, key)
+	if err != nil {
+		return Entry{}, err
+	}
+	var e Entry
+	if err := json.Unmarshal(b, &e); err != nil || e.Provider == "" || e.ID == "" {
+		return Entry{}, fmt.Errorf("ledger: %s: not an entry", key)
+	}
+	return e, nil
+}
+
+// Adopt takes e over from its gone owner: under a lock of the store, when
+// the entry is still there, it is written under this process's name and
+// removed from its owner's. Only one process adopts an entry; ok is false
+// when another did (or released it) first. The adopted entry is then this
+// process's, released and removed like one it created.
+func (l *Ledger) Adopt(ctx context.Context, e Entry) (adopted Entry, ok bool, err error) {
+	old := entryKey(e.Owner, e.Provider, e.ID)
+	lock := lockName + e.Owner + "_" + path.Base(old)
+	if err := l.store.Lock(ctx, lock); err != nil {
+		return Entry{}, false, fmt.Errorf("ledger: %w", err)
+	}
+	defer l.store.Unlock(context.WithoutCancel(ctx), lock)
+	cur, err := l.load(ctx, old)
+	if errors.Is(err, fs.ErrNotExist) {
+		return Entry{}, false, nil
+	}
+	if err != nil {
+		return Entry{}, false, err
+	}
+	adopted = cur
+	adopted.From, adopted.Owner, adopted.Node = cur.Owner, l.owner, l.node
+	if err := l.put(ctx, adopted); err != nil {
+		return Entry{}, false, err
+	}
+	l.count(adopted.Provider, 1)
+	if err := l.store.Delete(ctx, old); err != nil {
+		// Both copies stand: the old one is found again, and its
+		// second release is answered as released (404).
+		return adopted, true, fmt.Errorf("ledger: %w", err)
+	}
+	// A gone owner whose last entry went has nothing left to say.
+	if rest, err := l.list(ctx, path.Join(entryDir, cur.Owner)); err == nil && len(rest) == 0 {
+		_ = l.store.Delete(ctx, path.Join(entryDir, cur.Owner))
+		_ = l.store.Delete(ctx, path.Join(ownersDir, cur.Owner))
+	}
+	return adopted, true, nil
+}
+
+// Leave removes this process's heartbeat when it holds no entry, at a
+// clean exit, so that the store does not keep an owner that will never
+// beat again.
+func (l *Ledger) Leave(ctx context.Context) {
+	if keys, err := l.list(ctx, path.Join(entryDir, l.owner)); err == nil && len(keys) == 0 {
+		_ = l.store.Delete(ctx, path.Join(entryDir, l.owner))
+		_ = l.store.Delete(ctx, path.Join(ownersDir, l.owner))
+	}
+}

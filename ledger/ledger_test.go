@@ -1,0 +1,163 @@
+package ledger
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/certmagic"
+)
+
+// clock is a fake clock the test moves.
+type clock struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+func (c *clock) now() time.Time { c.mu.Lock(); defer c.mu.Unlock(); return c.t }
+func (c *clock) add(d time.Duration) {
+	c.mu.Lock()
+	c.t = c.t.Add(d)
+	c.mu.Unlock()
+}
+
+func newStore(t *testing.T) *certmagic.FileStorage {
+	return &certmagic.FileStorage{Path: t.TempDir()}
+}
+
+func TestRecordRemovePending(t *testing.T) {
+	ctx := context.Background()
+	st := newStore(t)
+	l := New(st, "n1", nil)
+	if err := l.Beat(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range []string{"s1", "s2"} {
+		if err := l.Record(ctx, "bb", id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := l.Record(ctx, "steel", "x/y?z"); err != nil {
+		t.Fatal(err)
+	}
+	if got := l.Pending(); got["bb"] != 2 || got["steel"] != 1 {
+		t.Fatalf("pending %v", got)
+	}
+	if err := l.Remove(ctx, "bb", "s1"); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Remove(ctx, "steel", "x/y?z"); err != nil {
+		t.Fatal(err)
+	}
+	if got := l.Pending(); got["bb"] != 1 || len(got) != 1 {
+		t.Fatalf("pending %v", got)
+	}
+	keys, err := st.List(ctx, entryDir+"/"+l.Owner(), false)
+	if err != nil || len(keys) != 1 {
+		t.Fatalf("entries left %v %v", keys, err)
+	}
+}
+
+// TestOrphansAfterOwnerGone: another process's entries are orphans only once
+// its heartbeat is older than OwnerGone; each is adopted by exactly one of
+// two reapers.
+func TestOrphansAfterOwnerGone(t *testing.T) {
+	ctx := context.Background()
+	st := newStore(t)
+	clk := &clock{t: time.Date(2026, 12, 2, 10, 0, 0, 0, time.UTC)}
+	dead := New(st, "dead", clk.now)
+	dead.Beat(ctx)
+	const n = 20
+	for i := range n {
+		if err := dead.Record(ctx, "bb", string(rune('a'+i))); err != nil {
+			t.Fatal(err)
+		}
+		clk.add(time.Millisecond)
+	}
+	r1, r2 := New(st, "r1", clk.now), New(st, "r2", clk.now)
+	clk.add(OwnerGone - time.Second)
+	orphans, next, err := r1.Orphans(ctx)
+	if err != nil || len(orphans) != 0 {
+		t.Fatalf("orphans of a live owner: %v %v", orphans, err)
+	}
+	if want := time.Date(2026, 12, 2, 10, 0, 0, 0, time.UTC).Add(OwnerGone); !next.Equal(want) {
+		t.Fatalf("next %v, want %v", next, want)
+	}
+	clk.add(time.Second)
+	orphans, next, err = r1.Orphans(ctx)
+	if err != nil || len(orphans) != n || !next.IsZero() {
+		t.Fatalf("orphans %d %v %v", len(orphans), next, err)
+	}
+	if orphans[0].ID != "a" || orphans[0].Node != "dead" || orphans[0].Owner != dead.Owner() {
+		t.Fatalf("first orphan %+v", orphans[0])
+	}
+	var adopted [2]atomic.Int64
+	var wg sync.WaitGroup
+	for i, r := range []*Ledger{r1, r2} {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for _, e := range orphans {
+				a, ok, err := r.Adopt(ctx, e)
+				if err != nil {
+					t.Error(err)
+				}
+				if ok {
+					if a.Owner != r.Owner() || a.From != dead.Owner() || a.ID != e.ID {
+						t.Errorf("adopted %+v", a)
+					}
+					adopted[i].Add(1)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if got := adopted[0].Load() + adopted[1].Load(); got != n {
+		t.Fatalf("adopted %d entries, want %d (each once)", got, n)
+	}
+	if p1, p2 := r1.Pending()["bb"], r2.Pending()["bb"]; int64(p1) != adopted[0].Load() || int64(p2) != adopted[1].Load() {
+		t.Fatalf("pending %d %d", p1, p2)
+	}
+	// The gone owner left nothing behind; the adopters' own entries are
+	// not orphans to each other while they beat.
+	r1.Beat(ctx)
+	r2.Beat(ctx)
+	if orphans, _, err := r1.Orphans(ctx); err != nil || len(orphans) != 0 {
+		t.Fatalf("orphans after adoption: %v %v", orphans, err)
+	}
+	if keys, _ := st.List(ctx, ownersDir, false); len(keys) != 2 {
+		t.Fatalf("owners %v", keys)
+	}
+}
+
+// TestNoHeartbeatIsGone: entries whose owner never beat (a crash before its
+// first heartbeat reached the store) are orphans at once.
+func TestNoHeartbeatIsGone(t *testing.T) {
+	ctx := context.Background()
+	st := newStore(t)
+	a := New(st, "a", nil)
+	a.Record(ctx, "bb", "s1")
+	orphans, _, err := New(st, "b", nil).Orphans(ctx)
+	if err != nil || len(orphans) != 1 {
+		t.Fatalf("orphans %v %v", orphans, err)
+	}
+}
+
+func TestLeave(t *testing.T) {
+	ctx := context.Background()
+	st := newStore(t)
+	l := New(st, "a", nil)
+	l.Beat(ctx)
+	l.Record(ctx, "bb", "s1")
+	l.Leave(ctx)
+	if keys, _ := st.List(ctx, ownersDir, false); len(keys) != 1 {
+		t.Fatalf("an owner holding entries left: %v", keys)
+	}
+	l.Remove(ctx, "bb", "s1")
+	l.Leave(ctx)
+	if keys, _ := st.List(ctx, ownersDir, false); len(keys) != 0 {
+		t.Fatalf("owners after leaving: %v", keys)
+	}
+}

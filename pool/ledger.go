@@ -1,0 +1,226 @@
+package pool
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"github.com/browserfailover/caddy-browser-failover/ledger"
+	"github.com/browserfailover/caddy-browser-failover/queue"
+	"github.com/browserfailover/caddy-browser-failover/upstreams"
+)
+
+// The ledger of created provider sessions (package ledger) is the
+// registry's: one per process, opened by the first handler that has a
+// provider with a session API, on that config's storage. From then on the
+// process beats in it and reaps it: at once, then every reap interval
+// (the smallest any handler asked for), and sooner when a gone owner's
+// heartbeat is about to be old enough.
+
+// DefaultReapInterval is how often the ledger is reaped when no handler
+// says otherwise.
+const DefaultReapInterval = time.Minute
+
+// Adopter builds, for release, a session another process created at a
+// provider and left behind (upstreams.Provider.Adopt).
+type Adopter func(id, from string) *upstreams.Remote
+
+// ledgerState is the registry's side of its ledger.
+type ledgerState struct {
+	mu       sync.Mutex
+	l        *ledger.Ledger
+	every    time.Duration
+	adopters map[string]Adopter // by provider name, the newest handler's
+	// waiting counts, per provider, the gone owners' entries the last
+	// reap found and could not take (no provider of that name in the
+	// config, or a store error).
+	waiting map[string]int
+	beat    queue.Timer
+	reap    queue.Timer
+	// reapAt is when the scheduled reap runs.
+	reapAt  time.Time
+	stopped bool
+	// onError hears of what the ledger's store refused.
+	onError func(op string, err error)
+}
+
+// OpenLedger opens the registry's ledger on store the first time it is
+// called, and starts its heartbeat and its reaper; every reap interval
+// given is remembered and the smallest wins. node names the process for
+// operators. onError (nil: none) hears of store errors.
+func (r *Registry) OpenLedger(store ledger.Store, node string, every time.Duration, onError func(op string, err error)) *ledger.Ledger {
+	ls := &r.ledger
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	if every <= 0 {
+		every = DefaultReapInterval
+	}
+	if ls.l != nil {
+		if every < ls.every {
+			ls.every = every
+			ls.scheduleLocked(r, r.Now().Add(every))
+		}
+		return ls.l
+	}
+	ls.l = ledger.New(store, node, r.Now)
+	ls.every, ls.onError = every, onError
+	ls.adopters = map[string]Adopter{}
+	ls.waiting = map[string]int{}
+	r.releaser.Ledger = ls.l
+	// The first heartbeat before any entry: an owner without one is
+	// gone to every other process.
+	r.beatLedger()
+	ls.scheduleLocked(r, r.Now())
+	return ls.l
+}
+
+// Ledger is the registry's ledger, nil until a handler opened it.
+func (r *Registry) Ledger() *ledger.Ledger {
+	r.ledger.mu.Lock()
+	defer r.ledger.mu.Unlock()
+	return r.ledger.l
+}
+
+// SetAdopter makes a the way to release the sessions left at provider
+// name (the newest handler's provider of that name); nil removes it.
+func (r *Registry) SetAdopter(name string, a Adopter) {
+	ls := &r.ledger
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	if ls.adopters == nil {
+		return
+	}
+	if a == nil {
+		delete(ls.adopters, name)
+		return
+	}
+	ls.adopters[name] = a
+	// A provider back in the config: what waited for it goes now.
+	if ls.waiting[name] > 0 {
+		ls.scheduleLocked(r, r.Now())
+	}
+}
+
+// LedgerPending is the number of entries of provider name not confirmed
+// released: this process's own (live sessions included) and the ones of
+// gone owners it found and has not taken yet.
+func (r *Registry) LedgerPending(name string) (int, bool) {
+	ls := &r.ledger
+	ls.mu.Lock()
+	l, waiting := ls.l, ls.waiting[name]
+	ls.mu.Unlock()
+	if l == nil {
+		return 0, false
+	}
+	return l.Pending()[name] + waiting, true
+}
+
+func (r *Registry) beatLedger() {
+	ls := &r.ledger
+	ctx, cancel := context.WithTimeout(context.Background(), ledger.Heartbeat)
+	err := ls.l.Beat(ctx)
+	cancel()
+	if err != nil && ls.onError != nil {
+		ls.onError("heartbeat", err)
+	}
+	if !ls.stopped {
+		ls.beat = r.clock.AfterFunc(ledger.Heartbeat, func() {
+			ls.mu.Lock()
+			defer ls.mu.Unlock()
+			if !ls.stopped {
+				r.beatLedger()
+			}
+		})
+	}
+}
+
+// scheduleLocked makes the next reap run at t, unless one runs sooner.
+func (ls *ledgerState) scheduleLocked(r *Registry, t time.Time) {
+	if ls.stopped {
+		return
+	}
+	if ls.reap != nil && !ls.reapAt.IsZero() && !t.Before(ls.reapAt) {
+		return
+	}
+	if ls.reap != nil {
+		ls.reap.Stop()
+	}
+	ls.reapAt = t
+	ls.reap = r.clock.AfterFunc(max(t.Sub(r.Now()), 0), func() { r.reapLedger() })
+}
+
+// reapLedger adopts and releases the entries of gone owners, then
+// schedules the next reap.
+func (r *Registry) reapLedger() {
+	ls := &r.ledger
+	ls.mu.Lock()
+	l, stopped := ls.l, ls.stopped
+	ls.reapAt = time.Time{}
+	ls.mu.Unlock()
+	if stopped {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	orphans, next, err := l.Orphans(ctx)
+	if err != nil && ls.onError != nil {
+		ls.onError("reap", err)
+	}
+	waiting := map[string]int{}
+	for _, e := range orphans {
+		ls.mu.Lock()
+		adopt := ls.adopters[e.Provider]
+		ls.mu.Unlock()
+		if adopt == nil {
+			waiting[e.Provider]++
+			continue
+		}
+		a, ok, err := l.Adopt(ctx, e)
+		if err != nil {
+			if ls.onError != nil {
+				ls.onError("adopt", err)
+			}
+			if !ok {
+				waiting[e.Provider]++
+				continue
+			}
+		}
+		if !ok {
+			continue // another process took it
+		}
+		if rem := adopt(a.ID, a.From); rem != nil {
+			rem.Release()
+		}
+	}
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	ls.waiting = waiting
+	at := r.Now().Add(ls.every)
+	if !next.IsZero() && next.Before(at) {
+		// An owner is gone then: reap it right away, not a whole
+		// interval later.
+		at = next.Add(100 * time.Millisecond)
+	}
+	ls.scheduleLocked(r, at)
+}
+
+// closeLedger stops the heartbeat and the reaper, and takes this process
+// out of the ledger when it holds no entry.
+func (r *Registry) closeLedger() {
+	ls := &r.ledger
+	ls.mu.Lock()
+	l := ls.l
+	ls.stopped = true
+	if ls.beat != nil {
+		ls.beat.Stop()
+	}
+	if ls.reap != nil {
+		ls.reap.Stop()
+	}
+	ls.mu.Unlock()
+	if l != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		l.Leave(ctx)
+		cancel()
+	}
+}
