@@ -752,21 +752,7 @@ func effectiveHealthCheck(handler, own *HealthCheckConfig) *HealthCheckConfig {
 		c = *handler
 	}
 	if own != nil {
-		if own.URI != "" {
-			c.URI = own.URI
-		}
-		if own.Interval != 0 {
-			c.Interval = own.Interval
-		}
-		if own.Timeout != 0 {
-			c.Timeout = own.Timeout
-		}
-		if own.ExpectStatus != 0 {
-			c.ExpectStatus = own.ExpectStatus
-		}
-		if own.Capacity != "" {
-			c.Capacity = own.Capacity
-		}
+		c.ProbeOptions = c.ProbeOptions.Merge(own.ProbeOptions)
 	}
 	c.ProbeOptions = c.ProbeOptions.WithDefaults()
 	return &c

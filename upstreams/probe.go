@@ -101,6 +101,27 @@ func (o *ProbeOptions) Validate(stated func(option string) bool) error {
 	return errors.Join(errs...)
 }
 
+// Merge returns o with every setting over states replacing o's (a
+// provider's own health check over the handler's).
+func (o ProbeOptions) Merge(over ProbeOptions) ProbeOptions {
+	if over.URI != "" {
+		o.URI = over.URI
+	}
+	if over.Interval != 0 {
+		o.Interval = over.Interval
+	}
+	if over.Timeout != 0 {
+		o.Timeout = over.Timeout
+	}
+	if over.ExpectStatus != 0 {
+		o.ExpectStatus = over.ExpectStatus
+	}
+	if over.Capacity != "" {
+		o.Capacity = over.Capacity
+	}
+	return o
+}
+
 // WithDefaults returns o with what was left out set: a default never makes
 // the check invalid, so one left out fits the other, given, value (a short
 // interval shortens the default timeout, a long timeout lengthens the
