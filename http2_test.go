@@ -3,14 +3,20 @@ package browserfailover_test
 import (
 	"bufio"
 	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
 	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
+	"crypto/x509/pkix"
 	"encoding/binary"
 	"encoding/json"
+	"encoding/pem"
 	"errors"
 	"fmt"
 	"io"
+	"math/big"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -28,9 +34,12 @@ import (
 )
 
 // h2Gateway runs Caddy in-process serving HTTPS (HTTP/2) on a loopback
-// port with a certificate from Caddy's internal CA for 127.0.0.1.
+// port with a certificate for 127.0.0.1 that the test makes and loads.
+// (No certificate automation: Caddy 2.11's TLS app races with its own
+// asynchronous obtain at start, which the race detector reports.)
 type h2Gateway struct {
 	addr, admin, logPath, storage string
+	certPEM, keyPEM               string
 }
 
 func (g *h2Gateway) config(handlerJSON string) []byte {
@@ -40,16 +49,43 @@ func (g *h2Gateway) config(handlerJSON string) []byte {
   "logging": {"logs": {"default": {"level": "DEBUG", "encoder": {"format": "json"},
      "writer": {"output": "file", "filename": %q}}}},
   "apps": {
-    "pki": {"certificate_authorities": {"local": {"install_trust": false}}},
-    "tls": {"automation": {"policies": [{"subjects": ["127.0.0.1"], "issuers": [{"module": "internal"}]}]}},
+    "tls": {"certificates": {"load_pem": [{"certificate": %q, "key": %q}]}},
     "http": {"servers": {"gw": {
       "listen": [%q],
-      "automatic_https": {"disable_redirects": true},
+      "automatic_https": {"disable": true},
       "tls_connection_policies": [{}],
       "routes": [{"match": [{"host": ["127.0.0.1"]}], "handle": [%s]}]
     }}}
   }
-}`, g.admin, g.storage, g.logPath, g.addr, handlerJSON))
+}`, g.admin, g.storage, g.logPath, g.certPEM, g.keyPEM, g.addr, handlerJSON))
+}
+
+// selfSigned makes a certificate for 127.0.0.1 and its key, in PEM.
+func selfSigned(t *testing.T) (certPEM, keyPEM []byte) {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(1),
+		Subject:      pkix.Name{CommonName: "127.0.0.1"},
+		IPAddresses:  []net.IP{net.ParseIP("127.0.0.1")},
+		NotBefore:    time.Now().Add(-time.Hour),
+		NotAfter:     time.Now().Add(24 * time.Hour),
+		KeyUsage:     x509.KeyUsageDigitalSignature,
+		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kder, err := x509.MarshalECPrivateKey(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}),
+		pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kder})
 }
 
 // startH2 starts the gateway and returns it with an HTTP/2 client
@@ -60,20 +96,15 @@ func (g *h2Gateway) config(handlerJSON string) []byte {
 func startH2(t *testing.T, handlerJSON string) (*h2Gateway, *http2.Transport) {
 	t.Helper()
 	dir := t.TempDir()
-	g := &h2Gateway{addr: testgw.FreePort(t), admin: testgw.FreePort(t), logPath: filepath.Join(dir, "caddy.log"), storage: filepath.Join(dir, "data")}
+	certPEM, keyPEM := selfSigned(t)
+	g := &h2Gateway{addr: testgw.FreePort(t), admin: testgw.FreePort(t), logPath: filepath.Join(dir, "caddy.log"), storage: filepath.Join(dir, "data"),
+		certPEM: string(certPEM), keyPEM: string(keyPEM)}
 	if err := caddy.Load(g.config(handlerJSON), true); err != nil {
 		t.Fatalf("loading config: %v", err)
 	}
 	t.Cleanup(func() { caddy.Stop() })
-	// The internal CA's root signs the gateway's certificate.
-	var pem []byte
-	testgw.Eventually(t, 20*time.Second, "the internal CA", func() bool {
-		var err error
-		pem, err = os.ReadFile(filepath.Join(g.storage, "pki", "authorities", "local", "root.crt"))
-		return err == nil
-	})
 	roots := x509.NewCertPool()
-	roots.AppendCertsFromPEM(pem)
+	roots.AppendCertsFromPEM(certPEM)
 	tr := &http2.Transport{TLSClientConfig: &tls.Config{RootCAs: roots}}
 	t.Cleanup(tr.CloseIdleConnections)
 	testgw.Eventually(t, 20*time.Second, "the gateway over HTTP/2", func() bool {
