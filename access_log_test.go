@@ -53,6 +53,16 @@ func TestResumeTokenNotLogged(t *testing.T) {
 }
 `, addr, access, a.url())
 	}
+	// A certificate the test makes (no certificate automation: see
+	// h2Gateway).
+	certPEM, keyPEM := selfSigned(t)
+	certFile, keyFile := filepath.Join(dir, "cert.pem"), filepath.Join(dir, "key.pem")
+	if err := os.WriteFile(certFile, certPEM, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(keyFile, keyPEM, 0o600); err != nil {
+		t.Fatal(err)
+	}
 	cf := fmt.Sprintf(`{
 	admin %s
 	persist_config off
@@ -66,7 +76,7 @@ func TestResumeTokenNotLogged(t *testing.T) {
 	}
 }
 
-`, admin, storage, gwLog) + site("http://"+plain) + strings.Replace(site("https://"+secure), "\tbrowser_failover {", "\ttls internal\n\tbrowser_failover {", 1)
+`, admin, storage, gwLog) + site("http://"+plain) + strings.Replace(site("https://"+secure), "\tbrowser_failover {", "\ttls "+certFile+" "+keyFile+"\n\tbrowser_failover {", 1)
 	out, err := adapt(t, cf)
 	if err != nil {
 		t.Fatal(err)
@@ -104,17 +114,9 @@ func TestResumeTokenNotLogged(t *testing.T) {
 	tokens = append(tokens, own2)
 
 	// Handed out over HTTP/2.
-	var tr *http2.Transport
-	testgw.Eventually(t, 20*time.Second, "the internal CA", func() bool {
-		pem, err := os.ReadFile(filepath.Join(storage, "pki", "authorities", "local", "root.crt"))
-		if err != nil {
-			return false
-		}
-		roots := x509.NewCertPool()
-		roots.AppendCertsFromPEM(pem)
-		tr = &http2.Transport{TLSClientConfig: &tls.Config{RootCAs: roots}}
-		return true
-	})
+	roots := x509.NewCertPool()
+	roots.AppendCertsFromPEM(certPEM)
+	tr := &http2.Transport{TLSClientConfig: &tls.Config{RootCAs: roots}}
 	defer tr.CloseIdleConnections()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
