@@ -95,10 +95,10 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		state.OnReset(h, func() { h.resetRecovered(state) })
 		h.members = append(h.members, m)
 	}
-	h.provisionLedger(ctx, known)
 	if err := h.provisionShared(); err != nil {
 		return err
 	}
+	h.provisionLedger(ctx, known)
 	h.provisionClientKeys(ctx)
 
 	size, timeout := defaultQueueSize, defaultQueueTimeout

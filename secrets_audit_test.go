@@ -15,6 +15,7 @@ package browserfailover_test
 
 import (
 	"bytes"
+	"context"
 	"crypto/hmac"
 	"crypto/sha256"
 	"encoding/base64"
@@ -34,6 +35,7 @@ import (
 	"time"
 
 	"github.com/coder/websocket"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/browserfailover/caddy-browser-failover/internal/fakes"
 	"github.com/browserfailover/caddy-browser-failover/internal/testgw"
@@ -297,20 +299,18 @@ func TestSecretsAudit(t *testing.T) {
 		t.Fatalf("sessions list without the hashed client key: %s", ssBody)
 	}
 	record("sessions with client keys", ssBody)
-	// The ledger of created sessions, in the storage: node, provider,
-	// session IDs and times, never a credential.
-	ledgerFiles := 0
-	filepath.Walk(filepath.Join(g.Storage, "browser_failover", "ledger"), func(p string, info os.FileInfo, err error) error {
-		if err == nil && !info.IsDir() {
-			b, _ := os.ReadFile(p)
-			record("ledger file "+filepath.Base(p), b)
-			ledgerFiles++
-		}
-		return nil
-	})
-	if ledgerFiles == 0 {
-		t.Fatal("no ledger file in the storage")
+	// The ledger of created sessions, in Redis under state redis: node,
+	// provider, session IDs and times, never a credential.
+	rdb := redis.NewClient(&redis.Options{Addr: rs.Addr(), Password: redisPass})
+	lkeys, err := rdb.Keys(context.Background(), "audit:ledger:*").Result()
+	if err != nil || len(lkeys) == 0 {
+		t.Fatalf("no ledger key in Redis: %v %v", lkeys, err)
 	}
+	for _, k := range lkeys {
+		v, _ := rdb.Get(context.Background(), k).Result()
+		record("ledger key "+k, []byte(k+" = "+v))
+	}
+	rdb.Close()
 	scrape(g)
 	// Ending them answers their objects: once from the admin API, once
 	// from the dashboard.

@@ -76,9 +76,24 @@ func (h *Handler) provisionLedger(ctx caddy.Context, known func(string) string) 
 		}
 	}
 	logger := h.logger
-	h.reg.OpenLedger(ctx.Storage(), node, time.Duration(h.ReapInterval), func(op string, err error) {
-		logger.Warn("ledger of provider sessions", zap.String("op", op), zap.Error(err))
-	})
+	o := pool.LedgerOptions{Store: ctx.Storage(), Node: node, ReapEvery: time.Duration(h.ReapInterval),
+		OnError: func(op string, err error) {
+			logger.Warn("ledger of provider sessions", zap.String("op", op), zap.Error(err))
+		}}
+	if h.shared != nil {
+		// Under state redis every node's entries and heartbeat are in
+		// Redis, so the surviving nodes reap a node that died.
+		s := h.shared.s
+		ttl := s.Store().LeaseTTL()
+		o.Store, o.Heartbeat, o.OwnerGone = s.Store().Ledger(), ttl/3, ttl
+		s.Retain()
+		o.OnClose = s.Release
+		if !h.reg.OpenLedger(o) {
+			s.Release()
+		}
+	} else {
+		h.reg.OpenLedger(o)
+	}
 	for _, m := range apis {
 		up := m.up
 		h.reg.SetAdopter(up.Name, func(id, from string) *upstreams.Remote { return up.Adopt(id, from, known) })

@@ -19,6 +19,9 @@ type Store struct {
 	node string
 	rdb  *redis.Client
 	log  *zap.Logger
+	// ledgerLocks holds the tokens of the ledger locks this store took
+	// (ledger.go), by name.
+	ledgerLocks sync.Map
 	// libLog receives the Redis library's own messages (see liblog.go).
 	libLog *zap.Logger
 

@@ -42,8 +42,10 @@ type Store interface {
 	Unlock(ctx context.Context, name string) error
 }
 
-// Timing of owners: a process refreshes its heartbeat every Heartbeat; an
-// owner whose heartbeat is older than OwnerGone (or who has none) is gone.
+// Timing of owners by default: a process refreshes its heartbeat every
+// Heartbeat; an owner whose heartbeat is older than OwnerGone (or who has
+// none) is gone. A ledger shared by nodes that already agree on a lease
+// time sets its own (SetTiming).
 const (
 	Heartbeat = 5 * time.Second
 	OwnerGone = 15 * time.Second
@@ -87,6 +89,10 @@ type Ledger struct {
 	node  string
 	now   func() time.Time
 
+	// beat and gone are the heartbeat's period and the age at which an
+	// owner is gone.
+	beat, gone time.Duration
+
 	mu sync.Mutex
 	// pending counts, per provider, the entries this process holds.
 	pending map[string]int
@@ -100,8 +106,16 @@ func New(store Store, node string, now func() time.Time) *Ledger {
 	}
 	b := make([]byte, 12)
 	_, _ = rand.Read(b)
-	return &Ledger{store: store, owner: hex.EncodeToString(b), node: node, now: now, pending: map[string]int{}}
+	return &Ledger{store: store, owner: hex.EncodeToString(b), node: node, now: now,
+		beat: Heartbeat, gone: OwnerGone, pending: map[string]int{}}
 }
+
+// SetTiming sets the heartbeat's period and the age at which an owner is
+// gone (beat must be well under gone); call it before the first Beat.
+func (l *Ledger) SetTiming(beat, gone time.Duration) { l.beat, l.gone = beat, gone }
+
+// HeartbeatEvery is how often the owner must Beat.
+func (l *Ledger) HeartbeatEvery() time.Duration { return l.beat }
 
 // Owner is this process's owner ID.
 func (l *Ledger) Owner() string { return l.owner }
@@ -173,7 +187,8 @@ func (l *Ledger) Pending() map[string]int {
 	return out
 }
 
-// Orphans returns the entries of every owner that is gone, oldest first,
+// Orphans returns the entries of every owner that is gone (its heartbeat
+// older than the gone age), oldest first,
 // and, when some other owner is still alive but holds entries, the
 // earliest time one of them could be gone (zero when none).
 func (l *Ledger) Orphans(ctx context.Context) (orphans []Entry, next time.Time, err error) {
@@ -192,7 +207,7 @@ func (l *Ledger) Orphans(ctx context.Context) (orphans []Entry, next time.Time, 
 			errs = append(errs, err)
 			continue
 		}
-		if gone := seen.Add(OwnerGone); now.Before(gone) {
+		if gone := seen.Add(l.gone); now.Before(gone) {
 			if next.IsZero() || gone.Before(next) {
 				next = gone
 			}

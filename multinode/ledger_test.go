@@ -16,6 +16,7 @@ import (
 	"github.com/coder/websocket"
 
 	"github.com/browserfailover/caddy-browser-failover/internal/fakes"
+	"github.com/browserfailover/caddy-browser-failover/internal/testredis"
 )
 
 // ledgerHandler is a handler whose one provider creates its sessions over
@@ -152,5 +153,88 @@ func waitUntil(t *testing.T, d time.Duration, what string, cond func() bool) {
 			t.Fatalf("no %s after %v", what, d)
 		}
 		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// ledgerClusterHandler is ledgerHandler under state redis on r, as node,
+// with an API key in the session API's headers (which must never reach
+// Redis).
+func ledgerClusterHandler(t *testing.T, r *testredis.Server, f *fakes.REST, node string) map[string]any {
+	h := ledgerHandler(f)
+	p := h["providers"].([]map[string]any)[0]
+	api := p["session_api"].(map[string]any)
+	api["headers"] = []map[string]any{{"field": "X-Api-Key", "value": ledgerAPIKey}}
+	h["state"] = map[string]any{
+		"redis": map[string]any{
+			"address":    r.Addr(),
+			"key_prefix": "multinode:" + t.Name() + ":",
+			"lease_ttl":  leaseTTL.String(),
+			"timeout":    "300ms",
+		},
+		"node": node,
+	}
+	h["reap_interval"] = ledgerReap.String()
+	return h
+}
+
+// ledgerReap is the reap_interval of the cluster test's nodes.
+const ledgerReap = 2 * time.Second
+
+const ledgerAPIKey = "ledger-api-key-5e1f"
+
+// TestLedgerClusterReapsDeadNode: under state redis the ledger is in
+// Redis; a node killed with two live sessions has them released by the
+// other node within lease_ttl + reap_interval, each once. Then both nodes
+// die with sessions and restart together: each entry is released once.
+func TestLedgerClusterReapsDeadNode(t *testing.T) {
+	r := testredis.Start(t)
+	echo := fakes.Echo("browser", nil)
+	defer echo.Close()
+	f := fakes.NewREST(func(string) string { return echo.URL() })
+	defer f.Close()
+	gw1 := startNode(t, "gw-1", ledgerClusterHandler(t, r, f, "gw-1"))
+	gw2 := startNode(t, "gw-2", ledgerClusterHandler(t, r, f, "gw-2"))
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	for range 2 {
+		c, err := openSession(ctx, gw1.WS())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.CloseNow()
+	}
+	waitUntil(t, 10*time.Second, "two sessions created", func() bool { return len(f.Books().Created) == 2 })
+	if dump := redisDump(t, r); !strings.Contains(dump, ":ledger:") || strings.Contains(dump, ledgerAPIKey) {
+		t.Fatalf("Redis holds no ledger entry, or the API key:\n%s", dump)
+	}
+	gw1.Kill()
+	killed := time.Now()
+	waitUntil(t, leaseTTL+ledgerReap+5*time.Second, "gw-2 released gw-1's sessions", func() bool { return len(f.Books().Released) == 2 })
+	t.Logf("released %v after the kill (lease_ttl %v, reap_interval %v)", time.Since(killed).Round(100*time.Millisecond), leaseTTL, ledgerReap)
+	waitUntil(t, 5*time.Second, "gw-2 shows them reaped", func() bool {
+		raw, err := gw2.get("/browser_failover/status")
+		return err == nil && strings.Contains(string(raw), `"ledger":{"pending":0,"reaped":2}`)
+	})
+
+	// Both die with sessions; both restart together.
+	gw3 := startNode(t, "gw-3", ledgerClusterHandler(t, r, f, "gw-3"))
+	for _, g := range []*node{gw2, gw3} {
+		for range 2 {
+			c, err := openSession(ctx, g.WS())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.CloseNow()
+		}
+	}
+	waitUntil(t, 10*time.Second, "six sessions created", func() bool { return len(f.Books().Created) == 6 })
+	gw2.Kill()
+	gw3.Kill()
+	startNode(t, "gw-4", ledgerClusterHandler(t, r, f, "gw-4"))
+	startNode(t, "gw-5", ledgerClusterHandler(t, r, f, "gw-5"))
+	waitUntil(t, leaseTTL+10*time.Second, "every session released", func() bool { return len(f.Books().Released) == 6 })
+	time.Sleep(leaseTTL)
+	if err := f.Books().Balanced(); err != nil {
+		t.Fatal(err)
 	}
 }

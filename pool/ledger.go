@@ -40,18 +40,40 @@ type ledgerState struct {
 	// reapAt is when the scheduled reap runs.
 	reapAt  time.Time
 	stopped bool
-	// onError hears of what the ledger's store refused.
+	// onError hears of what the ledger's store refused; onClose runs
+	// when it closes.
 	onError func(op string, err error)
+	onClose func()
 }
 
-// OpenLedger opens the registry's ledger on store the first time it is
-// called, and starts its heartbeat and its reaper; every reap interval
-// given is remembered and the smallest wins. node names the process for
-// operators. onError (nil: none) hears of store errors.
-func (r *Registry) OpenLedger(store ledger.Store, node string, every time.Duration, onError func(op string, err error)) *ledger.Ledger {
+// LedgerOptions open the registry's ledger (OpenLedger).
+type LedgerOptions struct {
+	// Store keeps the ledger: Caddy's storage, or Redis under state
+	// redis (cluster.Store.Ledger).
+	Store ledger.Store
+	// Node names the process for operators.
+	Node string
+	// ReapEvery is how often to reap (0: DefaultReapInterval); the
+	// smallest any handler asks for wins.
+	ReapEvery time.Duration
+	// Heartbeat and OwnerGone, when set, replace the ledger's defaults
+	// (under state redis: lease_ttl/3 and lease_ttl).
+	Heartbeat, OwnerGone time.Duration
+	// OnError (nil: none) hears of what the store refused.
+	OnError func(op string, err error)
+	// OnClose (nil: none) runs when the ledger closes with the registry
+	// (the Redis store's use is given back).
+	OnClose func()
+}
+
+// OpenLedger opens the registry's ledger the first time it is called, and
+// starts its heartbeat and its reaper; it reports whether this call opened
+// it. Later calls only lower the reap interval.
+func (r *Registry) OpenLedger(o LedgerOptions) bool {
 	ls := &r.ledger
 	ls.mu.Lock()
 	defer ls.mu.Unlock()
+	every := o.ReapEvery
 	if every <= 0 {
 		every = DefaultReapInterval
 	}
@@ -60,10 +82,13 @@ func (r *Registry) OpenLedger(store ledger.Store, node string, every time.Durati
 			ls.every = every
 			ls.scheduleLocked(r, r.Now().Add(every))
 		}
-		return ls.l
+		return false
 	}
-	ls.l = ledger.New(store, node, r.Now)
-	ls.every, ls.onError = every, onError
+	ls.l = ledger.New(o.Store, o.Node, r.Now)
+	if o.Heartbeat > 0 && o.OwnerGone > 0 {
+		ls.l.SetTiming(o.Heartbeat, o.OwnerGone)
+	}
+	ls.every, ls.onError, ls.onClose = every, o.OnError, o.OnClose
 	ls.adopters = map[string]Adopter{}
 	ls.waiting = map[string]int{}
 	r.releaser.Ledger = ls.l
@@ -71,7 +96,7 @@ func (r *Registry) OpenLedger(store ledger.Store, node string, every time.Durati
 	// gone to every other process.
 	r.beatLedger()
 	ls.scheduleLocked(r, r.Now())
-	return ls.l
+	return true
 }
 
 // Ledger is the registry's ledger, nil until a handler opened it.
@@ -117,14 +142,15 @@ func (r *Registry) LedgerPending(name string) (int, bool) {
 
 func (r *Registry) beatLedger() {
 	ls := &r.ledger
-	ctx, cancel := context.WithTimeout(context.Background(), ledger.Heartbeat)
+	every := ls.l.HeartbeatEvery()
+	ctx, cancel := context.WithTimeout(context.Background(), every)
 	err := ls.l.Beat(ctx)
 	cancel()
 	if err != nil && ls.onError != nil {
 		ls.onError("heartbeat", err)
 	}
 	if !ls.stopped {
-		ls.beat = r.clock.AfterFunc(ledger.Heartbeat, func() {
+		ls.beat = r.clock.AfterFunc(every, func() {
 			ls.mu.Lock()
 			defer ls.mu.Unlock()
 			if !ls.stopped {
@@ -222,5 +248,8 @@ func (r *Registry) closeLedger() {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		l.Leave(ctx)
 		cancel()
+		if ls.onClose != nil {
+			ls.onClose()
+		}
 	}
 }

@@ -3,9 +3,11 @@
 // (a fake REST provider on loopback whose sessions connect to an echo
 // server), for a Caddy binary whose ledger is on the file system against a
 // baseline binary without a ledger (an earlier build, given with -base),
-// both run side by side in the same run, alternating over the rounds.
+// and, when redis-server is installed, the same two under state redis
+// (the ledger then in Redis), all run side by side in the same run,
+// alternating over the rounds.
 //
-//	go run ./bench/ledger -base <caddy without the ledger> [-caddy <caddy>] [-rounds 5] [-connects 300]
+//	go run ./bench/ledger -base <caddy without the ledger> [-caddy <caddy>] [-rounds 5] [-connects 300] [-redis=false]
 //
 // Every load is bounded in count and time and stops by itself.
 package main
@@ -18,6 +20,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"sort"
+	"strings"
 	"time"
 
 	"github.com/coder/websocket"
@@ -31,6 +34,7 @@ var (
 	caddyBin = flag.String("caddy", "", "Caddy binary with the ledger (default: build ./cmd/caddy)")
 	rounds   = flag.Int("rounds", 5, "rounds over the two binaries; medians are printed")
 	connects = flag.Int("connects", 300, "sequential connects per binary and round")
+	redisOn  = flag.Bool("redis", true, "also measure both binaries under state redis (needs redis-server)")
 )
 
 func main() {
@@ -63,13 +67,25 @@ func main() {
 		p99  []float64
 	}
 	var targets []*target
-	for _, t := range []struct{ name, bin string }{{"no ledger (base)", *base}, {"ledger on the file system", bin}} {
+	runs := []struct{ name, bin, redis string }{{"no ledger (base)", *base, ""}, {"ledger on the file system", bin, ""}}
+	if *redisOn {
+		raddr, stop, err := startRedis(tmp)
+		if err != nil {
+			fail(err)
+		}
+		defer stop()
+		if raddr != "" {
+			runs = append(runs, struct{ name, bin, redis string }{"state redis, no ledger", *base, raddr},
+				struct{ name, bin, redis string }{"state redis, ledger in Redis", bin, raddr})
+		}
+	}
+	for _, t := range runs {
 		addr := caddybin.FreeAddr()
 		dir := filepath.Join(tmp, fmt.Sprint(len(targets)))
 		if err := os.MkdirAll(dir, 0o700); err != nil {
 			fail(err)
 		}
-		cmd, err := start(t.bin, dir, addr, rest.URL())
+		cmd, err := start(t.bin, dir, addr, rest.URL(), t.redis, len(targets))
 		if err != nil {
 			fail(err)
 		}
@@ -89,20 +105,27 @@ func main() {
 		}
 	}
 	fmt.Printf("connect time through a session-API provider, %d sequential connects × %d rounds (medians of the rounds)\n", *connects, *rounds)
-	fmt.Printf("%-28s %10s %10s\n", "", "p50 (ms)", "p99 (ms)")
+	fmt.Printf("%-40s %10s %10s\n", "", "p50 (ms)", "p99 (ms)")
 	for _, t := range targets {
-		fmt.Printf("%-28s %10.3f %10.3f\n", t.name, median(t.p50), median(t.p99))
+		fmt.Printf("%-40s %10.3f %10.3f\n", t.name, median(t.p50), median(t.p99))
 	}
-	b, l := targets[0], targets[1]
-	fmt.Printf("%-28s %+10.3f %+10.3f   (%.2f× at p50)\n", "added by the ledger", median(l.p50)-median(b.p50), median(l.p99)-median(b.p99), median(l.p50)/median(b.p50))
+	for i := 0; i+1 < len(targets); i += 2 {
+		b, l := targets[i], targets[i+1]
+		fmt.Printf("%-40s %+10.3f %+10.3f   (%.2f× at p50)\n", "added: "+l.name, median(l.p50)-median(b.p50), median(l.p99)-median(b.p99), median(l.p50)/median(b.p50))
+	}
 	books := rest.Books()
 	fmt.Printf("fake provider: %d created, %d released\n", len(books.Created), len(books.Released))
 }
 
 // start runs bin on a Caddyfile serving addr with one provider whose
 // sessions are created over the fake REST API at restURL; its storage is
-// dir.
-func start(bin, dir, addr, restURL string) (*exec.Cmd, error) {
+// dir; with redis (an address), under state redis with a key prefix of
+// its own (n).
+func start(bin, dir, addr, restURL, redis string, n int) (*exec.Cmd, error) {
+	state := ""
+	if redis != "" {
+		state = fmt.Sprintf("state redis %s {\n\t\t\tkey_prefix bench%d:\n\t\t\tnode bench%d\n\t\t}", redis, n, n)
+	}
 	cfg := fmt.Sprintf(`{
 	admin off
 	storage file_system %s
@@ -117,9 +140,10 @@ http://%s {
 				release POST /v1/sessions/{session_id}/release
 			}
 		}
+		%s
 	}
 }
-`, filepath.Join(dir, "storage"), addr, restURL)
+`, filepath.Join(dir, "storage"), addr, restURL, state)
 	path := filepath.Join(dir, "Caddyfile")
 	if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {
 		return nil, err
@@ -152,6 +176,32 @@ func connectTimes(url string, n int) (p50, p99 float64, err error) {
 	}
 	sort.Float64s(times)
 	return times[len(times)/2], times[len(times)*99/100], nil
+}
+
+// startRedis starts a redis-server of its own ("" when none is
+// installed); stop ends it.
+func startRedis(dir string) (addr string, stop func(), err error) {
+	rbin, err := exec.LookPath("redis-server")
+	if err != nil {
+		fmt.Println("redis-server not found: the state redis pair is skipped")
+		return "", func() {}, nil
+	}
+	addr = caddybin.FreeAddr()
+	_, port, _ := strings.Cut(addr, ":")
+	rdir := filepath.Join(dir, "redis")
+	if err := os.MkdirAll(rdir, 0o700); err != nil {
+		return "", nil, err
+	}
+	cmd := exec.Command(rbin, "--port", port, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", rdir)
+	if err := cmd.Start(); err != nil {
+		return "", nil, err
+	}
+	stop = func() { cmd.Process.Kill(); cmd.Wait() }
+	if err := caddybin.WaitListening(addr); err != nil {
+		stop()
+		return "", nil, err
+	}
+	return addr, stop, nil
 }
 
 func median(v []float64) float64 {
