@@ -57,8 +57,9 @@ func setupRegistry(reg *pool.Registry) {
 }
 
 // provisionLedger opens the process's ledger of created provider sessions
-// (on the config's storage) when a provider of the handler has a session
-// API, and tells the reaper how to release a session left at each of them.
+// (on the config's storage, or in Redis under state redis) when a provider
+// of the handler has a session API, and tells the reaper how to release a
+// session left at each of them.
 func (h *Handler) provisionLedger(ctx caddy.Context, known func(string) string) {
 	var apis []*member
 	for _, m := range h.members {
