@@ -774,3 +774,54 @@ func TestLedgerWriteFailsOver(t *testing.T) {
 		t.Fatal("the ledger failure is not logged, or the log shows the API key")
 	}
 }
+
+// TestLedgerKeepsFailingRelease: a session whose release keeps failing
+// stays in the ledger, shown as pending in the status, and is released by
+// a later round of tries once the provider accepts; nothing is dropped.
+func TestLedgerKeepsFailingRelease(t *testing.T) {
+	f, _ := echoREST(t)
+	var mu sync.Mutex
+	refuse := true
+	f.OnRelease = func(w http.ResponseWriter, _ *http.Request, _ string) bool {
+		mu.Lock()
+		defer mu.Unlock()
+		if refuse {
+			http.Error(w, "try later", http.StatusBadGateway)
+		}
+		return refuse
+	}
+	g := testgw.Start(t, handler(`"queue":{"size":0}`, apiProvider("api-keeps", f, "")))
+	// The test's own registry: no wait between tries, and the next round
+	// runs when the test says.
+	rel := pool.Current().Releaser()
+	rel.Sleep = func(time.Duration) {}
+	rounds := make(chan func(), 8)
+	rel.Later = func(_ time.Duration, fn func()) *time.Timer {
+		rounds <- fn
+		return nil
+	}
+	c, _, err := dial(t, g.WS("/"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Close(websocket.StatusNormalClosure, "")
+	var next func()
+	select {
+	case next = <-rounds:
+	case <-time.After(20 * time.Second):
+		t.Fatal("no later round after the failed tries")
+	}
+	st := providerStatus(t, g, "api-keeps")
+	if st.Ledger == nil || st.Ledger.Pending != 1 || st.Unreleased == nil || *st.Unreleased != 1 {
+		t.Fatalf("status after the failed tries: ledger %+v, unreleased %v", st.Ledger, st.Unreleased)
+	}
+	mu.Lock()
+	refuse = false
+	mu.Unlock()
+	next()
+	waitBooks(t, f, "api-keeps", 1)
+	testgw.Eventually(t, 10*time.Second, "the entry removed", func() bool {
+		st := providerStatus(t, g, "api-keeps")
+		return st.Ledger != nil && st.Ledger.Pending == 0
+	})
+}
