@@ -15,6 +15,9 @@ import (
 //		release      <METHOD> <URL with {session_id}>
 //		release_body <json template>
 //		connect_hosts <host>...          # repeatable
+//		list         <METHOD> <URL>
+//		list_ids     <JSON pointer>
+//		reap_untracked [on|off]
 //	}
 //
 // A JSON template is one token: quote it with backticks, like
@@ -48,6 +51,12 @@ func (r *reader) parseSessionAPI(prefix string) (*upstreams.SessionAPI, error) {
 			c.ConnectURL, err = oneArg(d)
 		case "session_id":
 			c.SessionID, err = oneArg(d)
+		case "list":
+			c.ListMethod, c.ListURL, err = twoArgs(d)
+		case "list_ids":
+			c.ListIDs, err = oneArg(d)
+		case "reap_untracked":
+			c.ReapUntracked, err = onOff(d, true)
 		case "connect_hosts":
 			hosts := d.RemainingArgs()
 			if len(hosts) == 0 {

@@ -1,6 +1,7 @@
 package browserfailover
 
 import (
+	"context"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -97,6 +98,10 @@ func (h *Handler) provisionLedger(ctx caddy.Context, known func(string) string) 
 	}
 	for _, m := range apis {
 		up := m.up
-		h.reg.SetAdopter(up.Name, func(id, from string) *upstreams.Remote { return up.Adopt(id, from, known) })
+		a := pool.Adopter{Adopt: func(id, from string) *upstreams.Remote { return up.Adopt(id, from, known) }}
+		if up.ReapsUntracked() {
+			a.List = func(ctx context.Context) ([]string, error) { return up.ListSessions(ctx, known) }
+		}
+		h.reg.SetAdopter(up.Name, a)
 	}
 }

@@ -825,3 +825,36 @@ func TestLedgerKeepsFailingRelease(t *testing.T) {
 		return st.Ledger != nil && st.Ledger.Pending == 0
 	})
 }
+
+// TestLedgerReapsUntracked: with list and reap_untracked, a session the
+// provider lists that no ledger names (created by a process whose ledger
+// is lost, or outside the gateway) is released once it has been seen so
+// for a reap interval; the gateway's own live session is never touched.
+func TestLedgerReapsUntracked(t *testing.T) {
+	f, _ := echoREST(t)
+	api := `{"create_method":"POST","create_url":"/v1/sessions","connect_url":"/connectUrl","session_id":"/id",` +
+		`"release_method":"POST","release_url":"/v1/sessions/{session_id}/release",` +
+		`"list_method":"GET","list_url":"/v1/sessions","list_ids":"/sessions","reap_untracked":true}`
+	g := testgw.Start(t, handler(`"reap_interval":"300ms"`, fmt.Sprintf(`{"name":"api-list","url":%q,"session_api":%s}`, f.URL(), api)))
+	c, _, err := dial(t, g.WS("/"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.CloseNow()
+	f.Plant("stray-1")
+	testgw.Eventually(t, 10*time.Second, "the stray session released", func() bool { return f.Books().Released["stray-1"] == 1 })
+	time.Sleep(time.Second) // more reaps
+	b := f.Books()
+	if b.Released["stray-1"] != 1 || b.Released["s1"] != 0 {
+		t.Fatalf("released %v: want the stray once and the live session not at all", b.Released)
+	}
+	echoOnce(t, c, []byte("still mine"))
+	st := providerStatus(t, g, "api-list")
+	if st.Ledger == nil || st.Ledger.Reaped != 1 || st.Ledger.Pending != 1 {
+		t.Fatalf("ledger status %+v", st.Ledger)
+	}
+	entries := g.LogEntries("session reaped")
+	if len(entries) != 1 || entries[0]["owner"] != "untracked" || entries[0]["provider_session_id"] != "stray-1" {
+		t.Fatalf("reaped log %v", entries)
+	}
+}

@@ -233,6 +233,35 @@ func (l *Ledger) Orphans(ctx context.Context) (orphans []Entry, next time.Time, 
 	return orphans, next, errors.Join(errs...)
 }
 
+// Known returns the session IDs of provider that some entry names, under
+// any owner, alive or gone.
+func (l *Ledger) Known(ctx context.Context, provider string) (map[string]bool, error) {
+	owners, err := l.list(ctx, entryDir)
+	if err != nil {
+		return nil, err
+	}
+	known := map[string]bool{}
+	for _, owner := range owners {
+		keys, err := l.list(ctx, path.Join(entryDir, owner))
+		if err != nil {
+			return nil, err
+		}
+		for _, k := range keys {
+			e, err := l.load(ctx, path.Join(entryDir, owner, k))
+			if errors.Is(err, fs.ErrNotExist) {
+				continue
+			}
+			if err != nil {
+				return nil, err
+			}
+			if e.Provider == provider {
+				known[e.ID] = true
+			}
+		}
+	}
+	return known, nil
+}
+
 // lastSeen is when owner last beat (zero when it never did, or its
 // record is unreadable: it is then gone).
 func (l *Ledger) lastSeen(ctx context.Context, owner string) (time.Time, error) {

@@ -21,9 +21,19 @@ import (
 // says otherwise.
 const DefaultReapInterval = time.Minute
 
-// Adopter builds, for release, a session another process created at a
-// provider and left behind (upstreams.Provider.Adopt).
-type Adopter func(id, from string) *upstreams.Remote
+// Adopter is how the reaper releases what was left at one provider: Adopt
+// builds, for release, a session another process created and left behind
+// (upstreams.Provider.Adopt); List, when set (reap_untracked), lists the
+// provider's live sessions, so that those no ledger names are released
+// too.
+type Adopter struct {
+	Adopt func(id, from string) *upstreams.Remote
+	List  func(ctx context.Context) ([]string, error)
+}
+
+// untrackedOwner is the owner named for a released session that the
+// provider listed and no ledger named.
+const untrackedOwner = "untracked"
 
 // ledgerState is the registry's side of its ledger.
 type ledgerState struct {
@@ -31,6 +41,9 @@ type ledgerState struct {
 	l        *ledger.Ledger
 	every    time.Duration
 	adopters map[string]Adopter // by provider name, the newest handler's
+	// untracked is when each listed session that no ledger named was
+	// first seen so, by provider and session ID.
+	untracked map[string]map[string]time.Time
 	// waiting counts, per provider, the gone owners' entries the last
 	// reap found and could not take (no provider of that name in the
 	// config, or a store error).
@@ -91,6 +104,7 @@ func (r *Registry) OpenLedger(o LedgerOptions) bool {
 	ls.every, ls.onError, ls.onClose = every, o.OnError, o.OnClose
 	ls.adopters = map[string]Adopter{}
 	ls.waiting = map[string]int{}
+	ls.untracked = map[string]map[string]time.Time{}
 	r.releaser.Ledger = ls.l
 	// The first heartbeat before any entry: an owner without one is
 	// gone to every other process.
@@ -107,16 +121,12 @@ func (r *Registry) Ledger() *ledger.Ledger {
 }
 
 // SetAdopter makes a the way to release the sessions left at provider
-// name (the newest handler's provider of that name); nil removes it.
+// name (the newest handler's provider of that name).
 func (r *Registry) SetAdopter(name string, a Adopter) {
 	ls := &r.ledger
 	ls.mu.Lock()
 	defer ls.mu.Unlock()
 	if ls.adopters == nil {
-		return
-	}
-	if a == nil {
-		delete(ls.adopters, name)
 		return
 	}
 	ls.adopters[name] = a
@@ -195,7 +205,7 @@ func (r *Registry) reapLedger() {
 	waiting := map[string]int{}
 	for _, e := range orphans {
 		ls.mu.Lock()
-		adopt := ls.adopters[e.Provider]
+		adopt := ls.adopters[e.Provider].Adopt
 		ls.mu.Unlock()
 		if adopt == nil {
 			waiting[e.Provider]++
@@ -218,6 +228,7 @@ func (r *Registry) reapLedger() {
 			rem.Release()
 		}
 	}
+	r.reapUntracked(ctx, l)
 	ls.mu.Lock()
 	defer ls.mu.Unlock()
 	ls.waiting = waiting
@@ -228,6 +239,83 @@ func (r *Registry) reapLedger() {
 		at = next.Add(100 * time.Millisecond)
 	}
 	ls.scheduleLocked(r, at)
+}
+
+// reapUntracked releases, at every provider that lists its sessions
+// (reap_untracked), those that no ledger entry names and that were found
+// so at least one reap interval before: a session whose create call is
+// still under way is not in a ledger yet, and is never taken for one. A
+// released one is first written to the ledger as this process's, so that
+// its release is followed like any other.
+func (r *Registry) reapUntracked(ctx context.Context, l *ledger.Ledger) {
+	ls := &r.ledger
+	ls.mu.Lock()
+	lists := map[string]Adopter{}
+	for name, a := range ls.adopters {
+		if a.List != nil {
+			lists[name] = a
+		}
+	}
+	every := ls.every
+	ls.mu.Unlock()
+	for name, a := range lists {
+		ids, err := a.List(ctx)
+		if err == nil {
+			var known map[string]bool
+			if known, err = l.Known(ctx, name); err == nil {
+				r.untrackedOf(ctx, l, name, a, ids, known, every)
+				continue
+			}
+		}
+		if ls.onError != nil {
+			ls.onError("list "+name, err)
+		}
+	}
+}
+
+func (r *Registry) untrackedOf(ctx context.Context, l *ledger.Ledger, name string, a Adopter, ids []string, known map[string]bool, every time.Duration) {
+	ls := &r.ledger
+	now := r.Now()
+	ls.mu.Lock()
+	first := ls.untracked[name]
+	if first == nil {
+		first = map[string]time.Time{}
+		ls.untracked[name] = first
+	}
+	var due []string
+	listed := map[string]bool{}
+	for _, id := range ids {
+		listed[id] = true
+		if known[id] {
+			delete(first, id)
+			continue
+		}
+		t0, seen := first[id]
+		switch {
+		case !seen:
+			first[id] = now
+		case now.Sub(t0) >= every:
+			due = append(due, id)
+			delete(first, id)
+		}
+	}
+	for id := range first {
+		if !listed[id] {
+			delete(first, id) // gone meanwhile
+		}
+	}
+	ls.mu.Unlock()
+	for _, id := range due {
+		if err := l.Record(ctx, name, id); err != nil {
+			if ls.onError != nil {
+				ls.onError("record untracked", err)
+			}
+			continue
+		}
+		if rem := a.Adopt(id, untrackedOwner); rem != nil {
+			rem.Release()
+		}
+	}
 }
 
 // closeLedger stops the heartbeat and the reaper, and takes this process

@@ -87,6 +87,20 @@ type SessionAPI struct {
 	// *.example.com for every name under example.com. See
 	// ValidateConnectHost. Default: none.
 	ConnectHosts []string `json:"connect_hosts,omitempty"`
+	// ListMethod and ListURL (list) are a call that lists the provider's
+	// live sessions, such as GET /v1/sessions?status=RUNNING, best
+	// filtered to those this gateway created (tag them in Body); its
+	// headers are Headers. ListIDs (list_ids) is a JSON pointer to the
+	// array of sessions in its answer ("": the answer itself); each
+	// element is a session ID, or an object holding one at SessionID.
+	// Default: no list.
+	ListMethod string `json:"list_method,omitempty"`
+	ListURL    string `json:"list_url,omitempty"`
+	ListIDs    string `json:"list_ids,omitempty"`
+	// ReapUntracked (reap_untracked) releases the listed sessions that no
+	// ledger entry names, once two reaps in a row found them so. Needs a
+	// list. Default: off.
+	ReapUntracked bool `json:"reap_untracked,omitempty"`
 }
 
 // Header is one request header field of a session API call.
@@ -98,7 +112,7 @@ type Header struct {
 // resolved returns the session API with the placeholders known when the
 // config loads resolved by known (request placeholders stay).
 func (a SessionAPI) resolved(known func(string) string) (SessionAPI, error) {
-	a.CreateURL, a.ReleaseURL = known(a.CreateURL), known(a.ReleaseURL)
+	a.CreateURL, a.ReleaseURL, a.ListURL = known(a.CreateURL), known(a.ReleaseURL), known(a.ListURL)
 	a.Headers = slices.Clone(a.Headers)
 	for i := range a.Headers {
 		a.Headers[i].Value = known(a.Headers[i].Value)
@@ -117,7 +131,8 @@ func (a SessionAPI) resolved(known func(string) string) (SessionAPI, error) {
 type sessionAPI struct {
 	SessionAPI
 	createURL  *url.URL
-	body       any // parsed template, nil for none
+	listURL    *url.URL // nil without a list call
+	body       any      // parsed template, nil for none
 	hasBody    bool
 	relBody    any
 	hasRelBody bool
@@ -209,6 +224,25 @@ func ValidateSessionAPI(a SessionAPI) error {
 			add("connect_hosts", false, "connect_hosts: %v", err)
 		}
 	}
+	switch {
+	case a.ListMethod == "" && a.ListURL == "":
+		if a.ListIDs != "" {
+			add("list_ids", true, "list_ids without a list call (list <METHOD> <URL>)")
+		}
+		if a.ReapUntracked {
+			add("reap_untracked", true, "reap_untracked needs a list call (list <METHOD> <URL>)")
+		}
+	default:
+		if err := checkMethod(a.ListMethod); err != nil {
+			add("list", false, "list: %v", err)
+		}
+		if err := checkCallURL(a.ListURL); err != nil {
+			add("list", false, "list: %v", err)
+		}
+		if a.ListIDs != "" && !strings.HasPrefix(a.ListIDs, "/") {
+			add("list_ids", false, "list_ids: JSON pointer %q must start with /", a.ListIDs)
+		}
+	}
 	return errors.Join(errs...)
 }
 
@@ -265,6 +299,11 @@ func newSessionAPI(p *Provider, a SessionAPI, o TLSOptions, books *Books, rel *R
 	s.hosts = newHostRule(s.createURL.Hostname(), a.ConnectHosts)
 	if _, err := resolveCall(base, strings.ReplaceAll(a.ReleaseURL, SessionIDPlaceholder, "x")); err != nil {
 		return nil, fmt.Errorf("release: %w", err)
+	}
+	if a.ListURL != "" {
+		if s.listURL, err = resolveCall(base, a.ListURL); err != nil {
+			return nil, fmt.Errorf("list: %w", err)
+		}
 	}
 	if a.Body != "" {
 		s.hasBody = true
@@ -348,25 +387,9 @@ func fill(t any, replace func(string) string) []byte {
 // pointer resolves a JSON pointer in doc to a string (a number is given as
 // its decimal text).
 func pointer(doc any, p string) (string, bool) {
-	cur := doc
-	for _, tok := range strings.Split(p, "/")[1:] {
-		tok = strings.ReplaceAll(strings.ReplaceAll(tok, "~1", "/"), "~0", "~")
-		switch x := cur.(type) {
-		case map[string]any:
-			v, ok := x[tok]
-			if !ok {
-				return "", false
-			}
-			cur = v
-		case []any:
-			i, err := strconv.Atoi(tok)
-			if err != nil || i < 0 || i >= len(x) {
-				return "", false
-			}
-			cur = x[i]
-		default:
-			return "", false
-		}
+	cur, ok := pointerValue(doc, p)
+	if !ok {
+		return "", false
 	}
 	switch x := cur.(type) {
 	case string:
@@ -375,6 +398,31 @@ func pointer(doc any, p string) (string, bool) {
 		return x.String(), true
 	}
 	return "", false
+}
+
+// pointerValue is the value at the JSON pointer p in doc.
+func pointerValue(doc any, p string) (any, bool) {
+	cur := doc
+	for _, tok := range strings.Split(p, "/")[1:] {
+		tok = strings.ReplaceAll(strings.ReplaceAll(tok, "~1", "/"), "~0", "~")
+		switch x := cur.(type) {
+		case map[string]any:
+			v, ok := x[tok]
+			if !ok {
+				return nil, false
+			}
+			cur = v
+		case []any:
+			i, err := strconv.Atoi(tok)
+			if err != nil || i < 0 || i >= len(x) {
+				return nil, false
+			}
+			cur = x[i]
+		default:
+			return nil, false
+		}
+	}
+	return cur, true
 }
 
 // Remote is one browser session the provider created: released exactly
@@ -398,6 +446,76 @@ func (r *Remote) ID() string { return r.id }
 // HasSessionAPI reports whether the provider creates its sessions over a
 // session API.
 func (p *Provider) HasSessionAPI() bool { return p.api != nil }
+
+// ReapsUntracked reports whether the provider's listed sessions that no
+// ledger names are to be released (reap_untracked).
+func (p *Provider) ReapsUntracked() bool {
+	return p.api != nil && p.api.ReapUntracked && p.api.listURL != nil
+}
+
+// ListSessions makes the provider's list call (headers resolved with known,
+// without a request) and returns the session IDs its answer names. Errors
+// never show a header, a URL or the answer's body.
+func (p *Provider) ListSessions(ctx context.Context, known func(string) string) ([]string, error) {
+	a := p.api
+	if a == nil || a.listURL == nil {
+		return nil, errors.New("no list call")
+	}
+	headers, _ := a.prepare(known)
+	req, err := http.NewRequestWithContext(ctx, a.ListMethod, a.listURL.String(), nil)
+	if err != nil {
+		return nil, fmt.Errorf("list: %w", err)
+	}
+	setHeaders(req, headers, false)
+	resp, err := a.client.Do(req)
+	if err != nil {
+		var ue *url.Error
+		if errors.As(err, &ue) {
+			err = ue.Err
+		}
+		return nil, fmt.Errorf("list: %w", err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode < 200 || resp.StatusCode > 299 {
+		io.Copy(io.Discard, io.LimitReader(resp.Body, MaxRelayedBody))
+		return nil, fmt.Errorf("list answered %d", resp.StatusCode)
+	}
+	raw, err := io.ReadAll(io.LimitReader(resp.Body, MaxCreateAnswer+1))
+	if err != nil || len(raw) > MaxCreateAnswer {
+		return nil, errors.New("list: the answer is cut short or larger than the read limit")
+	}
+	var doc any
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	dec.UseNumber()
+	if err := dec.Decode(&doc); err != nil {
+		return nil, errors.New("list: the answer is not JSON")
+	}
+	items := doc
+	if a.ListIDs != "" {
+		var ok bool
+		if items, ok = pointerValue(doc, a.ListIDs); !ok {
+			return nil, fmt.Errorf("list: nothing at %s", a.ListIDs)
+		}
+	}
+	arr, ok := items.([]any)
+	if !ok {
+		return nil, errors.New("list: the sessions are not an array")
+	}
+	var ids []string
+	for _, e := range arr {
+		switch v := e.(type) {
+		case string:
+			ids = append(ids, v)
+		case json.Number:
+			ids = append(ids, v.String())
+		default:
+			if id, ok := pointer(e, a.SessionID); ok {
+				ids = append(ids, id)
+			}
+		}
+	}
+	return ids, nil
+}
 
 // Adopt returns, for release, session id that another process created at
 // this provider and left behind (from names that process; its ledger entry

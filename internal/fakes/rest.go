@@ -103,9 +103,30 @@ func (f *REST) serve(w http.ResponseWriter, r *http.Request) {
 		f.mu.Unlock()
 		w.Header().Set("Content-Type", "application/json")
 		io.WriteString(w, `{"status":"COMPLETED"}`)
+	case r.Method == http.MethodGet && path == "/v1/sessions":
+		// The sessions created and not released yet, as {"sessions":
+		// [{"id": …}, …]}.
+		f.mu.Lock()
+		live := []map[string]string{}
+		for _, id := range f.created {
+			if f.released[id] == 0 {
+				live = append(live, map[string]string{"id": id})
+			}
+		}
+		f.mu.Unlock()
+		w.Header().Set("Content-Type", "application/json")
+		json.NewEncoder(w).Encode(map[string]any{"sessions": live})
 	default:
 		http.Error(w, "not found", http.StatusNotFound)
 	}
+}
+
+// Plant makes a session the provider holds that no gateway created (as
+// another client of the same account would), to be listed and released.
+func (f *REST) Plant(id string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.created = append(f.created, id)
 }
 
 // writeCreated writes a create answer, its fields in order (padding first
