@@ -175,6 +175,13 @@ func (l *Ledger) Remove(ctx context.Context, provider, id string) error {
 	return nil
 }
 
+// PendingOf is the number of entries this process holds for provider.
+func (l *Ledger) PendingOf(provider string) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.pending[provider]
+}
+
 // Pending is the number of entries this process holds, per provider: the
 // sessions it created or adopted whose release is not confirmed yet.
 func (l *Ledger) Pending() map[string]int {

@@ -108,7 +108,8 @@ func (r *Registry) OpenLedger(o LedgerOptions) bool {
 	r.releaser.Ledger = ls.l
 	// The first heartbeat before any entry: an owner without one is
 	// gone to every other process.
-	r.beatLedger()
+	beatOnce(ls.l, ls.onError)
+	ls.scheduleBeatLocked(r)
 	ls.scheduleLocked(r, r.Now())
 	return true
 }
@@ -147,26 +148,39 @@ func (r *Registry) LedgerPending(name string) (int, bool) {
 	if l == nil {
 		return 0, false
 	}
-	return l.Pending()[name] + waiting, true
+	return l.PendingOf(name) + waiting, true
 }
 
 func (r *Registry) beatLedger() {
 	ls := &r.ledger
-	every := ls.l.HeartbeatEvery()
-	ctx, cancel := context.WithTimeout(context.Background(), every)
-	err := ls.l.Beat(ctx)
-	cancel()
-	if err != nil && ls.onError != nil {
-		ls.onError("heartbeat", err)
+	ls.mu.Lock()
+	l, onError, stopped := ls.l, ls.onError, ls.stopped
+	ls.mu.Unlock()
+	if stopped {
+		return
 	}
+	// The store's I/O runs without the lock: a status read never waits
+	// for a slow storage.
+	beatOnce(l, onError)
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	ls.scheduleBeatLocked(r)
+}
+
+// beatOnce refreshes l's heartbeat, telling onError of a failure.
+func beatOnce(l *ledger.Ledger, onError func(op string, err error)) {
+	ctx, cancel := context.WithTimeout(context.Background(), l.HeartbeatEvery())
+	err := l.Beat(ctx)
+	cancel()
+	if err != nil && onError != nil {
+		onError("heartbeat", err)
+	}
+}
+
+// scheduleBeatLocked makes the next heartbeat run a period from now.
+func (ls *ledgerState) scheduleBeatLocked(r *Registry) {
 	if !ls.stopped {
-		ls.beat = r.clock.AfterFunc(every, func() {
-			ls.mu.Lock()
-			defer ls.mu.Unlock()
-			if !ls.stopped {
-				r.beatLedger()
-			}
-		})
+		ls.beat = r.clock.AfterFunc(ls.l.HeartbeatEvery(), r.beatLedger)
 	}
 }
 
