@@ -88,9 +88,11 @@ func TestLedgerReapsAfterKill(t *testing.T) {
 	}()
 	waitUntil(t, 10*time.Second, "four sessions created", func() bool { return len(f.Books().Created) == 4 })
 	waitUntil(t, 10*time.Second, "four ledger entries", func() bool { return len(ledgerEntries(t, storage)) == 4 })
-	if raw, err := gw.get("/browser_failover/status"); err != nil || !strings.Contains(string(raw), `"ledger":{"pending":4,"reaped":0}`) {
-		t.Fatalf("status before the kill: %s %v", raw, err)
-	}
+	// The count follows the entry's write.
+	waitUntil(t, 5*time.Second, "status pending 4 before the kill", func() bool {
+		raw, err := gw.get("/browser_failover/status")
+		return err == nil && strings.Contains(string(raw), `"ledger":{"pending":4,"reaped":0}`)
+	})
 	gw.Kill()
 	if b := f.Books(); len(b.Released) != 0 {
 		t.Fatalf("released before the restart: %+v", b)

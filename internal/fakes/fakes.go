@@ -158,6 +158,7 @@ func serveRaw(name string, contacts *Contacts, handle func(c net.Conn, br *bufio
 	var wg sync.WaitGroup
 	var mu sync.Mutex
 	conns := map[net.Conn]bool{}
+	closed := false
 	go func() {
 		for {
 			c, err := ln.Accept()
@@ -166,10 +167,16 @@ func serveRaw(name string, contacts *Contacts, handle func(c net.Conn, br *bufio
 			}
 			s.Hits.Add(1)
 			contacts.Add(name)
+			// Under mu, so that Close's Wait never runs beside an Add.
 			mu.Lock()
+			if closed {
+				mu.Unlock()
+				c.Close()
+				return
+			}
 			conns[c] = true
-			mu.Unlock()
 			wg.Add(1)
+			mu.Unlock()
 			go func() {
 				defer wg.Done()
 				handle(c, bufio.NewReader(c))
@@ -179,6 +186,7 @@ func serveRaw(name string, contacts *Contacts, handle func(c net.Conn, br *bufio
 	s.closeFn = func() {
 		ln.Close()
 		mu.Lock()
+		closed = true
 		for c := range conns {
 			c.Close()
 		}
