@@ -14,6 +14,7 @@ import (
 
 	"github.com/browserfailover/caddy-browser-failover/cluster"
 	"github.com/browserfailover/caddy-browser-failover/observe"
+	"github.com/browserfailover/caddy-browser-failover/spend"
 	"github.com/browserfailover/caddy-browser-failover/upstreams"
 )
 
@@ -33,7 +34,8 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 // UnmarshalCaddyfile sets up the handler from Caddyfile tokens:
 //
 //	browser_failover [<matcher>] {
-//		strategy        priority|round_robin|least_conn|weighted|random|latency
+//		strategy        priority|round_robin|least_conn|weighted|random|latency|cheapest
+//		expected_duration <duration>
 //		connect_timeout <duration>
 //		try_duration    <duration>
 //		max_attempts    <n>
@@ -41,7 +43,9 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //		provider <name> <url> {
 //			priority        <int>
 //			weight          <n>
-//			max_concurrent  <n>
+//			max_concurrent  <n>|auto
+//			cost            <amount> per session|minute|hour [minimum <duration>]
+//			budget          <amount> per hour|day|month
 //			connect_timeout <duration>
 //			header_up [+|-]<field> [<value>]
 //			pass_query      [on|off]
@@ -76,6 +80,7 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //		forward_headers <field...>
 //		allowed_origins <origin...>
 //		client_limit <placeholder> <n>
+//		client_budget <placeholder> <amount> per hour|day|month
 //		hedge_after  <duration>
 //		hedge_max    <n>
 //		keepalive    <interval>|off
@@ -165,6 +170,10 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			h.Discovery = &on
 		case "client_limit":
 			h.ClientLimit, err = parseClientLimit(d)
+		case "client_budget":
+			h.ClientBudget, err = parseClientBudget(d)
+		case "expected_duration":
+			h.ExpectedDuration, err = durationArg(d)
 		case "hedge_after":
 			h.HedgeAfter, err = durationArg(d)
 		case "hedge_max":
@@ -203,7 +212,7 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			return err
 		}
 		h.given.add(opt)
-		if err := top.check(errors.Join(h.validateOwn(), h.Affinity.validate(), h.ClientLimit.validate()), opt); err != nil {
+		if err := top.check(errors.Join(h.validateOwn(), h.Affinity.validate(), h.ClientLimit.validate(), h.ClientBudget.validate()), opt); err != nil {
 			return err
 		}
 	}
@@ -254,7 +263,14 @@ func (r *reader) parseProvider() (*ProviderConfig, *block, error) {
 		case "weight":
 			p.Weight, err = intArg(d)
 		case "max_concurrent":
-			p.MaxConcurrent, err = intArg(d)
+			p.MaxConcurrent, err = parseConcurrency(d)
+		case "cost":
+			p.Cost, err = parseCost(d)
+		case "budget":
+			var b spend.Budget
+			if b, err = parseBudget(d, "budget", d.RemainingArgs()); err == nil {
+				p.Budget = &b
+			}
 		case "connect_timeout":
 			p.ConnectTimeout, err = durationArg(d)
 		case "header_up":

@@ -74,7 +74,7 @@ func TestCaddyfileErrors(t *testing.T) {
 		{"try_duration negative", "browser_failover {\n try_duration -1s\n provider a ws://h:1\n}", "try_duration must not be negative, got -1s", 2},
 		{"discover on ws", "browser_failover {\n provider a ws://h:1 {\n  discover on\n }\n}", `provider "a": discover on needs an http:// or https:// URL`, 3},
 		{"discover on ws after other options", "browser_failover {\n provider a wss://h:1 {\n  priority 2\n  weight 3\n  discover on\n  max_concurrent 2\n }\n}", "discover on needs an http:// or https:// URL", 5},
-		{"bad strategy", "browser_failover {\n strategy fastest\n provider a ws://h:1\n}", `unknown strategy "fastest" (want one of priority, round_robin, least_conn, weighted, random, latency)`, 2},
+		{"bad strategy", "browser_failover {\n strategy fastest\n provider a ws://h:1\n}", `unknown strategy "fastest" (want one of priority, round_robin, least_conn, weighted, random, latency, cheapest)`, 2},
 		{"bad duration", "browser_failover {\n connect_timeout soon\n provider a ws://h:1\n}", `connect_timeout: invalid duration "soon"`, 2},
 		{"bad affinity", "browser_failover {\n provider a ws://h:1\n affinity body x\n}", `affinity source "body"`, 3},
 		{"provider args", "browser_failover {\n provider a\n}", "provider takes a name and a URL", 2},
@@ -293,7 +293,7 @@ browser_failover /pw* {
 	}
 	p := h.Providers[0]
 	if h.Strategy != "weighted" || h.MaxAttempts != 3 || len(h.Providers) != 2 ||
-		*p.Priority != -1 || p.Weight != 3 || p.MaxConcurrent != 5 || !p.PassQuery ||
+		*p.Priority != -1 || p.Weight != 3 || p.MaxConcurrent.Limit != 5 || !p.PassQuery ||
 		len(p.HeadersUp) != 3 || p.HeadersUp[1].Op != "add" || p.HeadersUp[2].Op != "delete" ||
 		p.TLS.ServerName != "connect.example.com" || p.Cooldown == nil ||
 		h.Cooldown.FailureThreshold != 0.25 || h.Cooldown.MinRequests != 4 ||

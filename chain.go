@@ -26,7 +26,7 @@ import (
 //                at the limit.
 //  2. order      The strategy orders the providers this client can use,
 //                rotating per pool.
-//  3. skip       Providers drained, full, in cooldown, left to clients that
+//  3. skip       Providers drained, full, over budget, in cooldown, left to clients that
 //                wait longer, or without a cluster-wide slot are passed over
 //                without an attempt.
 //  4. attempt    One candidate after the other, or hedged: the next one
@@ -139,6 +139,11 @@ func (c *connect) join() bool {
 		return false
 	}
 	if !c.prepareResume() {
+		return false
+	}
+	// A key over its client_budget gets 429 before it waits for
+	// anything.
+	if !c.joinClientBudget() {
 		return false
 	}
 	if h.ClientLimit == nil {
@@ -277,7 +282,7 @@ func (c *connect) pass(first bool) (end passEnd, couldWait, retry bool) {
 		end = c.attemptInTurn(ctx, ps)
 	}
 	c.allIncompatible = ps.serveable > 0 && ps.serveable == ps.incompatible
-	return end, ps.serveable > ps.incompatible+ps.stateDown, ps.retry
+	return end, ps.serveable > ps.incompatible+ps.stateDown+ps.overBudget, ps.retry
 }
 
 // order returns the indices of the members to try, in order: the strategy
@@ -302,7 +307,7 @@ func (c *connect) order(advance bool) []int {
 			ms, has := m.state.HandshakeMS()
 			cands = append(cands, upstreams.Candidate{
 				Index: i, Priority: m.up.Priority, Weight: m.up.Weight,
-				Active: m.state.Reserved(), LatencyMS: ms, HasLatency: has,
+				Active: m.state.Reserved(), LatencyMS: ms, HasLatency: has, Cost: m.expectedCost,
 			})
 		}
 		order = c.pool.strategy.Order(cands, advance, make([]int, 0, len(cands)))
@@ -324,9 +329,9 @@ func (c *connect) order(advance bool) []int {
 }
 
 // 3. Skip: pick returns the next candidate to attempt, its health permit
-// taken and a slot reserved, passing over providers drained, full, in
-// cooldown, left to longer waiters, or without a cluster-wide slot; nil
-// when the pass has no candidate left.
+// taken and a slot reserved, passing over providers drained, full, over
+// budget, in cooldown, left to longer waiters, or without a cluster-wide
+// slot; nil when the pass has no candidate left.
 func (c *connect) pick(ps *passState) (*member, cooldown.Permit, *cluster.Lease) {
 	h := c.h
 	for ps.next < len(ps.order) {
@@ -351,6 +356,12 @@ func (c *connect) pick(ps *passState) (*member, cooldown.Permit, *cluster.Lease)
 		if st.Full() {
 			st.SkippedFull()
 			c.skip(m, upstreams.WordFull)
+			continue
+		}
+		if over, _ := st.OverBudget(); over {
+			// Its window's budget is spent: nothing until it turns.
+			ps.overBudget++
+			c.skip(m, upstreams.WordBudget)
 			continue
 		}
 		if h.MaxAttempts > 0 && ps.tried >= h.MaxAttempts {

@@ -15,6 +15,7 @@ import (
 	"github.com/browserfailover/caddy-browser-failover/cluster"
 	"github.com/browserfailover/caddy-browser-failover/cooldown"
 	"github.com/browserfailover/caddy-browser-failover/observe"
+	"github.com/browserfailover/caddy-browser-failover/spend"
 	"github.com/browserfailover/caddy-browser-failover/upstreams"
 )
 
@@ -30,7 +31,9 @@ import (
 type Handler struct {
 	// Strategy orders the providers for each upgrade: "priority" (lower
 	// priority first, ties in config order), "round_robin", "least_conn",
-	// "weighted", "random" or "latency". Default: "priority".
+	// "weighted", "random", "latency" or "cheapest" (by the cost of a
+	// session of expected_duration, ties by priority). Default:
+	// "priority".
 	Strategy string `json:"strategy,omitempty"`
 	// ConnectTimeout bounds one attempt at a provider: TCP connect, TLS
 	// handshake, discovery and the upgrade answer. Must be positive.
@@ -69,6 +72,15 @@ type Handler struct {
 	// ClientLimit caps the live sessions of each client key. Default: no
 	// cap.
 	ClientLimit *ClientLimitConfig `json:"client_limit,omitempty"`
+	// ClientBudget caps what the sessions of each client key may cost in
+	// one calendar window (UTC): a key whose ended sessions plus its live
+	// ones' accrued cost reach it gets 429 until the window turns.
+	// Default: none.
+	ClientBudget *ClientBudgetConfig `json:"client_budget,omitempty"`
+	// ExpectedDuration is how long a session is expected to last, for
+	// the cheapest strategy, which orders providers by the cost of such a
+	// session. Must be positive. Default: 5m.
+	ExpectedDuration caddy.Duration `json:"expected_duration,omitempty"`
 	// HedgeAfter starts the next candidate beside the current attempt when
 	// that attempt has not answered within it; the first 101 wins.
 	// Default: 0, no hedging.
@@ -129,8 +141,20 @@ type Handler struct {
 type ProviderConfig struct {
 	upstreams.Config
 	// MaxConcurrent is the most live sessions the provider takes; a full
-	// provider is skipped without an attempt. Default: 0, unlimited.
-	MaxConcurrent int `json:"max_concurrent,omitempty"`
+	// provider is skipped without an attempt. A number (0: unlimited), or
+	// "auto": the cap is learnt from the provider's own refusals (see
+	// Concurrency). Default: 0, unlimited.
+	MaxConcurrent Concurrency `json:"max_concurrent,omitzero"`
+	// Cost is what the provider charges for a session; it is counted
+	// on each session, in status and metrics, and budgets and the
+	// cheapest strategy read it. Default: none, a session costs 0.
+	Cost *spend.Cost `json:"cost,omitempty"`
+	// Budget caps what the provider's sessions may cost in one calendar
+	// window (UTC): once ended sessions plus the accrued cost of live
+	// ones reach it, the provider is skipped (word "budget") until the
+	// window turns; live sessions are never cut. Needs Cost. Default:
+	// none.
+	Budget *spend.Budget `json:"budget,omitempty"`
 	// Cooldown overrides any of the handler's cooldown settings for this
 	// provider. Default: the handler's.
 	Cooldown *CooldownConfig `json:"cooldown,omitempty"`
@@ -160,6 +184,67 @@ type ClientLimitConfig struct {
 	// Limit is the most live sessions one key value may hold; at least 1.
 	// Required.
 	Limit int `json:"limit"`
+}
+
+// ClientBudgetConfig caps what each client key's sessions may cost in one
+// calendar window (JSON key "client_budget"): the amount and window of a
+// spend.Budget, and the key.
+type ClientBudgetConfig struct {
+	// Key is a placeholder evaluated per request whose value identifies
+	// the client, such as {http.auth.user.id}. Required.
+	Key string `json:"key"`
+	spend.Budget
+}
+
+// validate checks the client_budget option.
+func (cb *ClientBudgetConfig) validate() error {
+	if cb == nil {
+		return nil
+	}
+	var errs []error
+	if !strings.Contains(cb.Key, "{") {
+		errs = append(errs, badOpt("client_budget", "client_budget key %q: want a placeholder such as {http.auth.user.id}", cb.Key))
+	}
+	if err := cb.Budget.Validate(); err != nil {
+		errs = append(errs, badOpt("client_budget", "client_%v", err))
+	}
+	return errors.Join(errs...)
+}
+
+// Concurrency is a provider's max_concurrent: a number of live sessions
+// (0: unlimited), or "auto" (Auto), a cap learnt from the provider: a 429
+// without Retry-After (or a capacity probe that says full) while n ≥ 1
+// sessions are live sets the cap to n, and it rises by one at most once
+// per cooldown duration while it is reached and no 429 comes.
+type Concurrency struct {
+	Limit int
+	Auto  bool
+}
+
+// MarshalJSON writes the number, or "auto".
+func (c Concurrency) MarshalJSON() ([]byte, error) {
+	if c.Auto {
+		return []byte(`"auto"`), nil
+	}
+	return json.Marshal(c.Limit)
+}
+
+// UnmarshalJSON reads a number, or "auto".
+func (c *Concurrency) UnmarshalJSON(b []byte) error {
+	var s string
+	if json.Unmarshal(b, &s) == nil {
+		if s != "auto" {
+			return fmt.Errorf(`max_concurrent %q: want a number or "auto"`, s)
+		}
+		*c = Concurrency{Auto: true}
+		return nil
+	}
+	var n int
+	if err := json.Unmarshal(b, &n); err != nil {
+		return fmt.Errorf(`max_concurrent: want a number or "auto"`)
+	}
+	*c = Concurrency{Limit: n}
+	return nil
 }
 
 // StateConfig makes several gateway nodes share provider state (JSON key
@@ -260,6 +345,8 @@ const (
 	defaultQueueSize    = 100
 	defaultQueueTimeout = 30 * time.Second
 	defaultPriority     = 1
+	// defaultExpectedDuration is the session the cheapest strategy prices.
+	defaultExpectedDuration = 5 * time.Minute
 )
 
 // explicit is the set of options a config object states, by JSON key.
@@ -442,6 +529,7 @@ func (h *Handler) check() error {
 		h.Session.validate(),
 		h.Affinity.validate(),
 		h.ClientLimit.validate(),
+		h.ClientBudget.validate(),
 		h.State.validate(),
 	)
 	for i, wh := range h.Webhooks {
@@ -466,7 +554,12 @@ func (h *Handler) validateOwn() error {
 		notNegative("try_duration", h.TryDuration, "try_duration"),
 		notNegative("hedge_after", h.HedgeAfter, "hedge_after"),
 		positive(h.given, "reap_interval", h.ReapInterval, "reap_interval"),
+		positive(h.given, "expected_duration", h.ExpectedDuration, "expected_duration"),
 	)
+	if h.ExpectedDuration != 0 && h.Strategy != upstreams.StrategyCheapest {
+		// Judged on the whole block: strategy may come after it.
+		errs = append(errs, &optionError{msg: "expected_duration is for strategy cheapest", opts: []string{"expected_duration"}, whole: true})
+	}
 	if h.MaxAttempts < 0 {
 		errs = append(errs, badOpt("max_attempts", "max_attempts must not be negative, got %d", h.MaxAttempts))
 	}
@@ -503,8 +596,19 @@ func (p *ProviderConfig) validate() error {
 		return badOpt("name", "provider has no name")
 	}
 	errs := []error{fromProblems(p.Config.Validate(p.given.has))}
-	if p.MaxConcurrent < 0 {
-		errs = append(errs, badOpt("max_concurrent", "max_concurrent must not be negative, got %d", p.MaxConcurrent))
+	if p.MaxConcurrent.Limit < 0 {
+		errs = append(errs, badOpt("max_concurrent", "max_concurrent must not be negative, got %d", p.MaxConcurrent.Limit))
+	}
+	if err := p.Cost.Validate(); err != nil {
+		errs = append(errs, badOpt("cost", "%v", err))
+	}
+	if err := p.Budget.Validate(); err != nil {
+		errs = append(errs, badOpt("budget", "%v", err))
+	} else if p.Budget != nil && p.Cost == nil {
+		// A cost given after it settles it.
+		e := badOpt("budget", "budget needs cost: without a price the provider's sessions cost nothing")
+		e.whole = true
+		errs = append(errs, e)
 	}
 	proto, protoErr := upstreams.ParseProtocol(p.Protocol)
 	if protoErr != nil {

@@ -13,6 +13,7 @@ import (
 	"github.com/browserfailover/caddy-browser-failover/cluster"
 	"github.com/browserfailover/caddy-browser-failover/pool"
 	"github.com/browserfailover/caddy-browser-failover/queue"
+	"github.com/browserfailover/caddy-browser-failover/spend"
 	"github.com/browserfailover/caddy-browser-failover/upstreams"
 )
 
@@ -59,6 +60,12 @@ type connect struct {
 	// Held until the session takes them, or released by finish.
 	quota *pool.QuotaKey
 	lease *cluster.Lease
+	// meter is the cost of the session a resume takes back with the
+	// provider session it kept; clientBook is the client key's spend
+	// under client_budget.
+	meter      *spend.Meter
+	meterOf    string // the meter's provider
+	clientBook *spend.Book
 
 	// allIncompatible: the last pass found every provider it could use
 	// answering 428 (a Playwright server of another version).
@@ -99,6 +106,9 @@ type passState struct {
 	// stateDown: providers refused because the shared state is
 	// unreachable (on_unavailable reject); they cannot be waited for.
 	stateDown int
+	// overBudget: providers whose budget is spent until their window
+	// turns; not waited for either.
+	overBudget int
 }
 
 // verdict is what an attempt's outcome means for the pass.
@@ -147,6 +157,9 @@ type holds struct {
 	quota *pool.QuotaKey
 	lease *cluster.Lease
 	store *cluster.Shared
+	// meter is the session's cost, stopped (and counted) when the rest
+	// is given back.
+	meter *spend.Meter
 }
 
 // end gives them back as the live session s ends.
@@ -162,8 +175,12 @@ func (hd *holds) free() {
 	hd.release()
 }
 
-// release gives back all but the slot.
+// release gives back all but the slot, and counts what the session cost.
 func (hd *holds) release() {
+	if hd.meter != nil {
+		charge(hd.reg, hd.st.Name(), hd.meter, hd.store)
+		hd.meter = nil
+	}
 	if hd.quota != nil {
 		hd.reg.ReleaseQuota(*hd.quota)
 		hd.quota = nil
@@ -186,6 +203,15 @@ func (c *connect) releaseHolds() {
 	}
 	releaseLease(c.lease)
 	c.lease = nil
+	if c.meter != nil {
+		// A resume that took the kept provider session and lost it.
+		var store *cluster.Shared
+		if c.h.shared != nil {
+			store = c.h.shared.s
+		}
+		charge(c.h.reg, c.meterOf, c.meter, store)
+		c.meter = nil
+	}
 }
 
 // poolOf is the part of a handler that can serve one class of client

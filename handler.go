@@ -48,6 +48,9 @@ type member struct {
 	state     *pool.Provider
 	proto     upstreams.Protocol
 	pwVersion string
+	// expectedCost is what a session of expected_duration costs there,
+	// for the cheapest strategy.
+	expectedCost float64
 }
 
 // shared is a handler's use of a store.

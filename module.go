@@ -79,12 +79,17 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		// Each block was checked by its validator, and the two merged by
 		// the handler's (clash).
 		cfg := base.Merge(pc.Cooldown.toConfig())
-		state, err := h.reg.Claim(pc.Name, up.Key(), up.Redacted(), h.gen, cfg, single, pc.MaxConcurrent)
+		state, err := h.reg.Claim(pc.Name, up.Key(), up.Redacted(), h.gen, cfg, single, pc.MaxConcurrent.Limit)
 		if err != nil {
 			return err
 		}
 		h.claimed = append(h.claimed, pc.Name)
-		m := &member{up: up, state: state}
+		state.SetPricing(pool.Pricing{Cost: pc.Cost, Budget: pc.Budget, Auto: pc.MaxConcurrent.Auto, Interval: cfg.WithDefaults().Duration})
+		expected := defaultExpectedDuration
+		if h.ExpectedDuration > 0 {
+			expected = time.Duration(h.ExpectedDuration)
+		}
+		m := &member{up: up, state: state, expectedCost: pc.Cost.Of(expected)}
 		m.proto, _ = upstreams.ParseProtocol(pc.Protocol)
 		if pc.PlaywrightVersion != "" {
 			m.pwVersion, _ = upstreams.ParsePlaywrightVersion(pc.PlaywrightVersion)

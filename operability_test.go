@@ -59,6 +59,17 @@ type opProvider struct {
 	LastProbe     *opProbe   `json:"last_probe"`
 	// Capacity is shown only for a health check that reads capacity.
 	Capacity *opCapacity `json:"capacity,omitempty"`
+	// MaxConcurrentLearned is shown only with max_concurrent auto.
+	MaxConcurrentLearned *int64  `json:"max_concurrent_learned,omitempty"`
+	Spend                opSpend `json:"spend"`
+}
+
+// opSpend is what a provider's sessions cost in the current window.
+type opSpend struct {
+	WindowStart time.Time `json:"window_start"`
+	Spent       float64   `json:"spent"`
+	Accrued     float64   `json:"accrued"`
+	Budget      *float64  `json:"budget"`
 }
 
 // opProbe is a provider's last probe.
@@ -101,7 +112,7 @@ type opClient struct {
 }
 
 var (
-	opProviderKeys = []string{"active", "attempts", "cooldown_until", "draining", "failures", "handshake_ms", "healthy", "last_error", "last_probe", "max_concurrent", "name", "url"}
+	opProviderKeys = []string{"active", "attempts", "cooldown_until", "draining", "failures", "handshake_ms", "healthy", "last_error", "last_probe", "max_concurrent", "name", "spend", "url"}
 	opQueueKeys    = []string{"providers", "size", "timeout_ms", "waiting"}
 )
 

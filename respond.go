@@ -199,12 +199,17 @@ func (h *Handler) noProviderServes(cl *class) string {
 }
 
 // retryAfter is the seconds until the earliest cooldown of the handler's
-// providers ends, at least 1.
+// providers ends, or the earliest budget window of theirs turns, at least
+// 1.
 func (h *Handler) retryAfter() int {
 	now := time.Now()
 	best := time.Duration(0)
 	for _, m := range h.members {
-		if u := m.state.Health.Until(); u.After(now) {
+		u := m.state.Health.Until()
+		if over, turn := m.state.OverBudget(); over {
+			u = turn
+		}
+		if u.After(now) {
 			if d := u.Sub(now); best == 0 || d < best {
 				best = d
 			}
@@ -228,7 +233,9 @@ type sessionEnd struct {
 	keepalive bool
 }
 
-func (e *sessionEnd) log(s *upstreams.Session) {
+// log writes the session's end entry; cost is what it cost (so far, for
+// a session parked with its provider session).
+func (e *sessionEnd) log(s *upstreams.Session, cost float64) {
 	e.metrics.SessionEnded(e.provider, time.Since(s.Start()))
 	var pings []zap.Field
 	if e.keepalive {
@@ -245,8 +252,13 @@ func (e *sessionEnd) log(s *upstreams.Session) {
 		zap.String("close_reason", s.Reason()),
 		zap.Int("hedges_started", e.hedges),
 		zap.Int("hedges_wasted", e.wasted),
+		zap.Float64("cost", roundCost(cost)),
 	}, pings...)...)
 }
+
+// roundCost rounds a cost to 1e-9 of a unit, so a log or a status shows
+// 0.3 rather than 0.30000000000000004.
+func roundCost(v float64) float64 { return math.Round(v*1e9) / 1e9 }
 
 // writeJSON writes v as JSON with status; set adjusts headers first.
 func writeJSON(w http.ResponseWriter, status int, v any, set func(http.Header)) error {

@@ -406,6 +406,8 @@ func (c *connect) redial(e *pool.Parked) {
 			kept.store = nil
 			defer store.Release()
 		}
+		// Its provider session goes on: so does its cost.
+		c.meter, c.meterOf, kept.meter = kept.meter, m.up.Name, nil
 		kept.release()
 	}
 	kept = nil

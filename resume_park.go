@@ -14,6 +14,7 @@ import (
 
 	"github.com/browserfailover/caddy-browser-failover/cluster"
 	"github.com/browserfailover/caddy-browser-failover/pool"
+	"github.com/browserfailover/caddy-browser-failover/spend"
 	"github.com/browserfailover/caddy-browser-failover/upstreams"
 )
 
@@ -52,6 +53,7 @@ type parking struct {
 	bytesUp  int64
 	bytesDn  int64
 	remoteIP string
+	meter    *spend.Meter // the session's cost
 
 	mu sync.Mutex
 	id string // the session's current ID
@@ -198,6 +200,7 @@ func (pk *parking) park(held *upstreams.Session, code int) {
 		RemoteIP:  pk.remoteIP,
 		BytesUp:   pk.bytesUp,
 		BytesDown: pk.bytesDn,
+		Meter:     pk.meter,
 		CloseCode: code,
 		Held:      held,
 		Remote:    pk.remote,

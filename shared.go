@@ -3,6 +3,7 @@ package browserfailover
 import (
 	"context"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -73,6 +74,10 @@ func (h *Handler) provisionShared() error {
 		// node's status and metrics show when they are above
 		// max_concurrent.
 		s.Store().Watch(m.up.Name)
+	}
+	if h.ClientBudget != nil || slices.ContainsFunc(h.Providers, func(p *ProviderConfig) bool { return p.Cost != nil }) {
+		// Budgets count what the other nodes' sessions cost.
+		go h.syncSpend()
 	}
 	h.shared.cancel = s.Store().Subscribe(func(e cluster.Event) {
 		if e.Kind == cluster.EventResumed {
@@ -188,7 +193,17 @@ func (c *connect) claimShared(ps *passState, m *member) (*cluster.Lease, bool) {
 	if !sh.s.Usable() {
 		return c.stateDown(ps, m)
 	}
-	g, err := sh.s.Store().Acquire(c.r.Context(), m.up.Name, int(m.state.Limit()))
+	var g cluster.Grant
+	var err error
+	if l := m.state.LearntCap(); l != nil {
+		// The cap learnt over every node, in the same round trip.
+		g, err = sh.s.Store().AcquireLearnt(c.r.Context(), m.up.Name, m.state.Pricing().Interval)
+		if err == nil && g.Cap > 0 {
+			l.Adopt(int64(g.Cap), c.h.reg.Now())
+		}
+	} else {
+		g, err = sh.s.Store().Acquire(c.r.Context(), m.up.Name, int(m.state.Limit()))
+	}
 	if err != nil {
 		if c.r.Context().Err() != nil {
 			return nil, true // the client left; the attempt will see it

@@ -80,6 +80,8 @@ func (h *Handler) conclude(ps *passState, m *member, permit cooldown.Permit, res
 			h.settle(st, permit, cooldown.Neutral, 0)
 			st.Unreserve()
 			res.Conn.CloseLost()
+			// Its provider created a session for it all the same.
+			h.chargeLoser(m)
 			return verdictNext
 		}
 		h.settle(st, permit, cooldown.Success, 0)
@@ -97,6 +99,14 @@ func (h *Handler) conclude(ps *passState, m *member, permit cooldown.Permit, res
 		}
 		st.UnreserveFailed()
 	case upstreams.Capacity:
+		if h.learnCap(m, o) {
+			// The provider holds what it can: its cap is learnt, and
+			// it is not skipped for that (clients beyond the cap wait
+			// for a slot).
+			h.settle(st, permit, cooldown.Neutral, 0)
+			st.UnreserveFailed()
+			break
+		}
 		h.settle(st, permit, cooldown.Capacity, o.RetryAfter)
 		st.UnreserveFailed()
 	case upstreams.Incompatible:
@@ -127,6 +137,24 @@ func (h *Handler) conclude(ps *passState, m *member, permit cooldown.Permit, res
 		}
 	}
 	return verdictNext
+}
+
+// learnCap learns the cap of a provider whose max_concurrent is auto from
+// its 429 without Retry-After: the live sessions it holds (over every node
+// under shared state). It reports false when there is nothing to learn
+// (another answer, a Retry-After, no session live): the provider is then
+// skipped as for any capacity answer.
+func (h *Handler) learnCap(m *member, o upstreams.Outcome) bool {
+	st := m.state
+	if st.LearntCap() == nil || o.RetryAfter > 0 || o.Word != upstreams.StatusWord(http.StatusTooManyRequests) {
+		return false
+	}
+	if h.shared != nil && h.shared.s.Usable() {
+		if n, ok := h.learnSharedCap(st); ok {
+			return n > 0
+		}
+	}
+	return st.Refused(st.Active())
 }
 
 // settle records an attempt's result in st's health and reacts to what
@@ -300,9 +328,10 @@ func (c *connect) relay(m *member, client netConn, up *upstreams.Conn, pending [
 		wasted:    c.hedgesWasted,
 		keepalive: c.h.Keepalive > 0,
 	}
-	hd := &holds{reg: c.h.reg, st: st, quota: c.quota, lease: c.lease}
+	hd := &holds{reg: c.h.reg, st: st, quota: c.quota, lease: c.lease, meter: c.startMeter(st)}
 	c.quota, c.lease = nil, nil
-	if hd.lease != nil && c.h.shared != nil {
+	if c.h.shared != nil && (hd.lease != nil || hd.meter.Cost() != nil) {
+		// Kept open for the lease's release and the cost's write.
 		hd.store = c.h.shared.s
 		hd.store.Retain()
 	}
@@ -312,6 +341,9 @@ func (c *connect) relay(m *member, client netConn, up *upstreams.Conn, pending [
 	}
 	// A session its client ends may be taken back (resume.go).
 	pk := c.newParking(m, up)
+	if pk != nil {
+		pk.meter = hd.meter
+	}
 	opts := upstreams.SessionOptions{
 		ClientPending: pending,
 		IdleTimeout:   idle,
@@ -337,14 +369,15 @@ func (c *connect) relay(m *member, client netConn, up *upstreams.Conn, pending [
 		// released in the background, and what the session holds
 		// given back, unless the session is parked with them: then
 		// at the end of its window, or by its resume.
+		meter := hd.meter
 		if !pk.ended(s, hd) {
 			up.Release()
 			hd.end(s)
 		}
-		end.log(s)
+		end.log(s, meter.Accrued())
 	}
 	s := upstreams.NewSession(client, up, opts)
-	info := pool.SessionInfo{ID: c.id, Protocol: string(c.cls.proto), RemoteIP: remoteIP(c.r), Attempts: c.tries}
+	info := pool.SessionInfo{ID: c.id, Protocol: string(c.cls.proto), RemoteIP: remoteIP(c.r), Attempts: c.tries, Meter: hd.meter}
 	if hd.quota != nil {
 		info.Client = c.h.reg.Shown(*hd.quota)
 	}

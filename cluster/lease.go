@@ -28,6 +28,9 @@ type Grant struct {
 	// LeaseTTL, its leases come back when it renews, and Live may exceed
 	// max until enough sessions end; no lease is granted meanwhile.
 	Live int
+	// Cap is the provider's learnt cap over every node (AcquireLearnt; 0:
+	// none learnt yet, or not learnt).
+	Cap int
 }
 
 // Lease is one live-session slot of a provider, held by this node. The
@@ -101,6 +104,31 @@ func (s *Store) newMember() string {
 // has a Hold and no lease; at (or above) max it is Full. Errors wrap
 // ErrUnavailable.
 func (s *Store) Acquire(ctx context.Context, provider string, max int) (Grant, error) {
+	return s.acquire(ctx, provider, max, 0)
+}
+
+// AcquireLearnt is Acquire for a provider whose cap is learnt over every
+// node (max_concurrent auto): the cap set by LearnCap, raised by one at
+// most once per interval while it is reached. Before any is learnt the
+// provider is unlimited. The Grant's Cap is the cap in use.
+func (s *Store) AcquireLearnt(ctx context.Context, provider string, interval time.Duration) (Grant, error) {
+	return s.acquire(ctx, provider, 0, max(interval.Milliseconds(), 1))
+}
+
+// LearnCap sets the provider's learnt cap to its live leases over every
+// node, less one (the refused attempt's own), and returns it; 0 when none
+// is live (nothing learnt).
+func (s *Store) LearnCap(ctx context.Context, provider string) (int, error) {
+	ctx, cancel := s.ctx(ctx)
+	defer cancel()
+	n, err := learnCapScript.Run(ctx, s.rdb, []string{s.leaseKey(provider), s.capKey(provider)}).Int()
+	if err != nil {
+		return 0, s.fail(fmt.Sprintf("learn the cap of provider %q", provider), err)
+	}
+	return n, nil
+}
+
+func (s *Store) acquire(ctx context.Context, provider string, max int, learnMS int64) (Grant, error) {
 	if provider == "" {
 		return Grant{}, errors.New("acquire: empty provider name")
 	}
@@ -122,24 +150,25 @@ func (s *Store) Acquire(ctx context.Context, provider string, max int) (Grant, e
 	ctx, cancel := s.ctx(ctx)
 	defer cancel()
 	res, err := acquireScript.Run(ctx, s.rdb,
-		[]string{s.leaseKey(provider), s.cooldownKey(provider)},
+		[]string{s.leaseKey(provider), s.cooldownKey(provider), s.capKey(provider)},
 		max, l.member, time.Duration(s.cfg.LeaseTTL).Milliseconds(), s.channel(),
-		s.event(EventReleased, provider, 0, 0),
+		s.event(EventReleased, provider, 0, 0), learnMS,
 	).Int64Slice()
 	if err != nil {
 		// The script may have run and its reply been lost: the lease then
 		// expires, unrenewed, within LeaseTTL.
 		return Grant{}, s.fail(op, err)
 	}
-	if len(res) != 5 {
+	if len(res) != 6 {
 		return Grant{}, s.fail(op, fmt.Errorf("unexpected reply %v", res))
 	}
 	s.sawLive(provider, int(res[3]))
+	cp := int(res[5])
 	switch res[0] {
 	case 0:
-		return Grant{Hold: s.hold(res[1], res[2], res[4]), Live: int(res[3])}, nil
+		return Grant{Hold: s.hold(res[1], res[2], res[4]), Live: int(res[3]), Cap: cp}, nil
 	case 2:
-		return Grant{Full: true, Live: int(res[3])}, nil
+		return Grant{Full: true, Live: int(res[3]), Cap: cp}, nil
 	}
 	s.mu.Lock()
 	if s.closed {
@@ -153,5 +182,5 @@ func (s *Store) Acquire(ctx context.Context, provider string, max int) (Grant, e
 	}
 	s.leases[l] = struct{}{}
 	s.mu.Unlock()
-	return Grant{Lease: l, Live: int(res[3])}, nil
+	return Grant{Lease: l, Live: int(res[3]), Cap: cp}, nil
 }

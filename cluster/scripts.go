@@ -36,40 +36,83 @@ end
 `
 
 // acquireScript drops the dead leases of a provider, checks its shared
-// cooldown and skip, and takes a slot when fewer than max are live.
+// cooldown and skip, and takes a slot when fewer than its cap are live:
+// max, or with a learnt cap (ARGV[6] > 0) the cap learnt so far, raised by
+// one first when an interval has passed since it was last set and it was
+// reached since.
 //
-// KEYS[1] lease set, KEYS[2] cooldown hash.
+// KEYS[1] lease set, KEYS[2] cooldown hash, KEYS[3] learnt cap hash
+// (cap, since, reached).
 // ARGV[1] max (0 unlimited), ARGV[2] member, ARGV[3] TTL ms, ARGV[4] channel,
 // ARGV[5] "released" event, published when dead leases were dropped and
-// room remains.
+// room remains, ARGV[6] the learnt cap's interval in ms (0: not learnt).
 //
-// Returns {status, cooldown ms left, streak, live, skip ms left}: status 0
-// held (a cooldown or skip runs; no lease taken), 1 taken, 2 full (live,
-// which may be above max after a partition, counts every live lease).
+// Returns {status, cooldown ms left, streak, live, skip ms left, learnt
+// cap}: status 0 held (a cooldown or skip runs; no lease taken), 1 taken,
+// 2 full (live, which may be above max after a partition, counts every
+// live lease).
 var acquireScript = redis.NewScript(luaNow + luaExpireWithLast + luaHoldLeft + `
 local swept = redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
 local cdLeft, streak, skLeft = holdLeft(KEYS[2])
 local live = redis.call('ZCARD', KEYS[1])
+local max = tonumber(ARGV[1])
+local learn = tonumber(ARGV[6])
+local cap = 0
+if learn > 0 then
+  local c = redis.call('HMGET', KEYS[3], 'cap', 'since', 'reached')
+  cap = tonumber(c[1]) or 0
+  if cap > 0 and c[3] == '1' and now - (tonumber(c[2]) or 0) >= learn then
+    cap = cap + 1
+    redis.call('HSET', KEYS[3], 'cap', cap, 'since', now, 'reached', 0)
+    redis.call('PEXPIRE', KEYS[3], 86400000)
+  end
+  if cap > 0 then max = cap end
+end
 if cdLeft > 0 or skLeft > 0 then
-  return {0, cdLeft, streak, live, skLeft}
+  return {0, cdLeft, streak, live, skLeft, cap}
 end
 local exp = now + tonumber(ARGV[3])
 if redis.call('ZSCORE', KEYS[1], ARGV[2]) then
   -- this very lease is already in: a call whose reply was lost
   redis.call('ZADD', KEYS[1], exp, ARGV[2])
   expireWithLast(KEYS[1], tonumber(ARGV[3]))
-  return {1, 0, 0, live, 0}
+  return {1, 0, 0, live, 0, cap}
 end
-local max = tonumber(ARGV[1])
 if max > 0 and live >= max then
-  return {2, 0, 0, live, 0}
+  if cap > 0 then redis.call('HSET', KEYS[3], 'reached', 1) end
+  return {2, 0, 0, live, 0, cap}
 end
 redis.call('ZADD', KEYS[1], exp, ARGV[2])
 expireWithLast(KEYS[1], tonumber(ARGV[3]))
+if cap > 0 and live + 1 >= cap then redis.call('HSET', KEYS[3], 'reached', 1) end
 if swept > 0 and (max == 0 or live + 1 < max) then
   redis.call('PUBLISH', ARGV[4], ARGV[5])
 end
-return {1, 0, 0, live + 1, 0}
+return {1, 0, 0, live + 1, 0, cap}
+`)
+
+// learnCapScript sets a provider's learnt cap to its live leases over
+// every node, less the refused attempt's own, when at least one is live.
+//
+// KEYS[1] lease set, KEYS[2] learnt cap hash. Returns the cap set (0:
+// nothing live, nothing learnt).
+var learnCapScript = redis.NewScript(luaNow + `
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+local live = redis.call('ZCARD', KEYS[1]) - 1
+if live < 1 then return 0 end
+redis.call('HSET', KEYS[2], 'cap', live, 'since', now, 'reached', 0)
+redis.call('PEXPIRE', KEYS[2], 86400000)
+return live
+`)
+
+// spendScript adds a session's cost to a spend total and returns the new
+// total; the key lives one window past its own.
+//
+// KEYS[1] the total. ARGV[1] the cost, ARGV[2] the key's expiry (Unix ms).
+var spendScript = redis.NewScript(`
+local t = redis.call('INCRBYFLOAT', KEYS[1], ARGV[1])
+redis.call('PEXPIREAT', KEYS[1], ARGV[2])
+return t
 `)
 
 // renewScript extends every lease this node holds, putting back those that

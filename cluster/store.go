@@ -138,6 +138,7 @@ func (s *Store) stopRenewals() {
 
 func (s *Store) leaseKey(provider string) string    { return s.cfg.KeyPrefix + "lease:" + provider }
 func (s *Store) cooldownKey(provider string) string { return s.cfg.KeyPrefix + "cooldown:" + provider }
+func (s *Store) capKey(provider string) string      { return s.cfg.KeyPrefix + "cap:" + provider }
 func (s *Store) channel() string                    { return s.cfg.KeyPrefix + "events" }
 
 // ctx bounds a call by Timeout.

@@ -41,6 +41,7 @@ type Metrics struct {
 	probes            *prometheus.CounterVec
 	webhookDeliveries *prometheus.CounterVec
 	resumes           *prometheus.CounterVec
+	spent             *prometheus.CounterVec
 
 	// The shared state's gauge: shown only while some handler uses a
 	// store.
@@ -57,7 +58,7 @@ func NewMetrics() *Metrics {
 	return &Metrics{
 		attempts:   counterVec("attempts_total", "Connection attempts to providers, by provider and outcome word.", "provider", "outcome"),
 		failovers:  counterVec("failovers_total", "Failovers: a client's attempt failed (failure, 408/429, 428) and its next attempt went straight to another provider, by the provider that failed.", "provider"),
-		rejections: counterVec("rejections_total", "Clients that got no session, by reason: queue_full, queue_timeout, no_provider, relayed (a provider's 4xx passed on).", "reason"),
+		rejections: counterVec("rejections_total", "Clients that got no session, by reason: queue_full, queue_timeout, no_provider, relayed (a provider's 4xx passed on), client_limit, client_budget, and the others the reference lists.", "reason"),
 		queueWait: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Namespace: Namespace, Subsystem: Subsystem,
 			Name:    "queue_wait_seconds",
@@ -84,6 +85,7 @@ func NewMetrics() *Metrics {
 		probes:            counterVec("probes_total", "Active health check probes, by provider and outcome word (ok, refused, timeout, status_<code> …).", "provider", "outcome"),
 		webhookDeliveries: counterVec("webhook_deliveries_total", "Webhook deliveries by result: ok, or failed after every retry.", "result"),
 		resumes:           counterVec("resumes_total", "Clients that asked to resume a session, by result: resumed, unknown, unavailable, refused, conflict, not_resumable.", "result"),
+		spent:             counterVec("spend_total", "What the sessions that ended here cost, in the units of the providers' cost option, by provider (hedge losers that created a session included).", "provider"),
 	}
 }
 
@@ -116,7 +118,7 @@ func (m *Metrics) Collect(ch chan<- prometheus.Metric) {
 func (m *Metrics) counters() []prometheus.Collector {
 	return []prometheus.Collector{
 		m.attempts, m.failovers, m.rejections, m.queueWait, m.handshake, m.sessionDuration,
-		m.eventDrops, m.webhookDeliveries, m.hedgesStarted, m.hedgesWon, m.hedgesWasted, m.sharedErrors, m.probes, m.resumes,
+		m.eventDrops, m.webhookDeliveries, m.hedgesStarted, m.hedgesWon, m.hedgesWasted, m.sharedErrors, m.probes, m.resumes, m.spent,
 	}
 }
 
@@ -207,6 +209,13 @@ func (m *Metrics) SessionEnded(provider string, d time.Duration) {
 	m.sessionDuration.WithLabelValues(provider).Observe(d.Seconds())
 }
 
+// Spent adds what a session cost to its provider's spend.
+func (m *Metrics) Spent(provider string, cost float64) {
+	if cost > 0 {
+		m.spent.WithLabelValues(provider).Add(cost)
+	}
+}
+
 // Resume counts a resume request's result.
 func (m *Metrics) Resume(result string) { m.resumes.WithLabelValues(result).Inc() }
 
@@ -257,6 +266,8 @@ const (
 	ReasonRelayed      = "relayed"
 	ReasonUnservable   = "unservable"
 	ReasonClientLimit  = "client_limit"
+	// ReasonClientBudget: the client key's budget for its window is spent.
+	ReasonClientBudget = "client_budget"
 	// ReasonResume: a resume that could not be served (410, 409).
 	ReasonResume = "resume"
 	// ReasonOrigin: an upgrade a web page opened from an origin that
@@ -278,7 +289,7 @@ func ReasonWord(why string) string {
 		return ReasonQueueTimeout
 	case "no provider available", ReasonNoProvider:
 		return ReasonNoProvider
-	case ReasonRelayed, ReasonUnservable, ReasonClientLimit, ReasonOrigin, ReasonShutdown:
+	case ReasonRelayed, ReasonUnservable, ReasonClientLimit, ReasonClientBudget, ReasonOrigin, ReasonShutdown:
 		return why
 	}
 	if strings.HasPrefix(why, ReasonResume) {

@@ -45,6 +45,7 @@ type Provider struct {
 	capFull   atomic.Bool
 	learntMax atomic.Int64
 	probeState
+	providerSpend
 
 	mu        sync.Mutex
 	url       string // redacted, for status
@@ -127,7 +128,7 @@ func (r *Registry) Claim(name, urlKey, redacted string, gen any, cfg cooldown.Co
 		// config's settings until this load is known to be running.
 		p.prev = nil
 		if p.gen != nil {
-			p.prev = &claimed{gen: p.gen, urlKey: p.urlKey, url: p.url, cfg: p.cfg, single: p.single, max: p.max.Load()}
+			p.prev = &claimed{gen: p.gen, urlKey: p.urlKey, url: p.url, cfg: p.cfg, single: p.single, max: p.max.Load(), pricing: p.Pricing()}
 		}
 		p.genClaims = 0
 	}
@@ -152,6 +153,7 @@ type claimed struct {
 	cfg         cooldown.Config
 	single      bool
 	max         int64
+	pricing     Pricing
 }
 
 // ReleaseClaim gives back a claim that the config load gen made on name.
@@ -182,7 +184,7 @@ func (r *Registry) ReleaseClaim(name string, gen any) {
 	p.Health.Configure(prev.cfg, prev.single)
 	p.max.Store(prev.max)
 	p.mu.Unlock()
-	p.Notify() // the limit may have grown back
+	p.SetPricing(prev.pricing) // offers the provider: the limit may have grown back
 }
 
 // Destruct implements caddy.Destructor: the provider left the config. Its
@@ -247,9 +249,13 @@ func (p *Provider) TryReserve() bool {
 		u := p.used.Load()
 		m := p.Limit()
 		if m > 0 && u >= m {
+			p.reachedLimit(u)
 			return false
 		}
 		if p.used.CompareAndSwap(u, u+1) {
+			if m > 0 && u+1 >= m {
+				p.reachedLimit(u + 1)
+			}
 			return true
 		}
 	}
@@ -262,14 +268,22 @@ func (p *Provider) Full() bool {
 		return true
 	}
 	m := p.Limit()
-	return m > 0 && p.used.Load() >= m
+	if u := p.used.Load(); m > 0 && u >= m {
+		p.reachedLimit(u)
+		return true
+	}
+	return false
 }
 
-// Limit is the most live sessions the provider takes: max_concurrent, or
-// when that is unset the limit its capacity probe learnt (0: unlimited).
+// Limit is the most live sessions the provider takes: max_concurrent; or
+// with max_concurrent auto the cap learnt from its refusals; or, when
+// neither is set, the limit its capacity probe reported (0: unlimited).
 func (p *Provider) Limit() int64 {
 	if m := p.max.Load(); m > 0 {
 		return m
+	}
+	if l := p.LearntCap(); l != nil {
+		return l.Cap()
 	}
 	return p.learntMax.Load()
 }

@@ -349,6 +349,11 @@ func (p *Provider) applyProbe(j probeJob, res upstreams.ProbeResult) {
 		}
 		rep.CapacityFull = l.capacity != nil && l.capacity.Full
 		rep.CapacityFreed = wasFull && !rep.CapacityFull
+		if rep.CapacityFull {
+			// With max_concurrent auto, full while sessions are live
+			// teaches the cap.
+			p.Refused(p.Active())
+		}
 		p.capFull.Store(rep.CapacityFull)
 	}
 	var report func(ProbeReport)

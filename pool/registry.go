@@ -77,6 +77,10 @@ type Registry struct {
 	// ledger keeps the created provider sessions until their release is
 	// confirmed (ledger.go).
 	ledger ledgerState
+
+	// clientSpend is what each client key spent, for client_budget
+	// (spend.go).
+	clientSpend clientBooks
 }
 
 // NewRegistry returns an empty registry on clock (nil: the real one).

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/browserfailover/caddy-browser-failover/queue"
+	"github.com/browserfailover/caddy-browser-failover/spend"
 	"github.com/browserfailover/caddy-browser-failover/upstreams"
 )
 
@@ -66,6 +67,9 @@ type Parked struct {
 	// Refuse, when set, is why a resume of it is answered 409 (it cannot
 	// be joined).
 	Refuse string
+	// Meter is the session's cost (so far, while its provider session
+	// lives on; nil: none metered).
+	Meter *spend.Meter
 	// Data is the parker's own, given back with the entry.
 	Data any
 

@@ -5,6 +5,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/browserfailover/caddy-browser-failover/spend"
 	"github.com/browserfailover/caddy-browser-failover/upstreams"
 )
 
@@ -37,6 +38,8 @@ type SessionInfo struct {
 	// it cannot be resumed): how a resume finds a session that is still
 	// ending. Never shown.
 	ResumeToken string
+	// Meter is the session's cost so far (nil: none metered).
+	Meter *spend.Meter
 }
 
 // LiveSession is one entry of the registry.

@@ -44,6 +44,9 @@ type Session struct {
 	// connection: its duration and bytes are those it had when parked.
 	Parked         bool       `json:"parked"`
 	ResumableUntil *time.Time `json:"resumable_until,omitempty"`
+	// Cost is what the session has cost so far (0 when its provider
+	// states no cost).
+	Cost float64 `json:"cost"`
 }
 
 // sessionOf builds a registry entry's Session object, its duration and
@@ -60,6 +63,7 @@ func sessionOf(reg *pool.Registry, e pool.LiveSession) Session {
 		BytesDown:  e.Session.BytesDown(),
 		RemoteIP:   e.RemoteIP,
 		Attempts:   e.Attempts,
+		Cost:       roundCost(e.Meter.Accrued()),
 	}
 	if e.Client != "" {
 		c := e.Client
@@ -88,6 +92,7 @@ func parkedOf(p pool.Parked) Session {
 		RemoteIP:       p.RemoteIP,
 		Parked:         true,
 		ResumableUntil: &until,
+		Cost:           roundCost(p.Meter.Accrued()),
 	}
 	if p.Client != "" {
 		c := p.Client

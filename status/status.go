@@ -16,6 +16,7 @@ import (
 	"fmt"
 	"math"
 	"net/http"
+	"sort"
 	"strings"
 	"sync"
 	"time"
@@ -24,6 +25,7 @@ import (
 
 	"github.com/browserfailover/caddy-browser-failover/cluster"
 	"github.com/browserfailover/caddy-browser-failover/pool"
+	"github.com/browserfailover/caddy-browser-failover/spend"
 )
 
 func init() {
@@ -110,6 +112,11 @@ type Client struct {
 	Active int `json:"active"`
 	// Waiting is the value's clients queued because it is at its limit.
 	Waiting int `json:"waiting"`
+	// Spent is, under client_budget, what the key's sessions cost in its
+	// window (ended ones, and this node's live ones so far), and Budget
+	// that budget; both absent without client_budget.
+	Spent  *float64 `json:"spent,omitempty"`
+	Budget *float64 `json:"budget,omitempty"`
 }
 
 // Clients lists the client_limit key values with live sessions or waiters,
@@ -120,8 +127,26 @@ func Clients(reg *pool.Registry) []Client {
 	}
 	rows := reg.Clients()
 	out := make([]Client, 0, len(rows))
+	at := map[string]int{}
 	for _, r := range rows {
+		at[r.Key] = len(out)
 		out = append(out, Client{Key: r.Key, Active: r.Active, Waiting: r.Waiting})
+	}
+	spends := reg.ClientSpends()
+	for _, cs := range spends {
+		spent, budget := roundCost(cs.Spent+cs.Accrued), cs.Budget
+		i, ok := at[cs.Key]
+		if !ok {
+			if cs.Live == 0 && cs.Spent == 0 {
+				continue
+			}
+			i = len(out)
+			out = append(out, Client{Key: cs.Key, Active: cs.Live})
+		}
+		out[i].Spent, out[i].Budget = &spent, &budget
+	}
+	if len(spends) > 0 {
+		sort.Slice(out, func(i, j int) bool { return out[i].Key < out[j].Key })
 	}
 	return out
 }
@@ -161,8 +186,14 @@ type Provider struct {
 	Healthy  bool   `json:"healthy"`
 	Draining bool   `json:"draining"`
 	Active   int64  `json:"active"`
-	// MaxConcurrent 0 is unlimited.
+	// MaxConcurrent 0 is unlimited (and with max_concurrent auto).
 	MaxConcurrent int64 `json:"max_concurrent"`
+	// MaxConcurrentLearned is, with max_concurrent auto, the cap learnt
+	// from the provider's refusals (an *int64: null before the first);
+	// absent for other providers.
+	MaxConcurrentLearned any `json:"max_concurrent_learned,omitempty"`
+	// Spend is what the provider's sessions cost in the current window.
+	Spend Spend `json:"spend"`
 	// CooldownUntil is the end of the running cooldown or 408/429 skip,
 	// null when none.
 	CooldownUntil *time.Time `json:"cooldown_until"`
@@ -191,6 +222,34 @@ type Provider struct {
 	// open, what the ledger of created sessions holds for it.
 	Ledger *Ledger `json:"ledger,omitempty"`
 }
+
+// Spend is what a provider's (or a client key's) sessions cost in the
+// current calendar window (UTC): the window of its budget, or a day.
+type Spend struct {
+	// WindowStart is when the window began.
+	WindowStart time.Time `json:"window_start"`
+	// Spent is what the sessions that ended in the window cost (over
+	// every node under shared state).
+	Spent float64 `json:"spent"`
+	// Accrued is what this node's live sessions cost so far.
+	Accrued float64 `json:"accrued"`
+	// Budget is the window's budget; null without one.
+	Budget *float64 `json:"budget"`
+}
+
+// spendOf is a book's state as status shows it.
+func spendOf(st spend.State) Spend {
+	out := Spend{WindowStart: st.WindowStart.UTC(), Spent: roundCost(st.Spent), Accrued: roundCost(st.Accrued)}
+	if st.Budget > 0 {
+		b := st.Budget
+		out.Budget = &b
+	}
+	return out
+}
+
+// roundCost rounds a cost to 1e-9 of a unit (0.3, not
+// 0.30000000000000004).
+func roundCost(v float64) float64 { return math.Round(v*1e9) / 1e9 }
 
 // Probe is the last probe of a provider's active health check.
 type Probe struct {
@@ -340,6 +399,14 @@ func local(p *pool.Provider, clusters map[string]cluster.ProviderState) Provider
 		Attempts:      snap.Attempts,
 		Failures:      snap.Failures,
 		LastError:     p.LastError(),
+		Spend:         spendOf(p.Book().Read()),
+	}
+	if l := p.LearntCap(); l != nil {
+		var learnt *int64
+		if n := l.Cap(); n > 0 {
+			learnt = &n
+		}
+		out.MaxConcurrentLearned = learnt
 	}
 	if !snap.Until.IsZero() {
 		u := snap.Until.UTC()

@@ -77,6 +77,8 @@ const (
 	WordCooldown = "cooldown"
 	WordFull     = "full"
 	WordDrained  = "drained"
+	// WordBudget: the provider's budget for the current window is spent.
+	WordBudget = "budget"
 	// WordHedgeLost marks an attempt given up because a hedged attempt
 	// at another provider won the race.
 	WordHedgeLost = "hedge_lost"

@@ -3,6 +3,7 @@ package upstreams
 import (
 	"cmp"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"slices"
 	"strings"
@@ -22,6 +23,9 @@ type Candidate struct {
 	// false while there is no sample yet.
 	LatencyMS  float64
 	HasLatency bool
+	// Cost is what a session of the expected duration costs there (0
+	// when the provider states no cost), for the cheapest strategy.
+	Cost float64
 }
 
 // Strategy orders the candidates of one pass. Order appends the indices
@@ -43,13 +47,14 @@ const (
 	StrategyWeighted   = "weighted"
 	StrategyRandom     = "random"
 	StrategyLatency    = "latency"
+	StrategyCheapest   = "cheapest"
 )
 
 // StrategyNames lists every strategy NewStrategy knows, the default
 // (priority) first. Config validation and the Caddyfile parser use it.
 var StrategyNames = []string{
 	StrategyPriority, StrategyRoundRobin, StrategyLeastConn,
-	StrategyWeighted, StrategyRandom, StrategyLatency,
+	StrategyWeighted, StrategyRandom, StrategyLatency, StrategyCheapest,
 }
 
 // NewStrategy returns the strategy of that name ("" is priority). Each call
@@ -68,6 +73,8 @@ func NewStrategy(name string) (Strategy, error) {
 		return randomStrategy{}, nil
 	case StrategyLatency:
 		return latencyStrategy{}, nil
+	case StrategyCheapest:
+		return cheapestStrategy{}, nil
 	}
 	return nil, fmt.Errorf("unknown strategy %q (want one of %s)", name, strings.Join(StrategyNames, ", "))
 }
@@ -272,4 +279,24 @@ func (latencyStrategy) Order(cands []Candidate, _ bool, dst []int) []int {
 		}
 		return cmpPriority(a, b)
 	}))
+}
+
+// cheapestStrategy: by the cost of an expected session (Candidate.Cost),
+// lower first; costs within a relative 1e-9 of each other tie, and ties
+// go by priority, then config order.
+type cheapestStrategy struct{}
+
+func (cheapestStrategy) Order(cands []Candidate, _ bool, dst []int) []int {
+	return appendIndices(dst, sortedCands(cands, func(a, b Candidate) int {
+		if !sameCost(a.Cost, b.Cost) {
+			return cmp.Compare(a.Cost, b.Cost)
+		}
+		return cmpPriority(a, b)
+	}))
+}
+
+// sameCost reports whether two costs tie: within 1e-9 of the larger.
+func sameCost(a, b float64) bool {
+	d := math.Abs(a - b)
+	return d <= 1e-9*math.Max(math.Abs(a), math.Abs(b))
 }

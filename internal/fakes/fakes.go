@@ -291,3 +291,57 @@ func Slow(name string, contacts *Contacts, wait func() <-chan time.Time) *SlowSe
 func After(d time.Duration) func() <-chan time.Time {
 	return func() <-chan time.Time { return time.After(d) }
 }
+
+// Capped is an echoing WebSocket provider that holds at most n sessions at
+// once and answers 429 without Retry-After to an upgrade beyond them, as a
+// provider whose real concurrency cap is n does. Live is its live session
+// count.
+type Capped struct {
+	*Server
+	mu   sync.Mutex
+	n    int
+	live int
+	// Refused counts the upgrades it answered 429.
+	Refused atomic.Int64
+}
+
+// NewCapped starts a provider capped at n sessions.
+func NewCapped(name string, contacts *Contacts, n int) *Capped {
+	cp := &Capped{n: n}
+	cp.Server = serveHTTP(name, contacts, func(s *Server, w http.ResponseWriter, r *http.Request) {
+		cp.mu.Lock()
+		if cp.live >= cp.n {
+			cp.mu.Unlock()
+			cp.Refused.Add(1)
+			http.Error(w, "too many concurrent sessions", http.StatusTooManyRequests)
+			return
+		}
+		cp.live++
+		cp.mu.Unlock()
+		defer func() {
+			cp.mu.Lock()
+			cp.live--
+			cp.mu.Unlock()
+		}()
+		c, err := websocket.Accept(w, r, &websocket.AcceptOptions{InsecureSkipVerify: true, CompressionMode: websocket.CompressionDisabled})
+		if err != nil {
+			return
+		}
+		EchoMessages(c)
+	})
+	return cp
+}
+
+// Live is how many sessions it holds now.
+func (cp *Capped) Live() int {
+	cp.mu.Lock()
+	defer cp.mu.Unlock()
+	return cp.live
+}
+
+// SetCap changes its cap.
+func (cp *Capped) SetCap(n int) {
+	cp.mu.Lock()
+	cp.n = n
+	cp.mu.Unlock()
+}
