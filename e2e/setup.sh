@@ -1,10 +1,10 @@
 #!/bin/sh
 # Installs what the real-browser e2e suite (go test ./e2e/) needs on a fresh
 # Debian/Ubuntu machine: Chromium from apt, Node.js when missing, and the npm
-# clients of this folder (puppeteer-core, playwright-core, and an older
+# packages of this folder (puppeteer-core, playwright-core, an older
 # playwright-core under the alias playwright-core-old for the version
-# mismatch test; none downloads a browser). Idempotent and quiet: a second
-# run does nothing.
+# mismatch test, and browserless, run as a provider on that Chromium; none
+# downloads a browser). Idempotent and quiet: a second run does nothing.
 set -eu
 
 cd "$(dirname "$0")"
@@ -40,7 +40,7 @@ fi
 # Never let an npm package fetch a browser: the suite uses /usr/bin/chromium.
 export PUPPETEER_SKIP_DOWNLOAD=1 PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1
 missing=""
-for m in puppeteer-core playwright-core playwright-core-old; do
+for m in puppeteer-core playwright-core playwright-core-old @browserless.io/browserless; do
 	[ -f "node_modules/$m/package.json" ] || missing=1
 done
 if [ -n "$missing" ] || [ ! -f node_modules/.package-lock.json ] ||

@@ -274,6 +274,13 @@ type providerStatus struct {
 	MaxConcurrent int64          `json:"max_concurrent"`
 	CooldownUntil *time.Time     `json:"cooldown_until"`
 	Cluster       *clusterStatus `json:"cluster"`
+	// MaxConcurrentLearned is set with max_concurrent auto once learnt.
+	MaxConcurrentLearned *int64 `json:"max_concurrent_learned"`
+	Spend                struct {
+		Spent   float64  `json:"spent"`
+		Accrued float64  `json:"accrued"`
+		Budget  *float64 `json:"budget"`
+	} `json:"spend"`
 }
 
 // clusterStatus is the "cluster" object of a provider's status.

@@ -351,8 +351,14 @@ func (p *Provider) applyProbe(j probeJob, res upstreams.ProbeResult) {
 		rep.CapacityFreed = wasFull && !rep.CapacityFull
 		if rep.CapacityFull {
 			// With max_concurrent auto, full while sessions are live
-			// teaches the cap.
-			p.Refused(p.Active())
+			// teaches the cap: the sessions the provider says it runs
+			// (its own count, not skewed by a session that is just
+			// starting or ending here), or else this gateway's.
+			n := p.Active()
+			if pr := res.Pressure; pr != nil && pr.Running > 0 {
+				n = int64(pr.Running)
+			}
+			p.Refused(n)
 		}
 		p.capFull.Store(rep.CapacityFull)
 	}

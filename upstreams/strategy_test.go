@@ -1,6 +1,7 @@
 package upstreams
 
 import (
+	"fmt"
 	"slices"
 	"sync"
 	"testing"
@@ -423,5 +424,22 @@ func TestWeightedConcurrentExact(t *testing.T) {
 	wg.Wait()
 	if counts[0] != 3000 || counts[1] != 1000 {
 		t.Errorf("first picks = %v, want 3000/1000", counts)
+	}
+}
+
+func TestCheapestOrder(t *testing.T) {
+	s, err := NewStrategy(StrategyCheapest)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cands := []Candidate{
+		{Index: 0, Priority: 1, Cost: 1.0},
+		{Index: 1, Priority: 3, Cost: 0.2},
+		{Index: 2, Priority: 2, Cost: 0.2 * (1 + 1e-12)}, // a tie with 1: priority decides
+		{Index: 3, Priority: 9, Cost: 0},                 // no cost: free
+		{Index: 4, Priority: 1, Cost: 0.3},
+	}
+	if got := s.Order(cands, true, nil); fmt.Sprint(got) != "[3 2 1 4 0]" {
+		t.Fatalf("order %v", got)
 	}
 }
