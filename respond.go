@@ -12,6 +12,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/browserfailover/caddy-browser-failover/observe"
+	"github.com/browserfailover/caddy-browser-failover/spend"
 	"github.com/browserfailover/caddy-browser-failover/upstreams"
 )
 
@@ -296,5 +297,28 @@ func (c *connect) refuseOrigin() *reply {
 		"web pages only from the origins its allowed_origins option names (automation clients send no Origin)"
 	return &reply{status: http.StatusForbidden, reason: observe.ReasonOrigin, write: func(w http.ResponseWriter, _ *http.Request) {
 		writeJSON(w, http.StatusForbidden, map[string]string{"error": msg}, nil)
+	}}
+}
+
+// clientBudgetRetryHint is the fewest seconds a client_budget 429 asks a
+// client to wait.
+const clientBudgetRetryHint = 1
+
+// overClientBudget is the 429 of a client key whose budget is spent until
+// turn.
+func (c *connect) overClientBudget(book *spend.Book, turn time.Time) *reply {
+	st := book.Read()
+	retry := max(int(time.Until(turn).Seconds()+0.999), clientBudgetRetryHint)
+	body := map[string]any{
+		"error":         "client budget reached: this key's sessions have cost its budget for the current " + book.Period() + " (UTC)",
+		"spent":         st.Spent + st.Accrued,
+		"budget":        st.Budget,
+		"window_end":    turn.UTC().Format(time.RFC3339),
+		"retry_after_s": retry,
+	}
+	return &reply{status: http.StatusTooManyRequests, reason: observe.ReasonClientBudget, write: func(w http.ResponseWriter, _ *http.Request) {
+		writeJSON(w, http.StatusTooManyRequests, body, func(hd http.Header) {
+			hd.Set("Retry-After", strconv.Itoa(retry))
+		})
 	}}
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/browserfailover/caddy-browser-failover/cooldown"
 	"github.com/browserfailover/caddy-browser-failover/observe"
 	"github.com/browserfailover/caddy-browser-failover/pool"
+	"github.com/browserfailover/caddy-browser-failover/spend"
 	"github.com/browserfailover/caddy-browser-failover/upstreams"
 )
 
@@ -237,6 +238,71 @@ func (c *connect) stateDown(ps *passState, m *member) (*cluster.Lease, bool) {
 		return nil, false
 	}
 	return nil, true
+}
+
+// spendSyncInterval is how often a node reads the shared spend totals of
+// its providers and client keys, so budgets count what other nodes' ended
+// sessions cost.
+const spendSyncInterval = time.Second
+
+// syncSpend reads the shared totals of the handler's providers and the
+// client keys this node knows, every spendSyncInterval until Cleanup.
+func (h *Handler) syncSpend() {
+	sh := h.shared
+	t := time.NewTicker(spendSyncInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-sh.stop:
+			return
+		case <-t.C:
+		}
+		if !sh.s.Usable() {
+			continue
+		}
+		var windows []cluster.SpendWindow
+		var books []*spend.Book
+		for _, m := range h.members {
+			b := m.state.Book()
+			windows = append(windows, cluster.SpendWindow{Scope: cluster.ProviderScope(m.up.Name), Start: b.Read().WindowStart})
+			books = append(books, b)
+		}
+		if h.ClientBudget != nil {
+			for _, cb := range h.reg.ClientBooks() {
+				windows = append(windows, cluster.SpendWindow{Scope: cluster.ClientScope(cb.Shown), Start: cb.Book.Read().WindowStart})
+				books = append(books, cb.Book)
+			}
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		totals, err := sh.s.Store().ReadSpend(ctx, windows)
+		cancel()
+		if err != nil {
+			sh.s.Failed("read spend", err)
+			continue
+		}
+		for i, total := range totals {
+			books[i].SetShared(windows[i].Start, total, 0)
+		}
+	}
+}
+
+// learnSharedCap learns a provider's cap over every node from its 429:
+// its live leases, less the refused attempt's own. It reports the cap (0:
+// nothing live) and whether the store answered.
+func (h *Handler) learnSharedCap(st *pool.Provider) (int, bool) {
+	sh := h.shared
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	n, err := sh.s.Store().LearnCap(ctx, st.Name())
+	if err != nil {
+		sh.s.Failed("learn cap", err)
+		return 0, false
+	}
+	sh.s.Worked()
+	if n > 0 {
+		st.Refused(int64(n))
+	}
+	return n, true
 }
 
 // The status reads a provider's cluster-wide state from its store.

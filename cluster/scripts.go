@@ -105,14 +105,18 @@ redis.call('PEXPIRE', KEYS[2], 86400000)
 return live
 `)
 
-// spendScript adds a session's cost to a spend total and returns the new
-// total; the key lives one window past its own.
+// spendScript adds costs to spend totals and returns the new totals; each
+// key lives one window past its own.
 //
-// KEYS[1] the total. ARGV[1] the cost, ARGV[2] the key's expiry (Unix ms).
+// KEYS: the totals. ARGV: for each key its increment, then its expiry
+// (Unix ms).
 var spendScript = redis.NewScript(`
-local t = redis.call('INCRBYFLOAT', KEYS[1], ARGV[1])
-redis.call('PEXPIREAT', KEYS[1], ARGV[2])
-return t
+local out = {}
+for i, key in ipairs(KEYS) do
+  out[i] = redis.call('INCRBYFLOAT', key, ARGV[2 * i - 1])
+  redis.call('PEXPIREAT', key, ARGV[2 * i])
+end
+return out
 `)
 
 // renewScript extends every lease this node holds, putting back those that

@@ -4,7 +4,10 @@ import (
 	"context"
 	"fmt"
 	"strconv"
+	"sync"
 	"time"
+
+	"go.uber.org/zap"
 )
 
 // Spend totals: what the sessions of one provider, or of one client key,
@@ -25,24 +28,131 @@ func ProviderScope(name string) string { return "provider:" + name }
 // ClientScope is the spend scope of a client key, by its shown form.
 func ClientScope(shown string) string { return "client:" + shown }
 
-// AddSpend adds cost to scope's total for the window [start, end) and
-// returns the new total.
-func (s *Store) AddSpend(ctx context.Context, scope string, start, end time.Time, cost float64) (float64, error) {
-	ctx, cancel := s.ctx(ctx)
-	defer cancel()
-	expire := end.Add(end.Sub(start)).UnixMilli()
-	v, err := spendScript.Run(ctx, s.rdb, []string{s.spendKey(scope, start)},
-		strconv.FormatFloat(cost, 'g', -1, 64), expire).Text()
-	if err != nil {
-		return 0, s.fail(fmt.Sprintf("add the spend of %s", scope), err)
-	}
-	return strconv.ParseFloat(v, 64)
+// spendFlushEvery is how often the costs queued by QueueSpend are
+// written, all in one round trip.
+const spendFlushEvery = 250 * time.Millisecond
+
+// spendBatch is what QueueSpend gathered since the last write, by key.
+type spendBatch struct {
+	mu      sync.Mutex
+	adds    map[string]*spendAdd
+	started bool
+	done    chan struct{} // closed when the flush loop has ended
 }
 
-// SpendWindow names one scope's window for ReadSpend.
+// spendAdd is one total's pending increment.
+type spendAdd struct {
+	cost   float64
+	expire int64 // Unix ms
+	// notify is told the total once written, with what this write
+	// added.
+	notify func(total, added float64)
+}
+
+// QueueSpend adds cost to the totals of windows (each [Start, End) of
+// its Scope): the costs are gathered and written together about every
+// 250 ms, off the client's path, and notify (when not nil) is told each
+// window's new total with what the write added (i is the window's index
+// in windows). A write that fails is tried again with the next; Close
+// writes what is left, once.
+func (s *Store) QueueSpend(windows []SpendWindow, cost float64, notify func(i int, total, added float64)) {
+	b := &s.spend
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.adds == nil {
+		b.adds = map[string]*spendAdd{}
+	}
+	for i, w := range windows {
+		key := s.spendKey(w.Scope, w.Start)
+		a := b.adds[key]
+		if a == nil {
+			a = &spendAdd{expire: w.End.Add(w.End.Sub(w.Start)).UnixMilli()}
+			b.adds[key] = a
+		}
+		a.cost += cost
+		if notify != nil {
+			i := i
+			a.notify = func(total, added float64) { notify(i, total, added) }
+		}
+	}
+	if !b.started {
+		b.started, b.done = true, make(chan struct{})
+		go s.spendLoop()
+	}
+}
+
+// spendLoop writes the queued costs until the store closes, then once
+// more.
+func (s *Store) spendLoop() {
+	defer close(s.spend.done)
+	t := time.NewTicker(spendFlushEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-s.renewStop:
+			s.flushSpend()
+			return
+		case <-t.C:
+			s.flushSpend()
+		}
+	}
+}
+
+// flushSpend writes the queued costs in one round trip.
+func (s *Store) flushSpend() {
+	b := &s.spend
+	b.mu.Lock()
+	adds := b.adds
+	b.adds = nil
+	b.mu.Unlock()
+	if len(adds) == 0 {
+		return
+	}
+	keys := make([]string, 0, len(adds))
+	args := make([]any, 0, 2*len(adds))
+	for k, a := range adds {
+		keys = append(keys, k)
+		args = append(args, strconv.FormatFloat(a.cost, 'g', -1, 64), a.expire)
+	}
+	ctx, cancel := s.ctx(context.Background())
+	defer cancel()
+	vals, err := spendScript.Run(ctx, s.rdb, keys, args...).StringSlice()
+	if err != nil || len(vals) != len(keys) {
+		if err == nil {
+			err = fmt.Errorf("unexpected reply %v", vals)
+		}
+		s.log.Debug("shared state: spend not written; tried again", zap.Error(s.fail("add spend", err)))
+		// Put back what was not written, before what came since.
+		b.mu.Lock()
+		if b.adds == nil {
+			b.adds = map[string]*spendAdd{}
+		}
+		for k, a := range adds {
+			if cur := b.adds[k]; cur != nil {
+				cur.cost += a.cost
+				if cur.notify == nil {
+					cur.notify = a.notify
+				}
+			} else {
+				b.adds[k] = a
+			}
+		}
+		b.mu.Unlock()
+		return
+	}
+	for i, k := range keys {
+		a := adds[k]
+		if total, err := strconv.ParseFloat(vals[i], 64); err == nil && a.notify != nil {
+			a.notify(total, a.cost)
+		}
+	}
+}
+
+// SpendWindow names one scope's window: its start, and its end (for
+// AddSpend, which keeps the total one window past it).
 type SpendWindow struct {
-	Scope string
-	Start time.Time
+	Scope      string
+	Start, End time.Time
 }
 
 // ReadSpend reads the totals of windows in one round trip, in their

@@ -41,6 +41,10 @@ type Store struct {
 	renewOK   bool // last renewal succeeded; only the renew goroutine uses it
 
 	subWG sync.WaitGroup
+
+	// spend gathers the costs QueueSpend is given until they are
+	// written (spend.go).
+	spend spendBatch
 }
 
 // Open validates cfg and returns a Store for node, the name this gateway
@@ -109,6 +113,12 @@ func (s *Store) Close() error {
 	s.mu.Unlock()
 
 	s.stopRenewals()
+	s.spend.mu.Lock()
+	spendDone := s.spend.done
+	s.spend.mu.Unlock()
+	if spendDone != nil {
+		<-spendDone // its last write
+	}
 	if len(held) > 0 {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Duration(s.cfg.Timeout))
 		if err := s.releaseRemote(ctx, held); err != nil {
