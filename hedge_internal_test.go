@@ -12,6 +12,7 @@ import (
 
 	"github.com/browserfailover/caddy-browser-failover/cooldown"
 	"github.com/browserfailover/caddy-browser-failover/pool"
+	"github.com/browserfailover/caddy-browser-failover/spend"
 	"github.com/browserfailover/caddy-browser-failover/upstreams"
 )
 
@@ -30,6 +31,8 @@ func TestAbandonClosesLateWinner(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// Its provider charges per session: the loser's session is charged.
+	st.SetPricing(pool.Pricing{Cost: &spend.Cost{Amount: 0.5, Per: spend.PerSession}})
 	permit, ok := st.Health.Acquire()
 	if !ok || !st.TryReserve() {
 		t.Fatal("no permit or slot")
@@ -77,5 +80,11 @@ func TestAbandonClosesLateWinner(t *testing.T) {
 	}
 	if snap := st.Health.Snapshot(); snap.Failures != 0 || !snap.Healthy {
 		t.Fatalf("health %+v", snap)
+	}
+	for b := st.Book().Read(); b.Spent != 0.5 || b.Live != 0; b = st.Book().Read() {
+		if ctx.Err() != nil {
+			t.Fatalf("the loser's session: spent %v, live meters %d; want its price, 0.5", b.Spent, b.Live)
+		}
+		time.Sleep(time.Millisecond)
 	}
 }
