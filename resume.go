@@ -386,6 +386,12 @@ func (c *connect) redial(e *pool.Parked) {
 		}
 	}
 	defer c.releaseHolds()
+	if cb := h.ClientBudget; cb != nil {
+		// A resumed session that is a new provider session counts
+		// toward its key's spend too (a resume is never refused for
+		// it: the session was admitted before).
+		c.clientBook = c.clientBookOf(cb)
+	}
 	// The chain's own admission; the parked session's kept slot and
 	// cluster-wide slot, when it kept them, become the resume's.
 	a, ok := c.admit(&passState{}, m, kept)

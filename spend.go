@@ -21,11 +21,7 @@ func (c *connect) joinClientBudget() bool {
 	if cb == nil {
 		return true
 	}
-	value := ""
-	if c.replace != nil {
-		value = c.replace(cb.Key)
-	}
-	book := c.h.reg.ClientBook(value, &cb.Budget)
+	book := c.clientBookOf(cb)
 	c.clientBook = book
 	if over, turn := book.Reached(); over {
 		c.finish(c.overClientBudget(book, turn))
@@ -60,4 +56,13 @@ func (h *Handler) chargeLoser(m *member) {
 		store = h.shared.s
 	}
 	charge(h.reg, m.up.Name, meter, store)
+}
+
+// clientBookOf is the book of the client's key under cb.
+func (c *connect) clientBookOf(cb *ClientBudgetConfig) *spend.Book {
+	value := ""
+	if c.replace != nil {
+		value = c.replace(cb.Key)
+	}
+	return c.h.reg.ClientBook(value, &cb.Budget)
 }

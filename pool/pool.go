@@ -184,7 +184,8 @@ func (r *Registry) ReleaseClaim(name string, gen any) {
 	p.Health.Configure(prev.cfg, prev.single)
 	p.max.Store(prev.max)
 	p.mu.Unlock()
-	p.SetPricing(prev.pricing) // offers the provider: the limit may have grown back
+	p.SetPricing(prev.pricing)
+	p.Notify() // the limit may have grown back
 }
 
 // Destruct implements caddy.Destructor: the provider left the config. Its

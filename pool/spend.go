@@ -37,6 +37,7 @@ type providerSpend struct {
 // A learnt cap survives a reload that keeps auto.
 func (p *Provider) SetPricing(pr Pricing) {
 	p.spendMu.Lock()
+	before := p.Pricing()
 	p.pricing.Store(&pr)
 	if k := p.book.Load(); k == nil {
 		p.book.Store(spend.NewBook(pr.Budget, p.reg.Now))
@@ -52,9 +53,22 @@ func (p *Provider) SetPricing(pr Pricing) {
 		l.SetInterval(pr.Interval)
 	}
 	p.spendMu.Unlock()
-	// A budget raised or removed, or a cap no longer learnt, may let
-	// waiters in.
-	p.Notify()
+	if opened(before, pr) {
+		// Waiters may get in now.
+		p.Notify()
+	}
+}
+
+// opened reports whether going from pricing a to b may let a waiter in: a
+// budget raised, changed or removed, or a cap no longer learnt.
+func opened(a, b Pricing) bool {
+	if a.Auto && !b.Auto {
+		return true
+	}
+	if a.Budget == nil {
+		return false
+	}
+	return b.Budget == nil || *b.Budget != *a.Budget
 }
 
 // Pricing is the provider's pricing.
