@@ -1,6 +1,6 @@
 // One real automation client against the gateway.
 //
-//   node client.mjs <mode> <url> [--big-screenshot]
+//   node client.mjs <mode> <url> [--big-screenshot] [--bidi]
 //
 // modes:
 //   puppeteer-ws    puppeteer.connect({browserWSEndpoint: url})
@@ -18,12 +18,15 @@
 // "RESULT <mode> <value> <browser version>"; the exit code is 0 only when the
 // value is 42. With --big-screenshot (Puppeteer modes) it also takes a
 // screenshot of random pixels (a CDP answer of several MB) and prints
-// "SCREENSHOT <bytes>".
+// "SCREENSHOT <bytes>". With --bidi the Puppeteer modes speak WebDriver BiDi
+// (protocol: 'webDriverBiDi', as to Firefox), and before the RESULT line the
+// page loads a data: URL and "TITLE <its title>" is printed.
 import puppeteer from 'puppeteer-core';
 import { chromium } from 'playwright-core';
 
 const [mode, url, ...flags] = process.argv.slice(2);
 const bigScreenshot = flags.includes('--big-screenshot');
+const bidi = flags.includes('--bidi');
 const idleFlag = flags.find((f) => f.startsWith('--idle-ms='));
 const idleMs = idleFlag ? Number(idleFlag.slice('--idle-ms='.length)) : 0;
 if (!mode || !url) {
@@ -38,9 +41,14 @@ const guard = setTimeout(() => {
 }, 60_000);
 
 async function viaPuppeteer(connectOpts, hold) {
-  const browser = await puppeteer.connect({ ...connectOpts, protocolTimeout: timeout });
+  const protocol = bidi ? { protocol: 'webDriverBiDi' } : {};
+  const browser = await puppeteer.connect({ ...connectOpts, ...protocol, protocolTimeout: timeout });
   const version = await browser.version();
   const page = await browser.newPage();
+  if (bidi) {
+    await page.goto('data:text/html,<title>hello bidi</title><p>gateway</p>');
+    console.log(`TITLE ${await page.title()}`);
+  }
   const value = await page.evaluate(() => 6 * 7);
   console.log(`RESULT ${mode} ${value} ${version}`);
   if (bigScreenshot) {
