@@ -3,6 +3,8 @@ package e2e
 import (
 	"encoding/json"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"syscall"
@@ -77,9 +79,10 @@ func TestFirefoxBiDi(t *testing.T) {
 	g := testgw.Start(t, handler(`"queue":{"size":5,"timeout":"60s"}`, provider("ff", ff.WSURL(), `"protocol":"bidi"`)))
 
 	t.Run("two-at-once", func(t *testing.T) {
-		// The first client keeps its session a while; the second, started
-		// meanwhile, waits in the queue for it and is served after it.
-		first := StartNode(t, "client.mjs", "puppeteer-idle", g.WS("/session"), "--bidi", "--idle-ms=2000")
+		// The first client keeps its session until the second waits in
+		// the queue for it; the second is served once the first ends.
+		release := filepath.Join(t.TempDir(), "release")
+		first := StartNode(t, "client.mjs", "puppeteer-idle", g.WS("/session"), "--bidi", "--until-file="+release)
 		first.Expect(t, "IDLE", 60*time.Second)
 		var out string
 		ft := &fatalCatcher{TB: t}
@@ -97,6 +100,9 @@ func TestFirefoxBiDi(t *testing.T) {
 		testgw.Eventually(t, 30*time.Second, "the second client to wait in the queue", func() bool { return queueWaiting(t, g) == 1 })
 		if n := active("ff"); n != 1 {
 			t.Errorf("ff holds %d sessions while the second client waits, want 1", n)
+		}
+		if err := os.WriteFile(release, nil, 0o644); err != nil {
+			t.Fatal(err)
 		}
 		first.Expect(t, "AFTER 42", 60*time.Second)
 		if err := first.Wait(t, 30*time.Second); err != nil {
