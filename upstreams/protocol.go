@@ -100,14 +100,20 @@ func IsBiDiPath(path string) bool {
 	} else {
 		return false // not an absolute path
 	}
-	if strings.EqualFold(last, "session") {
+	if isSessionSegment(last) {
 		return true
 	}
 	if last == "" {
 		return false
 	}
 	j := strings.LastIndexByte(dir, '/')
-	return j >= 0 && strings.EqualFold(dir[j+1:], "session")
+	return j >= 0 && isSessionSegment(dir[j+1:])
+}
+
+// isSessionSegment reports whether a path segment is "session" in any
+// ASCII case (no Unicode folding: "ſession" is not one).
+func isSessionSegment(s string) bool {
+	return len(s) == len("session") && strings.ToLower(s) == "session"
 }
 
 // playwrightUAVersion finds "Playwright/x.y…" in a User-Agent.

@@ -57,6 +57,8 @@ func TestClientProtocolBiDiPaths(t *testing.T) {
 		"/devtools/page/ABC":              ProtocolCDP,
 		"/chromium/playwright":            ProtocolCDP,
 		"/session%2Fx":                    ProtocolCDP,
+		"/ſession":                        ProtocolCDP,
+		"/sessİon/x":                      ProtocolCDP,
 		"/x/session/y/session/z/sessionx": ProtocolCDP,
 	} {
 		if got, v := ClientProtocol(http.Header{"User-Agent": {"Puppeteer/25.16.0"}}, path); got != want || v != "" {
