@@ -54,8 +54,9 @@ func queueWaiting(t *testing.T, g *testgw.Gateway) int {
 // page and Firefox's version; two at once are served one after the other
 // (max_concurrent defaults to 1: Firefox runs one BiDi session at a time);
 // a client killed mid-session, which never sends session.end, does not
-// keep the next one out (the gateway ends the session for it); a web page
-// cannot open a BiDi session through the gateway.
+// keep the next one out (the gateway ends the session for it), nor does a
+// session an operator ends; a web page cannot open a BiDi session through
+// the gateway.
 func TestFirefoxBiDi(t *testing.T) {
 	RequireFirefox(t)
 	ff := StartFirefox(t)
@@ -135,6 +136,25 @@ func TestFirefoxBiDi(t *testing.T) {
 		if len(logs) != 2 || !strings.HasPrefix(logs[0].Reason, "client") {
 			t.Errorf("sessions ended: %+v, want the killed client's (a client end reason), then the next one's", logs)
 		}
+	})
+
+	t.Run("operator-end", func(t *testing.T) {
+		// An operator ends a live session: the gateway sends Firefox
+		// session.end right before its close frame, so Firefox is free
+		// for the next client.
+		n := StartNode(t, "client.mjs", "puppeteer-hold", g.WS("/session"), "--bidi")
+		n.Expect(t, "READY", 60*time.Second)
+		ss := sessionsList(t, g)
+		if len(ss) != 1 {
+			t.Fatalf("sessions list %+v, want one session", ss)
+		}
+		code, b, err := g.AdminDo(http.MethodDelete, status.SessionsPath+"/"+ss[0].ID, nil)
+		if err != nil || code != http.StatusOK {
+			t.Fatalf("DELETE session: %d %s (%v)", code, b, err)
+		}
+		waitIdle(t, "ff")
+		logEntry(t, g, "session ended", "close_reason", "closed by operator")
+		checkBiDiResult(t, RunNode(t, "client.mjs", mode, g.WS("/session"), "--bidi"), mode)
 	})
 
 	t.Run("foreign-origin", func(t *testing.T) {
