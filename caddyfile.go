@@ -54,7 +54,7 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //			tls_server_name <name>
 //			tls_trusted_ca_certs <pem_file...>
 //			cooldown { ... }
-//			protocol        cdp|playwright|any
+//			protocol        cdp|playwright|bidi|any
 //			playwright_version <major.minor>
 //			health_check { ... } | health_check off
 //			session_api { ... }   # see parseSessionAPI

@@ -20,7 +20,7 @@ import (
 //  0. check      An upgrade a web page opened (it carries Origin) goes on
 //                only from an origin allowed_origins names: 403 otherwise.
 //  1. join       Name the client (its session ID and resume token) and recognise it: what
-//                it speaks (CDP, or Playwright and its version), its
+//                it speaks (CDP, WebDriver BiDi, or Playwright and its version), its
 //                affinity key and its client_limit key. Take its
 //                client_limit share, waiting in the queue while its key is
 //                at the limit.
@@ -131,7 +131,7 @@ func (h *Handler) chain(w http.ResponseWriter, r *http.Request, hs *upstreams.Ha
 // false when the client already has its answer.
 func (c *connect) join() bool {
 	h := c.h
-	proto, version := upstreams.ClientProtocol(c.r.Header)
+	proto, version := upstreams.ClientProtocol(c.r.Header, c.r.URL.Path)
 	c.cls = &class{proto: proto, pwVersion: version, affinity: h.affinityKey(c.r)}
 	c.pool = h.poolFor(c.cls)
 	if len(c.pool.members) == 0 {

@@ -135,15 +135,16 @@ type Handler struct {
 }
 
 // ProviderConfig is one remote-browser provider (JSON key "providers"):
-// how to reach it (upstreams.Config: name, URL, priority, weight,
-// connect_timeout, headers_up, pass_query, discover, tls, session_api),
-// and what the handler does with it.
+// how to reach it and whom it serves (upstreams.Config: name, URL,
+// priority, weight, connect_timeout, headers_up, pass_query, discover,
+// tls, session_api, protocol), and what the handler does with it.
 type ProviderConfig struct {
 	upstreams.Config
 	// MaxConcurrent is the most live sessions the provider takes; a full
 	// provider is skipped without an attempt. A number (0: unlimited), or
 	// "auto": the cap is learnt from the provider's own refusals (see
-	// Concurrency). Default: 0, unlimited.
+	// Concurrency). Default: 1 for a bidi provider (Firefox runs one
+	// WebDriver BiDi session at a time), else 0, unlimited.
 	MaxConcurrent Concurrency `json:"max_concurrent,omitzero"`
 	// Cost is what the provider charges for a session; it is counted
 	// on each session, in status and metrics, and budgets and the
@@ -158,10 +159,6 @@ type ProviderConfig struct {
 	// Cooldown overrides any of the handler's cooldown settings for this
 	// provider. Default: the handler's.
 	Cooldown *CooldownConfig `json:"cooldown,omitempty"`
-	// Protocol is which clients the provider serves: "cdp", "playwright"
-	// or "any"; a client is offered only providers that serve what it
-	// speaks. Default: "any".
-	Protocol string `json:"protocol,omitempty"`
 	// PlaywrightVersion is the <major>.<minor> Playwright version of a
 	// "playwright" provider; it then serves only clients of that version.
 	// Default: empty, any version.
@@ -411,6 +408,34 @@ func (p *ProviderConfig) UnmarshalJSON(b []byte) error {
 	return err
 }
 
+// MarshalJSON encodes a provider as UnmarshalJSON reads it back: a
+// max_concurrent stated as 0 (unlimited) stays in the output, since left
+// out it would take a bidi provider's default of 1 (the Caddyfile is
+// adapted to JSON through this).
+func (p *ProviderConfig) MarshalJSON() ([]byte, error) {
+	type plain ProviderConfig
+	b, err := json.Marshal((*plain)(p))
+	if err != nil || p.MaxConcurrent != (Concurrency{}) || !p.given.has("max_concurrent") || len(b) < 2 {
+		return b, err
+	}
+	out := append([]byte(`{"max_concurrent":0`), b[1:]...)
+	if len(b) > 2 {
+		out = append([]byte(`{"max_concurrent":0,`), b[1:]...)
+	}
+	return out, nil
+}
+
+// maxConcurrent is the provider's max_concurrent, its default applied (0:
+// unlimited).
+func (p *ProviderConfig) maxConcurrent() int {
+	if p.MaxConcurrent == (Concurrency{}) && !p.given.has("max_concurrent") {
+		if proto, _ := upstreams.ParseProtocol(p.Protocol); proto == upstreams.ProtocolBiDi {
+			return 1
+		}
+	}
+	return p.MaxConcurrent.Limit
+}
+
 // UnmarshalJSON decodes a cooldown block, noting which options it states.
 func (c *CooldownConfig) UnmarshalJSON(b []byte) error {
 	type plain CooldownConfig
@@ -610,10 +635,8 @@ func (p *ProviderConfig) validate() error {
 		e.whole = true
 		errs = append(errs, e)
 	}
+	// (upstreams.Config's Validate checks the protocol option.)
 	proto, protoErr := upstreams.ParseProtocol(p.Protocol)
-	if protoErr != nil {
-		errs = append(errs, badOpt("protocol", "%v", protoErr))
-	}
 	if p.PlaywrightVersion != "" {
 		if _, err := upstreams.ParsePlaywrightVersion(p.PlaywrightVersion); err != nil {
 			errs = append(errs, badOpt("playwright_version", "%v", err))
@@ -898,7 +921,7 @@ func checkProbeTarget(p *ProviderConfig, hc *HealthCheckConfig) error {
 	if hc == nil {
 		return nil
 	}
-	err := errors.Join(hc.ProbeOptions.Validate(nil), upstreams.CheckProbeTarget(p.URL, hc.ProbeOptions))
+	err := errors.Join(hc.ProbeOptions.Validate(nil), upstreams.CheckProbeTarget(p.URL, p.Protocol, hc.ProbeOptions))
 	return within(fmt.Sprintf("provider %q: ", p.Name), fromProblems(err))
 }
 

@@ -83,7 +83,17 @@ var parityCases = []parityCase{
 	{scope: "provider", url: "http://h:1", cf: "discover on", js: `"discover":true`, ok: true},
 	{scope: "provider", cf: "protocol cdp", js: `"protocol":"cdp"`, ok: true},
 	{scope: "provider", cf: `protocol ""`, js: `"protocol":""`, ok: true}, // any, in both
-	{scope: "provider", cf: "protocol bidi", js: `"protocol":"bidi"`},
+	{scope: "provider", cf: "protocol bidi", js: `"protocol":"bidi"`, ok: true},
+	{scope: "provider", cf: "protocol BiDi", js: `"protocol":"bidi"`, ok: true},
+	{scope: "provider", cf: "protocol webdriver", js: `"protocol":"webdriver"`},
+	{scope: "provider", url: "http://h:1", cf: "protocol bidi", js: `"protocol":"bidi"`, ok: true},
+	{scope: "provider", url: "http://h:1", cf: "protocol bidi\ndiscover off", js: `"protocol":"bidi","discover":false`, ok: true},
+	{scope: "provider", url: "http://h:1", cf: "protocol bidi\ndiscover on", js: `"protocol":"bidi","discover":true`},
+	{scope: "provider", url: "http://h:1", cf: "discover on\nprotocol bidi", js: `"discover":true,"protocol":"bidi"`},
+	{scope: "provider", url: "{env.BROWSER_URL}", cf: "protocol bidi\ndiscover on", js: `"protocol":"bidi","discover":true`},
+	{scope: "provider", cf: "protocol bidi\nmax_concurrent 0", js: `"protocol":"bidi","max_concurrent":0`, ok: true}, // unlimited in both
+	{scope: "provider", cf: "protocol bidi\nmax_concurrent 3", js: `"protocol":"bidi","max_concurrent":3`, ok: true},
+	{scope: "provider", cf: "protocol bidi\nplaywright_version 1.65", js: `"protocol":"bidi","playwright_version":"1.65"`},
 	{scope: "provider", cf: "protocol playwright\nplaywright_version 1.65", js: `"protocol":"playwright","playwright_version":"1.65"`, ok: true},
 	{scope: "provider", cf: "playwright_version 1.65", js: `"playwright_version":"1.65"`},
 	{scope: "provider", cf: "protocol playwright\nplaywright_version 1.65.1", js: `"protocol":"playwright","playwright_version":"1.65.1"`},

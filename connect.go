@@ -289,7 +289,11 @@ func (c *connect) clientKind() string {
 }
 
 func (cl *class) kind() string {
-	if cl.proto != upstreams.ProtocolPlaywright {
+	switch cl.proto {
+	case upstreams.ProtocolBiDi:
+		return "WebDriver BiDi"
+	case upstreams.ProtocolPlaywright:
+	default:
 		return "CDP"
 	}
 	if cl.pwVersion == "" {

@@ -79,7 +79,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		// Each block was checked by its validator, and the two merged by
 		// the handler's (clash).
 		cfg := base.Merge(pc.Cooldown.toConfig())
-		state, err := h.reg.Claim(pc.Name, up.Key(), up.Redacted(), h.gen, cfg, single, pc.MaxConcurrent.Limit)
+		state, err := h.reg.Claim(pc.Name, up.Key(), up.Redacted(), h.gen, cfg, single, pc.maxConcurrent())
 		if err != nil {
 			return err
 		}
@@ -195,7 +195,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, _ caddyhttp.
 			return serveDiscovery(w, r)
 		}
 		return writeJSON(w, http.StatusUpgradeRequired, map[string]string{
-			"error": "this endpoint serves WebSocket upgrades for browser automation clients (CDP or Playwright)",
+			"error": "this endpoint serves WebSocket upgrades for browser automation clients (CDP, WebDriver BiDi or Playwright)",
 		}, func(hd http.Header) {
 			hd.Set("Upgrade", "websocket")
 			hd.Set("Connection", "Upgrade")

@@ -119,7 +119,7 @@ func resumeRequest(r *http.Request, hs *upstreams.Handshake) (presented, token s
 // client got its answer (400 for a malformed token).
 func (c *connect) prepareResume() bool {
 	h := c.h
-	if h.Resume == nil || c.cls.proto == upstreams.ProtocolPlaywright || (h.ResumeKey != "" && c.resumeKeyValue() == "") {
+	if h.Resume == nil || !c.cls.proto.Resumable() || (h.ResumeKey != "" && c.resumeKeyValue() == "") {
 		c.token = ""
 		return true
 	}
@@ -146,10 +146,14 @@ func (c *connect) resume(presented string) {
 		c.refuseResume(resumeFailure{observe.ResumeNotResumable, http.StatusGone, "sessions are not resumable here"})
 		return
 	}
-	proto, version := upstreams.ClientProtocol(c.r.Header)
+	proto, version := upstreams.ClientProtocol(c.r.Header, c.r.URL.Path)
 	c.cls = &class{proto: proto, pwVersion: version}
-	if proto == upstreams.ProtocolPlaywright {
+	switch proto {
+	case upstreams.ProtocolPlaywright:
 		c.refuseResume(resumeFailure{observe.ResumeNotResumable, http.StatusGone, "Playwright-protocol sessions are not resumable: connect over CDP to resume"})
+		return
+	case upstreams.ProtocolBiDi:
+		c.refuseResume(resumeFailure{observe.ResumeNotResumable, http.StatusGone, "WebDriver BiDi sessions are not resumable: the gateway ends each one with its client"})
 		return
 	}
 	if h.ResumeKey != "" && c.resumeKeyValue() == "" {

@@ -70,7 +70,7 @@ type parking struct {
 // m, or returns nil when it cannot be resumed.
 func (c *connect) newParking(m *member, up *upstreams.Conn) *parking {
 	h := c.h
-	if h.Resume == nil || c.token == "" || c.cls.proto == upstreams.ProtocolPlaywright || up.Point.IsZero() {
+	if h.Resume == nil || c.token == "" || !c.cls.proto.Resumable() || up.Point.IsZero() {
 		return nil
 	}
 	pk := &parking{

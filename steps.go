@@ -354,6 +354,11 @@ func (c *connect) relay(m *member, client netConn, up *upstreams.Conn, pending [
 		opts.Hold, opts.OnPark = true, pk.onPark
 		c.leftHeld = pk.joined
 	}
+	if c.cls.proto == upstreams.ProtocolBiDi {
+		// Firefox keeps a BiDi session its client dropped until
+		// session.end: the gateway ends it when the client leaves.
+		opts.Farewell = upstreams.BiDiFarewell()
+	}
 	// The closure outlives the request: it must not hold c, whose
 	// request and writer keep the server's buffers of the connection.
 	reg := c.h.reg

@@ -1,10 +1,12 @@
 // Package e2e drives the browser_failover gateway with real browsers and real
-// automation clients: headless Chromium processes as providers, a Playwright
-// launchServer, and Puppeteer, Playwright and chromedp as clients.
+// automation clients: headless Chromium and Firefox processes as providers, a
+// Playwright launchServer, and Puppeteer (over CDP and WebDriver BiDi),
+// Playwright and chromedp as clients.
 //
 // The tests need /usr/bin/chromium (or $E2E_CHROMIUM), node and the npm
-// packages of this folder (run ./setup.sh once). Without them the tests skip,
-// except when CI=true: then a missing piece is a failure.
+// packages of this folder, and for the BiDi tests /usr/bin/firefox-esr (or
+// $E2E_FIREFOX) (run ./setup.sh once). Without them the tests skip, except
+// when CI=true: then a missing piece is a failure.
 //
 // github.com/chromedp/chromedp is imported by the tests of this package only
 // (the gateway itself never depends on it): it is one of the three clients

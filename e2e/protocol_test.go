@@ -207,9 +207,10 @@ func rawDial(t *testing.T, u string, h http.Header) (int, []byte) {
 // handshakeRecorder is an HTTP server that records the WebSocket upgrade
 // requests it gets and answers each with 500 (it is no browser).
 type handshakeRecorder struct {
-	srv  *httptest.Server
-	mu   sync.Mutex
-	seen []http.Header
+	srv   *httptest.Server
+	mu    sync.Mutex
+	seen  []http.Header
+	paths []string // of the handshakes in seen
 }
 
 func startHandshakeRecorder(t *testing.T) *handshakeRecorder {
@@ -221,6 +222,7 @@ func startHandshakeRecorder(t *testing.T) *handshakeRecorder {
 		}
 		r.mu.Lock()
 		r.seen = append(r.seen, req.Header.Clone())
+		r.paths = append(r.paths, req.URL.Path)
 		r.mu.Unlock()
 		http.Error(w, "not a browser", http.StatusInternalServerError)
 	}))
@@ -238,11 +240,18 @@ func (r *handshakeRecorder) WS(path string) string {
 
 // take returns the handshakes recorded since the last call.
 func (r *handshakeRecorder) take() []http.Header {
+	out, _ := r.takeWithPaths()
+	return out
+}
+
+// takeWithPaths returns the handshakes recorded since the last call, and
+// their paths.
+func (r *handshakeRecorder) takeWithPaths() ([]http.Header, []string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	out := r.seen
-	r.seen = nil
-	return out
+	out, paths := r.seen, r.paths
+	r.seen, r.paths = nil, nil
+	return out, paths
 }
 
 // formatHeaders renders a handshake's headers, sorted, without the random
@@ -303,6 +312,9 @@ func TestClientProtocolOfRealClients(t *testing.T) {
 		{"playwright/connect", func(t *testing.T) {
 			probe(t, "pw-connect", rec.WS("/recorder"))
 		}, upstreams.ProtocolPlaywright, mm},
+		{"puppeteer/webDriverBiDi", func(t *testing.T) {
+			probe(t, "puppeteer-bidi", rec.WS("/session"))
+		}, upstreams.ProtocolBiDi, ""},
 		{"chromedp/remote", func(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 			defer cancel()
@@ -318,13 +330,13 @@ func TestClientProtocolOfRealClients(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			rec.take()
 			c.connect(t)
-			seen := rec.take()
+			seen, paths := rec.takeWithPaths()
 			if len(seen) == 0 {
 				t.Fatal("the client sent no WebSocket handshake")
 			}
 			h := seen[0]
-			t.Logf("%d handshake(s); the first:%s", len(seen), formatHeaders(h))
-			p, v := upstreams.ClientProtocol(h)
+			t.Logf("%d handshake(s); the first, on %s:%s", len(seen), paths[0], formatHeaders(h))
+			p, v := upstreams.ClientProtocol(h, paths[0])
 			if p != c.proto || v != c.version {
 				t.Fatalf("ClientProtocol = %q %q, want %q %q", p, v, c.proto, c.version)
 			}

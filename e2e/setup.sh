@@ -1,6 +1,7 @@
 #!/bin/sh
 # Installs what the real-browser e2e suite (go test ./e2e/) needs on a fresh
-# Debian/Ubuntu machine: Chromium from apt, Node.js when missing, and the npm
+# Debian/Ubuntu machine: Chromium and Firefox ESR (for the WebDriver BiDi
+# tests) from apt, Node.js when missing, and the npm
 # packages of this folder (puppeteer-core, playwright-core, an older
 # playwright-core under the alias playwright-core-old for the version
 # mismatch test, and browserless, run as a provider on that Chromium; none
@@ -26,6 +27,11 @@ apt_install() {
 if [ ! -x /usr/bin/chromium ]; then
 	echo "e2e setup: installing chromium"
 	apt_install chromium
+fi
+
+if [ ! -x /usr/bin/firefox-esr ]; then
+	echo "e2e setup: installing firefox-esr"
+	apt_install firefox-esr
 fi
 
 if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then

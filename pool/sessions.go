@@ -23,7 +23,7 @@ type SessionInfo struct {
 	ID string
 	// Provider is the provider's name.
 	Provider string
-	// Protocol is what the client speaks: cdp or playwright.
+	// Protocol is what the client speaks: cdp, playwright or bidi.
 	Protocol string
 	// Client is the session's client_limit key as status shows it
 	// (QuotaKey.Shown); "" when the handler has no client_limit.

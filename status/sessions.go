@@ -22,7 +22,7 @@ type Session struct {
 	// header and the session_id of its log entries.
 	ID       string `json:"id"`
 	Provider string `json:"provider"`
-	// Protocol is what the client speaks: cdp or playwright.
+	// Protocol is what the client speaks: cdp, playwright or bidi.
 	Protocol string `json:"protocol"`
 	// Started is when the session was established (UTC).
 	Started    time.Time `json:"started"`

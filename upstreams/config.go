@@ -51,6 +51,12 @@ type Config struct {
 	// connecting, and releases it when done. Default: none, the URL is
 	// dialed as it is.
 	SessionAPI *SessionAPI `json:"session_api,omitempty"`
+	// Protocol is which clients the provider serves: "cdp", "playwright",
+	// "bidi" (WebDriver BiDi, such as Firefox) or "any"; a client is
+	// offered only providers that serve what it speaks. A bidi provider
+	// given as http(s)://host:port[/path] is dialed at
+	// ws(s)://host:port[/path]/session, never discovered. Default: "any".
+	Protocol string `json:"protocol,omitempty"`
 }
 
 // TLSOptions are the TLS settings of a provider (or of another TLS
@@ -137,6 +143,14 @@ func (c *Config) Validate(stated func(option string) bool) error {
 		errs = append(errs, op.Validate())
 	}
 	errs = append(errs, c.TLS.Validate())
+	proto, err := ParseProtocol(c.Protocol)
+	if err != nil {
+		errs = append(errs, problemf("protocol", "%v", err))
+	}
+	if proto == ProtocolBiDi && c.Discover != nil && *c.Discover {
+		errs = append(errs, &Problem{Options: []string{"discover"}, Whole: true,
+			Msg: "discover on does not apply to a bidi provider (WebDriver BiDi has no /json/version: an http(s) URL is dialed at <url>/session)"})
+	}
 	if c.SessionAPI != nil {
 		errs = append(errs, ValidateSessionAPI(*c.SessionAPI))
 		if c.Discover != nil && *c.Discover {

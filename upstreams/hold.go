@@ -64,7 +64,9 @@ func (r *resumeReq) refuse(code int, reason string) {
 
 // Parked reports whether the session is parked: its client has left, the
 // provider's connection is held, and Resume can join a new client.
-func (s *Session) Parked() bool { return s.sync(change{ev: evLook}).phase == parked }
+func (s *Session) Parked() bool {
+	return s.farewell == nil && s.sync(change{ev: evLook}).phase == parked
+}
 
 // ClientEnded reports whether the session ended, or parked, because of the
 // client's side: its close frame, its connection ending or failing (a write
@@ -143,7 +145,7 @@ func (d *direction) parkOnClose(f []byte) bool {
 	if d.frames.fragmented {
 		return false // the provider would wait for the rest of the message
 	}
-	c := change{ev: evLeft, code: closeNoStatus, echo: controlFrame(opClose, nil, false)}
+	c := change{ev: evLeft, code: closeNoStatus, echo: controlFrame(opClose, nil, false), reason: EndClientClosed}
 	if p := unmasked(f); len(p) >= 2 {
 		c.code, c.echo = int(binary.BigEndian.Uint16(p)), controlFrame(opClose, p[:2], false)
 	}
@@ -157,7 +159,7 @@ func (d *direction) parkOnClose(f []byte) bool {
 func (d *direction) leave(err error) bool {
 	var v view
 	if d.frames.atMessageBoundary() && d.ctl.n == 0 {
-		if v = d.s.sync(change{ev: evLeft}); v.moved {
+		if v = d.s.sync(change{ev: evLeft, reason: leftWord(err)}); v.moved {
 			return false
 		}
 	} else {
@@ -217,6 +219,10 @@ func (d *direction) held(err error, v view) bool {
 	switch v.phase {
 	case parking:
 		return d.letGo(v.echo)
+	case parked:
+		if w := d.wait; w != nil && w.farewell && w.check(time.Now()) {
+			return d.farewellDone(nil) // its answer did not come in time
+		}
 	case closing:
 		return d.closeHeld(nil)
 	case joining:
@@ -243,7 +249,13 @@ func (d *direction) letGo(echo []byte) bool {
 	}
 	d.startDropping()
 	d.letGoOld()
-	if d.s.sync(change{ev: evLetGo}).moved && d.s.onPark != nil {
+	if !d.s.sync(change{ev: evLetGo}).moved {
+		return true
+	}
+	if d.s.farewell != nil {
+		return d.sayFarewell() // farewell.go
+	}
+	if d.s.onPark != nil {
 		d.s.onPark(d.s)
 	}
 	return true
@@ -295,6 +307,9 @@ func (d *direction) drop(p []byte) bool {
 				}
 				if ready {
 					count()
+					if d.wait.farewell {
+						return d.farewellDone(p)
+					}
 					if d.join() {
 						return d.take(p)
 					}

@@ -89,6 +89,9 @@ type replyWait struct {
 	onJoin    func(JoinReport)
 	sentAt    time.Time
 	until     time.Time
+	// farewell: the wait is for the answer to the session's farewell
+	// (farewell.go), not for a client's join.
+	farewell bool
 	// ready: the answers are in, or the wait is over, since readyAt.
 	ready   bool
 	readyAt time.Time

@@ -51,8 +51,9 @@ type ProbeOptions struct {
 	// provider's scheme (ws becomes http, wss https), host and query; or
 	// a full http:// or https:// URL, used as it is. Default: the
 	// provider's path followed by /json/version for an http(s)://
-	// provider, /pressure with capacity browserless; a ws(s):// provider
-	// needs one. May hold {env.X} placeholders.
+	// provider, /pressure with capacity browserless, the base of the
+	// /session endpoint (/ for Firefox) for a bidi provider; another
+	// ws(s):// provider needs one. May hold {env.X} placeholders.
 	URI string `json:"uri,omitempty"`
 	// Interval is the time between two probes' starts. Default: 10s (the
 	// timeout, when longer).
@@ -139,11 +140,16 @@ func (o ProbeOptions) WithDefaults() ProbeOptions {
 	return o
 }
 
-// CheckProbeTarget tells whether a provider at providerURL has something
-// for the health check o to GET: a ws:// or wss:// provider has no
-// default. A URL that is a placeholder is judged once resolved.
-func CheckProbeTarget(providerURL string, o ProbeOptions) error {
+// CheckProbeTarget tells whether a provider at providerURL serving
+// protocol (its option's value) has something for the health check o to
+// GET: a ws:// or wss:// provider has no default, but for a bidi one
+// (Firefox answers GET / with 200). A URL that is a placeholder is judged
+// once resolved.
+func CheckProbeTarget(providerURL, protocol string, o ProbeOptions) error {
 	if o.URI != "" || o.Capacity != "" {
+		return nil
+	}
+	if p, _ := ParseProtocol(protocol); p == ProtocolBiDi {
 		return nil
 	}
 	scheme, _, _ := strings.Cut(providerURL, "://")
@@ -264,15 +270,20 @@ type Prober struct {
 // problem, never a secret.
 func (p *Provider) NewProber(o ProbeOptions) (*Prober, error) {
 	o = o.WithDefaults()
-	err := errors.Join(o.Validate(nil), CheckProbeTarget(p.key, o))
+	err := errors.Join(o.Validate(nil), CheckProbeTarget(p.key, string(p.proto), o))
 	if err != nil {
 		return nil, fmt.Errorf("provider %q: %w", p.Name, err)
 	}
 	uri := o.URI
 	if uri == "" {
 		uri = strings.TrimSuffix(p.path, "/") + "/json/version"
-		if o.Capacity == CapacityBrowserless {
+		switch {
+		case o.Capacity == CapacityBrowserless:
 			uri = "/pressure"
+		case p.proto == ProtocolBiDi:
+			// WebDriver BiDi has no /json/version: the base of its
+			// /session endpoint (Firefox answers / with 200).
+			uri = strings.TrimSuffix(strings.TrimSuffix(p.path, "/"), "/session") + "/"
 		}
 	}
 	u, err := url.Parse(uri)

@@ -20,6 +20,9 @@ const (
 	// ProtocolPlaywright is Playwright's own protocol: chromium.connect()
 	// to a launchServer / run-server endpoint.
 	ProtocolPlaywright Protocol = "playwright"
+	// ProtocolBiDi is WebDriver BiDi: Firefox's remote agent, Puppeteer's
+	// protocol 'webDriverBiDi', WebdriverIO, Selenium's BiDi.
+	ProtocolBiDi Protocol = "bidi"
 )
 
 // ParseProtocol reads a provider's protocol option ("" is any).
@@ -27,11 +30,17 @@ func ParseProtocol(s string) (Protocol, error) {
 	switch p := Protocol(strings.ToLower(strings.TrimSpace(s))); p {
 	case "":
 		return ProtocolAny, nil
-	case ProtocolAny, ProtocolCDP, ProtocolPlaywright:
+	case ProtocolAny, ProtocolCDP, ProtocolPlaywright, ProtocolBiDi:
 		return p, nil
 	}
-	return "", fmt.Errorf("protocol %q: want cdp, playwright or any", s)
+	return "", fmt.Errorf("protocol %q: want cdp, playwright, bidi or any", s)
 }
+
+// Resumable reports whether a session of a client speaking p may be
+// parked and taken back: CDP ones only. A Playwright client's protocol
+// state lives in its connection, and a WebDriver BiDi session is ended
+// with its client.
+func (p Protocol) Resumable() bool { return p == ProtocolCDP }
 
 // ParsePlaywrightVersion checks a playwright_version option: major.minor,
 // both non-negative integers ("1.65"). It returns the canonical form.
@@ -58,19 +67,53 @@ func majorMinor(s string) (string, bool) {
 	return strconv.FormatUint(major, 10) + "." + strconv.FormatUint(minor, 10), true
 }
 
-// ClientProtocol recognises what a client speaks from its upgrade request.
+// ClientProtocol recognises what a client speaks from its upgrade request:
+// its header h and the path of its request URI (without the query).
 //
 // A handshake that carries an x-playwright-browser header speaks
 // Playwright's protocol (chromium.connect() sends it; connectOverCDP does
 // not), and its version is the major.minor of the first
 // "Playwright/x.y.z" product in its User-Agent ("" when there is none).
-// Everything else speaks CDP: a Playwright User-Agent alone does not count,
-// because connectOverCDP sends it too.
-func ClientProtocol(h http.Header) (p Protocol, version string) {
-	if _, ok := h["X-Playwright-Browser"]; !ok {
-		return ProtocolCDP, ""
+// One whose path is a WebDriver BiDi endpoint (see IsBiDiPath) speaks
+// BiDi. Everything else speaks CDP: a Playwright User-Agent alone does
+// not count, because connectOverCDP sends it too.
+func ClientProtocol(h http.Header, path string) (p Protocol, version string) {
+	if _, ok := h["X-Playwright-Browser"]; ok {
+		return ProtocolPlaywright, playwrightUAVersion(h.Get("User-Agent"))
 	}
-	return ProtocolPlaywright, playwrightUAVersion(h.Get("User-Agent"))
+	if IsBiDiPath(path) {
+		return ProtocolBiDi, ""
+	}
+	return ProtocolCDP, ""
+}
+
+// IsBiDiPath reports whether an upgrade's path names a WebDriver BiDi
+// endpoint: its last segment is "session" (Firefox's /session, also
+// behind a prefix), or its last two are "session/<id>" (a session's own
+// endpoint). Case is ignored, and so is one trailing slash; path holds no
+// query.
+func IsBiDiPath(path string) bool {
+	path = strings.TrimSuffix(path, "/")
+	dir, last := path, ""
+	if i := strings.LastIndexByte(path, '/'); i >= 0 {
+		dir, last = path[:i], path[i+1:]
+	} else {
+		return false // not an absolute path
+	}
+	if isSessionSegment(last) {
+		return true
+	}
+	if last == "" {
+		return false
+	}
+	j := strings.LastIndexByte(dir, '/')
+	return j >= 0 && isSessionSegment(dir[j+1:])
+}
+
+// isSessionSegment reports whether a path segment is "session" in any
+// ASCII case (no Unicode folding: "ſession" is not one).
+func isSessionSegment(s string) bool {
+	return len(s) == len("session") && strings.ToLower(s) == "session"
 }
 
 // playwrightUAVersion finds "Playwright/x.y…" in a User-Agent.
@@ -96,6 +139,8 @@ func Serves(p Protocol, pv string, cp Protocol, cv string) bool {
 		return true
 	case ProtocolCDP:
 		return cp == ProtocolCDP
+	case ProtocolBiDi:
+		return cp == ProtocolBiDi
 	case ProtocolPlaywright:
 		if cp != ProtocolPlaywright {
 			return false

@@ -33,6 +33,7 @@ type Provider struct {
 	// Discover tells whether each connect first reads /json/version.
 	Discover bool
 
+	proto     Protocol // what it serves
 	headerOps []HeaderOp
 	setsAuth  bool
 	forward   *forwardRule // nil: the default fields only
@@ -170,6 +171,11 @@ func New(c Config, d Defaults, known func(string) string) (*Provider, error) {
 	}
 	p.address = net.JoinHostPort(u.Hostname(), port)
 	p.path = u.EscapedPath()
+	if p.proto, _ = ParseProtocol(c.Protocol); p.proto == ProtocolBiDi && p.httpURL {
+		// WebDriver BiDi's endpoint is <base>/session; there is nothing
+		// to discover.
+		p.path, p.Discover = strings.TrimSuffix(p.path, "/")+"/session", false
+	}
 	if p.path == "" {
 		p.path = "/"
 	}
@@ -204,6 +210,9 @@ func New(c Config, d Defaults, known func(string) string) (*Provider, error) {
 	}
 	return p, nil
 }
+
+// Protocol is what the provider serves (ProtocolAny when not set).
+func (p *Provider) Protocol() Protocol { return p.proto }
 
 // Books are the provider's session API counts, nil without a session API.
 func (p *Provider) Books() *Books {

@@ -72,6 +72,7 @@ type Session struct {
 	onEnd    func(*Session)
 	onPark   func(*Session)
 	hold     bool
+	farewell *Farewell // nil: none (farewell.go)
 	idle     time.Duration
 	ka       *keepalive // nil: off
 	// bytes relayed to each side (BytesUp, BytesDown).
@@ -130,6 +131,10 @@ type SessionOptions struct {
 	// OnPark is called each time the session parks, on a relay goroutine,
 	// once the old client is let go; it must not block.
 	OnPark func(*Session)
+	// Farewell is a message the gateway sends the provider when the
+	// client's side ends, before it closes the provider's connection
+	// (farewell.go). It does not go with Hold.
+	Farewell *Farewell
 }
 
 // NewSession prepares the relay between client and the upstream connection
@@ -142,7 +147,10 @@ func NewSession(client net.Conn, up *Conn, o SessionOptions) *Session {
 		done:     make(chan struct{}),
 		onEnd:    o.OnEnd,
 		onPark:   o.OnPark,
-		hold:     o.Hold,
+		// A farewell takes the provider's side over as hold does when
+		// the client leaves, to end it there.
+		hold:     o.Hold || o.Farewell != nil,
+		farewell: o.Farewell,
 		idle:     o.IdleTimeout,
 		running:  2,
 	}
@@ -620,7 +628,11 @@ func (d *direction) extend() bool {
 func (d *direction) closeOut(rest []byte) bool {
 	s := d.s
 	d.dst.SetWriteDeadline(time.Now().Add(CloseWait))
-	if _, err := d.dst.Write(closeFrame(s.closeCode, s.closeReason, d.side == toProvider)); err != nil {
+	b := closeFrame(s.closeCode, s.closeReason, d.side == toProvider)
+	if d.side == toProvider {
+		b = s.farewell.before(b, &d.frames)
+	}
+	if _, err := d.dst.Write(b); err != nil {
 		return false
 	}
 	s.sync(change{ev: evAwait, d: d})

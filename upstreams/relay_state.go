@@ -21,7 +21,7 @@ import (
 //	live              evLost    leaving   (hold) the up direction's read is interrupted
 //	live, leaving     evLeft    parking   (hold) the down direction's read is interrupted
 //	parking           evLetGo   parked    (hold) the provider's reads block again
-//	parked            evResume  joining   (hold) the down direction's read is interrupted
+//	parked            evResume  joining   (hold, not with a farewell) the down direction's read is interrupted
 //	joining           evJoin    live      (hold) a new up direction starts on the new client
 //	live … joining    evEnd     ending    a clean end gives the other direction CloseWait
 //	live … ending     evClose   closing   both reads interrupted; the sockets close at the latest
@@ -266,6 +266,8 @@ func (s *Session) step(c change) bool {
 		ok = ok && s.hold && s.reason == "" && s.up.quietAt.IsZero()
 	case evLeft:
 		ok = ok && s.hold && s.reason == "" && s.down.quietAt.IsZero()
+	case evResume:
+		ok = ok && s.farewell == nil
 	}
 	if !ok {
 		if c.ev == evEnd {
@@ -284,6 +286,10 @@ func (s *Session) step(c change) bool {
 		s.client.SetReadDeadline(aLongTimeAgo)
 	case parking:
 		s.clientCode, s.echo = c.code, c.echo
+		if s.farewell != nil {
+			// The session ends once the provider has had its farewell.
+			s.leavingReason(c.reason)
+		}
 		// A write to a client that reads nothing more gives up.
 		s.client.SetWriteDeadline(now.Add(CloseWait))
 		s.upstream.SetReadDeadline(aLongTimeAgo)

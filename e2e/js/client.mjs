@@ -1,6 +1,6 @@
 // One real automation client against the gateway.
 //
-//   node client.mjs <mode> <url> [--big-screenshot]
+//   node client.mjs <mode> <url> [--big-screenshot] [--bidi]
 //
 // modes:
 //   puppeteer-ws    puppeteer.connect({browserWSEndpoint: url})
@@ -10,22 +10,29 @@
 //   puppeteer-hold  like puppeteer-ws, then stays connected: prints READY, and
 //                   DISCONNECTED when the browser connection drops (exit 0),
 //                   or gives up after 60 s (exit 1).
-//   puppeteer-idle  like puppeteer-ws, then sends nothing for --idle-ms=N
-//                   (printing IDLE when it starts), evaluates 6*7 again in
-//                   the same page and prints "AFTER <value>".
+//   puppeteer-idle  like puppeteer-ws, then sends nothing for --idle-ms=N, or
+//                   until the file --until-file=PATH exists (printing IDLE
+//                   when it starts), evaluates 6*7 again in the same page
+//                   and prints "AFTER <value>".
 //
 // Each mode opens a page, evaluates 6*7 in it and prints
 // "RESULT <mode> <value> <browser version>"; the exit code is 0 only when the
 // value is 42. With --big-screenshot (Puppeteer modes) it also takes a
 // screenshot of random pixels (a CDP answer of several MB) and prints
-// "SCREENSHOT <bytes>".
+// "SCREENSHOT <bytes>". With --bidi the Puppeteer modes speak WebDriver BiDi
+// (protocol: 'webDriverBiDi', as to Firefox), and before the RESULT line the
+// page loads a data: URL and "TITLE <its title>" is printed.
+import { existsSync } from 'node:fs';
 import puppeteer from 'puppeteer-core';
 import { chromium } from 'playwright-core';
 
 const [mode, url, ...flags] = process.argv.slice(2);
 const bigScreenshot = flags.includes('--big-screenshot');
+const bidi = flags.includes('--bidi');
 const idleFlag = flags.find((f) => f.startsWith('--idle-ms='));
 const idleMs = idleFlag ? Number(idleFlag.slice('--idle-ms='.length)) : 0;
+const untilFlag = flags.find((f) => f.startsWith('--until-file='));
+const untilFile = untilFlag ? untilFlag.slice('--until-file='.length) : '';
 if (!mode || !url) {
   console.error('usage: node client.mjs <mode> <url>');
   process.exit(2);
@@ -38,9 +45,14 @@ const guard = setTimeout(() => {
 }, 60_000);
 
 async function viaPuppeteer(connectOpts, hold) {
-  const browser = await puppeteer.connect({ ...connectOpts, protocolTimeout: timeout });
+  const protocol = bidi ? { protocol: 'webDriverBiDi' } : {};
+  const browser = await puppeteer.connect({ ...connectOpts, ...protocol, protocolTimeout: timeout });
   const version = await browser.version();
   const page = await browser.newPage();
+  if (bidi) {
+    await page.goto('data:text/html,<title>hello bidi</title><p>gateway</p>');
+    console.log(`TITLE ${await page.title()}`);
+  }
   const value = await page.evaluate(() => 6 * 7);
   console.log(`RESULT ${mode} ${value} ${version}`);
   if (bigScreenshot) {
@@ -58,9 +70,13 @@ async function viaPuppeteer(connectOpts, hold) {
     console.log(`SCREENSHOT ${png.length}`);
     if (png.length < 1 << 20) throw new Error(`screenshot of ${png.length} bytes, want over 1 MiB`);
   }
-  if (idleMs > 0) {
+  if (idleMs > 0 || untilFile) {
     console.log('IDLE');
-    await new Promise((resolve) => setTimeout(resolve, idleMs));
+    if (untilFile) {
+      while (!existsSync(untilFile)) await new Promise((resolve) => setTimeout(resolve, 50));
+    } else {
+      await new Promise((resolve) => setTimeout(resolve, idleMs));
+    }
     const again = await page.evaluate(() => 6 * 7);
     console.log(`AFTER ${again}`);
     if (again !== 42) throw new Error(`6*7 = ${again} after the idle time`);
@@ -103,8 +119,8 @@ try {
       value = await viaPuppeteer({ browserWSEndpoint: url }, true);
       break;
     case 'puppeteer-idle':
-      if (!(idleMs > 0)) {
-        console.error('puppeteer-idle needs --idle-ms=N');
+      if (!(idleMs > 0) && !untilFile) {
+        console.error('puppeteer-idle needs --idle-ms=N or --until-file=PATH');
         process.exit(2);
       }
       value = await viaPuppeteer({ browserWSEndpoint: url });

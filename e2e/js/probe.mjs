@@ -4,6 +4,7 @@
 //
 // modes:
 //   puppeteer-ws    puppeteer.connect({browserWSEndpoint: url})
+//   puppeteer-bidi  puppeteer.connect({browserWSEndpoint: url, protocol: 'webDriverBiDi'})
 //   pw-cdp          playwright chromium.connectOverCDP(url)
 //   pw-connect      playwright chromium.connect(url)
 //
@@ -30,6 +31,12 @@ async function attempt() {
   switch (mode) {
     case 'puppeteer-ws': {
       const browser = await puppeteer.connect({ browserWSEndpoint: url, protocolTimeout: timeout });
+      const version = await browser.version();
+      await browser.disconnect();
+      return version;
+    }
+    case 'puppeteer-bidi': {
+      const browser = await puppeteer.connect({ browserWSEndpoint: url, protocol: 'webDriverBiDi', protocolTimeout: timeout });
       const version = await browser.version();
       await browser.disconnect();
       return version;
