@@ -226,8 +226,11 @@ func (c Concurrency) MarshalJSON() ([]byte, error) {
 	return json.Marshal(c.Limit)
 }
 
-// UnmarshalJSON reads a number, or "auto".
+// UnmarshalJSON reads a number, or "auto" (null changes nothing).
 func (c *Concurrency) UnmarshalJSON(b []byte) error {
+	if string(bytes.TrimSpace(b)) == "null" {
+		return nil
+	}
 	var s string
 	if json.Unmarshal(b, &s) == nil {
 		if s != "auto" {

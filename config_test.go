@@ -158,6 +158,7 @@ var parityCases = []parityCase{
 	{scope: "provider", cf: "max_concurrent auto", js: `"max_concurrent":"auto"`, ok: true},
 	{scope: "provider", cf: "max_concurrent 3", js: `"max_concurrent":3`, ok: true},
 	{scope: "provider", cf: "max_concurrent learn", js: `"max_concurrent":"learn"`},
+	{scope: "provider", cf: "max_concurrent 1.5", js: `"max_concurrent":1.5`},
 	{scope: "handler", cf: "strategy cheapest", js: `"strategy":"cheapest"`, ok: true},
 	{scope: "handler", cf: "strategy cheapest\nexpected_duration 10m", js: `"strategy":"cheapest","expected_duration":"10m"`, ok: true},
 	{scope: "handler", cf: "expected_duration 10m\nstrategy cheapest", js: `"expected_duration":"10m","strategy":"cheapest"`, ok: true},
