@@ -20,7 +20,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"sort"
-	"strings"
 	"time"
 
 	"github.com/coder/websocket"
@@ -69,11 +68,14 @@ func main() {
 	var targets []*target
 	runs := []struct{ name, bin, redis string }{{"no ledger (base)", *base, ""}, {"ledger on the file system", bin, ""}}
 	if *redisOn {
-		raddr, stop, err := startRedis(tmp)
+		raddr, stop, err := caddybin.StartRedis(tmp)
 		if err != nil {
 			fail(err)
 		}
 		defer stop()
+		if raddr == "" {
+			fmt.Println("redis-server not found: the state redis pair is skipped")
+		}
 		if raddr != "" {
 			runs = append(runs, struct{ name, bin, redis string }{"state redis, no ledger", *base, raddr},
 				struct{ name, bin, redis string }{"state redis, ledger in Redis", bin, raddr})
@@ -107,11 +109,11 @@ func main() {
 	fmt.Printf("connect time through a session-API provider, %d sequential connects × %d rounds (medians of the rounds)\n", *connects, *rounds)
 	fmt.Printf("%-40s %10s %10s\n", "", "p50 (ms)", "p99 (ms)")
 	for _, t := range targets {
-		fmt.Printf("%-40s %10.3f %10.3f\n", t.name, median(t.p50), median(t.p99))
+		fmt.Printf("%-40s %10.3f %10.3f\n", t.name, caddybin.Median(t.p50), caddybin.Median(t.p99))
 	}
 	for i := 0; i+1 < len(targets); i += 2 {
 		b, l := targets[i], targets[i+1]
-		fmt.Printf("%-40s %+10.3f %+10.3f   (%.2f× at p50)\n", "added: "+l.name, median(l.p50)-median(b.p50), median(l.p99)-median(b.p99), median(l.p50)/median(b.p50))
+		fmt.Printf("%-40s %+10.3f %+10.3f   (%.2f× at p50)\n", "added: "+l.name, caddybin.Median(l.p50)-caddybin.Median(b.p50), caddybin.Median(l.p99)-caddybin.Median(b.p99), caddybin.Median(l.p50)/caddybin.Median(b.p50))
 	}
 	books := rest.Books()
 	fmt.Printf("fake provider: %d created, %d released\n", len(books.Created), len(books.Released))
@@ -176,38 +178,6 @@ func connectTimes(url string, n int) (p50, p99 float64, err error) {
 	}
 	sort.Float64s(times)
 	return times[len(times)/2], times[len(times)*99/100], nil
-}
-
-// startRedis starts a redis-server of its own ("" when none is
-// installed); stop ends it.
-func startRedis(dir string) (addr string, stop func(), err error) {
-	rbin, err := exec.LookPath("redis-server")
-	if err != nil {
-		fmt.Println("redis-server not found: the state redis pair is skipped")
-		return "", func() {}, nil
-	}
-	addr = caddybin.FreeAddr()
-	_, port, _ := strings.Cut(addr, ":")
-	rdir := filepath.Join(dir, "redis")
-	if err := os.MkdirAll(rdir, 0o700); err != nil {
-		return "", nil, err
-	}
-	cmd := exec.Command(rbin, "--port", port, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", rdir)
-	if err := cmd.Start(); err != nil {
-		return "", nil, err
-	}
-	stop = func() { cmd.Process.Kill(); cmd.Wait() }
-	if err := caddybin.WaitListening(addr); err != nil {
-		stop()
-		return "", nil, err
-	}
-	return addr, stop, nil
-}
-
-func median(v []float64) float64 {
-	s := append([]float64(nil), v...)
-	sort.Float64s(s)
-	return s[len(s)/2]
 }
 
 func fail(err error) {

@@ -22,7 +22,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"sort"
-	"strings"
 	"sync"
 	"time"
 
@@ -78,11 +77,14 @@ func main() {
 		redis string
 	}{{"no spend options", false, ""}, {"cost, budgets, auto cap, cheapest", true, ""}}
 	if *redisOn {
-		raddr, stop, err := startRedis(tmp)
+		raddr, stop, err := caddybin.StartRedis(tmp)
 		if err != nil {
 			fail(err)
 		}
 		defer stop()
+		if raddr == "" {
+			fmt.Println("redis-server not found: the state redis pair is skipped")
+		}
 		if raddr != "" {
 			runs = append(runs, struct {
 				name  string
@@ -129,11 +131,11 @@ func main() {
 	fmt.Printf("connects to an echo provider, %d sequential and %d over 4 clients × %d rounds (medians of the rounds)\n", *connects, *connects, *rounds)
 	fmt.Printf("%-40s %10s %10s %14s\n", "", "p50 (ms)", "p99 (ms)", "handshakes/s")
 	for _, t := range targets {
-		fmt.Printf("%-40s %10.3f %10.3f %14.0f\n", t.name, median(t.p50), median(t.p99), median(t.hps))
+		fmt.Printf("%-40s %10.3f %10.3f %14.0f\n", t.name, caddybin.Median(t.p50), caddybin.Median(t.p99), caddybin.Median(t.hps))
 	}
 	for i := 0; i+1 < len(targets); i += 2 {
 		b, s := targets[i], targets[i+1]
-		fmt.Printf("%-40s %+10.3f %+10.3f %13.2f×\n", "added: "+s.name, median(s.p50)-median(b.p50), median(s.p99)-median(b.p99), median(s.hps)/median(b.hps))
+		fmt.Printf("%-40s %+10.3f %+10.3f %13.2f×\n", "added: "+s.name, caddybin.Median(s.p50)-caddybin.Median(b.p50), caddybin.Median(s.p99)-caddybin.Median(b.p99), caddybin.Median(s.hps)/caddybin.Median(b.hps))
 	}
 }
 
@@ -232,38 +234,6 @@ func handshakeRate(url string, workers, n int) (float64, error) {
 		return 0, first
 	}
 	return float64(per*workers) / time.Since(t0).Seconds(), nil
-}
-
-// startRedis starts a redis-server of its own ("" when none is
-// installed); stop ends it.
-func startRedis(dir string) (addr string, stop func(), err error) {
-	rbin, err := exec.LookPath("redis-server")
-	if err != nil {
-		fmt.Println("redis-server not found: the state redis pair is skipped")
-		return "", func() {}, nil
-	}
-	addr = caddybin.FreeAddr()
-	_, port, _ := strings.Cut(addr, ":")
-	rdir := filepath.Join(dir, "redis")
-	if err := os.MkdirAll(rdir, 0o700); err != nil {
-		return "", nil, err
-	}
-	cmd := exec.Command(rbin, "--port", port, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", rdir)
-	if err := cmd.Start(); err != nil {
-		return "", nil, err
-	}
-	stop = func() { cmd.Process.Kill(); cmd.Wait() }
-	if err := caddybin.WaitListening(addr); err != nil {
-		stop()
-		return "", nil, err
-	}
-	return addr, stop, nil
-}
-
-func median(v []float64) float64 {
-	s := append([]float64(nil), v...)
-	sort.Float64s(s)
-	return s[len(s)/2]
 }
 
 func fail(err error) {

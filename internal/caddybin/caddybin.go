@@ -1,13 +1,17 @@
 // Package caddybin builds the project's own Caddy binary (./cmd/caddy:
 // Caddy with browser_failover) for the benchmarks and tests that run Caddy
-// as a process, and finds and waits for their local addresses.
+// as a process, finds and waits for their local addresses, and starts the
+// redis-server a benchmark's shared state runs on.
 package caddybin
 
 import (
 	"fmt"
 	"net"
+	"os"
 	"os/exec"
 	"path/filepath"
+	"sort"
+	"strings"
 	"time"
 )
 
@@ -44,4 +48,38 @@ func WaitListening(addr string) error {
 		time.Sleep(50 * time.Millisecond)
 	}
 	return fmt.Errorf("nothing listens on %s", addr)
+}
+
+// StartRedis starts a redis-server of its own on a free 127.0.0.1 port,
+// its files in dir/redis, and returns its address ("" when redis-server is
+// not installed); stop ends it.
+func StartRedis(dir string) (addr string, stop func(), err error) {
+	rbin, err := exec.LookPath("redis-server")
+	if err != nil {
+		return "", func() {}, nil
+	}
+	addr = FreeAddr()
+	_, port, _ := strings.Cut(addr, ":")
+	rdir := filepath.Join(dir, "redis")
+	if err := os.MkdirAll(rdir, 0o700); err != nil {
+		return "", nil, err
+	}
+	cmd := exec.Command(rbin, "--port", port, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", rdir)
+	if err := cmd.Start(); err != nil {
+		return "", nil, err
+	}
+	stop = func() { cmd.Process.Kill(); cmd.Wait() }
+	if err := WaitListening(addr); err != nil {
+		stop()
+		return "", nil, err
+	}
+	return addr, stop, nil
+}
+
+// Median is the median of v (the upper one of an even count); v is not
+// changed.
+func Median(v []float64) float64 {
+	s := append([]float64(nil), v...)
+	sort.Float64s(s)
+	return s[len(s)/2]
 }
