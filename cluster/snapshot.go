@@ -53,6 +53,11 @@ func (s *Store) Snapshot(ctx context.Context, providers []string) (map[string]Sh
 	if s.isClosed() {
 		return nil, s.fail(op, errClosed)
 	}
+	// Back after an outage or a failover: this node's leases count again
+	// before the status shows the shared state up.
+	if err := s.reassert(ctx); err != nil {
+		return nil, err
+	}
 	for _, group := range s.slotGroups(providers) {
 		if err := s.snapshotGroup(ctx, group, out); err != nil {
 			return nil, err
