@@ -222,13 +222,15 @@ func (s *Store) readMany(ctx context.Context, keys []string) ([]any, error) {
 	for i, k := range keys {
 		cmds[i] = pipe.Get(ctx, k)
 	}
-	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
-		return nil, err
-	}
+	_, _ = pipe.Exec(ctx) // each command's error is read below
 	out := make([]any, len(keys))
 	for i, c := range cmds {
-		if v, err := c.Result(); err == nil {
+		v, err := c.Result()
+		switch {
+		case err == nil:
 			out[i] = v
+		case !errors.Is(err, redis.Nil):
+			return nil, err
 		}
 	}
 	return out, nil
