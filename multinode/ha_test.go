@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/coder/websocket"
+
 	"github.com/browserfailover/caddy-browser-failover/internal/fakes"
 	"github.com/browserfailover/caddy-browser-failover/internal/testredis"
 )
@@ -251,4 +253,89 @@ func TestRedisClusterExact(t *testing.T) {
 			t.Errorf("%s: CROSSSLOT in the log", g.Name)
 		}
 	}
+}
+
+// TestHAPartition: in Sentinel and in Cluster mode, gw-1 (which holds the
+// cap) is cut off from Redis longer than lease_ttl: its ACL user is
+// turned off and its connections killed on every server, so each call it
+// makes fails. gw-2 takes a slot its expired leases held. Once the user
+// is back on, gw-1 puts its leases back: both nodes show the cluster over
+// the limit, nobody is admitted, and admission comes back when enough
+// sessions end.
+func TestHAPartition(t *testing.T) {
+	t.Run("sentinel", func(t *testing.T) {
+		sn := testredis.StartSentinel(t)
+		redis := map[string]any{"sentinel": map[string]any{"master": sn.Master, "addresses": sn.SentinelAddrs()}}
+		testPartition(t, []string{sn.Primary.Addr(), sn.Replica.Addr()}, redis)
+	})
+	t.Run("cluster", func(t *testing.T) {
+		c := testredis.StartCluster(t)
+		testPartition(t, c.Addrs(), map[string]any{"cluster": c.Addrs()[:1]})
+	})
+}
+
+func testPartition(t *testing.T, servers []string, redis map[string]any) {
+	acl := func(args ...string) {
+		for _, s := range servers {
+			testredis.Cmd(t, s, args...)
+		}
+	}
+	acl("ACL", "SETUSER", "gw1", "on", ">gw1-pass", "~*", "&*", "+@all")
+	echo := startEcho(t)
+	const limit = 2
+	cc := clusterConfig{providers: []map[string]any{{"name": "echo", "url": echo.URL(), "max_concurrent": limit}}}
+	r1 := map[string]any{"username": "gw1", "password": "gw1-pass"}
+	r2 := map[string]any{}
+	for k, v := range redis {
+		r1[k], r2[k] = v, v
+	}
+	gw1 := startNode(t, "gw-1", haHandler(t, cc, "gw-1", r1))
+	gw2 := startNode(t, "gw-2", haHandler(t, cc, "gw-2", r2))
+	nodes := []*node{gw1, gw2}
+	held := holdSessions(t, gw1, limit)
+	for _, g := range nodes {
+		eventually(t, 10*time.Second, g.Name+": gw-1 holds the cap", clusterOver(g, "echo", limit, 0))
+	}
+	if ok, err := refused(gw2); !ok || err != nil {
+		t.Fatalf("a client beyond the cap through gw-2: refused %v, %v", ok, err)
+	}
+
+	acl("ACL", "SETUSER", "gw1", "off")
+	acl("CLIENT", "KILL", "USER", "gw1")
+	cut := time.Now()
+	var extra []*websocket.Conn
+	eventually(t, 10*leaseTTL+10*time.Second, "gw-2 takes a slot once gw-1's leases expired", func() (bool, string) {
+		ctx, cancel := withTimeout(5 * time.Second)
+		defer cancel()
+		c, err := openSession(ctx, gw2.WS())
+		if err != nil {
+			return false, err.Error()
+		}
+		extra = append(extra, c)
+		return true, ""
+	})
+	t.Cleanup(func() {
+		for _, c := range extra {
+			c.CloseNow()
+		}
+	})
+	t.Logf("gw-2 admitted a client %v after the cut (lease_ttl %v)", time.Since(cut).Round(time.Millisecond), leaseTTL)
+
+	acl("ACL", "SETUSER", "gw1", "on")
+	healed := time.Now()
+	for _, g := range nodes {
+		eventually(t, 15*time.Second, g.Name+": over the limit by 1 once gw-1's leases are back", clusterOver(g, "echo", limit+1, 1))
+	}
+	t.Logf("gw-1's leases back %v after the heal", time.Since(healed).Round(time.Millisecond))
+	for _, g := range nodes {
+		if ok, err := refused(g); !ok || err != nil {
+			t.Errorf("a client through %s while over the limit: refused %v, %v", g.Name, ok, err)
+		}
+	}
+	closeSession(held[0])
+	closeSession(held[1])
+	eventually(t, 15*time.Second, "admission again below the limit", func() (bool, string) {
+		err := serveOnce(gw1.WS(), 10*time.Second)
+		return err == nil, fmt.Sprint(err)
+	})
 }
