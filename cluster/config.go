@@ -233,8 +233,8 @@ func (cfg Config) validate(stated func(option string) bool, resolved bool) error
 		errs = append(errs, problemf(modes, "redis takes exactly one of address, sentinel and cluster, got %s", strings.Join(modes, " and ")))
 	}
 	if cfg.Sentinel == nil {
-		for _, o := range []string{"sentinel_username", "sentinel_password"} {
-			if (o == "sentinel_username" && cfg.SentinelUsername != "") || (o == "sentinel_password" && cfg.SentinelPassword != "") {
+		for o, v := range map[string]string{"sentinel_username": cfg.SentinelUsername, "sentinel_password": cfg.SentinelPassword} {
+			if v != "" {
 				errs = append(errs, problemf([]string{o}, "redis %s applies to sentinel only", o))
 			}
 		}
