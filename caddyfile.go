@@ -95,7 +95,12 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //			capacity      browserless
 //		}
 //
-//		state redis <host:port> {
+//		state redis [<host:port>] {
+//			address <host:port>
+//			sentinel <master_name> <host:port...>
+//			sentinel_username <name>
+//			sentinel_password <value>
+//			cluster <host:port...>
 //			username <name>
 //			password <value>
 //			db <n>
@@ -487,22 +492,39 @@ func (r *reader) parseWebhook() (*observe.WebhookConfig, error) {
 	return wh, nil
 }
 
-// parseState reads `state redis <address> { ... }`.
+// parseState reads `state redis [<address>] { ... }`.
 func (r *reader) parseState() (*StateConfig, error) {
 	d := r.d
 	b := r.open("tls_trusted_ca_certs")
 	args := d.RemainingArgs()
-	if len(args) != 2 || args[0] != "redis" {
-		return nil, d.Errf("state takes a backend and its address: state redis <host:port>")
+	if len(args) < 1 || len(args) > 2 || args[0] != "redis" {
+		return nil, d.Errf("state takes a backend and, optionally, its address: state redis [<host:port>]")
 	}
-	st := &StateConfig{Redis: &RedisConfig{Config: cluster.Config{Address: args[1]}}}
+	st := &StateConfig{Redis: &RedisConfig{}}
 	rc := st.Redis
-	b.note("state", "address")
-	if err := b.check(st.validate(), "state", "address"); err != nil {
-		return nil, err
+	if len(args) == 2 {
+		rc.Address = args[1]
+		rc.given.add("address")
+		b.note("state", "address")
+		if err := b.check(st.validate(), "state", "address"); err != nil {
+			return nil, err
+		}
 	}
 	return st, b.each("state", &rc.given, st.validate, func(opt string) (err error) {
 		switch opt {
+		case "address":
+			rc.Address, err = oneArg(d)
+		case "sentinel":
+			var v []string
+			if v, err = listArg(d, "the master's name then at least one sentinel address"); err == nil {
+				rc.Sentinel = &cluster.Sentinel{Master: v[0], Addresses: v[1:]}
+			}
+		case "cluster":
+			rc.Cluster, err = listArg(d, "at least one seed address (host:port)")
+		case "sentinel_username":
+			rc.SentinelUsername, err = oneArg(d)
+		case "sentinel_password":
+			rc.SentinelPassword, err = oneArg(d)
 		case "username":
 			rc.Username, err = oneArg(d)
 		case "password":

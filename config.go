@@ -666,7 +666,7 @@ func fromProblems(err error) error {
 		case errors.As(e, &up):
 			out = append(out, &optionError{msg: up.Msg, opts: up.Options, whole: up.Whole})
 		case errors.As(e, &cp):
-			out = append(out, &optionError{msg: cp.Msg, opts: cp.Options})
+			out = append(out, &optionError{msg: cp.Msg, opts: cp.Options, whole: cp.Whole})
 		default:
 			out = append(out, e)
 		}

@@ -302,7 +302,7 @@ func TestSecretsAudit(t *testing.T) {
 	// The ledger of created sessions, in Redis under state redis: node,
 	// provider, session IDs and times, never a credential.
 	rdb := redis.NewClient(&redis.Options{Addr: rs.Addr(), Password: redisPass})
-	lkeys, err := rdb.Keys(context.Background(), "audit:ledger:*").Result()
+	lkeys, err := rdb.Keys(context.Background(), "audit:{ledger}:*").Result()
 	if err != nil || len(lkeys) == 0 {
 		t.Fatalf("no ledger key in Redis: %v %v", lkeys, err)
 	}

@@ -23,13 +23,14 @@ import (
 
 // sharedHooks count how the shared state fares in the metrics: the
 // shared_state_up gauge, shown while a store is open, and
-// shared_state_errors_total by operation.
+// shared_state_errors_total by operation, shared_state_failovers_total.
 func sharedHooks(m *observe.Metrics) cluster.Hooks {
 	return cluster.Hooks{
-		Opened: m.SharedStateOpened,
-		Closed: m.SharedStateClosed,
-		Up:     m.SharedStateUp,
-		Failed: m.SharedStateError,
+		Opened:   m.SharedStateOpened,
+		Closed:   m.SharedStateClosed,
+		Up:       m.SharedStateUp,
+		Failed:   m.SharedStateError,
+		Failover: m.SharedStateFailover,
 	}
 }
 
@@ -52,6 +53,22 @@ func (h *Handler) provisionShared() error {
 	cfg.Address = repl.ReplaceKnown(cfg.Address, "")
 	cfg.Username = repl.ReplaceKnown(cfg.Username, "")
 	cfg.Password = repl.ReplaceKnown(cfg.Password, "")
+	cfg.SentinelUsername = repl.ReplaceKnown(cfg.SentinelUsername, "")
+	cfg.SentinelPassword = repl.ReplaceKnown(cfg.SentinelPassword, "")
+	if sn := cfg.Sentinel; sn != nil {
+		resolved := &cluster.Sentinel{Master: repl.ReplaceKnown(sn.Master, "")}
+		for _, a := range sn.Addresses {
+			resolved.Addresses = append(resolved.Addresses, repl.ReplaceKnown(a, ""))
+		}
+		cfg.Sentinel = resolved
+	}
+	if len(cfg.Cluster) > 0 {
+		seeds := make([]string, len(cfg.Cluster))
+		for i, a := range cfg.Cluster {
+			seeds[i] = repl.ReplaceKnown(a, "")
+		}
+		cfg.Cluster = seeds
+	}
 	node := repl.ReplaceKnown(st.Node, "")
 	if node == "" {
 		node = cluster.DefaultNode()

@@ -707,7 +707,7 @@ func TestOpenValidates(t *testing.T) {
 		{name: "ok", node: "a", cfg: Config{Address: "127.0.0.1:6379"}},
 		{name: "tls", node: "a", cfg: Config{Address: "redis.internal:6380", TLS: &TLS{TrustedCACertFiles: []string{ca}}}},
 		{name: "no node", cfg: Config{Address: "127.0.0.1:6379"}, want: "node name"},
-		{name: "no address", node: "a", want: "redis needs an address"},
+		{name: "no address", node: "a", want: "redis needs one of address"},
 		{name: "url", node: "a", cfg: Config{Address: "redis://user:hunter22@host:6379"}, want: "not a URL", secret: "hunter22"},
 		{name: "user info", node: "a", cfg: Config{Address: "user:hunter22@host:6379"}, want: "not a URL", secret: "hunter22"},
 		{name: "no port", node: "a", cfg: Config{Address: "hunter22"}, want: "host:port", secret: "hunter22"},

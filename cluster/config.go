@@ -1,6 +1,7 @@
 package cluster
 
 import (
+	"context"
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
@@ -45,10 +46,22 @@ type TLS struct {
 // "redis" under "state"), checked by Validate; Logger, Clock and Hooks are
 // set by the program.
 type Config struct {
-	// Address is host:port; in a gateway's config it may hold {env.X}
-	// placeholders, resolved before Open. Credentials go in Username and
-	// Password, never here. Required.
-	Address string `json:"address"`
+	// Address is host:port of a single Redis server; in a gateway's
+	// config it may hold {env.X} placeholders, resolved before Open.
+	// Credentials go in Username and Password, never here. Exactly one
+	// of Address, Sentinel and Cluster is required.
+	Address string `json:"address,omitempty"`
+	// Sentinel reaches the master that Redis Sentinel names, and follows
+	// it when the sentinels promote a replica.
+	Sentinel *Sentinel `json:"sentinel,omitempty"`
+	// Cluster is the seed addresses (host:port) of a Redis Cluster; the
+	// client learns the other nodes from them.
+	Cluster []string `json:"cluster,omitempty"`
+	// SentinelUsername and SentinelPassword are the sentinels' own
+	// credentials, when they differ from the servers' (Sentinel only).
+	// The password may hold {env.X} placeholders and is never logged.
+	SentinelUsername string `json:"sentinel_username,omitempty"`
+	SentinelPassword string `json:"sentinel_password,omitempty"`
 	// Username is the ACL user (Redis 6+). Default: Redis's default user.
 	Username string `json:"username,omitempty"`
 	// Password may hold {env.X} placeholders in a gateway's config; Open
@@ -85,6 +98,37 @@ type Config struct {
 	Hooks Hooks `json:"-"`
 }
 
+// Sentinel names a Sentinel-managed master and the sentinels that know
+// it (JSON key "sentinel" of the Redis settings).
+type Sentinel struct {
+	// Master is the master's name in the sentinels' configuration.
+	Master string `json:"master"`
+	// Addresses are host:port of sentinels (at least one; the others are
+	// learnt from it).
+	Addresses []string `json:"addresses"`
+}
+
+// The modes of reaching Redis, as Mode reports them.
+const (
+	ModeStandalone = "standalone"
+	ModeSentinel   = "sentinel"
+	ModeCluster    = "cluster"
+)
+
+// Mode tells how cfg reaches Redis: ModeStandalone, ModeSentinel or
+// ModeCluster (the first one given; Validate rejects several).
+func (cfg Config) Mode() string {
+	switch {
+	case cfg.Address != "":
+		return ModeStandalone
+	case cfg.Sentinel != nil:
+		return ModeSentinel
+	case len(cfg.Cluster) > 0:
+		return ModeCluster
+	}
+	return ModeStandalone
+}
+
 // Clock is a node's time source; tests give one that is off.
 type Clock interface {
 	Now() time.Time
@@ -116,6 +160,9 @@ const minLeaseTTL = 30 * time.Millisecond
 type Problem struct {
 	Options []string
 	Msg     string
+	// Whole: the problem is judged on the whole block (an option given
+	// later may still solve it).
+	Whole bool
 }
 
 func (e *Problem) Error() string { return e.Msg }
@@ -137,14 +184,59 @@ func (cfg Config) Validate(stated func(option string) bool) error {
 func (cfg Config) validate(stated func(option string) bool, resolved bool) error {
 	given := func(o string) bool { return stated != nil && stated(o) }
 	var errs []error
-	switch addr := cfg.Address; {
-	case addr == "":
-		errs = append(errs, problemf([]string{"address"}, "redis needs an address (host:port)"))
-	case !resolved && strings.Contains(addr, "{"):
-		// A placeholder: its value is checked once resolved.
-	default:
-		if err := checkAddress(addr); err != "" {
-			errs = append(errs, problemf([]string{"address"}, "redis address %s", err))
+	checkAddr := func(option, what, addr string) {
+		switch {
+		case addr == "":
+			errs = append(errs, problemf([]string{option}, "redis %s: empty address", what))
+		case !resolved && strings.Contains(addr, "{"):
+			// A placeholder: its value is checked once resolved.
+		default:
+			if err := checkAddress(addr); err != "" {
+				errs = append(errs, problemf([]string{option}, "redis %s %s", what, err))
+			}
+		}
+	}
+	var modes []string
+	if cfg.Address != "" || given("address") {
+		modes = append(modes, "address")
+		checkAddr("address", "address", cfg.Address)
+	}
+	if sn := cfg.Sentinel; sn != nil {
+		modes = append(modes, "sentinel")
+		if sn.Master == "" {
+			errs = append(errs, problemf([]string{"sentinel"}, "redis sentinel needs the master's name then at least one sentinel address"))
+		}
+		if len(sn.Addresses) == 0 {
+			errs = append(errs, problemf([]string{"sentinel"}, "redis sentinel needs at least one sentinel address (host:port)"))
+		}
+		for _, a := range sn.Addresses {
+			checkAddr("sentinel", "sentinel address", a)
+		}
+	}
+	if len(cfg.Cluster) > 0 || given("cluster") {
+		modes = append(modes, "cluster")
+		if len(cfg.Cluster) == 0 {
+			errs = append(errs, problemf([]string{"cluster"}, "redis cluster needs at least one seed address (host:port)"))
+		}
+		for _, a := range cfg.Cluster {
+			checkAddr("cluster", "cluster address", a)
+		}
+		if cfg.DB != 0 {
+			errs = append(errs, problemf([]string{"db", "cluster"}, "redis db must be 0 with cluster (Redis Cluster has one database), got %d", cfg.DB))
+		}
+	}
+	switch {
+	case len(modes) == 0:
+		errs = append(errs, &Problem{Options: []string{"address", "sentinel", "cluster"}, Whole: true,
+			Msg: "redis needs one of address (host:port), sentinel <master> <host:port>... or cluster <host:port>..."})
+	case len(modes) > 1:
+		errs = append(errs, problemf(modes, "redis takes exactly one of address, sentinel and cluster, got %s", strings.Join(modes, " and ")))
+	}
+	if cfg.Sentinel == nil {
+		for o, v := range map[string]string{"sentinel_username": cfg.SentinelUsername, "sentinel_password": cfg.SentinelPassword} {
+			if v != "" {
+				errs = append(errs, problemf([]string{o}, "redis %s applies to sentinel only", o))
+			}
 		}
 	}
 	if cfg.DB < 0 {
@@ -194,7 +286,10 @@ func (cfg Config) tlsConfig() (*tls.Config, error) {
 		ServerName:         cfg.TLS.ServerName,
 		InsecureSkipVerify: cfg.TLS.InsecureSkipVerify, //nolint:gosec // explicit opt-in
 	}
-	if tc.ServerName == "" {
+	// The host of a single server; with Sentinel or Cluster the servers
+	// are learnt, and each is verified by the name it is dialled at
+	// unless a name is given.
+	if tc.ServerName == "" && cfg.Address != "" {
 		if host, _, err := net.SplitHostPort(cfg.Address); err == nil {
 			tc.ServerName = host
 		}
@@ -215,9 +310,17 @@ func (cfg Config) tlsConfig() (*tls.Config, error) {
 	return tc, nil
 }
 
-// options builds the go-redis options: every call bounded by Timeout
-// through its context, no automatic command retries (a retried write could
-// take a second slot), no background maintenance protocol.
+// The go-redis settings common to the three modes: every call bounded by
+// Timeout through its context, no automatic command retries (a retried
+// write could take a second slot), no background maintenance protocol.
+const (
+	// A handful of connections serve a gateway's decisions (one round
+	// trip each); idle ones go after a minute.
+	poolSize    = 16
+	connMaxIdle = time.Minute
+)
+
+// options builds the go-redis options of a single server.
 func (cfg Config) options(tc *tls.Config) *redis.Options {
 	return &redis.Options{
 		Addr:                  cfg.Address,
@@ -231,12 +334,78 @@ func (cfg Config) options(tc *tls.Config) *redis.Options {
 		WriteTimeout:          time.Duration(cfg.Timeout),
 		PoolTimeout:           time.Duration(cfg.Timeout),
 		ContextTimeoutEnabled: true,
-		// A handful of connections serve a gateway's decisions (one
-		// round trip each); idle ones go after a minute.
-		PoolSize:        16,
-		ConnMaxIdleTime: time.Minute,
-		MaxRetries:      -1,
-		DisableIdentity: true,
+		PoolSize:              poolSize,
+		ConnMaxIdleTime:       connMaxIdle,
+		MaxRetries:            -1,
+		DisableIdentity:       true,
+		MaintNotificationsConfig: &maintnotifications.Config{
+			Mode: maintnotifications.ModeDisabled,
+		},
+	}
+}
+
+// failoverOptions builds the go-redis options of a Sentinel-managed
+// master. dialed is told the address of every new connection to the
+// master (the one the sentinels name at the time).
+func (cfg Config) failoverOptions(tc *tls.Config, dialed func(addr string)) *redis.FailoverOptions {
+	timeout := time.Duration(cfg.Timeout)
+	return &redis.FailoverOptions{
+		MasterName:       cfg.Sentinel.Master,
+		SentinelAddrs:    cfg.Sentinel.Addresses,
+		SentinelUsername: cfg.SentinelUsername,
+		SentinelPassword: cfg.SentinelPassword,
+		Username:         cfg.Username,
+		Password:         cfg.Password,
+		DB:               cfg.DB,
+		TLSConfig:        tc,
+		// Every new connection, to a sentinel or to the master, runs
+		// this; one to the master (the library names its client
+		// "FailoverClient") asks the server its own address.
+		OnConnect: func(ctx context.Context, cn *redis.Conn) error {
+			if !strings.Contains(cn.String(), "FailoverClient") {
+				return nil
+			}
+			info, err := cn.ClientInfo(ctx).Result()
+			if err == nil && info != nil && info.LAddr != "" {
+				dialed(info.LAddr)
+			}
+			// Not known (an ACL without CLIENT INFO): the connection
+			// serves all the same.
+			return nil
+		},
+		DialTimeout:           timeout,
+		DialerRetries:         1,
+		ReadTimeout:           timeout,
+		WriteTimeout:          timeout,
+		PoolTimeout:           timeout,
+		ContextTimeoutEnabled: true,
+		PoolSize:              poolSize,
+		ConnMaxIdleTime:       connMaxIdle,
+		MaxRetries:            -1,
+		DisableIdentity:       true,
+	}
+}
+
+// clusterOptions builds the go-redis options of a Redis Cluster. Redirects
+// (MOVED, ASK) are followed: the command did not run where it was sent.
+func (cfg Config) clusterOptions(tc *tls.Config) *redis.ClusterOptions {
+	timeout := time.Duration(cfg.Timeout)
+	return &redis.ClusterOptions{
+		Addrs:                 cfg.Cluster,
+		Username:              cfg.Username,
+		Password:              cfg.Password,
+		TLSConfig:             tc,
+		MaxRedirects:          3,
+		DialTimeout:           timeout,
+		DialerRetries:         1,
+		ReadTimeout:           timeout,
+		WriteTimeout:          timeout,
+		PoolTimeout:           timeout,
+		ContextTimeoutEnabled: true,
+		PoolSize:              poolSize,
+		ConnMaxIdleTime:       connMaxIdle,
+		MaxRetries:            -1,
+		DisableIdentity:       true,
 		MaintNotificationsConfig: &maintnotifications.Config{
 			Mode: maintnotifications.ModeDisabled,
 		},

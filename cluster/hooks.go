@@ -16,6 +16,9 @@ type Hooks struct {
 	// Failed is called for every call that could not reach a store, with
 	// the operation's fixed word (acquire, publish, status, ping, reset).
 	Failed func(op string)
+	// Failover is called for each change of master a store follows (a
+	// Sentinel promoting a replica), not for the first discovery.
+	Failover func()
 }
 
 func (h Hooks) opened() {
@@ -39,5 +42,11 @@ func (h Hooks) up(up bool) {
 func (h Hooks) failed(op string) {
 	if h.Failed != nil {
 		h.Failed(op)
+	}
+}
+
+func (h Hooks) failover() {
+	if h.Failover != nil {
+		h.Failover()
 	}
 }

@@ -75,16 +75,33 @@ func (l *Lease) Release() {
 	}
 }
 
-// releaseRemote removes leases from Redis in one round trip.
+// releaseRemote removes leases from Redis in one round trip (in Cluster
+// mode, one per lease).
 func (s *Store) releaseRemote(ctx context.Context, ls []*Lease) error {
-	keys := make([]string, 0, len(ls))
-	args := make([]any, 0, 1+2*len(ls))
-	args = append(args, s.channel())
-	for _, l := range ls {
-		keys = append(keys, s.leaseKey(l.provider))
-		args = append(args, l.member, s.event(EventReleased, l.provider, 0, 0))
+	groups := [][]*Lease{ls}
+	if s.perSlot {
+		groups = groups[:0]
+		for _, l := range ls {
+			groups = append(groups, []*Lease{l})
+		}
 	}
-	if err := releaseScript.Run(ctx, s.rdb, keys, args...).Err(); err != nil {
+	var errs []error
+	for _, g := range groups {
+		keys := make([]string, 0, len(g))
+		args := make([]any, 0, 1+2*len(g))
+		args = append(args, s.channel())
+		for _, l := range g {
+			keys = append(keys, s.leaseKey(l.provider))
+			args = append(args, l.member, s.event(EventReleased, l.provider, 0, 0))
+		}
+		if err := releaseScript.Run(ctx, s.rdb, keys, args...).Err(); err != nil {
+			errs = append(errs, err)
+			if ctx.Err() != nil {
+				break
+			}
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
 		return s.fail("release leases", err)
 	}
 	return nil
@@ -146,6 +163,11 @@ func (s *Store) acquire(ctx context.Context, provider string, max int, learnMS i
 	s.mu.Unlock()
 	defer s.inflight.Done()
 
+	// After an outage or a failover, this node's live sessions count
+	// again before it admits another.
+	if err := s.reassert(ctx); err != nil {
+		return Grant{}, err
+	}
 	l := &Lease{s: s, provider: provider, member: s.newMember()}
 	ctx, cancel := s.ctx(ctx)
 	defer cancel()

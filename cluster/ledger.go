@@ -30,7 +30,10 @@ func (s *Store) LeaseTTL() time.Duration { return time.Duration(s.cfg.LeaseTTL) 
 // ledgerLockTTL bounds a lock of the ledger held by a node that died.
 const ledgerLockTTL = 30 * time.Second
 
-func (l LedgerStore) key(k string) string { return l.s.cfg.KeyPrefix + "ledger:" + k }
+// The ledger's keys share one hash tag ({ledger}): they live in one slot
+// of a Redis Cluster, so a delete of several is one command and a listing
+// scans the one node holding them.
+func (l LedgerStore) key(k string) string { return l.s.cfg.KeyPrefix + "{ledger}:" + k }
 
 // Store puts value at key.
 func (l LedgerStore) Store(ctx context.Context, key string, value []byte) error {
@@ -100,7 +103,15 @@ func (l LedgerStore) scan(ctx context.Context, key string) ([]string, error) {
 	defer cancel()
 	pattern := escapeGlob(l.key(key)) + "/*"
 	var out []string
-	iter := l.s.rdb.Scan(ctx, 0, pattern, 1000).Iterator()
+	var scanner redis.Cmdable = l.s.rdb
+	if cc, ok := l.s.rdb.(*redis.ClusterClient); ok {
+		node, err := cc.MasterForKey(ctx, l.key(key))
+		if err != nil {
+			return nil, l.s.fail("ledger list", err)
+		}
+		scanner = node
+	}
+	iter := scanner.Scan(ctx, 0, pattern, 1000).Iterator()
 	for iter.Next(ctx) {
 		out = append(out, iter.Val())
 	}
@@ -168,4 +179,6 @@ func (l LedgerStore) Unlock(ctx context.Context, name string) error {
 	return nil
 }
 
-func (l LedgerStore) lockKey(name string) string { return l.s.cfg.KeyPrefix + "ledger-lock:" + name }
+func (l LedgerStore) lockKey(name string) string {
+	return l.s.cfg.KeyPrefix + "{ledger}-lock:" + name
+}

@@ -63,8 +63,12 @@ func poolKey(cfg Config, node string) string {
 	if cfg.TLS != nil {
 		tlsKey = fmt.Sprintf("tls|%s|%v|%q", cfg.TLS.ServerName, cfg.TLS.InsecureSkipVerify, cfg.TLS.TrustedCACertFiles)
 	}
-	sum := sha256.Sum256([]byte(fmt.Sprintf("%q|%q|%q|%d|%q|%s|%v|%v|%q",
-		cfg.Address, cfg.Username, cfg.Password, cfg.DB, cfg.KeyPrefix, tlsKey, cfg.LeaseTTL, cfg.Timeout, node)))
+	sentinelKey := "-"
+	if cfg.Sentinel != nil {
+		sentinelKey = fmt.Sprintf("%q|%q|%q|%q", cfg.Sentinel.Master, cfg.Sentinel.Addresses, cfg.SentinelUsername, cfg.SentinelPassword)
+	}
+	sum := sha256.Sum256([]byte(fmt.Sprintf("%q|%s|%q|%q|%q|%d|%q|%s|%v|%v|%q",
+		cfg.Address, sentinelKey, cfg.Cluster, cfg.Username, cfg.Password, cfg.DB, cfg.KeyPrefix, tlsKey, cfg.LeaseTTL, cfg.Timeout, node)))
 	return hex.EncodeToString(sum[:])
 }
 
@@ -79,7 +83,7 @@ func Use(cfg Config, node string, logger *zap.Logger) (*Shared, error) {
 	key := poolKey(cfg, node)
 	v, _, err := stores.LoadOrNew(key, func() (caddy.Destructor, error) {
 		cfg.Logger = logger
-		st, err := Open(cfg, node)
+		st, err := openStore(cfg, node, cfg.Hooks.failover)
 		if err != nil {
 			return nil, err
 		}
@@ -215,6 +219,19 @@ func (s *Shared) ClusterStates(ctx context.Context, providers []string) (map[str
 		out[p] = ProviderState{Node: node, Up: true, Share: shares[p]}
 	}
 	return out, true
+}
+
+// Endpoint is how a node reaches the shared state, as its status shows
+// it: the mode, and the master in use (for a cluster, its seed
+// addresses). It holds no credential.
+type Endpoint struct {
+	Mode    string `json:"mode"`
+	Address string `json:"address"`
+}
+
+// Endpoint returns how the store reaches Redis now.
+func (s *Shared) Endpoint() Endpoint {
+	return Endpoint{Mode: s.store.Mode(), Address: s.store.Address()}
 }
 
 // ClusterActive is the provider's live sessions over every node as last

@@ -41,7 +41,8 @@ func OverLimit(live int, max int64) int {
 	return int(int64(live) - max)
 }
 
-// Snapshot returns the Share of each provider, read in one round trip.
+// Snapshot returns the Share of each provider, read in one round trip (in
+// Cluster mode, one per provider).
 // Expired leases are not counted. Errors wrap ErrUnavailable.
 func (s *Store) Snapshot(ctx context.Context, providers []string) (map[string]Share, error) {
 	out := make(map[string]Share, len(providers))
@@ -52,6 +53,30 @@ func (s *Store) Snapshot(ctx context.Context, providers []string) (map[string]Sh
 	if s.isClosed() {
 		return nil, s.fail(op, errClosed)
 	}
+	// Back after an outage or a failover: this node's leases count again
+	// before the status shows the shared state up.
+	if err := s.reassert(ctx); err != nil {
+		return nil, err
+	}
+	for _, group := range s.slotGroups(providers) {
+		if err := s.snapshotGroup(ctx, group, out); err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
+}
+
+// memberNode returns the node of a lease member (node + "|" + id).
+func memberNode(member string) string {
+	if i := strings.LastIndexByte(member, '|'); i >= 0 {
+		return member[:i]
+	}
+	return member
+}
+
+// snapshotGroup reads the Share of providers (one slot group) into out.
+func (s *Store) snapshotGroup(ctx context.Context, providers []string, out map[string]Share) error {
+	const op = "read the shared state"
 	keys := make([]string, 0, 2*len(providers))
 	for _, p := range providers {
 		keys = append(keys, s.leaseKey(p), s.cooldownKey(p))
@@ -60,10 +85,10 @@ func (s *Store) Snapshot(ctx context.Context, providers []string) (map[string]Sh
 	defer cancel()
 	res, err := snapshotScript.Run(ctx, s.rdb, keys).Slice()
 	if err != nil {
-		return nil, s.fail(op, err)
+		return s.fail(op, err)
 	}
 	if len(res) != 3*len(providers) {
-		return nil, s.fail(op, fmt.Errorf("unexpected reply of %d elements", len(res)))
+		return s.fail(op, fmt.Errorf("unexpected reply of %d elements", len(res)))
 	}
 	for i, p := range providers {
 		members, _ := res[3*i].([]any)
@@ -82,13 +107,5 @@ func (s *Store) Snapshot(ctx context.Context, providers []string) (map[string]Sh
 		out[p] = sh
 		s.sawLive(p, sh.Active)
 	}
-	return out, nil
-}
-
-// memberNode returns the node of a lease member (node + "|" + id).
-func memberNode(member string) string {
-	if i := strings.LastIndexByte(member, '|'); i >= 0 {
-		return member[:i]
-	}
-	return member
+	return nil
 }

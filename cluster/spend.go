@@ -2,11 +2,13 @@ package cluster
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strconv"
 	"sync"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
 )
 
@@ -19,7 +21,8 @@ import (
 // spendKey is the total of scope ("provider:<name>" or "client:<shown
 // key>") for the window starting at start.
 func (s *Store) spendKey(scope string, start time.Time) string {
-	return s.cfg.KeyPrefix + "spend:" + scope + ":" + strconv.FormatInt(start.Unix(), 10)
+	// The scope is the hash tag: a scope's windows share a slot.
+	return s.cfg.KeyPrefix + "spend:{" + scope + "}:" + strconv.FormatInt(start.Unix(), 10)
 }
 
 // ProviderScope is the spend scope of a provider.
@@ -98,7 +101,8 @@ func (s *Store) spendLoop() {
 	}
 }
 
-// flushSpend writes the queued costs in one round trip.
+// flushSpend writes the queued costs in one round trip (in Cluster mode,
+// one per total).
 func (s *Store) flushSpend() {
 	b := &s.spend
 	b.mu.Lock()
@@ -108,37 +112,62 @@ func (s *Store) flushSpend() {
 	if len(adds) == 0 {
 		return
 	}
-	keys := make([]string, 0, len(adds))
-	args := make([]any, 0, 2*len(adds))
-	for k, a := range adds {
-		keys = append(keys, k)
+	all := make([]string, 0, len(adds))
+	for k := range adds {
+		all = append(all, k)
+	}
+	groups := [][]string{all}
+	if s.perSlot {
+		groups = groups[:0]
+		for _, k := range all {
+			groups = append(groups, []string{k})
+		}
+	}
+	var failed []string
+	for _, keys := range groups {
+		if err := s.flushSpendGroup(keys, adds); err != nil {
+			s.log.Debug("shared state: spend not written; tried again", zap.Error(s.fail("add spend", err)))
+			failed = append(failed, keys...)
+		}
+	}
+	if len(failed) == 0 {
+		return
+	}
+	// Put back what was not written, before what came since.
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.adds == nil {
+		b.adds = map[string]*spendAdd{}
+	}
+	for _, k := range failed {
+		a := adds[k]
+		if cur := b.adds[k]; cur != nil {
+			cur.cost += a.cost
+			if cur.notify == nil {
+				cur.notify = a.notify
+			}
+		} else {
+			b.adds[k] = a
+		}
+	}
+}
+
+// flushSpendGroup adds the pending costs of keys (one slot group) and
+// tells each total's notify.
+func (s *Store) flushSpendGroup(keys []string, adds map[string]*spendAdd) error {
+	args := make([]any, 0, 2*len(keys))
+	for _, k := range keys {
+		a := adds[k]
 		args = append(args, strconv.FormatFloat(a.cost, 'g', -1, 64), a.expire)
 	}
 	ctx, cancel := s.ctx(context.Background())
 	defer cancel()
 	vals, err := spendScript.Run(ctx, s.rdb, keys, args...).StringSlice()
-	if err != nil || len(vals) != len(keys) {
-		if err == nil {
-			err = fmt.Errorf("unexpected reply %v", vals)
-		}
-		s.log.Debug("shared state: spend not written; tried again", zap.Error(s.fail("add spend", err)))
-		// Put back what was not written, before what came since.
-		b.mu.Lock()
-		if b.adds == nil {
-			b.adds = map[string]*spendAdd{}
-		}
-		for k, a := range adds {
-			if cur := b.adds[k]; cur != nil {
-				cur.cost += a.cost
-				if cur.notify == nil {
-					cur.notify = a.notify
-				}
-			} else {
-				b.adds[k] = a
-			}
-		}
-		b.mu.Unlock()
-		return
+	if err == nil && len(vals) != len(keys) {
+		err = fmt.Errorf("unexpected reply %v", vals)
+	}
+	if err != nil {
+		return err
 	}
 	for i, k := range keys {
 		a := adds[k]
@@ -146,6 +175,7 @@ func (s *Store) flushSpend() {
 			a.notify(total, a.cost)
 		}
 	}
+	return nil
 }
 
 // SpendWindow names one scope's window: its start, and its end (for
@@ -156,7 +186,8 @@ type SpendWindow struct {
 }
 
 // ReadSpend reads the totals of windows in one round trip, in their
-// order (0 for a window nothing was added to).
+// order (0 for a window nothing was added to). In Cluster mode the reads
+// are pipelined, one batch per node.
 func (s *Store) ReadSpend(ctx context.Context, windows []SpendWindow) ([]float64, error) {
 	if len(windows) == 0 {
 		return nil, nil
@@ -167,7 +198,7 @@ func (s *Store) ReadSpend(ctx context.Context, windows []SpendWindow) ([]float64
 	for i, w := range windows {
 		keys[i] = s.spendKey(w.Scope, w.Start)
 	}
-	vals, err := s.rdb.MGet(ctx, keys...).Result()
+	vals, err := s.readMany(ctx, keys)
 	if err != nil {
 		return nil, s.fail("read spend totals", err)
 	}
@@ -175,6 +206,31 @@ func (s *Store) ReadSpend(ctx context.Context, windows []SpendWindow) ([]float64
 	for i, v := range vals {
 		if str, ok := v.(string); ok {
 			out[i], _ = strconv.ParseFloat(str, 64)
+		}
+	}
+	return out, nil
+}
+
+// readMany reads keys: one MGET, or in Cluster mode (where an MGET must
+// stay in one slot) a pipeline of GETs. A missing key reads as nil.
+func (s *Store) readMany(ctx context.Context, keys []string) ([]any, error) {
+	if !s.perSlot {
+		return s.rdb.MGet(ctx, keys...).Result()
+	}
+	pipe := s.rdb.Pipeline()
+	cmds := make([]*redis.StringCmd, len(keys))
+	for i, k := range keys {
+		cmds[i] = pipe.Get(ctx, k)
+	}
+	_, _ = pipe.Exec(ctx) // each command's error is read below
+	out := make([]any, len(keys))
+	for i, c := range cmds {
+		v, err := c.Result()
+		switch {
+		case err == nil:
+			out[i] = v
+		case !errors.Is(err, redis.Nil):
+			return nil, err
 		}
 	}
 	return out, nil

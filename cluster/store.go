@@ -5,7 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"sort"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -17,8 +19,21 @@ import (
 type Store struct {
 	cfg  Config
 	node string
-	rdb  *redis.Client
+	rdb  redis.UniversalClient
 	log  *zap.Logger
+	// mode is cfg.Mode(); perSlot is set in Cluster mode, where a script
+	// may only touch the keys of one hash slot: calls over several
+	// providers go one slot group (one provider) at a time.
+	mode    string
+	perSlot bool
+	// master is the address of the server in use (Sentinel: the master
+	// last dialled); failovers counts the changes of it.
+	master     atomic.Pointer[string]
+	failovers  atomic.Int64
+	onFailover func() // set before the first call; may be nil
+	// stale is set when a call failed or the master changed: before the
+	// next admission, the held leases are put back (reassert).
+	stale atomic.Bool
 	// ledgerLocks holds the tokens of the ledger locks this store took
 	// (ledger.go), by name.
 	ledgerLocks sync.Map
@@ -38,7 +53,8 @@ type Store struct {
 	renewStop chan struct{}
 	renewOnce sync.Once
 	renewDone chan struct{}
-	renewOK   bool // last renewal succeeded; only the renew goroutine uses it
+	renewOK   atomic.Bool // the last renewal succeeded
+	renewMu   sync.Mutex  // one renewal at a time
 
 	subWG sync.WaitGroup
 
@@ -52,6 +68,12 @@ type Store struct {
 // does no network I/O: the first call connects. It starts the background
 // renewal of the leases the Store will hold.
 func Open(cfg Config, node string) (*Store, error) {
+	return openStore(cfg, node, nil)
+}
+
+// openStore is Open with a function told of every failover the store follows
+// (a change of the master in use).
+func openStore(cfg Config, node string, onFailover func()) (*Store, error) {
 	var errs []error
 	if node == "" {
 		errs = append(errs, errors.New("node name is required"))
@@ -69,22 +91,71 @@ func Open(cfg Config, node string) (*Store, error) {
 		return nil, fmt.Errorf("shared state config: %w", err)
 	}
 	s := &Store{
-		cfg:       cfg,
-		node:      node,
-		rdb:       redis.NewClient(cfg.options(tc)),
-		log:       cfg.Logger.With(zap.String("node", node)),
-		leases:    map[*Lease]struct{}{},
-		watched:   map[string]struct{}{},
-		live:      map[string]liveSeen{},
-		subs:      map[*subscription]struct{}{},
-		renewStop: make(chan struct{}),
-		renewDone: make(chan struct{}),
-		renewOK:   true,
+		cfg:        cfg,
+		node:       node,
+		log:        cfg.Logger.With(zap.String("node", node)),
+		mode:       cfg.Mode(),
+		onFailover: onFailover,
+		leases:     map[*Lease]struct{}{},
+		watched:    map[string]struct{}{},
+		live:       map[string]liveSeen{},
+		subs:       map[*subscription]struct{}{},
+		renewStop:  make(chan struct{}),
+		renewDone:  make(chan struct{}),
+	}
+	s.renewOK.Store(true)
+	switch s.mode {
+	case ModeSentinel:
+		s.rdb = redis.NewFailoverClient(cfg.failoverOptions(tc, s.dialed))
+	case ModeCluster:
+		s.perSlot = true
+		seeds := strings.Join(cfg.Cluster, ",")
+		s.master.Store(&seeds)
+		s.rdb = redis.NewClusterClient(cfg.clusterOptions(tc))
+	default:
+		addr := cfg.Address
+		s.master.Store(&addr)
+		s.rdb = redis.NewClient(cfg.options(tc))
 	}
 	s.libLog = routeLibraryLog(cfg.Logger)
 	go s.renewLoop()
 	return s, nil
 }
+
+// dialed notes the server a new connection goes to (Sentinel mode: the
+// master the sentinels name). A change of it is a failover followed: the
+// held leases are put back before the next admission, since the new
+// master may lack writes that were never replicated to it.
+func (s *Store) dialed(addr string) {
+	old := s.master.Swap(&addr)
+	if old == nil || *old == addr {
+		return
+	}
+	s.failovers.Add(1)
+	s.stale.Store(true)
+	s.log.Info("shared state: following a new master", zap.String("mode", s.mode), zap.String("address", addr))
+	if s.onFailover != nil {
+		s.onFailover()
+	}
+}
+
+// Mode tells how the store reaches Redis: ModeStandalone, ModeSentinel or
+// ModeCluster.
+func (s *Store) Mode() string { return s.mode }
+
+// Address is the server in use: the address of a single server, the
+// master a Sentinel named last (empty before the first connection), or a
+// cluster's seed addresses joined by commas.
+func (s *Store) Address() string {
+	if p := s.master.Load(); p != nil {
+		return *p
+	}
+	return ""
+}
+
+// Failovers counts the changes of master this store followed (not the
+// first discovery).
+func (s *Store) Failovers() int64 { return s.failovers.Load() }
 
 // Node returns the name of this node, as given to Open.
 func (s *Store) Node() string { return s.node }
@@ -146,9 +217,18 @@ func (s *Store) stopRenewals() {
 
 // Keys and channel.
 
-func (s *Store) leaseKey(provider string) string    { return s.cfg.KeyPrefix + "lease:" + provider }
-func (s *Store) cooldownKey(provider string) string { return s.cfg.KeyPrefix + "cooldown:" + provider }
-func (s *Store) capKey(provider string) string      { return s.cfg.KeyPrefix + "cap:" + provider }
+// A provider's keys carry its name as a hash tag ({name}), so that the
+// scripts touching its lease set, cooldown and learnt cap together run in
+// one hash slot of a Redis Cluster. Whatever the name holds, the three
+// keys begin with the same prefix + "{" + name + "}", so they share their
+// slot.
+
+func (s *Store) providerKey(provider, kind string) string {
+	return s.cfg.KeyPrefix + "{" + provider + "}:" + kind
+}
+func (s *Store) leaseKey(provider string) string    { return s.providerKey(provider, "lease") }
+func (s *Store) cooldownKey(provider string) string { return s.providerKey(provider, "cooldown") }
+func (s *Store) capKey(provider string) string      { return s.providerKey(provider, "cap") }
 func (s *Store) channel() string                    { return s.cfg.KeyPrefix + "events" }
 
 // ctx bounds a call by Timeout.
@@ -184,14 +264,33 @@ func (s *Store) renewLoop() {
 	}
 }
 
-// renew runs one renewal: every held lease is extended (or put back when
-// missing), and the dead leases of every provider this node has asked for
-// or watches are dropped and its live leases counted, in one round trip.
+// renew runs one renewal (see renewNow), logging a failure once per
+// outage.
 func (s *Store) renew() {
+	err := s.renewNow(context.Background())
+	if err != nil {
+		if s.renewOK.Swap(false) {
+			s.log.Warn("shared state: lease renewal failed; retrying", zap.Error(err))
+		}
+		return
+	}
+	if !s.renewOK.Swap(true) {
+		s.log.Info("shared state: lease renewal works again")
+	}
+}
+
+// renewNow extends every held lease (putting back those that went
+// missing) and drops the dead leases of every provider this node has
+// asked for or watches, counting its live leases: one round trip, or in
+// Cluster mode one per provider. On success the leases are asserted: the
+// stale mark is cleared.
+func (s *Store) renewNow(ctx context.Context) error {
+	s.renewMu.Lock()
+	defer s.renewMu.Unlock()
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
-		return
+		return nil
 	}
 	byProvider := map[string][]*Lease{}
 	for p := range s.watched {
@@ -201,48 +300,31 @@ func (s *Store) renew() {
 		byProvider[l.provider] = append(byProvider[l.provider], l)
 	}
 	s.mu.Unlock()
+	// Cleared first: a failure from now on marks it again.
+	wasStale := s.stale.Swap(false)
 	if len(byProvider) == 0 {
-		return
+		return nil
 	}
 	providers := make([]string, 0, len(byProvider))
 	for p := range byProvider {
 		providers = append(providers, p)
 	}
 	sort.Strings(providers)
-
-	keys := make([]string, 0, len(providers))
-	args := []any{time.Duration(s.cfg.LeaseTTL).Milliseconds(), s.channel()}
-	for _, p := range providers {
-		keys = append(keys, s.leaseKey(p))
-		ls := byProvider[p]
-		args = append(args, s.event(EventReleased, p, 0, 0), len(ls))
-		for _, l := range ls {
-			args = append(args, l.member)
+	var restored int64
+	for _, group := range s.slotGroups(providers) {
+		n, err := s.renewGroup(ctx, group, byProvider)
+		if err != nil {
+			s.stale.Store(true)
+			return err
 		}
+		restored += n
 	}
-	ctx, cancel := s.ctx(context.Background())
-	defer cancel()
-	res, err := renewScript.Run(ctx, s.rdb, keys, args...).Int64Slice()
-	if err == nil && len(res) != 1+len(providers) {
-		err = fmt.Errorf("unexpected reply %v", res)
-	}
-	if err != nil {
-		if s.renewOK {
-			s.log.Warn("shared state: lease renewal failed; retrying",
-				zap.Error(s.fail("renew leases", err)))
-		}
-		s.renewOK = false
-		return
-	}
-	if !s.renewOK {
-		s.log.Info("shared state: lease renewal works again")
-	}
-	s.renewOK = true
-	for i, p := range providers {
-		s.sawLive(p, int(res[1+i]))
-	}
-	if restored := res[0]; restored > 0 {
+	if restored > 0 {
 		s.log.Info("shared state: put back leases that went missing", zap.Int64("leases", restored))
+	} else if wasStale {
+		if ce := s.log.Check(zap.DebugLevel, "shared state: leases re-asserted; none was missing"); ce != nil {
+			ce.Write()
+		}
 	}
 	// A lease released while this renewal ran may have been put back by
 	// it: release it again.
@@ -259,6 +341,59 @@ func (s *Store) renew() {
 		_ = s.releaseRemote(rctx, again)
 		rcancel()
 	}
+	return nil
+}
+
+// slotGroups splits providers into the groups a script may touch
+// together: all of them, or in Cluster mode one each.
+func (s *Store) slotGroups(providers []string) [][]string {
+	if !s.perSlot {
+		return [][]string{providers}
+	}
+	out := make([][]string, len(providers))
+	for i, p := range providers {
+		out[i] = []string{p}
+	}
+	return out
+}
+
+// renewGroup runs the renewal script over providers (one slot group) and
+// returns how many leases it put back.
+func (s *Store) renewGroup(ctx context.Context, providers []string, byProvider map[string][]*Lease) (int64, error) {
+	keys := make([]string, 0, len(providers))
+	args := []any{time.Duration(s.cfg.LeaseTTL).Milliseconds(), s.channel()}
+	for _, p := range providers {
+		keys = append(keys, s.leaseKey(p))
+		ls := byProvider[p]
+		args = append(args, s.event(EventReleased, p, 0, 0), len(ls))
+		for _, l := range ls {
+			args = append(args, l.member)
+		}
+	}
+	ctx, cancel := s.ctx(ctx)
+	defer cancel()
+	res, err := renewScript.Run(ctx, s.rdb, keys, args...).Int64Slice()
+	if err == nil && len(res) != 1+len(providers) {
+		err = fmt.Errorf("unexpected reply %v", res)
+	}
+	if err != nil {
+		return 0, s.fail("renew leases", err)
+	}
+	for i, p := range providers {
+		s.sawLive(p, int(res[1+i]))
+	}
+	return res[0], nil
+}
+
+// reassert puts back the held leases when a call failed or the master
+// changed since they were last asserted; Acquire calls it before it takes
+// a slot, so no session is admitted through a new master before this
+// node's live sessions count there.
+func (s *Store) reassert(ctx context.Context) error {
+	if !s.stale.Load() {
+		return nil
+	}
+	return s.renewNow(ctx)
 }
 
 // Watch makes the renewals, about every LeaseTTL/3, also drop the dead
@@ -322,7 +457,9 @@ func (s *Store) Ping(ctx context.Context) error {
 	if err := s.rdb.Ping(ctx).Err(); err != nil {
 		return s.fail(op, err)
 	}
-	return nil
+	// Back after an outage or a failover: the leases are put back at
+	// once, not at the next renewal.
+	return s.reassert(ctx)
 }
 
 // Closed reports whether Close was called.

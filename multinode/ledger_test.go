@@ -209,7 +209,7 @@ func TestLedgerClusterReapsDeadNode(t *testing.T) {
 		defer c.CloseNow()
 	}
 	waitUntil(t, 10*time.Second, "two sessions created", func() bool { return len(f.Books().Created) == 2 })
-	if dump := redisDump(t, r); !strings.Contains(dump, ":ledger:") || strings.Contains(dump, ledgerAPIKey) {
+	if dump := redisDump(t, r); !strings.Contains(dump, "{ledger}:") || strings.Contains(dump, ledgerAPIKey) {
 		t.Fatalf("Redis holds no ledger entry, or the API key:\n%s", dump)
 	}
 	gw1.Kill()

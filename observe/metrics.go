@@ -42,6 +42,7 @@ type Metrics struct {
 	webhookDeliveries *prometheus.CounterVec
 	resumes           *prometheus.CounterVec
 	spent             *prometheus.CounterVec
+	sharedFailovers   prometheus.Counter
 
 	// The shared state's gauge: shown only while some handler uses a
 	// store.
@@ -85,7 +86,9 @@ func NewMetrics() *Metrics {
 		probes:            counterVec("probes_total", "Active health check probes, by provider and outcome word (ok, refused, timeout, status_<code> …).", "provider", "outcome"),
 		webhookDeliveries: counterVec("webhook_deliveries_total", "Webhook deliveries by result: ok, or failed after every retry.", "result"),
 		resumes:           counterVec("resumes_total", "Clients that asked to resume a session, by result: resumed, unknown, unavailable, refused, conflict, not_resumable.", "result"),
-		spent:             counterVec("spend_total", "What the sessions that ended here cost, in the units of the providers' cost option, by provider (hedge losers that created a session included).", "provider"),
+		sharedFailovers: prometheus.NewCounter(prometheus.CounterOpts{Namespace: Namespace, Subsystem: Subsystem,
+			Name: "shared_state_failovers_total", Help: "Changes of Redis master the shared state followed (a Sentinel promoting a replica), not counting the first discovery."}),
+		spent: counterVec("spend_total", "What the sessions that ended here cost, in the units of the providers' cost option, by provider (hedge losers that created a session included).", "provider"),
 	}
 }
 
@@ -119,6 +122,7 @@ func (m *Metrics) counters() []prometheus.Collector {
 	return []prometheus.Collector{
 		m.attempts, m.failovers, m.rejections, m.queueWait, m.handshake, m.sessionDuration,
 		m.eventDrops, m.webhookDeliveries, m.hedgesStarted, m.hedgesWon, m.hedgesWasted, m.sharedErrors, m.probes, m.resumes, m.spent,
+		m.sharedFailovers,
 	}
 }
 
@@ -194,6 +198,10 @@ func (m *Metrics) SharedStateClosed() { m.sharedStores.Add(-1) }
 
 // SharedStateUp records whether the shared state answered its last call.
 func (m *Metrics) SharedStateUp(up bool) { m.sharedUp.Store(up) }
+
+// SharedStateFailover counts a change of master the shared state
+// followed.
+func (m *Metrics) SharedStateFailover() { m.sharedFailovers.Inc() }
 
 // SharedStateError counts a failed call to the shared state; op is a fixed
 // word (acquire, publish, status, ping, reset).

@@ -537,6 +537,9 @@ type ClusterView interface {
 	// ResetShared ends the provider's shared cooldown, so that an
 	// operator's reset holds on every node.
 	ResetShared(ctx context.Context, provider string)
+	// Endpoint is how the shared state is reached now (mode and the
+	// master in use).
+	Endpoint() cluster.Endpoint
 }
 
 // SetCluster sets (nil: clears) where the provider's cluster-wide state is

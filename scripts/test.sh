@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Every test: installs what the suites need when it is missing (Debian's
-# chromium, firefox-esr and redis-server, the e2e npm packages), then vets and runs the Go tests,
+# chromium, firefox-esr, redis-server and redis-sentinel, the e2e npm packages), then vets and runs the Go tests,
 # including the real-browser end-to-end suite and short fuzz runs.
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -89,6 +89,10 @@ type Status struct {
 	// otherwise. While it is down the status still answers at once, with
 	// the local figures.
 	SharedStateUp *bool `json:"shared_state_up,omitempty"`
+	// SharedState is, with shared state, how it is reached: its mode
+	// (standalone, sentinel or cluster) and the address in use (the
+	// master a Sentinel named; a cluster's seed addresses).
+	SharedState *cluster.Endpoint `json:"shared_state,omitempty"`
 	// Parked counts the sessions that may be resumed now (their clients
 	// left them within the resume window), and Held those of them whose
 	// provider connection is kept open.
@@ -341,6 +345,7 @@ func Snapshot(reg *pool.Registry) Status {
 		st.Providers = append(st.Providers, local(p, clusters))
 	}
 	st.SharedStateUp = up
+	st.SharedState = endpoint(all)
 	st.Parked.Sessions, st.Parked.Held = reg.ParkedCount()
 	return st
 }
@@ -383,6 +388,18 @@ func readClusters(ps []*pool.Provider) (map[string]cluster.ProviderState, *bool)
 	}
 	wg.Wait()
 	return out, &allUp
+}
+
+// endpoint is how the first provider with shared state reaches it (every
+// provider of a handler shares one store); nil without shared state.
+func endpoint(ps []*pool.Provider) *cluster.Endpoint {
+	for _, p := range ps {
+		if v := p.Cluster(); v != nil {
+			e := v.Endpoint()
+			return &e
+		}
+	}
+	return nil
 }
 
 // local builds a provider's status object from this node's figures, and

@@ -243,6 +243,10 @@ func (v *fakeView) ClusterActive(p string) (int, bool) { return v.active[p], v.u
 
 func (v *fakeView) ResetShared(context.Context, string) {}
 
+func (v *fakeView) Endpoint() cluster.Endpoint {
+	return cluster.Endpoint{Mode: cluster.ModeStandalone, Address: "127.0.0.1:6379"}
+}
+
 // TestStatusCluster: the providers sharing one store are read in one call;
 // over_limit is the live sessions above max_concurrent over every node;
 // shared_state_up tells whether the store answered; and a store that does

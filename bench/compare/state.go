@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -23,10 +24,13 @@ import (
 // route takes a lease in Redis (one script call) and gives it back when the
 // session ends (another, off the connect path).
 
-// Keys of stateBench's series.
+// Keys of stateBench's series: no state, one Redis server, a master
+// behind Redis Sentinel, a Redis Cluster.
 const (
 	noState   = "no state"
 	withState = "state redis"
+	sentinel  = "sentinel"
+	clusterHA = "cluster"
 )
 
 // stateBench measures one Caddy process serving /state (state redis) and
@@ -34,8 +38,12 @@ const (
 // rows are skipped.
 type stateBench struct {
 	urls      map[string]string // series key → URL
+	order     []string          // the series measured, noState first
 	redisAddr string
 	version   string // redis-server's version
+	// haSkip says why the Sentinel and Cluster routes are not measured
+	// ("" when they are).
+	haSkip string
 
 	p50, p99, hs map[string][]float64
 	sessions     int // sessions opened through the state route
@@ -68,6 +76,10 @@ func startStateBench(bin, dir, echo string, procs *[]*exec.Cmd) (b *stateBench, 
 		return nil, "", fmt.Errorf("redis-server: %w (log: %s)", err, filepath.Join(dir, "redis.log"))
 	}
 
+	haRoutes, haSkip, err := startHA(rbin, dir, echo, procs)
+	if err != nil {
+		return nil, "", err
+	}
 	addr, admin := caddybin.FreeAddr(), caddybin.FreeAddr()
 	// Distinct provider names: a provider's state is process-wide by name.
 	conf := fmt.Sprintf(`{
@@ -82,13 +94,14 @@ http://%s {
 			}
 		}
 	}
+%s
 	handle {
 		browser_failover {
 			provider echo ws://%s/
 		}
 	}
 }
-`, admin, addr, echo, raddr, echo)
+`, admin, addr, echo, raddr, haRoutes, echo)
 	c, err := startCaddy(bin, dir, "bf-state", conf)
 	if err != nil {
 		return nil, "", err
@@ -99,24 +112,142 @@ http://%s {
 	}
 	b = &stateBench{
 		urls:      map[string]string{noState: "ws://" + addr + "/", withState: "ws://" + addr + "/state"},
+		order:     []string{noState, withState},
+		haSkip:    haSkip,
 		redisAddr: raddr,
 		p50:       map[string][]float64{},
 		p99:       map[string][]float64{},
 		hs:        map[string][]float64{},
 	}
+	if haSkip == "" {
+		b.urls[sentinel] = "ws://" + addr + "/sentinel"
+		b.urls[clusterHA] = "ws://" + addr + "/cluster"
+		b.order = append(b.order, sentinel, clusterHA)
+	}
 	b.version = b.redisInfo("server", "redis_version")
 	return b, "", nil
+}
+
+// startRedis starts one redis-server on a free port with extra arguments
+// (a sentinel: the config file then --sentinel) and returns its address.
+func startRedis(rbin, dir, name string, procs *[]*exec.Cmd, extra ...string) (string, error) {
+	rdir := filepath.Join(dir, name)
+	if err := os.Mkdir(rdir, 0o755); err != nil {
+		return "", err
+	}
+	addr := caddybin.FreeAddr()
+	_, port, _ := strings.Cut(addr, ":")
+	args := []string{"--port", port, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+		"--dir", rdir, "--daemonize", "no", "--loglevel", "warning"}
+	if len(extra) > 0 && extra[0] == "sentinel" {
+		conf := filepath.Join(rdir, "sentinel.conf")
+		lines := append([]string{"port " + port, "bind 127.0.0.1", "dir " + rdir}, extra[1:]...)
+		if err := os.WriteFile(conf, []byte(strings.Join(lines, "\n")+"\n"), 0o600); err != nil {
+			return "", err
+		}
+		args = []string{conf, "--sentinel", "--daemonize", "no", "--loglevel", "warning"}
+	} else {
+		args = append(args, extra...)
+	}
+	cmd := exec.Command(rbin, args...)
+	cmd.Dir = rdir
+	logf, _ := os.Create(filepath.Join(dir, name+".log"))
+	cmd.Stdout, cmd.Stderr = logf, logf
+	if err := cmd.Start(); err != nil {
+		return "", fmt.Errorf("start %s: %w", name, err)
+	}
+	*procs = append(*procs, cmd)
+	if err := caddybin.WaitListening(addr); err != nil {
+		return "", fmt.Errorf("%s: %w", name, err)
+	}
+	return addr, nil
+}
+
+// startHA starts a Sentinel setup (a master, a replica, three sentinels)
+// and a three-master Redis Cluster, and returns the Caddyfile routes
+// /sentinel and /cluster using them; skip is non-empty when redis-cli is
+// missing.
+func startHA(rbin, dir, echo string, procs *[]*exec.Cmd) (routes, skip string, err error) {
+	cli, err := exec.LookPath("redis-cli")
+	if err != nil {
+		return "", "redis-cli not found", nil
+	}
+	master, err := startRedis(rbin, dir, "sentinel-master", procs)
+	if err != nil {
+		return "", "", err
+	}
+	mhost, mport, _ := strings.Cut(master, ":")
+	if _, err := startRedis(rbin, dir, "sentinel-replica", procs, "--replicaof", mhost, mport); err != nil {
+		return "", "", err
+	}
+	var sentinels []string
+	for i := range 3 {
+		a, err := startRedis(rbin, dir, fmt.Sprintf("sentinel-%d", i+1), procs, "sentinel",
+			"sentinel monitor bench "+mhost+" "+mport+" 2", "sentinel down-after-milliseconds bench 1000")
+		if err != nil {
+			return "", "", err
+		}
+		sentinels = append(sentinels, a)
+	}
+	var nodes []string
+	for i := range 3 {
+		a, err := startRedis(rbin, dir, fmt.Sprintf("cluster-%d", i+1), procs,
+			"--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf")
+		if err != nil {
+			return "", "", err
+		}
+		nodes = append(nodes, a)
+	}
+	args := append([]string{"--cluster", "create"}, nodes...)
+	if out, err := exec.Command(cli, append(args, "--cluster-replicas", "0", "--cluster-yes")...).CombinedOutput(); err != nil {
+		return "", "", fmt.Errorf("redis-cli --cluster create: %w: %s", err, out)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for _, n := range nodes {
+		for {
+			out, _ := exec.Command(cli, "-u", "redis://"+n, "CLUSTER", "INFO").Output()
+			if strings.Contains(string(out), "cluster_state:ok") {
+				break
+			}
+			if time.Now().After(deadline) {
+				return "", "", fmt.Errorf("cluster not ok after 30s")
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
+	routes = fmt.Sprintf(`	handle /sentinel* {
+		browser_failover {
+			provider echo-sn ws://%s/
+			state redis {
+				sentinel bench %s
+				node bench
+			}
+		}
+	}
+	handle /cluster* {
+		browser_failover {
+			provider echo-c ws://%s/
+			state redis {
+				cluster %s
+				node bench
+			}
+		}
+	}`, echo, strings.Join(sentinels, " "), echo, strings.Join(nodes, " "))
+	return routes, "", nil
 }
 
 // round measures both routes once: n sequential connects each, interleaved
 // 50 at a time, then handshakes/s at concurrency 4. The route that goes
 // first alternates from round to round.
 func (b *stateBench) round(r, n, hsN int) {
-	keys := []string{noState, withState}
+	keys := slices.Clone(b.order)
 	if r%2 == 1 {
-		keys[0], keys[1] = keys[1], keys[0]
+		slices.Reverse(keys)
 	}
-	urls := []string{b.urls[keys[0]], b.urls[keys[1]]}
+	urls := make([]string, len(keys))
+	for i, k := range keys {
+		urls[i] = b.urls[k]
+	}
 	for i, d := range connectInterleaved(urls, n) {
 		if len(d) == 0 {
 			b.p50[keys[i]] = append(b.p50[keys[i]], math.NaN())
@@ -137,7 +268,12 @@ func (b *stateBench) round(r, n, hsN int) {
 func (b *stateBench) print(n int) {
 	fmt.Printf("\nshared state cost: one provider without and with `state redis` (redis-server %s on %s, node bench), one Caddy process; connect time over %d sequential connects\n",
 		b.version, b.redisAddr, n)
-	fmt.Printf("%-48s %14s %14s %12s %10s\n", "metric (median)", noState, withState, "difference", "ratio")
+	fmt.Printf("%-48s %14s %14s %12s %10s", "metric (median)", noState, withState, "difference", "ratio")
+	ha := len(b.order) > 2
+	if ha {
+		fmt.Printf(" %14s %14s", sentinel, clusterHA)
+	}
+	fmt.Println()
 	rows := []struct {
 		title string
 		s     map[string][]float64
@@ -149,9 +285,14 @@ func (b *stateBench) print(n int) {
 	}
 	for _, row := range rows {
 		without, with := median(row.s[noState]), median(row.s[withState])
-		fmt.Printf("%-48s %14s %14s %12s %10s\n", row.title,
+		fmt.Printf("%-48s %14s %14s %12s %10s", row.title,
 			strconv.FormatFloat(without, 'f', row.prec, 64), strconv.FormatFloat(with, 'f', row.prec, 64),
 			fmt.Sprintf("%+.*f", row.prec, with-without), ratio(with, without))
+		if ha {
+			fmt.Printf(" %14s %14s", strconv.FormatFloat(median(row.s[sentinel]), 'f', row.prec, 64),
+				strconv.FormatFloat(median(row.s[clusterHA]), 'f', row.prec, 64))
+		}
+		fmt.Println()
 	}
 	// Each session through the state route makes two script calls (take
 	// the lease, give it back); fewer means the store was not used and
@@ -159,6 +300,9 @@ func (b *stateBench) print(n int) {
 	calls := 0
 	for _, cmd := range []string{"cmdstat_evalsha", "cmdstat_eval"} {
 		calls += statCalls(b.redisInfo("commandstats", cmd))
+	}
+	if b.haSkip != "" {
+		fmt.Printf("sentinel and cluster: skipped, %s\n", b.haSkip)
 	}
 	fmt.Printf("redis script calls: %d for %d sessions through state redis\n", calls, b.sessions)
 	if calls < b.sessions {

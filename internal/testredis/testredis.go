@@ -24,6 +24,7 @@ type Server struct {
 	dir  string
 	port int
 	args []string
+	conf string // a sentinel's config file: run as a sentinel
 
 	mu     sync.Mutex
 	cmd    *exec.Cmd
@@ -85,6 +86,10 @@ func (r *Server) Start() {
 		"--save", "", "--appendonly", "no", "--dir", r.dir,
 		"--daemonize", "no", "--loglevel", "warning",
 	}, r.args...)
+	if r.conf != "" {
+		// A sentinel rewrites its config file as it learns.
+		args = []string{r.conf, "--sentinel", "--daemonize", "no", "--loglevel", "notice"}
+	}
 	cmd := exec.Command(r.bin, args...)
 	cmd.Dir = r.dir
 	out := &bytes.Buffer{}
