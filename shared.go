@@ -11,7 +11,6 @@ import (
 
 	"github.com/browserfailover/caddy-browser-failover/cluster"
 	"github.com/browserfailover/caddy-browser-failover/cooldown"
-	"github.com/browserfailover/caddy-browser-failover/observe"
 	"github.com/browserfailover/caddy-browser-failover/pool"
 	"github.com/browserfailover/caddy-browser-failover/spend"
 	"github.com/browserfailover/caddy-browser-failover/upstreams"
@@ -21,16 +20,21 @@ import (
 // max_concurrent holds across every gateway node, and a cooldown or a
 // 408/429 skip started by one node is honoured by all, as what it is.
 
-// sharedHooks count how the shared state fares in the metrics: the
+// sharedHooks count how the shared state fares in the metrics (the
 // shared_state_up gauge, shown while a store is open, and
-// shared_state_errors_total by operation, shared_state_failovers_total.
-func sharedHooks(m *observe.Metrics) cluster.Hooks {
+// shared_state_errors_total by operation, shared_state_failovers_total),
+// and have the registry write its ledger again once the leases are back.
+func sharedHooks(reg *pool.Registry) cluster.Hooks {
+	m := reg.Metrics()
 	return cluster.Hooks{
 		Opened:   m.SharedStateOpened,
 		Closed:   m.SharedStateClosed,
 		Up:       m.SharedStateUp,
 		Failed:   m.SharedStateError,
 		Failover: m.SharedStateFailover,
+		// Once the leases are back after an outage or a failover, the
+		// ledger is written again too.
+		Reasserted: reg.ReassertLedger,
 	}
 }
 
@@ -76,7 +80,7 @@ func (h *Handler) provisionShared() error {
 	// The clock the providers' health runs on, for the shared state to
 	// give the ends of cooldowns and skips on it.
 	cfg.Clock = h.reg.Clock()
-	cfg.Hooks = sharedHooks(h.reg.Metrics())
+	cfg.Hooks = sharedHooks(h.reg)
 	s, err := cluster.Use(cfg, node, h.logger)
 	if err != nil {
 		return fmt.Errorf("state redis: %w", err)

@@ -102,7 +102,8 @@ func TestSentinelFailover(t *testing.T) {
 // lost them counts them again first.
 func TestReassertBeforeAdmission(t *testing.T) {
 	r := startRedis(t)
-	a := openHA(t, Config{Address: r.Addr()}, "a")
+	reasserted := make(chan struct{}, 4)
+	a := openHA(t, Config{Address: r.Addr(), Hooks: Hooks{Reasserted: func() { reasserted <- struct{}{} }}}, "a")
 	ctx := context.Background()
 	g, err := a.Acquire(ctx, "p", 2)
 	if err != nil || g.Lease == nil {
@@ -120,6 +121,12 @@ func TestReassertBeforeAdmission(t *testing.T) {
 	g3, err := a.Acquire(ctx, "p", 2)
 	if err != nil || !g3.Full {
 		t.Fatalf("Acquire beyond the cap: %+v, %v (want full)", g3, err)
+	}
+	// The gateway hears of it, to write its ledger again.
+	select {
+	case <-reasserted:
+	case <-time.After(10 * time.Second):
+		t.Fatal("Reasserted was not called once the leases were back")
 	}
 }
 

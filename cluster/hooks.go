@@ -19,6 +19,17 @@ type Hooks struct {
 	// Failover is called for each change of master a store follows (a
 	// Sentinel promoting a replica), not for the first discovery.
 	Failover func()
+	// Reasserted is called, on its own goroutine, once a store that
+	// failed a call or changed master has put this node's leases back:
+	// the gateway then writes again what else it keeps there (its
+	// ledger), which the new master may have lost.
+	Reasserted func()
+}
+
+func (h Hooks) reasserted() {
+	if h.Reasserted != nil {
+		go h.Reasserted()
+	}
 }
 
 func (h Hooks) opened() {

@@ -303,6 +303,9 @@ func (s *Store) renewNow(ctx context.Context) error {
 	// Cleared first: a failure from now on marks it again.
 	wasStale := s.stale.Swap(false)
 	if len(byProvider) == 0 {
+		if wasStale {
+			s.cfg.Hooks.reasserted()
+		}
 		return nil
 	}
 	providers := make([]string, 0, len(byProvider))
@@ -340,6 +343,11 @@ func (s *Store) renewNow(ctx context.Context) error {
 		rctx, rcancel := s.ctx(context.Background())
 		_ = s.releaseRemote(rctx, again)
 		rcancel()
+	}
+	if wasStale {
+		// The leases are back: what else this node keeps in the store
+		// (its ledger) is written again too.
+		s.cfg.Hooks.reasserted()
 	}
 	return nil
 }

@@ -96,6 +96,9 @@ type Ledger struct {
 	mu sync.Mutex
 	// pending counts, per provider, the entries this process holds.
 	pending map[string]int
+	// mine are those entries, by key, so that they can be written again
+	// (Reassert).
+	mine map[string]Entry
 }
 
 // New returns the ledger of a process named node (for operators) on store;
@@ -107,7 +110,7 @@ func New(store Store, node string, now func() time.Time) *Ledger {
 	b := make([]byte, 12)
 	_, _ = rand.Read(b)
 	return &Ledger{store: store, owner: hex.EncodeToString(b), node: node, now: now,
-		beat: Heartbeat, gone: OwnerGone, pending: map[string]int{}}
+		beat: Heartbeat, gone: OwnerGone, pending: map[string]int{}, mine: map[string]Entry{}}
 }
 
 // SetTiming sets the heartbeat's period and the age at which an owner is
@@ -141,7 +144,7 @@ func (l *Ledger) Record(ctx context.Context, provider, id string) error {
 	if err := l.put(ctx, e); err != nil {
 		return err
 	}
-	l.count(provider, 1)
+	l.hold(e)
 	return nil
 }
 
@@ -156,13 +159,53 @@ func (l *Ledger) put(ctx context.Context, e Entry) error {
 	return nil
 }
 
-func (l *Ledger) count(provider string, n int) {
+// hold counts e as this process's.
+func (l *Ledger) hold(e Entry) {
+	k := entryKey(e.Owner, e.Provider, e.ID)
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	l.pending[provider] += n
+	if _, ok := l.mine[k]; ok {
+		return
+	}
+	l.mine[k] = e
+	l.pending[e.Provider]++
+}
+
+// drop no longer counts the entry of provider's session id.
+func (l *Ledger) drop(provider, id string) {
+	k := entryKey(l.owner, provider, id)
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if _, ok := l.mine[k]; !ok {
+		return
+	}
+	delete(l.mine, k)
+	l.pending[provider]--
 	if l.pending[provider] <= 0 {
 		delete(l.pending, provider)
 	}
+}
+
+// Reassert writes this process's heartbeat and every entry it holds again:
+// after the store lost writes (a Redis failover to a replica that had not
+// received them), the ledger names again every session this process must
+// release, and this process is not taken for gone.
+func (l *Ledger) Reassert(ctx context.Context) error {
+	if err := l.Beat(ctx); err != nil {
+		return fmt.Errorf("ledger: %w", err)
+	}
+	l.mu.Lock()
+	entries := make([]Entry, 0, len(l.mine))
+	for _, e := range l.mine {
+		entries = append(entries, e)
+	}
+	l.mu.Unlock()
+	for _, e := range entries {
+		if err := l.put(ctx, e); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // Remove deletes the entry of a session whose release the provider
@@ -171,7 +214,7 @@ func (l *Ledger) Remove(ctx context.Context, provider, id string) error {
 	if err := l.store.Delete(ctx, entryKey(l.owner, provider, id)); err != nil {
 		return fmt.Errorf("ledger: %w", err)
 	}
-	l.count(provider, -1)
+	l.drop(provider, id)
 	return nil
 }
 
@@ -338,7 +381,7 @@ func (l *Ledger) Adopt(ctx context.Context, e Entry) (adopted Entry, ok bool, er
 	if err := l.put(ctx, adopted); err != nil {
 		return Entry{}, false, err
 	}
-	l.count(adopted.Provider, 1)
+	l.hold(adopted)
 	if err := l.store.Delete(ctx, old); err != nil {
 		// Both copies stand: the old one is found again, and its
 		// second release is answered as released (404).

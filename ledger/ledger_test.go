@@ -2,6 +2,9 @@ package ledger
 
 import (
 	"context"
+	"os"
+	"sort"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -159,5 +162,53 @@ func TestLeave(t *testing.T) {
 	l.Leave(ctx)
 	if keys, _ := st.List(ctx, ownersDir, false); len(keys) != 0 {
 		t.Fatalf("owners after leaving: %v", keys)
+	}
+}
+
+// TestReassertWritesAgain: after the store lost every write (a failover
+// to a replica that had not received them), Reassert writes the heartbeat
+// and each entry this process holds again; a removed entry is not
+// brought back.
+func TestReassertWritesAgain(t *testing.T) {
+	st := newStore(t)
+	l := New(st, "n1", nil)
+	ctx := context.Background()
+	if err := l.Beat(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range []string{"s1", "s2", "s3"} {
+		if err := l.Record(ctx, "cloud", id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := l.Remove(ctx, "cloud", "s2"); err != nil {
+		t.Fatal(err)
+	}
+	held := func() []string {
+		keys, _ := st.List(ctx, entryDir+"/"+l.Owner(), false)
+		sort.Strings(keys)
+		return keys
+	}
+	before := held()
+	if len(before) != 2 {
+		t.Fatalf("entries %v", before)
+	}
+	if err := os.RemoveAll(st.Path); err != nil {
+		t.Fatal(err)
+	}
+	if len(held()) != 0 || st.Exists(ctx, ownersDir+"/"+l.Owner()) {
+		t.Fatal("the store kept something")
+	}
+	if err := l.Reassert(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if after := held(); strings.Join(after, " ") != strings.Join(before, " ") {
+		t.Fatalf("after Reassert: %v, want %v", after, before)
+	}
+	if !st.Exists(ctx, ownersDir+"/"+l.Owner()) {
+		t.Fatal("the heartbeat was not written again")
+	}
+	if l.PendingOf("cloud") != 2 {
+		t.Fatalf("pending %d, want 2", l.PendingOf("cloud"))
 	}
 }

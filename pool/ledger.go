@@ -167,6 +167,25 @@ func (r *Registry) beatLedger() {
 	ls.scheduleBeatLocked(r)
 }
 
+// ReassertLedger writes the ledger's heartbeat and this process's entries
+// again (the shared store lost writes in a failover, or came back empty),
+// telling the ledger's onError of a failure; nothing while no ledger is
+// open.
+func (r *Registry) ReassertLedger() {
+	ls := &r.ledger
+	ls.mu.Lock()
+	l, onError, stopped := ls.l, ls.onError, ls.stopped
+	ls.mu.Unlock()
+	if l == nil || stopped {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*l.HeartbeatEvery())
+	defer cancel()
+	if err := l.Reassert(ctx); err != nil && onError != nil {
+		onError("reassert", err)
+	}
+}
+
 // beatOnce refreshes l's heartbeat, telling onError of a failure.
 func beatOnce(l *ledger.Ledger, onError func(op string, err error)) {
 	ctx, cancel := context.WithTimeout(context.Background(), l.HeartbeatEvery())
