@@ -462,6 +462,12 @@ func (s *Store) Ping(ctx context.Context) error {
 	}
 	ctx, cancel := s.ctx(ctx)
 	defer cancel()
+	if cc, ok := s.rdb.(*redis.ClusterClient); ok && s.stale.Load() {
+		// After a failed call the slot map may be out of date (a master
+		// replaced by its replica): read it again, rather than wait for
+		// the client's own refresh.
+		cc.ReloadState(ctx)
+	}
 	if err := s.rdb.Ping(ctx).Err(); err != nil {
 		return s.fail(op, err)
 	}

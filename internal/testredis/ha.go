@@ -140,17 +140,29 @@ func (c *Cluster) Addrs() []string {
 // state is ok on every node.
 func StartCluster(t testing.TB, extra ...string) *Cluster {
 	t.Helper()
+	return startCluster(t, 0, extra)
+}
+
+// StartClusterWithReplicas is StartCluster with one replica per master
+// (six servers): a master that dies is replaced by its replica.
+func StartClusterWithReplicas(t testing.TB, extra ...string) *Cluster {
+	t.Helper()
+	return startCluster(t, 1, extra)
+}
+
+func startCluster(t testing.TB, replicas int, extra []string) *Cluster {
+	t.Helper()
 	Binary(t)
 	cli := cliBinary(t)
 	c := &Cluster{}
-	for range 3 {
+	for range 3 * (1 + replicas) {
 		c.Nodes = append(c.Nodes, Start(t, append([]string{
 			"--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
 			"--cluster-node-timeout", "2000",
 		}, extra...)...))
 	}
 	args := append([]string{"--cluster", "create"}, c.Addrs()...)
-	args = append(args, "--cluster-replicas", "0", "--cluster-yes")
+	args = append(args, "--cluster-replicas", strconv.Itoa(replicas), "--cluster-yes")
 	for i, a := range extra {
 		if a == "--requirepass" && i+1 < len(extra) {
 			args = append(args, "-a", extra[i+1], "--no-auth-warning")
@@ -163,6 +175,11 @@ func StartCluster(t testing.TB, extra ...string) *Cluster {
 		WaitFor(t, 30*time.Second, "the cluster's state ok", func() bool {
 			out, err := tryCmd(n.Addr(), append(authArgs(extra), "CLUSTER", "INFO")...)
 			return err == nil && strings.Contains(out, "cluster_state:ok")
+		})
+		// A replica takes over only once it has synced with its master.
+		WaitFor(t, 30*time.Second, "each replica in sync", func() bool {
+			out, err := tryCmd(n.Addr(), append(authArgs(extra), "INFO", "replication")...)
+			return err == nil && (strings.Contains(out, "role:master") || strings.Contains(out, "master_link_status:up"))
 		})
 	}
 	return c
@@ -229,4 +246,38 @@ func WaitFor(t testing.TB, limit time.Duration, what string, ok func() bool) {
 func (r *Server) ErrorStats(t testing.TB, args ...string) string {
 	t.Helper()
 	return Cmd(t, r.Addr(), append(args, "INFO", "errorstats")...)
+}
+
+// MasterOf returns the server that is the master of key's slot now, by
+// CLUSTER NODES as a live server sees it; nil while none is (a master
+// failed and no replica has taken over yet).
+func (c *Cluster) MasterOf(t testing.TB, key string, live *Server) *Server {
+	t.Helper()
+	slot, err := strconv.Atoi(strings.TrimSpace(Cmd(t, live.Addr(), "CLUSTER", "KEYSLOT", key)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(Cmd(t, live.Addr(), "CLUSTER", "NODES"), "\n") {
+		f := strings.Fields(line)
+		if len(f) < 9 || !strings.Contains(f[2], "master") || strings.Contains(f[2], "fail") {
+			continue
+		}
+		addr, _, _ := strings.Cut(f[1], "@")
+		for _, r := range f[8:] {
+			lo, hi, ok := strings.Cut(r, "-")
+			if !ok {
+				hi = lo
+			}
+			a, err1 := strconv.Atoi(lo)
+			b, err2 := strconv.Atoi(hi)
+			if err1 == nil && err2 == nil && a <= slot && slot <= b {
+				for _, n := range c.Nodes {
+					if n.Addr() == addr {
+						return n
+					}
+				}
+			}
+		}
+	}
+	return nil
 }
