@@ -34,26 +34,33 @@ type Answer struct {
 // ReadAnswer reads one HTTP/1.x status line and header block from br, at
 // most limit bytes in all. It does not read a body.
 func ReadAnswer(br *bufio.Reader, limit int) (*Answer, error) {
-	var raw []byte
+	// Sized for a usual 101, so that reading it rarely grows the buffer.
+	raw := make([]byte, 0, min(limit, 256))
 	line, err := readLine(br, &raw, limit)
 	if err != nil {
 		return nil, err
 	}
 	// "HTTP/1.1 101 Switching Protocols"
-	proto, rest, ok := strings.Cut(string(line), " ")
-	if !ok || !strings.HasPrefix(proto, "HTTP/1.") || len(proto) != 8 {
+	proto, rest, ok := bytes.Cut(line, []byte{' '})
+	if !ok || !bytes.HasPrefix(proto, []byte("HTTP/1.")) || len(proto) != 8 {
 		return nil, fmt.Errorf("%w: bad status line", errMalformed)
 	}
-	codeText, _, _ := strings.Cut(rest, " ")
-	if len(codeText) != 3 {
+	codeText, _, _ := bytes.Cut(rest, []byte{' '})
+	code := 0
+	for _, c := range codeText {
+		if c < '0' || c > '9' {
+			code = -1
+			break
+		}
+		code = code*10 + int(c-'0')
+	}
+	if len(codeText) != 3 || code < 100 || code > 999 {
 		return nil, fmt.Errorf("%w: bad status code", errMalformed)
 	}
-	code, err := strconv.Atoi(codeText)
-	if err != nil || code < 100 || code > 999 {
-		return nil, fmt.Errorf("%w: bad status code", errMalformed)
-	}
-	a := &Answer{Status: code, Header: make(http.Header, 8)}
-	for n := 0; ; n++ {
+	// The field lines are read first, then parsed out of one string: the
+	// names and values are substrings of it, the values share one slice.
+	var ends []int
+	for {
 		line, err := readLine(br, &raw, limit)
 		if err != nil {
 			return nil, err
@@ -61,20 +68,33 @@ func ReadAnswer(br *bufio.Reader, limit int) (*Answer, error) {
 		if len(line) == 0 {
 			break
 		}
-		if n >= maxAnswerFields {
+		if len(ends) >= maxAnswerFields {
 			return nil, fmt.Errorf("%w: too many header fields", errMalformed)
 		}
+		ends = append(ends, len(raw))
+	}
+	a := &Answer{Status: code, Header: make(http.Header, len(ends)), Raw: raw}
+	head := string(raw)
+	values := make([]string, len(ends))
+	start := strings.IndexByte(head, '\n') + 1
+	for i, end := range ends {
+		line := strings.TrimSuffix(strings.TrimSuffix(head[start:end], "\n"), "\r")
+		start = end
 		if line[0] == ' ' || line[0] == '\t' {
 			return nil, fmt.Errorf("%w: obsolete line folding", errMalformed)
 		}
-		k, v, ok := bytes.Cut(line, []byte{':'})
-		if !ok || len(k) == 0 || bytes.ContainsAny(k, " \t") {
+		k, v, ok := strings.Cut(line, ":")
+		if !ok || len(k) == 0 || strings.ContainsAny(k, " \t") {
 			return nil, fmt.Errorf("%w: bad header line", errMalformed)
 		}
-		key := textproto.CanonicalMIMEHeaderKey(string(k))
-		a.Header[key] = append(a.Header[key], string(bytes.TrimSpace(v)))
+		key := textproto.CanonicalMIMEHeaderKey(k)
+		values[i] = strings.TrimSpace(v)
+		if prev, ok := a.Header[key]; ok {
+			a.Header[key] = append(prev, values[i])
+		} else {
+			a.Header[key] = values[i : i+1 : i+1]
+		}
 	}
-	a.Raw = raw
 	return a, nil
 }
 
