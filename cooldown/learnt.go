@@ -93,6 +93,17 @@ func (l *LearntCap) Cap() int64 {
 	return c
 }
 
+// NextRise is the earliest time the cap may rise (zero while none is
+// learnt): a caller with clients waiting looks again then.
+func (l *LearntCap) NextRise() time.Time {
+	if l.v.Load() == 0 {
+		return time.Time{}
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.since.Add(l.interval)
+}
+
 // Learnt is the cap without raising it (0: none learnt), for status.
 func (l *LearntCap) Learnt() int64 { return l.v.Load() }
 

@@ -16,8 +16,14 @@ func TestLearntCap(t *testing.T) {
 		t.Fatal("learnt from a refusal at 0 live")
 	}
 	// A 429 while 18 are live: the cap is 18.
+	if !l.NextRise().IsZero() {
+		t.Fatal("a rise time before any cap")
+	}
 	if !l.Refused(18) || l.Cap() != 18 {
 		t.Fatalf("cap %d, want 18", l.Cap())
+	}
+	if !l.NextRise().Equal(clk.Now().Add(30 * time.Second)) {
+		t.Fatalf("next rise %v, want one interval after the refusal", l.NextRise())
 	}
 	// Quiet without reaching the cap: no rise.
 	clk.advance(time.Minute)

@@ -126,6 +126,11 @@ func (p *Provider) Refused(live int64) bool {
 func (p *Provider) reachedLimit(n int64) {
 	if l := p.LearntCap(); l != nil {
 		l.Reached(n)
+		// The cap may rise then: waiters for the provider are offered
+		// it at that time, to find the room a rise makes.
+		if t := l.NextRise(); !t.IsZero() {
+			p.WakeAt(t)
+		}
 	}
 }
 
