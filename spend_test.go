@@ -133,7 +133,18 @@ func TestBudgetSkipsProvider(t *testing.T) {
 		p := providerStatus(t, g, "bud-pricey")
 		return nearly(p.Spend.Spent, 3) && p.Spend.Accrued == 0
 	})
+	// A session's log entry follows its charge: both sessions' entries
+	// are awaited.
 	costs := 0.0
+	testgw.Eventually(t, 5*time.Second, "both sessions' log entries", func() bool {
+		n := 0
+		for _, e := range g.LogEntries("session ended") {
+			if e["provider"] == "bud-pricey" {
+				n++
+			}
+		}
+		return n == 2
+	})
 	for _, e := range g.LogEntries("session ended") {
 		if e["provider"] == "bud-pricey" {
 			costs += e["cost"].(float64)

@@ -237,7 +237,10 @@ func TestSharedClusterStates(t *testing.T) {
 	if s.Usable() {
 		t.Fatal("usable right after a failed call")
 	}
-	if got := log.take(); !slices.Equal(got, []string{"failed status", "up false"}) {
+	// The open's first check runs on its own goroutine: on a loaded
+	// machine it may be the call that finds Redis gone (then the read
+	// answers without asking).
+	if got := log.take(); !slices.Equal(got, []string{"failed status", "up false"}) && !slices.Equal(got, []string{"failed ping", "up false"}) {
 		t.Fatalf("hooks after a failed read: %q", got)
 	}
 	// Known down: the next read answers without asking (a call that
