@@ -217,6 +217,18 @@ func (c *connect) claimShared(ps *passState, m *member) (*cluster.Lease, bool) {
 	}
 	var g cluster.Grant
 	var err error
+	if m.state.LearntCap() == nil && m.state.Limit() == 0 {
+		// No cap to hold across the nodes: the slot is only counted,
+		// written in the background with others, and the connect waits
+		// for no round trip. (A shared cooldown or skip reaches this
+		// node as news.)
+		l, err := sh.s.Store().Register(m.up.Name)
+		if err != nil {
+			sh.s.Failed("acquire", err)
+			return c.stateDown(ps, m)
+		}
+		return l, true
+	}
 	if l := m.state.LearntCap(); l != nil {
 		// The cap learnt over every node, in the same round trip.
 		g, err = sh.s.Store().AcquireLearnt(c.r.Context(), m.up.Name, m.state.Pricing().Interval)

@@ -82,6 +82,11 @@ func TestSharedSlots(t *testing.T) {
 		t.Fatalf("want 503 while the other node holds both slots, got %v %v", resp, err)
 	}
 	leases[0].Release()
+	// The other node gives the slot back in the background.
+	testgw.Eventually(t, 10*time.Second, "the other node's release written", func() bool {
+		sh, err := other.Snapshot(ctx, []string{"sh-echo"})
+		return err == nil && sh["sh-echo"].Active == 1
+	})
 	c, _, err := dial(t, g.WS("/"), nil)
 	if err != nil {
 		t.Fatalf("a slot freed on the other node: %v", err)

@@ -102,6 +102,28 @@ func waitSubscribed(t *testing.T, s *Store, rec *recorder) {
 	})
 }
 
+// settle waits until the stores have written in Redis every lease
+// registered and given back every lease released (both return at once;
+// their round trip follows).
+func settle(t *testing.T, stores ...*Store) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for _, s := range stores {
+		for {
+			s.mu.Lock()
+			idle := !s.flushing && len(s.releasing) == 0 && len(s.adding) == 0
+			s.mu.Unlock()
+			if idle {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatal("released leases not given back within 10s")
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}
+}
+
 func share(t *testing.T, s *Store, provider string) Share {
 	t.Helper()
 	m, err := s.Snapshot(context.Background(), []string{provider})
@@ -171,6 +193,7 @@ func TestAcquireExactUnderContention(t *testing.T) {
 		t.Fatalf("no contention exercised: granted %d, full %d", granted.Load(), full.Load())
 	}
 	t.Logf("granted %d, full %d, peak %d", granted.Load(), full.Load(), peak.Load())
+	settle(t, stores...)
 	if sh := share(t, stores[0], "p"); sh.Active != 0 || len(sh.Nodes) != 0 {
 		t.Fatalf("after all releases: %+v", sh)
 	}
@@ -204,8 +227,97 @@ func TestUnlimitedIsCountedPerNode(t *testing.T) {
 		l.Release()
 		l.Release() // idempotent
 	}
+	settle(t, a, b)
 	if sh := share(t, b, "p"); sh.Active != 0 {
 		t.Fatalf("after release: %+v", sh)
+	}
+}
+
+// Register counts a slot of an unlimited provider without a round trip:
+// the leases are written in the background, renewed, given back, and a
+// lease released before it was written is never written.
+func TestRegisterWritesInTheBackground(t *testing.T) {
+	r := startRedis(t)
+	a := open(t, r, "a", nil)
+	b := open(t, r, "b", nil)
+	var leases []*Lease
+	for range 50 {
+		l, err := a.Register("p")
+		if err != nil || l == nil {
+			t.Fatalf("Register: %v, %v", l, err)
+		}
+		leases = append(leases, l)
+	}
+	settle(t, a)
+	if sh := share(t, b, "p"); sh.Active != 50 || sh.Nodes["a"] != 50 {
+		t.Fatalf("registered leases over the nodes: %+v", sh)
+	}
+	// Renewed like any other: alive after several TTLs.
+	time.Sleep(3 * 600 * time.Millisecond)
+	if sh := share(t, b, "p"); sh.Active != 50 {
+		t.Fatalf("registered leases not renewed: %+v", sh)
+	}
+	// Released while the next ones are being registered.
+	for i, l := range leases {
+		l.Release()
+		if i%2 == 0 {
+			nl, err := a.Register("p")
+			if err != nil {
+				t.Fatal(err)
+			}
+			nl.Release() // released, perhaps before it is written
+		}
+	}
+	settle(t, a)
+	if sh := share(t, b, "p"); sh.Active != 0 {
+		t.Fatalf("after every release: %+v", sh)
+	}
+	// A capped acquire sees the registered ones of another node.
+	kept, err := b.Register("p")
+	if err != nil {
+		t.Fatal(err)
+	}
+	settle(t, b)
+	if g, err := a.Acquire(context.Background(), "p", 1); err != nil || !g.Full {
+		t.Fatalf("Acquire at max 1 beside a registered lease: %+v, %v", g, err)
+	}
+	kept.Release()
+	if err := a.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if l, err := a.Register("p"); err == nil || l != nil {
+		t.Fatalf("Register after Close: %v, %v", l, err)
+	}
+}
+
+// A release queued on a node goes in the round trip of that node's next
+// acquire of the provider: the slot freed here is free for it.
+func TestAcquireCarriesQueuedReleases(t *testing.T) {
+	r := startRedis(t)
+	a := open(t, r, "a", nil)
+	ctx := context.Background()
+	g, err := a.Acquire(ctx, "p", 1)
+	if err != nil || g.Lease == nil {
+		t.Fatalf("Acquire: %+v, %v", g, err)
+	}
+	// Queue the release without its flush running, as when the flush
+	// is busy with an earlier batch.
+	a.mu.Lock()
+	delete(a.leases, g.Lease)
+	g.Lease.released.Store(true)
+	a.releasing = append(a.releasing, g.Lease)
+	a.mu.Unlock()
+	g2, err := a.Acquire(ctx, "p", 1)
+	if err != nil || g2.Lease == nil {
+		t.Fatalf("Acquire after a queued release: %+v, %v (want a lease)", g2, err)
+	}
+	if sh := share(t, a, "p"); sh.Active != 1 {
+		t.Fatalf("after the acquire: %+v", sh)
+	}
+	g2.Lease.Release()
+	settle(t, a)
+	if sh := share(t, a, "p"); sh.Active != 0 {
+		t.Fatalf("after the release: %+v", sh)
 	}
 }
 
@@ -221,6 +333,7 @@ func TestRenewalKeepsLeases(t *testing.T) {
 		t.Fatalf("lease not kept alive by renewals: %+v", sh)
 	}
 	g.Lease.Release()
+	settle(t, a)
 	if sh := share(t, a, "p"); sh.Active != 0 {
 		t.Fatalf("after release: %+v", sh)
 	}
@@ -551,6 +664,7 @@ func TestRedisOutage(t *testing.T) {
 	}
 	g.Lease.Release()
 	kept.Lease.Release()
+	settle(t, a)
 	if sh := share(t, a, "p"); sh.Active != 0 {
 		t.Fatalf("after releases: %+v", sh)
 	}

@@ -90,6 +90,7 @@ func TestSentinelFailover(t *testing.T) {
 		t.Fatalf("Acquire beyond the cap after the failover: %+v, %v (want full)", g, err)
 	}
 	held[0].Release()
+	settle(t, held[0].s)
 	g, err := b.Acquire(ctx, p, 2)
 	if err != nil || g.Lease == nil {
 		t.Fatalf("Acquire after a release: %+v, %v (want a lease)", g, err)

@@ -39,6 +39,9 @@ type Lease struct {
 	s        *Store
 	provider string
 	member   string
+	// limited: the provider's slots are capped (a max, or a learnt cap),
+	// so its release is news for the nodes' waiters.
+	limited  bool
 	released atomic.Bool
 }
 
@@ -50,8 +53,12 @@ func (l *Lease) Provider() string { return l.provider }
 func (l *Lease) ID() string { return l.member }
 
 // Release gives the slot back and tells the other nodes. It is idempotent,
-// safe from any goroutine and on a nil Lease, and bounded by Timeout; if
-// Redis is down the lease simply expires within LeaseTTL.
+// safe from any goroutine and on a nil Lease, and returns at once: the
+// slot is given back in the background, with the other slots released
+// meanwhile, in one round trip bounded by Timeout (see flush). If
+// Redis is down the lease simply expires within LeaseTTL. A slot not yet
+// given back still counts as taken, so no node admits more than max
+// meanwhile.
 func (l *Lease) Release() {
 	if l == nil || l.released.Load() {
 		return
@@ -64,37 +71,167 @@ func (l *Lease) Release() {
 		return
 	}
 	delete(s.leases, l)
-	s.inflight.Add(1) // Close marks every lease released first: not closed yet
+	s.queueReleasesLocked(l)
 	s.mu.Unlock()
-	defer s.inflight.Done()
-	ctx, cancel := s.ctx(context.Background())
-	defer cancel()
-	if err := s.releaseRemote(ctx, []*Lease{l}); err != nil {
-		s.log.Debug("shared state: lease not released; it expires on its own",
-			zap.String("provider", l.provider), zap.Error(err))
+}
+
+// queueReleasesLocked queues released leases for flush. Under s.mu,
+// before Close (which marks every held lease released first).
+func (s *Store) queueReleasesLocked(ls ...*Lease) {
+	s.releasing = append(s.releasing, ls...)
+	s.startFlushLocked()
+}
+
+// startFlushLocked starts flush unless it runs. Under s.mu.
+func (s *Store) startFlushLocked() {
+	if !s.flushing {
+		s.flushing = true
+		s.inflight.Add(1)
+		go s.flush()
 	}
 }
 
-// releaseRemote removes leases from Redis in one round trip (in Cluster
-// mode, one per lease).
-func (s *Store) releaseRemote(ctx context.Context, ls []*Lease) error {
-	groups := [][]*Lease{ls}
-	if s.perSlot {
-		groups = groups[:0]
-		for _, l := range ls {
-			groups = append(groups, []*Lease{l})
+// takeReleasesLocked takes the queued releases of provider off the queue,
+// for an Acquire of it to give back in its own round trip. Under s.mu.
+func (s *Store) takeReleasesLocked(provider string) []*Lease {
+	var taken []*Lease
+	kept := s.releasing[:0]
+	for _, l := range s.releasing {
+		if l.provider == provider {
+			taken = append(taken, l)
+		} else {
+			kept = append(kept, l)
 		}
 	}
+	s.releasing = kept
+	return taken
+}
+
+// Register takes a slot of a provider without a cap (no max, no learnt
+// cap) at once, with no round trip: the lease is written in the
+// background, with the other leases registered and released meanwhile, in
+// one round trip (see flush), and renewed like any other. Nothing is
+// checked, there being no cap to hold: the provider's shared cooldown or
+// skip reaches this node as news (Subscribe) and by the other calls. The
+// live count over every node (Snapshot, Live) shows the lease once
+// written.
+func (s *Store) Register(provider string) (*Lease, error) {
+	if provider == "" {
+		return nil, errors.New("register: empty provider name")
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return nil, s.fail(fmt.Sprintf("register a slot of provider %q", provider), errClosed)
+	}
+	l := &Lease{s: s, provider: provider, member: s.newMember()}
+	s.watched[provider] = struct{}{}
+	s.leases[l] = struct{}{}
+	s.adding = append(s.adding, l)
+	s.startFlushLocked()
+	return l, nil
+}
+
+// flush writes the registered leases and gives back the released ones,
+// all those queued in one round trip, until none is queued: a connect or
+// a release waits for no round trip, and under load many sessions' share
+// one.
+func (s *Store) flush() {
+	defer s.inflight.Done()
+	for {
+		s.mu.Lock()
+		adds, rels := s.adding, s.releasing
+		s.adding, s.releasing = nil, nil
+		if len(adds) == 0 && len(rels) == 0 {
+			s.flushing = false
+			s.mu.Unlock()
+			return
+		}
+		s.mu.Unlock()
+		ops := make([]leaseOp, 0, len(adds)+len(rels))
+		for _, l := range adds {
+			if !l.released.Load() { // released already: nothing to write
+				ops = append(ops, leaseOp{l: l, add: true})
+			}
+		}
+		for _, l := range rels {
+			ops = append(ops, leaseOp{l: l})
+		}
+		ctx, cancel := s.ctx(context.Background())
+		var err error
+		if len(adds) > 0 {
+			// After an outage or a failover the held leases are put
+			// back first (the ones registered here among them).
+			err = s.reassert(ctx)
+		}
+		if err == nil {
+			err = s.leaseOps(ctx, ops)
+		}
+		if err != nil {
+			// Registered leases missing are put back by the next
+			// renewal; released ones expire on their own.
+			s.log.Debug("shared state: leases not written; renewals and expiry mend it",
+				zap.Int("registered", len(adds)), zap.Int("released", len(rels)), zap.Error(err))
+		}
+		cancel()
+	}
+}
+
+// leaseOp is a lease to write (add) or to remove.
+type leaseOp struct {
+	l   *Lease
+	add bool
+}
+
+// releaseRemote removes leases from Redis in one round trip (in Cluster
+// mode, one per provider).
+func (s *Store) releaseRemote(ctx context.Context, ls []*Lease) error {
+	ops := make([]leaseOp, len(ls))
+	for i, l := range ls {
+		ops[i] = leaseOp{l: l}
+	}
+	return s.leaseOps(ctx, ops)
+}
+
+// leaseOps writes and removes leases in one round trip (in Cluster mode,
+// one per provider: a script touches one hash slot). The other nodes are
+// told once per provider whose slots are capped and were freed, in the
+// same script: no node waits for a slot of an unlimited provider.
+func (s *Store) leaseOps(ctx context.Context, ops []leaseOp) error {
+	if len(ops) == 0 {
+		return nil
+	}
+	groups := [][]leaseOp{ops}
+	if s.perSlot {
+		byProvider := map[string]int{}
+		groups = groups[:0]
+		for _, op := range ops {
+			i, ok := byProvider[op.l.provider]
+			if !ok {
+				i = len(groups)
+				byProvider[op.l.provider] = i
+				groups = append(groups, nil)
+			}
+			groups[i] = append(groups[i], op)
+		}
+	}
+	ttl := time.Duration(s.cfg.LeaseTTL).Milliseconds()
 	var errs []error
 	for _, g := range groups {
 		keys := make([]string, 0, len(g))
-		args := make([]any, 0, 1+2*len(g))
-		args = append(args, s.channel())
-		for _, l := range g {
-			keys = append(keys, s.leaseKey(l.provider))
-			args = append(args, l.member, s.event(EventReleased, l.provider, 0, 0))
+		args := make([]any, 0, 2+3*len(g))
+		args = append(args, s.channel(), ttl)
+		for _, op := range g {
+			keys = append(keys, s.leaseKey(op.l.provider))
+			kind, event := "0", ""
+			if op.add {
+				kind = "1"
+			} else if op.l.limited {
+				event = s.event(EventReleased, op.l.provider, 0, 0)
+			}
+			args = append(args, kind, op.l.member, event)
 		}
-		if err := releaseScript.Run(ctx, s.rdb, keys, args...).Err(); err != nil {
+		if err := leaseOpsScript.Run(ctx, s.rdb, keys, args...).Err(); err != nil {
 			errs = append(errs, err)
 			if ctx.Err() != nil {
 				break
@@ -102,7 +239,7 @@ func (s *Store) releaseRemote(ctx context.Context, ls []*Lease) error {
 		}
 	}
 	if err := errors.Join(errs...); err != nil {
-		return s.fail("release leases", err)
+		return s.fail("write leases", err)
 	}
 	return nil
 }
@@ -160,25 +297,43 @@ func (s *Store) acquire(ctx context.Context, provider string, max int, learnMS i
 	}
 	s.watched[provider] = struct{}{}
 	s.inflight.Add(1)
+	// This node's releases of the provider not yet given back go in the
+	// same round trip, before the count: a slot freed here is free for
+	// this very acquire.
+	freed := s.takeReleasesLocked(provider)
 	s.mu.Unlock()
 	defer s.inflight.Done()
+	requeue := func() {
+		if len(freed) > 0 {
+			s.mu.Lock()
+			s.queueReleasesLocked(freed...)
+			s.mu.Unlock()
+		}
+	}
 
 	// After an outage or a failover, this node's live sessions count
 	// again before it admits another.
 	if err := s.reassert(ctx); err != nil {
+		requeue()
 		return Grant{}, err
 	}
-	l := &Lease{s: s, provider: provider, member: s.newMember()}
+	l := &Lease{s: s, provider: provider, member: s.newMember(), limited: max > 0 || learnMS > 0}
 	ctx, cancel := s.ctx(ctx)
 	defer cancel()
+	args := make([]any, 0, 6+len(freed))
+	args = append(args, max, l.member, time.Duration(s.cfg.LeaseTTL).Milliseconds(), s.channel(),
+		s.event(EventReleased, provider, 0, 0), learnMS)
+	for _, f := range freed {
+		args = append(args, f.member)
+	}
 	res, err := acquireScript.Run(ctx, s.rdb,
-		[]string{s.leaseKey(provider), s.cooldownKey(provider), s.capKey(provider)},
-		max, l.member, time.Duration(s.cfg.LeaseTTL).Milliseconds(), s.channel(),
-		s.event(EventReleased, provider, 0, 0), learnMS,
+		[]string{s.leaseKey(provider), s.cooldownKey(provider), s.capKey(provider)}, args...,
 	).Int64Slice()
 	if err != nil {
 		// The script may have run and its reply been lost: the lease then
-		// expires, unrenewed, within LeaseTTL.
+		// expires, unrenewed, within LeaseTTL. The releases it carried
+		// are tried again (a second removal is a no-op).
+		requeue()
 		return Grant{}, s.fail(op, err)
 	}
 	if len(res) != 6 {

@@ -45,7 +45,9 @@ end
 // (cap, since, reached).
 // ARGV[1] max (0 unlimited), ARGV[2] member, ARGV[3] TTL ms, ARGV[4] channel,
 // ARGV[5] "released" event, published when dead leases were dropped and
-// room remains, ARGV[6] the learnt cap's interval in ms (0: not learnt).
+// room remains, ARGV[6] the learnt cap's interval in ms (0: not learnt),
+// ARGV[7…] leases of this node released and not yet given back: removed
+// first, in the same round trip.
 //
 // Returns {status, cooldown ms left, streak, live, skip ms left, learnt
 // cap}: status 0 held (a cooldown or skip runs; no lease taken), 1 taken,
@@ -53,6 +55,9 @@ end
 // live lease).
 var acquireScript = redis.NewScript(luaNow + luaExpireWithLast + luaHoldLeft + `
 local swept = redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+for i = 7, #ARGV do
+  swept = swept + redis.call('ZREM', KEYS[1], ARGV[i])
+end
 local cdLeft, streak, skLeft = holdLeft(KEYS[2])
 local live = redis.call('ZCARD', KEYS[1])
 local max = tonumber(ARGV[1])
@@ -85,7 +90,9 @@ end
 redis.call('ZADD', KEYS[1], exp, ARGV[2])
 expireWithLast(KEYS[1], tonumber(ARGV[3]))
 if cap > 0 and live + 1 >= cap then redis.call('HSET', KEYS[3], 'reached', 1) end
-if swept > 0 and (max == 0 or live + 1 < max) then
+if swept > 0 and max > 0 and live + 1 < max then
+  -- slots freed and room left: news for the waiters of other nodes (no
+  -- one waits for an unlimited provider)
   redis.call('PUBLISH', ARGV[4], ARGV[5])
 end
 return {1, 0, 0, live + 1, 0, cap}
@@ -150,19 +157,30 @@ out[1] = restored
 return out
 `)
 
-// releaseScript removes leases and announces each freed slot.
+// leaseOpsScript writes and removes leases, and announces the freed slots
+// of capped providers, each event once.
 //
-// KEYS: the lease sets. ARGV[1] channel; then for each key its member and
-// its "released" event.
+// KEYS: the lease sets, one per operation. ARGV[1] channel, ARGV[2] TTL
+// ms; then for each key: "1" (write the member, expiring in TTL) or "0"
+// (remove it), the member, and the "released" event to publish when a
+// removal freed a slot ("": none; the provider is unlimited).
 //
 // Returns the number of leases removed.
-var releaseScript = redis.NewScript(`
+var leaseOpsScript = redis.NewScript(luaNow + luaExpireWithLast + `
+local ttl = tonumber(ARGV[2])
 local removed = 0
+local told = {}
 for k, key in ipairs(KEYS) do
-  local n = redis.call('ZREM', key, ARGV[2 * k])
-  if n > 0 then
-    removed = removed + n
-    redis.call('PUBLISH', ARGV[1], ARGV[2 * k + 1])
+  local op, member, event = ARGV[3 * k], ARGV[3 * k + 1], ARGV[3 * k + 2]
+  if op == '1' then
+    redis.call('ZADD', key, now + ttl, member)
+    expireWithLast(key, ttl)
+  elseif redis.call('ZREM', key, member) > 0 then
+    removed = removed + 1
+    if event ~= '' and not told[event] then
+      told[event] = true
+      redis.call('PUBLISH', ARGV[1], event)
+    end
   end
 end
 return removed

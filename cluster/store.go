@@ -46,9 +46,15 @@ type Store struct {
 	watched map[string]struct{} // providers whose dead leases renewal sweeps
 	live    map[string]liveSeen // each watched provider's live leases, as last read
 	subs    map[*subscription]struct{}
-	// inflight counts the Acquire and Release calls talking to Redis, so
-	// that Close does not close the client under them.
+	// inflight counts the Acquire calls and the flush talking to
+	// Redis, so that Close does not close the client under them.
 	inflight sync.WaitGroup
+	// adding are the leases registered (Register) and not yet written in
+	// Redis, releasing those released and not yet given back there;
+	// flushing while flush runs.
+	adding    []*Lease
+	releasing []*Lease
+	flushing  bool
 
 	renewStop chan struct{}
 	renewOnce sync.Once
