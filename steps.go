@@ -344,6 +344,9 @@ func (c *connect) relay(m *member, client netConn, up *upstreams.Conn, pending [
 	if pk != nil {
 		pk.meter = hd.meter
 	}
+	// The provider's 101 is relayed (a parking keeps what it needs of
+	// it): a live session does not carry its header block.
+	up.Answer = nil
 	opts := upstreams.SessionOptions{
 		ClientPending: pending,
 		IdleTimeout:   idle,
@@ -362,6 +365,7 @@ func (c *connect) relay(m *member, client netConn, up *upstreams.Conn, pending [
 	// The closure outlives the request: it must not hold c, whose
 	// request and writer keep the server's buffers of the connection.
 	reg := c.h.reg
+	remote := up.Remote // nor up: the session relays its connection
 	opts.OnEnd = func(s *upstreams.Session) {
 		if pk != nil {
 			// A held session may end while parked; its ID may
@@ -376,7 +380,7 @@ func (c *connect) relay(m *member, client netConn, up *upstreams.Conn, pending [
 		// at the end of its window, or by its resume.
 		meter := hd.meter
 		if !pk.ended(s, hd) {
-			up.Release()
+			remote.Release()
 			hd.end(s)
 		}
 		end.log(s, meter.Accrued())

@@ -239,8 +239,13 @@ func (k *Book) Period() string {
 
 // Start begins metering a session at cost c from now; the meter counts
 // toward the book's accrued cost until it stops. other, when not nil, is a
-// second book (the client key's) that counts the same session.
+// second book (the client key's) that counts the same session. Without a
+// cost there is nothing to meter: the meter is nil (its methods take nil),
+// and a live session of a provider without a price weighs nothing here.
 func (k *Book) Start(c *Cost, other *Book) *Meter {
+	if c == nil {
+		return nil
+	}
 	m := &Meter{cost: c, start: k.now(), books: [2]*Book{k, other}}
 	for _, b := range m.books {
 		if b != nil {
@@ -393,8 +398,18 @@ func (m *Meter) Stop() (float64, bool) {
 	return m.final, true
 }
 
-// Cost is what the meter charges by.
-func (m *Meter) Cost() *Cost { return m.cost }
+// Cost is what the meter charges by (nil for a nil meter).
+func (m *Meter) Cost() *Cost {
+	if m == nil {
+		return nil
+	}
+	return m.cost
+}
 
-// Client is the meter's second book (nil: none).
-func (m *Meter) Client() *Book { return m.books[1] }
+// Client is the meter's second book (nil: none, or a nil meter).
+func (m *Meter) Client() *Book {
+	if m == nil {
+		return nil
+	}
+	return m.books[1]
+}

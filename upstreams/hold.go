@@ -158,7 +158,7 @@ func (d *direction) parkOnClose(f []byte) bool {
 // would without hold.
 func (d *direction) leave(err error) bool {
 	var v view
-	if d.frames.atMessageBoundary() && d.ctl.n == 0 {
+	if d.frames.atMessageBoundary() && d.ctl.held() == 0 {
 		if v = d.s.sync(change{ev: evLeft, reason: leftWord(err)}); v.moved {
 			return false
 		}
@@ -203,7 +203,7 @@ func (d *direction) startDropping() {
 		return
 	}
 	d.mode = dropping
-	if !d.frames.atBoundary() || d.ctl.n > 0 {
+	if !d.frames.atBoundary() || d.ctl.held() > 0 {
 		d.s.sync(change{ev: evDropped, frames: 1})
 	}
 }
@@ -230,7 +230,7 @@ func (d *direction) held(err error, v view) bool {
 		switch {
 		case err != nil:
 			return d.heldEnd(err)
-		case ready && d.frames.atMessageBoundary() && d.ctl.n == 0 && d.join():
+		case ready && d.frames.atMessageBoundary() && d.ctl.held() == 0 && d.join():
 			return true
 		}
 		// Reads block again, or until the wait for the answers ends.
@@ -287,7 +287,7 @@ func (d *direction) drop(p []byte) bool {
 	}
 	defer count()
 	for {
-		if d.ctl.n == 0 && d.frames.atBoundary() {
+		if d.ctl.held() == 0 && d.frames.atBoundary() {
 			if d.wait == nil && len(p) > 0 && !d.frames.fragmented {
 				// A client may have asked to join since this read
 				// began: it takes the stream from this message
@@ -329,7 +329,7 @@ func (d *direction) drop(p []byte) bool {
 		if len(p) == 0 {
 			return true
 		}
-		if d.ctl.n == 0 && !d.frames.atBoundary() {
+		if d.ctl.held() == 0 && !d.frames.atBoundary() {
 			if w := d.wait; w != nil && !w.ready {
 				p = d.collect(p)
 			} else {
@@ -352,12 +352,12 @@ func (d *direction) drop(p []byte) bool {
 			return d.providerClosed()
 		case f[0] == pingFirstByte && d.alone:
 			if _, err := d.src.Write(controlFrame(opPong, unmasked(f), true)); err != nil {
-				d.ctl.n = 0
+				d.ctl.clear()
 				count()
 				return d.heldEnd(err)
 			}
 		}
-		d.ctl.n = 0
+		d.ctl.clear()
 	}
 }
 
@@ -401,7 +401,7 @@ func (d *direction) heldEnd(err error) bool {
 // passed).
 func (d *direction) providerClosed() bool {
 	payload := unmasked(d.ctl.bytes())
-	d.ctl.n = 0
+	d.ctl.clear()
 	code := CloseGoingAway
 	var echo []byte
 	if len(payload) >= 2 {

@@ -205,6 +205,21 @@ type ctlFrame struct {
 	n   int
 }
 
+// held is how many bytes of a frame are collected (0 on a nil one).
+func (h *ctlFrame) held() int {
+	if h == nil {
+		return 0
+	}
+	return h.n
+}
+
+// clear drops the collected frame (a no-op on a nil one).
+func (h *ctlFrame) clear() {
+	if h != nil {
+		h.n = 0
+	}
+}
+
 // maxCtlFrame is the longest control frame: header, mask key, and a
 // payload of at most 125 bytes.
 const maxCtlFrame = 2 + 4 + 125

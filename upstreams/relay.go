@@ -279,7 +279,10 @@ type direction struct {
 	// them, whole, to control.
 	watching bool
 	watch    [2]byte
-	ctl      ctlFrame // a control frame from src being collected
+	// ctl is a control frame from src being collected; nil for a
+	// session with neither keepalive nor hold, which never collects one
+	// (an idle session holds no buffer for it).
+	ctl *ctlFrame
 	// closeNoted: the first close frame from src was noted.
 	closeNoted bool
 
@@ -325,6 +328,9 @@ const (
 
 func (s *Session) newDirection(src, dst net.Conn, side int, pending []byte) *direction {
 	d := &direction{s: s, src: src, dst: dst, side: side, n: &s.bytes[side], pending: pending}
+	if s.ka != nil || s.hold {
+		d.ctl = new(ctlFrame)
+	}
 	if s.ka != nil {
 		d.watching, d.watch = true, [2]byte{pongFirstByte, pongFirstByte}
 	}
@@ -442,7 +448,7 @@ func (d *direction) take(p []byte) bool {
 // out of the stream.
 func (d *direction) relayWatching(p []byte) bool {
 	for len(p) > 0 {
-		if d.ctl.n == 0 {
+		if d.ctl.held() == 0 {
 			if n := d.frames.advanceToEither(p, d.watch[0], d.watch[1]); n > 0 {
 				if !d.write(p[:n]) {
 					return false
@@ -459,7 +465,7 @@ func (d *direction) relayWatching(p []byte) bool {
 		if d.ctl.whole() {
 			taken, ok := d.control(f)
 			if taken || !ok {
-				d.ctl.n = 0
+				d.ctl.clear()
 				if !ok {
 					return false
 				}
@@ -469,7 +475,7 @@ func (d *direction) relayWatching(p []byte) bool {
 		// Not one the gateway takes: relayed as it is.
 		d.frames.advance(f, false)
 		ok := d.write(f)
-		d.ctl.n = 0
+		d.ctl.clear()
 		if !ok {
 			return false
 		}
@@ -643,9 +649,9 @@ func (d *direction) closeOut(rest []byte) bool {
 // a control frame held back is part of that stream.
 func (d *direction) await(rest []byte) bool {
 	d.mode = awaiting
-	if d.ctl.n > 0 {
+	if d.ctl.held() > 0 {
 		d.frames.advance(d.ctl.bytes(), false)
-		d.ctl.n = 0
+		d.ctl.clear()
 	}
 	d.frames.advance(rest, false)
 	return !d.frames.sawClose
