@@ -1,6 +1,7 @@
 // Command compare measures browser_failover side by side with a direct
-// connection, a minimal raw TCP relay and Caddy's own reverse_proxy (the same
-// Caddy binary), on loopback, alternating the targets over several rounds
+// connection, a minimal raw TCP relay, Caddy's own reverse_proxy (the same
+// Caddy binary) and the least a Caddy handler can do per upgrade
+// (bench/floor, from the benchmarks' own Caddy binary), on loopback, alternating the targets over several rounds
 // and printing medians and ratios. It also measures what the shared state
 // (state redis, against a redis-server it starts) costs per connect; -redis=false
 // skips that (see state.go).
@@ -12,6 +13,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"flag"
 	"fmt"
 	"io"
@@ -45,7 +47,8 @@ var (
 	connects  = flag.Int("connects", 300, "sequential connects per connect-time measurement")
 	redisOn   = flag.Bool("redis", true, "measure the shared state's cost per connect (needs redis-server)")
 	caddyBin  = flag.String("caddy", "", "Caddy binary with browser_failover (default: build ./cmd/caddy)")
-	cpuProf   = flag.String("cpuprofile", "", "write a CPU profile of browser_failover's process under round-trip load to this file, then exit")
+	cpuProf   = flag.String("cpuprofile", "", "write a CPU profile of browser_failover's process under -cpuload to this file, then exit")
+	cpuLoad   = flag.String("cpuload", "rtt", "the load of -cpuprofile: rtt (256-byte round trips on one session) or handshakes (connect and close, concurrency 4)")
 	heapProf  = flag.String("heapprofile", "", "write a heap profile of browser_failover's process holding -held idle sessions to this file, then exit")
 	relayMode = flag.String("relay", "", "internal: run as the raw relay listening on this address")
 	echoMode  = flag.String("echo", "", "internal: run as the echo server listening on this address")
@@ -127,6 +130,20 @@ func run() error {
 	}
 	procs = append(procs, rp)
 
+	// The least a Caddy handler can do per upgrade (bench/floor), from the
+	// benchmarks' own Caddy binary.
+	fmt.Println("building ./bench/floor/caddy …")
+	floorBin, err := caddybin.BuildPackage("", tmp, "./bench/floor/caddy", "caddy-floor")
+	if err != nil {
+		return err
+	}
+	floorAddr, floorAdmin := caddybin.FreeAddr(), caddybin.FreeAddr()
+	floor, err := startCaddy(floorBin, tmp, "floor", fmt.Sprintf("{\n\tadmin %s\n}\nhttp://%s {\n\tbench_floor %s\n}\n", floorAdmin, floorAddr, echo))
+	if err != nil {
+		return err
+	}
+	procs = append(procs, floor)
+
 	bfAddr, bfAdmin := caddybin.FreeAddr(), caddybin.FreeAddr()
 	refused := caddybin.FreeAddr()
 	failing := startStatus(500)
@@ -177,7 +194,7 @@ http://%s {
 		return err
 	}
 	procs = append(procs, bf)
-	for _, a := range []string{relayAddr, rpAddr, bfAddr} {
+	for _, a := range []string{relayAddr, rpAddr, floorAddr, bfAddr} {
 		if err := caddybin.WaitListening(a); err != nil {
 			return err
 		}
@@ -187,10 +204,11 @@ http://%s {
 		{"direct", "ws://" + echo + "/", 0},
 		{"raw relay", "ws://" + relayAddr + "/", relay.Process.Pid},
 		{"caddy reverse_proxy", "ws://" + rpAddr + "/", rp.Process.Pid},
+		{"caddy floor handler", "ws://" + floorAddr + "/", floor.Process.Pid},
 		{"browser_failover", "ws://" + bfAddr + "/", bf.Process.Pid},
 	}
 	if *cpuProf != "" || *heapProf != "" {
-		return profile(targets[3].url, bfAdmin)
+		return profile(targets[4].url, bfAdmin)
 	}
 	var sb *stateBench
 	var sbSkip string
@@ -225,7 +243,13 @@ http://%s {
 	for r := 0; r < *rounds; r++ {
 		for _, t := range targets {
 			add("tput_MBps", t.name, throughput(t.url, *tputMsgs))
-			add("handshakes_per_s", t.name, handshakes(t.url, *hsN, 4))
+			for _, conc := range []int{4, 32} {
+				cpu0 := cpuTime(t.pid)
+				add(fmt.Sprintf("handshakes_per_s_%d", conc), t.name, handshakes(t.url, *hsN, conc))
+				if t.pid != 0 {
+					add(fmt.Sprintf("handshake_cpu_us_%d", conc), t.name, float64((cpuTime(t.pid)-cpu0).Microseconds())/float64(*hsN))
+				}
+			}
 		}
 		// Added connect time: first provider refused, first provider in
 		// cooldown, against the plain one-provider route.
@@ -242,14 +266,18 @@ http://%s {
 		{"rtt_p50_us", "round trip p50, 256 B (µs)"},
 		{"rtt_p99_us", "round trip p99, 256 B (µs)"},
 		{"tput_MBps", "throughput, 1 MiB messages, 4 in flight (MB/s)"},
-		{"handshakes_per_s", "WebSocket handshakes/s, concurrency 4"},
+		{"handshakes_per_s_4", "WebSocket handshakes/s, concurrency 4"},
+		{"handshakes_per_s_32", "WebSocket handshakes/s, concurrency 32"},
+		{"handshake_cpu_us_4", "proxy CPU per handshake, concurrency 4 (µs)"},
+		{"handshake_cpu_us_32", "proxy CPU per handshake, concurrency 32 (µs)"},
 		{"idle_session_KiB", fmt.Sprintf("memory per idle session, %d held, fresh process (KiB)", *held)},
 	}
-	fmt.Printf("%-48s %12s %12s %20s %18s %10s\n", "metric (median)", "direct", "raw relay", "caddy reverse_proxy", "browser_failover", "bf/caddy")
+	fmt.Printf("%-48s %9s %10s %14s %13s %17s %9s %9s %9s %11s\n", "metric (median)", "direct", "raw relay", "reverse_proxy", "caddy floor", "browser_failover", "bf/caddy", "bf/relay", "bf/floor", "floor/relay")
 	for _, m := range metrics {
 		s := res[m.key]
-		cad, bfv := median(s["caddy reverse_proxy"]), median(s["browser_failover"])
-		fmt.Printf("%-48s %12s %12s %20s %18s %10s\n", m.title, fmtv(s["direct"]), fmtv(s["raw relay"]), fmtv(s["caddy reverse_proxy"]), fmtv(s["browser_failover"]), ratio(bfv, cad))
+		cad, bfv, raw, fl := median(s["caddy reverse_proxy"]), median(s["browser_failover"]), median(s["raw relay"]), median(s["caddy floor handler"])
+		fmt.Printf("%-48s %9s %10s %14s %13s %17s %9s %9s %9s %11s\n", m.title, fmtv(s["direct"]), fmtv(s["raw relay"]), fmtv(s["caddy reverse_proxy"]),
+			fmtv(s["caddy floor handler"]), fmtv(s["browser_failover"]), ratio(bfv, cad), ratio(bfv, raw), ratio(bfv, fl), ratio(fl, raw))
 	}
 	c := res["connect_ms"]
 	fmt.Printf("\nconnect time through browser_failover (median ms): one provider %.3f, first refused %.3f (+%.3f), first in cooldown %.3f (+%.3f)\n",
@@ -493,6 +521,28 @@ func idleMemory(url string, pid, n int) float64 {
 	return float64(after-before) / float64(got) / 1024
 }
 
+// cpuTime is the user and system CPU time pid has used (Linux; 0 for pid
+// 0).
+func cpuTime(pid int) time.Duration {
+	if pid == 0 {
+		return 0
+	}
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0
+	}
+	// The fields after the command name, which is in parentheses.
+	st := string(b)
+	f := strings.Fields(st[strings.LastIndexByte(st, ')')+1:])
+	if len(f) < 13 {
+		return 0
+	}
+	ut, _ := strconv.ParseInt(f[11], 10, 64)
+	sy, _ := strconv.ParseInt(f[12], 10, 64)
+	const hz = 100 // USER_HZ on Linux
+	return time.Duration(ut+sy) * time.Second / hz
+}
+
 // rss reads a process's resident set size in bytes.
 func rss(pid int) int64 {
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
@@ -620,7 +670,33 @@ func profile(url, admin string) error {
 		_, err = io.Copy(f, resp.Body)
 		return err
 	}
-	if *cpuProf != "" {
+	if *cpuProf != "" && *cpuLoad == "handshakes" {
+		stop := make(chan struct{})
+		var wg sync.WaitGroup
+		for range 4 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for {
+					select {
+					case <-stop:
+						return
+					default:
+					}
+					if c, err := dial(url); err == nil {
+						c.CloseNow()
+					}
+				}
+			}()
+		}
+		err := fetch("/debug/pprof/profile?seconds=10", *cpuProf)
+		close(stop)
+		wg.Wait()
+		if err != nil {
+			return err
+		}
+		fmt.Println("CPU profile under handshakes:", *cpuProf, "(go tool pprof -top", *cpuProf+")")
+	} else if *cpuProf != "" {
 		stop := make(chan struct{})
 		go func() {
 			c, err := dial(url)
@@ -652,15 +728,61 @@ func profile(url, admin string) error {
 		fmt.Println("CPU profile:", *cpuProf, "(go tool pprof -top", *cpuProf+")")
 	}
 	if *heapProf != "" {
+		before, err := memStats(admin)
+		if err != nil {
+			return err
+		}
+		// The heap before, for pprof's -base.
+		if err := fetch("/debug/pprof/heap", *heapProf+".base"); err != nil {
+			return err
+		}
 		conns := hold(url, *held)
 		defer closeAll(conns)
 		time.Sleep(time.Second)
+		after, err := memStats(admin)
+		if err != nil {
+			return err
+		}
 		if err := fetch("/debug/pprof/heap", *heapProf); err != nil {
 			return err
 		}
-		fmt.Printf("heap profile with %d sessions held: %s (go tool pprof -sample_index=inuse_space -top %s)\n", len(conns), *heapProf, *heapProf)
+		fmt.Printf("heap profile with %d sessions held: %s, before them: %[2]s.base (go tool pprof -sample_index=inuse_space -base %[2]s.base -top %[2]s)\n", len(conns), *heapProf)
+		if n := float64(len(conns)); n > 0 {
+			fmt.Printf("per session (runtime.MemStats, after − before): heap in use %.2f KiB, goroutine stacks %.2f KiB, goroutines %.1f\n",
+				float64(after.HeapInuse-before.HeapInuse)/n/1024, float64(after.StackInuse-before.StackInuse)/n/1024,
+				float64(goroutines(admin)-before.goroutines)/n)
+		}
 	}
 	return nil
+}
+
+// memFigures are the parts of runtime.MemStats an idle session weighs on.
+type memFigures struct {
+	HeapInuse, StackInuse int64
+	goroutines            int
+}
+
+// memStats reads the Caddy process's memory statistics from its admin
+// endpoint's /debug/vars (expvar's "memstats"), after a GC there.
+func memStats(admin string) (memFigures, error) {
+	// A heap profile with gc=1 runs a collection first.
+	if resp, err := http.Get("http://" + admin + "/debug/pprof/heap?gc=1"); err == nil {
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+	}
+	resp, err := http.Get("http://" + admin + "/debug/vars")
+	if err != nil {
+		return memFigures{}, err
+	}
+	defer resp.Body.Close()
+	var v struct {
+		Memstats memFigures `json:"memstats"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&v); err != nil {
+		return memFigures{}, fmt.Errorf("/debug/vars: %w", err)
+	}
+	v.Memstats.goroutines = goroutines(admin)
+	return v.Memstats, nil
 }
 
 // fileLimit is this process's open-file limit (children inherit it).

@@ -18,11 +18,17 @@ import (
 // Build compiles ./cmd/caddy of the module at root ("" for the current
 // folder) into dir and returns the binary's path.
 func Build(root, dir string) (string, error) {
-	bin := filepath.Join(dir, "caddy")
-	cmd := exec.Command("go", "build", "-o", bin, "./cmd/caddy")
+	return BuildPackage(root, dir, "./cmd/caddy", "caddy")
+}
+
+// BuildPackage compiles the main package pkg of the module at root into
+// dir/name and returns the binary's path.
+func BuildPackage(root, dir, pkg, name string) (string, error) {
+	bin := filepath.Join(dir, name)
+	cmd := exec.Command("go", "build", "-o", bin, pkg)
 	cmd.Dir = root
 	if out, err := cmd.CombinedOutput(); err != nil {
-		return "", fmt.Errorf("go build ./cmd/caddy: %v\n%s", err, out)
+		return "", fmt.Errorf("go build %s: %v\n%s", pkg, err, out)
 	}
 	return bin, nil
 }
