@@ -43,6 +43,9 @@ type Lease struct {
 	// so its release is news for the nodes' waiters.
 	limited  bool
 	released atomic.Bool
+	// written is set once the lease may be in Redis: at once for an
+	// acquired one, when flush sends it for a registered one.
+	written atomic.Bool
 }
 
 // Provider is the name of the provider the slot belongs to.
@@ -132,6 +135,13 @@ func (s *Store) Register(provider string) (*Lease, error) {
 	return l, nil
 }
 
+// flushDelay is how long flush gathers what is queued before it writes:
+// a lease registered and released within it is never written, and the
+// node's next acquire of a provider carries the releases queued meanwhile
+// in its own round trip. Other nodes see a lease, or a slot freed, that
+// much later.
+const flushDelay = 5 * time.Millisecond
+
 // flush writes the registered leases and gives back the released ones,
 // all those queued in one round trip, until none is queued: a connect or
 // a release waits for no round trip, and under load many sessions' share
@@ -139,6 +149,7 @@ func (s *Store) Register(provider string) (*Lease, error) {
 func (s *Store) flush() {
 	defer s.inflight.Done()
 	for {
+		time.Sleep(flushDelay)
 		s.mu.Lock()
 		adds, rels := s.adding, s.releasing
 		s.adding, s.releasing = nil, nil
@@ -151,11 +162,14 @@ func (s *Store) flush() {
 		ops := make([]leaseOp, 0, len(adds)+len(rels))
 		for _, l := range adds {
 			if !l.released.Load() { // released already: nothing to write
+				l.written.Store(true)
 				ops = append(ops, leaseOp{l: l, add: true})
 			}
 		}
 		for _, l := range rels {
-			ops = append(ops, leaseOp{l: l})
+			if l.written.Load() { // a lease never written has nothing to remove
+				ops = append(ops, leaseOp{l: l})
+			}
 		}
 		ctx, cancel := s.ctx(context.Background())
 		var err error
@@ -318,6 +332,7 @@ func (s *Store) acquire(ctx context.Context, provider string, max int, learnMS i
 		return Grant{}, err
 	}
 	l := &Lease{s: s, provider: provider, member: s.newMember(), limited: max > 0 || learnMS > 0}
+	l.written.Store(true)
 	ctx, cancel := s.ctx(ctx)
 	defer cancel()
 	args := make([]any, 0, 6+len(freed))

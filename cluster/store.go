@@ -303,6 +303,7 @@ func (s *Store) renewNow(ctx context.Context) error {
 		byProvider[p] = nil
 	}
 	for l := range s.leases {
+		l.written.Store(true) // this renewal writes it, registered or not
 		byProvider[l.provider] = append(byProvider[l.provider], l)
 	}
 	s.mu.Unlock()

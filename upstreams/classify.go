@@ -146,6 +146,9 @@ func ClassifyError(err error, clientGone bool) (word string, kind Kind) {
 }
 
 func isTimeout(err error) bool {
+	if err == io.EOF {
+		return false // how most reads end: no walk of a chain
+	}
 	var ne net.Error
 	return errors.As(err, &ne) && ne.Timeout()
 }
