@@ -217,11 +217,13 @@ func (c *connect) claimShared(ps *passState, m *member) (*cluster.Lease, bool) {
 	}
 	var g cluster.Grant
 	var err error
-	if m.state.LearntCap() == nil && m.state.Limit() == 0 {
+	if m.state.LearntCap() == nil && m.state.Limit() == 0 && !sh.reject && sh.s.Store().Hearing() {
 		// No cap to hold across the nodes: the slot is only counted,
 		// written in the background with others, and the connect waits
-		// for no round trip. (A shared cooldown or skip reaches this
-		// node as news.)
+		// for no round trip. A shared cooldown or skip reaches this
+		// node as news, which it hears (else the acquire below asks).
+		// Under on_unavailable reject every connect asks: only a call
+		// tells that Redis answers.
 		l, err := sh.s.Store().Register(m.up.Name)
 		if err != nil {
 			sh.s.Failed("acquire", err)
@@ -235,6 +237,8 @@ func (c *connect) claimShared(ps *passState, m *member) (*cluster.Lease, bool) {
 		if err == nil && g.Cap > 0 {
 			l.Adopt(int64(g.Cap), c.h.reg.Now())
 		}
+	} else if sh.reject {
+		g, err = sh.s.Store().AcquireAsking(c.r.Context(), m.up.Name, int(m.state.Limit()))
 	} else {
 		g, err = sh.s.Store().Acquire(c.r.Context(), m.up.Name, int(m.state.Limit()))
 	}

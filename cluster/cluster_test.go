@@ -20,7 +20,6 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	"go.uber.org/zap"
-	"go.uber.org/zap/zaptest"
 	"go.uber.org/zap/zaptest/observer"
 )
 
@@ -31,7 +30,7 @@ func open(t *testing.T, r *redisServer, node string, tweak func(*Config)) *Store
 		Address:   r.Addr(),
 		LeaseTTL:  caddy.Duration(600 * time.Millisecond),
 		KeyPrefix: "test:" + t.Name() + ":",
-		Logger:    zaptest.NewLogger(t),
+		Logger:    testLogger(t),
 	}
 	if tweak != nil {
 		tweak(&cfg)
@@ -321,6 +320,76 @@ func TestAcquireCarriesQueuedReleases(t *testing.T) {
 	}
 }
 
+// A slot of a capped provider released on a node is kept there for its
+// next acquire, counted all along, and given back when kept long enough,
+// or at once when another node finds the provider full.
+func TestSpareSlots(t *testing.T) {
+	r := startRedis(t)
+	a := open(t, r, "a", nil)
+	b := open(t, r, "b", nil)
+	rec := &recorder{}
+	a.Subscribe(rec.add) // a's subscription also hears b's "wanted"
+	// Slots are kept only by a node that hears the news.
+	eventually(t, 5*time.Second, "a hears the news", a.Hearing)
+	ctx := context.Background()
+	g, err := a.Acquire(ctx, "p", 2)
+	if err != nil || g.Lease == nil {
+		t.Fatalf("Acquire: %+v, %v", g, err)
+	}
+	g.Lease.Release()
+	settle(t, a) // waits for the spare's end too
+	if sh := share(t, b, "p"); sh.Active != 0 {
+		t.Fatalf("a spare kept past its time: %+v", sh)
+	}
+
+	// Released, then taken again at once: the same slot, still counted.
+	g, err = a.Acquire(ctx, "p", 2)
+	if err != nil || g.Lease == nil {
+		t.Fatalf("Acquire: %+v, %v", g, err)
+	}
+	id := g.Lease.ID()
+	g.Lease.Release()
+	if sh := share(t, b, "p"); sh.Active != 1 {
+		t.Fatalf("the spare is not counted: %+v", sh)
+	}
+	g2, err := a.Acquire(ctx, "p", 2)
+	if err != nil || g2.Lease == nil || g2.Lease.ID() != id {
+		t.Fatalf("Acquire after a release: %+v, %v (want the spare %s)", g2, err, id)
+	}
+	g.Lease.Release() // the old handle: a no-op, the slot is g2's now
+	if sh := share(t, b, "p"); sh.Active != 1 {
+		t.Fatalf("after a second Release of the old handle: %+v", sh)
+	}
+
+	// At the cap: a second slot on a, then b finds p full and says so;
+	// the slot a releases now is given back, not kept.
+	g3, err := a.Acquire(ctx, "p", 2)
+	if err != nil || g3.Lease == nil {
+		t.Fatalf("Acquire: %+v, %v", g3, err)
+	}
+	if g, err := b.Acquire(ctx, "p", 2); err != nil || !g.Full {
+		t.Fatalf("b at the cap: %+v, %v", g, err)
+	}
+	eventually(t, 5*time.Second, "a hears b wait", func() bool {
+		_, ok := rec.find(func(ev Event) bool { return ev.Kind == EventWanted && ev.Node == "b" })
+		return ok
+	})
+	g2.Lease.Release()
+	eventually(t, 5*time.Second, "the slot given back at once", func() bool {
+		g, err := b.Acquire(ctx, "p", 2)
+		if err == nil && g.Lease != nil {
+			g.Lease.Release()
+			return true
+		}
+		return false
+	})
+	g3.Lease.Release()
+	settle(t, a, b)
+	if sh := share(t, b, "p"); sh.Active != 0 {
+		t.Fatalf("after every release: %+v", sh)
+	}
+}
+
 func TestRenewalKeepsLeases(t *testing.T) {
 	r := startRedis(t)
 	a := open(t, r, "a", func(c *Config) { c.LeaseTTL = caddy.Duration(900 * time.Millisecond) })
@@ -400,6 +469,41 @@ func near(a, b time.Time, tol time.Duration) bool {
 // tol is how far apart two readings of one deadline may be: a round trip
 // to Redis and the milliseconds Redis keeps.
 const tol = 250 * time.Millisecond
+
+// A subscription that comes up gives the holds in force as events (news
+// published before it heard anything is not lost), then the store hears
+// the news; an outage stops that until it is back and caught up again.
+func TestSubscriptionCatchesUp(t *testing.T) {
+	r := startRedis(t)
+	a := open(t, r, "a", nil)
+	b := open(t, r, "b", nil)
+	ctx := context.Background()
+	until := time.Now().Add(time.Minute)
+	if err := a.PublishCooldown(ctx, "p", until, 2); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.PublishSkip(ctx, "q", until); err != nil {
+		t.Fatal(err)
+	}
+	if b.Hearing() {
+		t.Fatal("hearing before any subscription")
+	}
+	b.Watch("p", "q")
+	rec := &recorder{}
+	b.Subscribe(rec.add)
+	eventually(t, 5*time.Second, "caught up and hearing", b.Hearing)
+	cd, ok := rec.find(func(ev Event) bool { return ev.Kind == EventCooldown && ev.Provider == "p" })
+	if !ok || cd.Streak != 2 || cd.Until.Before(until.Add(-time.Second)) || cd.Node != "" {
+		t.Fatalf("the cooldown in force, caught up: %+v %v", cd, ok)
+	}
+	if sk, ok := rec.find(func(ev Event) bool { return ev.Kind == EventSkip && ev.Provider == "q" }); !ok || sk.Until.Before(until.Add(-time.Second)) {
+		t.Fatalf("the skip in force, caught up: %+v %v", sk, ok)
+	}
+	r.Stop()
+	eventually(t, 10*time.Second, "not hearing while Redis is down", func() bool { return !b.Hearing() })
+	r.Start()
+	eventually(t, 20*time.Second, "hearing again", b.Hearing)
+}
 
 func TestSharedCooldown(t *testing.T) {
 	r := startRedis(t)

@@ -31,6 +31,9 @@ const (
 	// taken back (through the node that published it), or ended by an
 	// operator: other nodes forget their own entry of it.
 	EventResumed = "resumed"
+	// EventWanted: a node found the provider full; nodes keeping spare
+	// slots of it (see Lease.Release) give them back at once.
+	EventWanted = "wanted"
 )
 
 // Event is a change of the shared state, as announced by a node.
@@ -170,6 +173,42 @@ func (s *Store) subscribeLoop(ctx context.Context, sub *subscription, fn func(Ev
 	}
 }
 
+// catchUp reads the shared cooldown and skip of every watched provider
+// and gives those in force to fn as events (from no node), so that a news
+// published before the subscription was up is not lost. It reports
+// whether every one was read.
+func (s *Store) catchUp(ctx context.Context, sub *subscription, fn func(Event)) bool {
+	s.mu.Lock()
+	providers := make([]string, 0, len(s.watched))
+	for p := range s.watched {
+		providers = append(providers, p)
+	}
+	s.mu.Unlock()
+	for _, p := range providers {
+		h, err := s.Hold(ctx, p)
+		if err != nil {
+			s.log.Debug("shared state: holds not read after subscribing", zap.Error(err))
+			return false
+		}
+		if sub.stopped.Load() {
+			return false
+		}
+		if !h.CooldownUntil.IsZero() {
+			fn(Event{Kind: EventCooldown, Provider: p, Until: h.CooldownUntil, Streak: h.Streak})
+		}
+		if !h.SkipUntil.IsZero() {
+			fn(Event{Kind: EventSkip, Provider: p, Until: h.SkipUntil})
+		}
+	}
+	return true
+}
+
+// Hearing reports whether this store hears the other nodes' news and
+// Redis answers: a subscription is up, it read the holds in force when it
+// came up, and no call failed since the last one that worked. While it
+// does, a shared cooldown or skip reaches this node as news.
+func (s *Store) Hearing() bool { return s.hearing.Load() > 0 && !s.stale.Load() }
+
 // receive delivers the messages of ps until an error. subscribed reports
 // whether Redis confirmed the subscription.
 func (s *Store) receive(ctx context.Context, ps *redis.PubSub, sub *subscription, fn func(Event)) (subscribed bool, err error) {
@@ -199,11 +238,20 @@ func (s *Store) receive(ctx context.Context, ps *redis.PubSub, sub *subscription
 		pinged = false
 		switch m := msg.(type) {
 		case *redis.Subscription:
-			if m.Kind == "subscribe" {
+			if m.Kind == "subscribe" && !subscribed {
 				subscribed = true
+				// What was published before this subscription heard
+				// anything: the holds in force now.
+				if s.catchUp(ctx, sub, fn) {
+					s.hearing.Add(1)
+					defer s.hearing.Add(-1)
+				}
 			}
 		case *redis.Message:
 			ev, ok := decodeEvent(m.Payload, s.now())
+			if ok && ev.Kind == EventWanted && ev.Node != s.node {
+				s.noteWanted(ev.Provider)
+			}
 			if ok && !sub.stopped.Load() {
 				fn(ev)
 			}

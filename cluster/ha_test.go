@@ -9,7 +9,6 @@ import (
 
 	"github.com/browserfailover/caddy-browser-failover/internal/testredis"
 	"github.com/caddyserver/caddy/v2"
-	"go.uber.org/zap/zaptest"
 )
 
 // openHA opens a Store for node with cfg's way of reaching Redis and the
@@ -18,7 +17,7 @@ func openHA(t *testing.T, cfg Config, node string) *Store {
 	t.Helper()
 	cfg.LeaseTTL = caddy.Duration(3 * time.Second)
 	cfg.KeyPrefix = "test:" + t.Name() + ":"
-	cfg.Logger = zaptest.NewLogger(t)
+	cfg.Logger = testLogger(t)
 	s, err := Open(cfg, node)
 	if err != nil {
 		t.Fatalf("Open(%s): %v", node, err)

@@ -41,7 +41,10 @@ type Lease struct {
 	member   string
 	// limited: the provider's slots are capped (a max, or a learnt cap),
 	// so its release is news for the nodes' waiters.
-	limited  bool
+	limited bool
+	// reusable: taken with a max (not a learnt cap), so kept as a spare
+	// once released (see Release).
+	reusable bool
 	released atomic.Bool
 	// written is set once the lease may be in Redis: at once for an
 	// acquired one, when flush sends it for a registered one.
@@ -58,10 +61,16 @@ func (l *Lease) ID() string { return l.member }
 // Release gives the slot back and tells the other nodes. It is idempotent,
 // safe from any goroutine and on a nil Lease, and returns at once: the
 // slot is given back in the background, with the other slots released
-// meanwhile, in one round trip bounded by Timeout (see flush). If
-// Redis is down the lease simply expires within LeaseTTL. A slot not yet
-// given back still counts as taken, so no node admits more than max
-// meanwhile.
+// meanwhile, in one round trip bounded by Timeout (see flush). If Redis is
+// down the lease simply expires within LeaseTTL. A slot not yet given back
+// still counts as taken, so no node admits more than max meanwhile.
+//
+// A slot of a capped provider (Acquire with a max) is first kept for
+// spareKeep as a spare: this node's next Acquire of the provider takes it
+// without a round trip, and the slot then stays counted all along, so the
+// cap holds. A node that finds the provider full announces it (EventWanted),
+// and the other nodes give their spares of it back at once and keep none
+// for wantedFor.
 func (l *Lease) Release() {
 	if l == nil || l.released.Load() {
 		return
@@ -74,8 +83,99 @@ func (l *Lease) Release() {
 		return
 	}
 	delete(s.leases, l)
-	s.queueReleasesLocked(l)
+	now := time.Now()
+	if l.reusable && !s.stale.Load() && !now.Before(s.wanted[l.provider]) {
+		// The same member, under a Lease no one holds yet: kept,
+		// renewed and given back at Close like the others.
+		sp := &Lease{s: s, provider: l.provider, member: l.member, limited: true, reusable: true}
+		sp.written.Store(l.written.Load())
+		s.leases[sp] = struct{}{}
+		s.spares[l.provider] = append(s.spares[l.provider], spare{l: sp, at: now})
+		s.startFlushLocked() // it gives the spare back once kept long enough
+	} else {
+		s.queueReleasesLocked(l)
+	}
 	s.mu.Unlock()
+}
+
+// spare is a slot kept after its session ended (see Release), since at.
+type spare struct {
+	l  *Lease
+	at time.Time
+}
+
+// spareKeep is how long a released slot of a capped provider is kept for
+// this node's next connect; wantedFor is how long none is kept once
+// another node said it waits for one.
+const (
+	spareKeep = 100 * time.Millisecond
+	wantedFor = 2 * time.Second
+)
+
+// takeSpareLocked hands out a spare slot of provider, the newest, or nil.
+// Spares are not used while the provider's live leases, as last read, are
+// above max (max lowered by a reload): they are given back instead. Under
+// s.mu.
+func (s *Store) takeSpareLocked(provider string, max int) *Lease {
+	kept := s.spares[provider]
+	if len(kept) == 0 {
+		return nil
+	}
+	if seen, ok := s.live[provider]; ok && seen.n > max {
+		s.dropSparesLocked(provider)
+		return nil
+	}
+	sp := kept[len(kept)-1].l
+	s.spares[provider] = kept[:len(kept)-1]
+	if len(kept) == 1 {
+		delete(s.spares, provider)
+	}
+	return sp
+}
+
+// dropSparesLocked gives back every spare of provider. Under s.mu.
+func (s *Store) dropSparesLocked(provider string) {
+	for _, sp := range s.spares[provider] {
+		if sp.l.released.CompareAndSwap(false, true) {
+			delete(s.leases, sp.l)
+			s.releasing = append(s.releasing, sp.l)
+		}
+	}
+	delete(s.spares, provider)
+	s.startFlushLocked()
+}
+
+// expireSparesLocked gives back the spares kept spareKeep. Under s.mu.
+func (s *Store) expireSparesLocked(now time.Time) {
+	for p, kept := range s.spares {
+		n := 0
+		for n < len(kept) && now.Sub(kept[n].at) >= spareKeep {
+			if sp := kept[n].l; sp.released.CompareAndSwap(false, true) {
+				delete(s.leases, sp)
+				s.releasing = append(s.releasing, sp)
+			}
+			n++
+		}
+		if n == len(kept) {
+			delete(s.spares, p)
+		} else {
+			s.spares[p] = kept[n:]
+		}
+	}
+}
+
+// noteWanted: another node waits for a slot of provider. Its spares here
+// are given back, and none is kept for wantedFor.
+func (s *Store) noteWanted(provider string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return
+	}
+	s.wanted[provider] = time.Now().Add(wantedFor)
+	if len(s.spares[provider]) > 0 {
+		s.dropSparesLocked(provider)
+	}
 }
 
 // queueReleasesLocked queues released leases for flush. Under s.mu,
@@ -151,9 +251,14 @@ func (s *Store) flush() {
 	for {
 		time.Sleep(flushDelay)
 		s.mu.Lock()
+		s.expireSparesLocked(time.Now())
 		adds, rels := s.adding, s.releasing
 		s.adding, s.releasing = nil, nil
 		if len(adds) == 0 && len(rels) == 0 {
+			if len(s.spares) > 0 {
+				s.mu.Unlock()
+				continue // a spare to give back later
+			}
 			s.flushing = false
 			s.mu.Unlock()
 			return
@@ -182,6 +287,7 @@ func (s *Store) flush() {
 			err = s.leaseOps(ctx, ops)
 		}
 		if err != nil {
+			s.backgroundFailed("write", err)
 			// Registered leases missing are put back by the next
 			// renewal; released ones expire on their own.
 			s.log.Debug("shared state: leases not written; renewals and expiry mend it",
@@ -272,7 +378,14 @@ func (s *Store) newMember() string {
 // has a Hold and no lease; at (or above) max it is Full. Errors wrap
 // ErrUnavailable.
 func (s *Store) Acquire(ctx context.Context, provider string, max int) (Grant, error) {
-	return s.acquire(ctx, provider, max, 0)
+	return s.acquire(ctx, provider, max, 0, true)
+}
+
+// AcquireAsking is Acquire that always asks Redis, even when this node
+// kept a slot of the provider (see Lease.Release): for a node that must
+// refuse sessions while Redis cannot be reached, which only a call tells.
+func (s *Store) AcquireAsking(ctx context.Context, provider string, max int) (Grant, error) {
+	return s.acquire(ctx, provider, max, 0, false)
 }
 
 // AcquireLearnt is Acquire for a provider whose cap is learnt over every
@@ -280,7 +393,7 @@ func (s *Store) Acquire(ctx context.Context, provider string, max int) (Grant, e
 // most once per interval while it is reached. Before any is learnt the
 // provider is unlimited. The Grant's Cap is the cap in use.
 func (s *Store) AcquireLearnt(ctx context.Context, provider string, interval time.Duration) (Grant, error) {
-	return s.acquire(ctx, provider, 0, max(interval.Milliseconds(), 1))
+	return s.acquire(ctx, provider, 0, max(interval.Milliseconds(), 1), false)
 }
 
 // LearnCap sets the provider's learnt cap to its live leases over every
@@ -296,7 +409,7 @@ func (s *Store) LearnCap(ctx context.Context, provider string) (int, error) {
 	return n, nil
 }
 
-func (s *Store) acquire(ctx context.Context, provider string, max int, learnMS int64) (Grant, error) {
+func (s *Store) acquire(ctx context.Context, provider string, max int, learnMS int64, spares bool) (Grant, error) {
 	if provider == "" {
 		return Grant{}, errors.New("acquire: empty provider name")
 	}
@@ -310,6 +423,15 @@ func (s *Store) acquire(ctx context.Context, provider string, max int, learnMS i
 		return Grant{}, s.fail(op, errClosed)
 	}
 	s.watched[provider] = struct{}{}
+	if spares && learnMS == 0 && max > 0 && s.Hearing() {
+		// A slot this node kept from a session that ended: no round
+		// trip.
+		if sp := s.takeSpareLocked(provider, max); sp != nil {
+			live := s.live[provider].n
+			s.mu.Unlock()
+			return Grant{Lease: sp, Live: live}, nil
+		}
+	}
 	s.inflight.Add(1)
 	// This node's releases of the provider not yet given back go in the
 	// same round trip, before the count: a slot freed here is free for
@@ -331,13 +453,13 @@ func (s *Store) acquire(ctx context.Context, provider string, max int, learnMS i
 		requeue()
 		return Grant{}, err
 	}
-	l := &Lease{s: s, provider: provider, member: s.newMember(), limited: max > 0 || learnMS > 0}
+	l := &Lease{s: s, provider: provider, member: s.newMember(), limited: max > 0 || learnMS > 0, reusable: max > 0 && learnMS == 0}
 	l.written.Store(true)
 	ctx, cancel := s.ctx(ctx)
 	defer cancel()
-	args := make([]any, 0, 6+len(freed))
+	args := make([]any, 0, 7+len(freed))
 	args = append(args, max, l.member, time.Duration(s.cfg.LeaseTTL).Milliseconds(), s.channel(),
-		s.event(EventReleased, provider, 0, 0), learnMS)
+		s.event(EventReleased, provider, 0, 0), learnMS, s.event(EventWanted, provider, 0, 0))
 	for _, f := range freed {
 		args = append(args, f.member)
 	}

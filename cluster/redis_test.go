@@ -1,7 +1,12 @@
 package cluster
 
 import (
+	"strings"
+	"sync/atomic"
 	"testing"
+
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
 
 	"github.com/browserfailover/caddy-browser-failover/internal/testredis"
 )
@@ -17,4 +22,26 @@ type redisServer = testredis.Server
 func startRedis(t testing.TB, extra ...string) *redisServer {
 	t.Helper()
 	return testredis.Start(t, extra...)
+}
+
+// testLogger writes to the test's log until the test ends, then drops
+// what comes: the Redis library logs from goroutines of its own (a dial
+// it queued), which may outlive a closed store and the test.
+func testLogger(t *testing.T) *zap.Logger {
+	w := &testWriter{t: t}
+	t.Cleanup(func() { w.done.Store(true) })
+	enc := zapcore.NewConsoleEncoder(zap.NewDevelopmentEncoderConfig())
+	return zap.New(zapcore.NewCore(enc, zapcore.AddSync(w), zapcore.DebugLevel))
+}
+
+type testWriter struct {
+	t    *testing.T
+	done atomic.Bool
+}
+
+func (w *testWriter) Write(p []byte) (int, error) {
+	if !w.done.Load() {
+		w.t.Log(strings.TrimSuffix(string(p), "\n"))
+	}
+	return len(p), nil
 }

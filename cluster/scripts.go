@@ -46,8 +46,9 @@ end
 // ARGV[1] max (0 unlimited), ARGV[2] member, ARGV[3] TTL ms, ARGV[4] channel,
 // ARGV[5] "released" event, published when dead leases were dropped and
 // room remains, ARGV[6] the learnt cap's interval in ms (0: not learnt),
-// ARGV[7…] leases of this node released and not yet given back: removed
-// first, in the same round trip.
+// ARGV[7] the "wanted" event, published when full (nodes keeping spare
+// slots of the provider give them back), ARGV[8…] leases of this node
+// released and not yet given back: removed first, in the same round trip.
 //
 // Returns {status, cooldown ms left, streak, live, skip ms left, learnt
 // cap}: status 0 held (a cooldown or skip runs; no lease taken), 1 taken,
@@ -55,7 +56,7 @@ end
 // live lease).
 var acquireScript = redis.NewScript(luaNow + luaExpireWithLast + luaHoldLeft + `
 local swept = redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
-for i = 7, #ARGV do
+for i = 8, #ARGV do
   swept = swept + redis.call('ZREM', KEYS[1], ARGV[i])
 end
 local cdLeft, streak, skLeft = holdLeft(KEYS[2])
@@ -85,6 +86,7 @@ if redis.call('ZSCORE', KEYS[1], ARGV[2]) then
 end
 if max > 0 and live >= max then
   if cap > 0 then redis.call('HSET', KEYS[3], 'reached', 1) end
+  redis.call('PUBLISH', ARGV[4], ARGV[7])
   return {2, 0, 0, live, 0, cap}
 end
 redis.call('ZADD', KEYS[1], exp, ARGV[2])

@@ -88,6 +88,10 @@ func Use(cfg Config, node string, logger *zap.Logger) (*Shared, error) {
 			return nil, err
 		}
 		s := &Shared{key: key, store: st, logger: logger, hooks: cfg.Hooks}
+		// A failed renewal or lease write says Redis is away as a
+		// failed call does: an idle node notices too.
+		failed := s.Failed
+		st.onFailed.Store(&failed)
 		s.hooks.opened()
 		// Up until a call says otherwise; a first check tells soon.
 		s.hooks.up(true)
@@ -149,7 +153,8 @@ func (s *Shared) Usable() bool {
 }
 
 // Failed notes that the store could not be reached for op, a fixed word
-// (acquire, publish, status, ping, reset), and tells the Hooks. While it
+// (acquire, publish, status, ping, reset, and the store's own renew and
+// write), and tells the Hooks. While it
 // is down a watcher pings it every stateRetry, so its coming back shows (in
 // the log and the Hooks) even on a node that serves nobody.
 func (s *Shared) Failed(op string, err error) {

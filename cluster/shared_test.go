@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
-	"go.uber.org/zap/zaptest"
 )
 
 // sharedConfig is a Config on r private to the test.
@@ -26,7 +25,7 @@ func sharedConfig(t *testing.T, r *redisServer) Config {
 // use calls Use and fails the test on error.
 func use(t *testing.T, cfg Config, node string) *Shared {
 	t.Helper()
-	s, err := Use(cfg, node, zaptest.NewLogger(t))
+	s, err := Use(cfg, node, testLogger(t))
 	if err != nil {
 		t.Fatalf("Use: %v", err)
 	}

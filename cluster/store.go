@@ -31,6 +31,10 @@ type Store struct {
 	master     atomic.Pointer[string]
 	failovers  atomic.Int64
 	onFailover func() // set before the first call; may be nil
+	// onFailed is told of the failures of the store's own background
+	// calls (renewals, lease writes), with a fixed word for the op (see
+	// Shared.Failed); nil until set.
+	onFailed atomic.Pointer[func(op string, err error)]
 	// stale is set when a call failed or the master changed: before the
 	// next admission, the held leases are put back (reassert).
 	stale atomic.Bool
@@ -55,6 +59,12 @@ type Store struct {
 	adding    []*Lease
 	releasing []*Lease
 	flushing  bool
+	// spares are the slots of capped providers kept after their
+	// sessions ended, for this node's next connects (see Lease.Release),
+	// by provider, oldest first; wanted says until when another node
+	// waits for a slot of a provider (none is kept meanwhile).
+	spares map[string][]spare
+	wanted map[string]time.Time
 
 	renewStop chan struct{}
 	renewOnce sync.Once
@@ -63,6 +73,8 @@ type Store struct {
 	renewMu   sync.Mutex  // one renewal at a time
 
 	subWG sync.WaitGroup
+	// hearing counts the subscriptions up and caught up (Hearing).
+	hearing atomic.Int32
 
 	// spend gathers the costs QueueSpend is given until they are
 	// written (spend.go).
@@ -103,6 +115,8 @@ func openStore(cfg Config, node string, onFailover func()) (*Store, error) {
 		mode:       cfg.Mode(),
 		onFailover: onFailover,
 		leases:     map[*Lease]struct{}{},
+		spares:     map[string][]spare{},
+		wanted:     map[string]time.Time{},
 		watched:    map[string]struct{}{},
 		live:       map[string]liveSeen{},
 		subs:       map[*subscription]struct{}{},
@@ -185,6 +199,7 @@ func (s *Store) Close() error {
 		}
 	}
 	s.leases = map[*Lease]struct{}{}
+	s.spares = map[string][]spare{} // released above, with the held leases
 	subs := s.subs
 	s.subs = map[*subscription]struct{}{}
 	s.mu.Unlock()
@@ -275,6 +290,7 @@ func (s *Store) renewLoop() {
 func (s *Store) renew() {
 	err := s.renewNow(context.Background())
 	if err != nil {
+		s.backgroundFailed("renew", err)
 		if s.renewOK.Swap(false) {
 			s.log.Warn("shared state: lease renewal failed; retrying", zap.Error(err))
 		}
@@ -282,6 +298,13 @@ func (s *Store) renew() {
 	}
 	if !s.renewOK.Swap(true) {
 		s.log.Info("shared state: lease renewal works again")
+	}
+}
+
+// backgroundFailed tells onFailed of a background call's failure.
+func (s *Store) backgroundFailed(op string, err error) {
+	if fn := s.onFailed.Load(); fn != nil {
+		(*fn)(op, err)
 	}
 }
 

@@ -303,11 +303,13 @@ func TestClusterResumeStateChecked(t *testing.T) {
 	})
 
 	// Redis cannot be asked: 503, on the parking node too. (gw-1 learns
-	// that Redis is away from a fresh client's connect, which goes on
-	// locally; the resume then does not ask at all. A claim that timed
-	// out could have reached Redis, and the session would be gone.)
+	// by itself that Redis is away, from its lease renewals; a fresh
+	// client's connect goes on locally, and the resume then does not ask
+	// at all. A claim that timed out could have reached Redis, and the
+	// session would be gone.)
 	s = park(gw1)
 	r.Pause()
+	eventually(t, 15*time.Second, "gw-1 to see Redis away", metricIs(gw1, upMetric, 0))
 	fresh, _, code := connectAs(t, gw1.WS(), "dave")
 	if code != 101 {
 		t.Fatalf("a fresh client while Redis is away: %d", code)

@@ -101,6 +101,12 @@ func TestClusterSharedSkipIsASkip(t *testing.T) {
 	// reaching limited, and their own status shows a skip of about 2 s,
 	// not a cooldown of 30 s.
 	for _, g := range []*node{gw2, gw3} {
+		// The skip reaches the other nodes as news (a connect there asks
+		// Redis for nothing of an unlimited provider).
+		eventually(t, 5*time.Second, g.Name+": the skip heard", func() (bool, string) {
+			p, raw, err := g.Provider("limited")
+			return err == nil && p.CooldownUntil != nil, raw
+		})
 		if err := serveOnce(g.WS(), 15*time.Second); err != nil {
 			t.Fatalf("%s during the skip: %v", g.Name, err)
 		}

@@ -34,7 +34,7 @@ const closeNoStatus = 1005
 type frameTracker struct {
 	remaining int64    // payload bytes left in the current frame
 	hdr       [14]byte // header bytes collected so far
-	hdrN      int      // how many; 0 with remaining 0 means at a boundary
+	hdrN      uint8    // how many; 0 with remaining 0 means at a boundary
 	opcode    byte     // opcode of the current frame
 	// sawClose is set once a whole close frame has passed.
 	sawClose bool
@@ -44,7 +44,7 @@ type frameTracker struct {
 	// code collects the status code of the current close frame (its
 	// payload's first two bytes, unmasked), codeN how many are in.
 	code  [2]byte
-	codeN int
+	codeN uint8
 }
 
 // atBoundary reports whether the stream is between two frames.
@@ -102,7 +102,7 @@ func (t *frameTracker) advance(p []byte, stop bool) int {
 				continue
 			}
 		}
-		need := headerLen(t.hdr[1])
+		need := uint8(headerLen(t.hdr[1]))
 		for t.hdrN < need && i < len(p) {
 			t.hdr[t.hdrN] = p[i]
 			t.hdrN++
@@ -145,7 +145,7 @@ func (t *frameTracker) takeCode(b []byte) {
 		c := b[j]
 		if t.hdr[1]&0x80 != 0 {
 			hl := headerLen(t.hdr[1])
-			c ^= t.hdr[hl-4+t.codeN]
+			c ^= t.hdr[hl-4+int(t.codeN)]
 		}
 		t.code[t.codeN] = c
 		t.codeN++

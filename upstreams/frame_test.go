@@ -189,7 +189,7 @@ func TestFrameTrackerLengthForms(t *testing.T) {
 						t.Fatalf("after byte %d of %d: atBoundary %v", i+1, len(f), tr.atBoundary())
 					}
 					if i+1 < hdr {
-						if tr.hdrN != i+1 || tr.remaining != 0 {
+						if int(tr.hdrN) != i+1 || tr.remaining != 0 {
 							t.Fatalf("in the header after %d bytes: hdrN %d remaining %d", i+1, tr.hdrN, tr.remaining)
 						}
 					} else if want := int64(len(f) - i - 1); tr.remaining != want || tr.hdrN != 0 {

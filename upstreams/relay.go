@@ -71,42 +71,47 @@ type Session struct {
 	done     chan struct{}
 	onEnd    func(*Session)
 	onPark   func(*Session)
-	hold     bool
 	farewell *Farewell // nil: none (farewell.go)
 	idle     time.Duration
 	ka       *keepalive // nil: off
 	// bytes relayed to each side (BytesUp, BytesDown).
 	bytes [2]atomic.Int64
 
-	mu       sync.Mutex // guards what follows
-	phase    phase
-	client   net.Conn
-	up, down *direction
-	running  int // directions whose goroutine runs
-	reason   string
-	timers   []*time.Timer
-	ticker   *time.Timer // tick's
+	mu      sync.Mutex // guards what follows but hold
+	client  net.Conn
+	up      *direction
+	down    *direction
+	running int // directions whose goroutine runs
+	reason  string
+	timers  []*time.Timer
+	ticker  *time.Timer // tick's
 	// closing: the close frames' code and reason, when frames in flight
-	// are cut, and whether the session had no client then.
+	// are cut, and whether the session had no client then (closeHeld,
+	// below).
 	closeCode   int
 	closeReason string
 	closeBy     time.Time
-	closeHeld   bool
 	// The idle timeout's last sample of the byte counters, and since when
 	// they have not moved.
 	idleBytes int64
 	idleSince time.Time
 	// Hold (hold.go): why the client looks gone, and for how many
-	// keepalive ticks (leaving); the answer to its close frame (parking);
-	// the client waiting to join (joining); what the provider sent while
-	// the session had no client.
-	leaveByWrite          bool
+	// keepalive ticks (leaving: leaveByWrite, below); the answer to its
+	// close frame (parking); the client waiting to join (joining); what
+	// the provider sent while the session had no client.
 	leaveTicks            int
 	echo                  []byte
 	joiner                *resumeReq
 	dropFrames, dropBytes int64
-	clientCode            int  // the client's close code (closeNoStatus: none in its frame; 0: no frame)
-	kaClientDead          bool // keepalive ended the session: the client answered no ping
+	clientCode            int // the client's close code (closeNoStatus: none in its frame; 0: no frame)
+
+	// The small fields, together. hold is set at the start, the others
+	// are under mu.
+	hold         bool
+	phase        phase
+	closeHeld    bool
+	leaveByWrite bool
+	kaClientDead bool // keepalive ended the session: the client answered no ping
 }
 
 // SessionOptions configure a session.
@@ -268,51 +273,52 @@ func (s *Session) end() {
 // goroutine's, but for the few under s.mu.
 type direction struct {
 	s        *Session
-	side     int // the side dst is (toProvider, toClient)
 	src, dst net.Conn
-	n        *atomic.Int64 // bytes relayed to dst
 	pending  []byte
 	frames   frameTracker
-	mode     mode
-	// watch: the relay stops at frames whose first byte is one of these
-	// (keepalive's pongs, hold's close frames from the client) and hands
-	// them, whole, to control.
-	watching bool
-	watch    [2]byte
 	// ctl is a control frame from src being collected; nil for a
 	// session with neither keepalive nor hold, which never collects one
 	// (an idle session holds no buffer for it).
 	ctl *ctlFrame
-	// closeNoted: the first close frame from src was noted.
-	closeNoted bool
 
 	// Reading (relay_raw_*.go): src's raw connection when it is plain TCP,
 	// and the last raw read's result; small is the read buffer of another
 	// source while it trickles (a blocked read holds it, so an idle
-	// session holds 4 KiB there instead of a pooled 32 KiB), bulk while
-	// reads fill their buffer (then pooled buffers serve).
+	// session holds 4 KiB there instead of a pooled 32 KiB), bulk (below)
+	// while reads fill their buffer (then pooled buffers serve).
 	raw     syscall.RawConn
 	rawFn   func(fd uintptr) bool
 	rbuf    *[]byte
 	rn      int
 	rerr    error
 	small   *[]byte
-	bulk    bool
-	splice  bool // both ends plain TCP
 	limited io.LimitedReader
 
-	// Hold (down direction, hold.go): alone once the old client is let go
-	// (it alone writes to the provider then); wait while a client waits
-	// to join.
-	alone bool
-	wait  *replyWait
+	// Hold (down direction, hold.go): wait while a client waits to join;
+	// alone (below) once the old client is let go (it alone writes to the
+	// provider then).
+	wait *replyWait
 
-	// Under s.mu: a ping is due (keepalive.go); since when the direction
-	// sends nothing more to dst (its close frame is out, or it ended);
-	// awaiting while it reads src for the answer to the other direction's
-	// close frame.
+	// Under s.mu: since when the direction sends nothing more to dst (its
+	// close frame is out, or it ended); pingDue and awaitsReply below.
+	quietAt time.Time
+
+	// The small fields, together (an idle session holds two directions).
+	side uint8 // the side dst is (toProvider, toClient)
+	mode mode
+	// watch: the relay stops at frames whose first byte is one of these
+	// (keepalive's pongs, hold's close frames from the client) and hands
+	// them, whole, to control.
+	watching bool
+	watch    [2]byte
+	// closeNoted: the first close frame from src was noted.
+	closeNoted bool
+	bulk       bool
+	splice     bool // both ends plain TCP
+	alone      bool
+	// Under s.mu: a ping is due (keepalive.go); awaiting while it reads
+	// src for the answer to the other direction's close frame.
 	pingDue     bool
-	quietAt     time.Time
 	awaitsReply bool
 }
 
@@ -327,7 +333,7 @@ const (
 )
 
 func (s *Session) newDirection(src, dst net.Conn, side int, pending []byte) *direction {
-	d := &direction{s: s, src: src, dst: dst, side: side, n: &s.bytes[side], pending: pending}
+	d := &direction{s: s, src: src, dst: dst, side: uint8(side), pending: pending}
 	if s.ka != nil || s.hold {
 		d.ctl = new(ctlFrame)
 	}
@@ -511,7 +517,7 @@ func (d *direction) write(p []byte) bool {
 	if _, err := d.dst.Write(p); err != nil {
 		return d.writeFailed()
 	}
-	d.n.Add(int64(len(p)))
+	d.s.bytes[d.side].Add(int64(len(p)))
 	return true
 }
 
@@ -542,7 +548,7 @@ func (d *direction) spliceFrame() bool {
 		if d.frames.remaining == 0 && d.frames.opcode == opClose {
 			d.frames.sawClose = true
 		}
-		d.n.Add(w)
+		d.s.bytes[d.side].Add(w)
 	}
 	switch {
 	case err != nil:
@@ -604,7 +610,7 @@ func (d *direction) finish(p []byte) bool {
 		if _, err := d.dst.Write(p[:n]); err != nil {
 			return false
 		}
-		d.n.Add(int64(n))
+		d.s.bytes[d.side].Add(int64(n))
 	}
 	if d.frames.atBoundary() {
 		return d.closeOut(p[n:])
