@@ -22,7 +22,6 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"runtime"
 	"sort"
 	"strconv"
@@ -65,7 +64,7 @@ func main() {
 		runEcho(*echoMode)
 		return
 	}
-	raiseFileLimit()
+	caddybin.RaiseFileLimit()
 	if err := run(); err != nil {
 		fmt.Fprintln(os.Stderr, "compare:", err)
 		os.Exit(1)
@@ -124,7 +123,7 @@ func run() error {
 	procs = append(procs, relay)
 
 	rpAddr, rpAdmin := caddybin.FreeAddr(), caddybin.FreeAddr()
-	rp, err := startCaddy(bin, tmp, "rp", fmt.Sprintf("{\n\tadmin %s\n}\nhttp://%s {\n\treverse_proxy %s\n}\n", rpAdmin, rpAddr, echo))
+	rp, err := caddybin.StartCaddy(bin, tmp, "rp", fmt.Sprintf("{\n\tadmin %s\n}\nhttp://%s {\n\treverse_proxy %s\n}\n", rpAdmin, rpAddr, echo), nil)
 	if err != nil {
 		return err
 	}
@@ -138,7 +137,7 @@ func run() error {
 		return err
 	}
 	floorAddr, floorAdmin := caddybin.FreeAddr(), caddybin.FreeAddr()
-	floor, err := startCaddy(floorBin, tmp, "floor", fmt.Sprintf("{\n\tadmin %s\n}\nhttp://%s {\n\tbench_floor %s\n}\n", floorAdmin, floorAddr, echo))
+	floor, err := caddybin.StartCaddy(floorBin, tmp, "floor", fmt.Sprintf("{\n\tadmin %s\n}\nhttp://%s {\n\tbench_floor %s\n}\n", floorAdmin, floorAddr, echo), nil)
 	if err != nil {
 		return err
 	}
@@ -189,7 +188,7 @@ http://%s {
 	}
 }
 `, bfAdmin, bfAddr, refused, echo, failing, echo, echo)
-	bf, err := startCaddy(bin, tmp, "bf", bfConf)
+	bf, err := caddybin.StartCaddy(bin, tmp, "bf", bfConf, nil)
 	if err != nil {
 		return err
 	}
@@ -244,10 +243,10 @@ http://%s {
 		for _, t := range targets {
 			add("tput_MBps", t.name, throughput(t.url, *tputMsgs))
 			for _, conc := range []int{4, 32} {
-				cpu0 := cpuTime(t.pid)
+				cpu0 := caddybin.CPUTime(t.pid)
 				add(fmt.Sprintf("handshakes_per_s_%d", conc), t.name, handshakes(t.url, *hsN, conc))
 				if t.pid != 0 {
-					add(fmt.Sprintf("handshake_cpu_us_%d", conc), t.name, float64((cpuTime(t.pid)-cpu0).Microseconds())/float64(*hsN))
+					add(fmt.Sprintf("handshake_cpu_us_%d", conc), t.name, float64((caddybin.CPUTime(t.pid)-cpu0).Microseconds())/float64(*hsN))
 				}
 			}
 		}
@@ -521,28 +520,6 @@ func idleMemory(url string, pid, n int) float64 {
 	return float64(after-before) / float64(got) / 1024
 }
 
-// cpuTime is the user and system CPU time pid has used (Linux; 0 for pid
-// 0).
-func cpuTime(pid int) time.Duration {
-	if pid == 0 {
-		return 0
-	}
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return 0
-	}
-	// The fields after the command name, which is in parentheses.
-	st := string(b)
-	f := strings.Fields(st[strings.LastIndexByte(st, ')')+1:])
-	if len(f) < 13 {
-		return 0
-	}
-	ut, _ := strconv.ParseInt(f[11], 10, 64)
-	sy, _ := strconv.ParseInt(f[12], 10, 64)
-	const hz = 100 // USER_HZ on Linux
-	return time.Duration(ut+sy) * time.Second / hz
-}
-
 // rss reads a process's resident set size in bytes.
 func rss(pid int) int64 {
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
@@ -635,21 +612,6 @@ func startStatus(code int) string {
 	ln, _ := net.Listen("tcp", "127.0.0.1:0")
 	go http.Serve(ln, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(code) }))
 	return ln.Addr().String()
-}
-
-func startCaddy(bin, dir, name, caddyfile string) (*exec.Cmd, error) {
-	path := filepath.Join(dir, name+".Caddyfile")
-	if err := os.WriteFile(path, []byte(caddyfile), 0o644); err != nil {
-		return nil, err
-	}
-	cmd := exec.Command(bin, "run", "--config", path, "--adapter", "caddyfile")
-	cmd.Env = append(os.Environ(), "XDG_DATA_HOME="+dir, "XDG_CONFIG_HOME="+dir)
-	logf, _ := os.Create(filepath.Join(dir, name+".log"))
-	cmd.Stdout, cmd.Stderr = logf, logf
-	if err := cmd.Start(); err != nil {
-		return nil, err
-	}
-	return cmd, nil
 }
 
 // profile fetches pprof profiles from browser_failover's Caddy process
@@ -792,17 +754,6 @@ func fileLimit() int {
 		return 0
 	}
 	return int(l.Cur)
-}
-
-func raiseFileLimit() {
-	var l syscall.Rlimit
-	if syscall.Getrlimit(syscall.RLIMIT_NOFILE, &l) == nil && l.Cur < 65536 {
-		l.Cur = 65536
-		if l.Max < l.Cur {
-			l.Max = l.Cur
-		}
-		syscall.Setrlimit(syscall.RLIMIT_NOFILE, &l)
-	}
 }
 
 // runRelay is the raw relay: io.Copy both ways between TCP connections.

@@ -117,7 +117,7 @@ http://%[2]s {
 	}
 }
 `, admin, addr, echo, raddr, haRoutes)
-	c, err := startCaddy(bin, dir, "bf-state", conf)
+	c, err := caddybin.StartCaddy(bin, dir, "bf-state", conf, nil)
 	if err != nil {
 		return nil, "", err
 	}

@@ -82,7 +82,7 @@ func main() {
 		fmt.Println("probes: measured on Linux only (it reads /proc)")
 		return
 	}
-	raiseFileLimit()
+	caddybin.RaiseFileLimit()
 
 	perCount := time.Duration(*rounds)*2*(*duration+*interval*3/2+2*time.Second) + 5*time.Second
 	watchdog := time.AfterFunc(2*time.Duration(len(ns))*perCount+2*time.Minute, func() {
@@ -166,7 +166,7 @@ func measureCount(bin, dir string, n int, interval, duration time.Duration, roun
 		s.admin = caddybin.FreeAddr()
 		listen := caddybin.FreeAddr()
 		s.on, s.off = caddyfile(s.ua, s.admin, listen, addrs, interval, true), caddyfile(s.ua, s.admin, listen, addrs, interval, false)
-		if s.cmd, err = startCaddy(bin, dir, fmt.Sprintf("%s-%d", s.ua, n), s.off); err != nil {
+		if s.cmd, err = caddybin.StartCaddy(bin, dir, fmt.Sprintf("%s-%d", s.ua, n), s.off, childAttr()); err != nil {
 			return "", err
 		}
 		children.add(s.cmd)
@@ -274,22 +274,6 @@ func caddyfile(who, admin, listen string, upstreams []string, interval time.Dura
 	}
 	b.WriteString("}\n")
 	return b.String()
-}
-
-func startCaddy(bin, dir, name, caddyfile string) (*exec.Cmd, error) {
-	path := filepath.Join(dir, name+".Caddyfile")
-	if err := os.WriteFile(path, []byte(caddyfile), 0o644); err != nil {
-		return nil, err
-	}
-	cmd := exec.Command(bin, "run", "--config", path, "--adapter", "caddyfile")
-	cmd.Env = append(os.Environ(), "XDG_DATA_HOME="+dir, "XDG_CONFIG_HOME="+dir)
-	cmd.SysProcAttr = childAttr()
-	logf, err := os.Create(filepath.Join(dir, name+".log"))
-	if err != nil {
-		return nil, err
-	}
-	cmd.Stdout, cmd.Stderr = logf, logf
-	return cmd, cmd.Start()
 }
 
 // load replaces a Caddy process's config through its admin API.

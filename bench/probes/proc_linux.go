@@ -51,16 +51,3 @@ func rusageOf(ps *os.ProcessState) (time.Duration, bool) {
 
 // childAttr makes a child process die with this one.
 func childAttr() *syscall.SysProcAttr { return &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL} }
-
-// raiseFileLimit lets each process hold thousands of connections (children
-// inherit it).
-func raiseFileLimit() {
-	var l syscall.Rlimit
-	if syscall.Getrlimit(syscall.RLIMIT_NOFILE, &l) == nil && l.Cur < 65536 {
-		l.Cur = 65536
-		if l.Max < l.Cur {
-			l.Max = l.Cur
-		}
-		syscall.Setrlimit(syscall.RLIMIT_NOFILE, &l)
-	}
-}

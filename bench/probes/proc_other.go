@@ -14,4 +14,3 @@ const cpuSupported = false
 func cpuOf(int) time.Duration                         { return 0 }
 func rusageOf(*os.ProcessState) (time.Duration, bool) { return 0, false }
 func childAttr() *syscall.SysProcAttr                 { return nil }
-func raiseFileLimit()                                 {}

@@ -33,7 +33,6 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"github.com/coder/websocket"
@@ -57,7 +56,7 @@ var (
 
 func main() {
 	flag.Parse()
-	raiseFileLimit()
+	caddybin.RaiseFileLimit()
 	if *provMode != "" {
 		runProviders(strings.Split(*provMode, ","), *provCap)
 		return
@@ -135,7 +134,7 @@ func run() error {
 	for i, c := range confs {
 		addr, admin := caddybin.FreeAddr(), caddybin.FreeAddr()
 		conf := fmt.Sprintf("{\n\tadmin %s\n}\nhttp://%s {\n%s}\n", admin, addr, c.body)
-		cmd, err := startCaddy(bin, tmp, fmt.Sprintf("t%d", i), conf)
+		cmd, err := caddybin.StartCaddy(bin, tmp, fmt.Sprintf("t%d", i), conf, nil)
 		if err != nil {
 			return err
 		}
@@ -252,7 +251,7 @@ func storm(t target, profile string) outcome {
 	}
 	res := make([]result, *clients)
 	refusedBefore := providerRefusals()
-	cpuBefore := cpuTime(t.cmd.Process.Pid)
+	cpuBefore := caddybin.CPUTime(t.cmd.Process.Pid)
 	var profDone chan error
 	if profile != "" {
 		// Long enough for the storm: its waves, and a margin.
@@ -304,7 +303,7 @@ func storm(t target, profile string) outcome {
 	wg.Wait()
 	wall := time.Since(began)
 	o := outcome{codes: map[int]int{}, errs: map[string]int{}, withinTimeout: true, wall: wall.Seconds()}
-	o.cpuPerClient = float64((cpuTime(t.cmd.Process.Pid) - cpuBefore).Microseconds()) / 1e3 / float64(*clients)
+	o.cpuPerClient = float64((caddybin.CPUTime(t.cmd.Process.Pid) - cpuBefore).Microseconds()) / 1e3 / float64(*clients)
 	var served []time.Duration
 	for _, r := range res {
 		o.last = math.Max(o.last, float64(r.connect.Microseconds())/1e3)
@@ -375,24 +374,6 @@ func indent(s string) string {
 	return b.String()
 }
 
-// cpuTime is the user and system CPU time pid has used (Linux).
-func cpuTime(pid int) time.Duration {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return 0
-	}
-	// The fields after the command name, which is in parentheses.
-	s := string(b)
-	f := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
-	if len(f) < 13 {
-		return 0
-	}
-	ut, _ := strconv.ParseInt(f[11], 10, 64)
-	st, _ := strconv.ParseInt(f[12], 10, 64)
-	const hz = 100 // USER_HZ on Linux
-	return time.Duration(ut+st) * time.Second / hz
-}
-
 func fetchProfile(admin string, secs int, file string) error {
 	resp, err := http.Get(fmt.Sprintf("http://%s/debug/pprof/profile?seconds=%d", admin, secs))
 	if err != nil {
@@ -409,18 +390,6 @@ func fetchProfile(admin string, secs int, file string) error {
 	defer f.Close()
 	_, err = f.ReadFrom(resp.Body)
 	return err
-}
-
-func startCaddy(bin, dir, name, caddyfile string) (*exec.Cmd, error) {
-	path := filepath.Join(dir, name+".Caddyfile")
-	if err := os.WriteFile(path, []byte(caddyfile), 0o644); err != nil {
-		return nil, err
-	}
-	cmd := exec.Command(bin, "run", "--config", path, "--adapter", "caddyfile")
-	cmd.Env = append(os.Environ(), "XDG_DATA_HOME="+dir, "XDG_CONFIG_HOME="+dir)
-	logf, _ := os.Create(filepath.Join(dir, name+".log"))
-	cmd.Stdout, cmd.Stderr = logf, logf
-	return cmd, cmd.Start()
 }
 
 // refusalsURL is where the providers' process tells how many upgrades its
@@ -484,16 +453,5 @@ func runProviders(addrs []string, capN int) {
 			return
 		}
 		go srv.Serve(ln)
-	}
-}
-
-func raiseFileLimit() {
-	var l syscall.Rlimit
-	if syscall.Getrlimit(syscall.RLIMIT_NOFILE, &l) == nil && l.Cur < 65536 {
-		l.Cur = 65536
-		if l.Max < l.Cur {
-			l.Max = l.Cur
-		}
-		syscall.Setrlimit(syscall.RLIMIT_NOFILE, &l)
 	}
 }
