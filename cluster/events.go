@@ -74,6 +74,20 @@ func (s *Store) event(kind, provider string, d time.Duration, streak int) string
 	return string(b)
 }
 
+// providerNews are the events of a provider that carry nothing but its
+// name and this node's: encoded once, not on every connect.
+type providerNews struct{ released, wanted string }
+
+// newsOf returns provider's news, encoding them the first time.
+func (s *Store) newsOf(provider string) providerNews {
+	if v, ok := s.news.Load(provider); ok {
+		return v.(providerNews)
+	}
+	n := providerNews{released: s.event(EventReleased, provider, 0, 0), wanted: s.event(EventWanted, provider, 0, 0)}
+	s.news.Store(provider, n)
+	return n
+}
+
 // decodeEvent parses a message of the channel received at now (this
 // node's clock).
 func decodeEvent(payload string, now time.Time) (Event, bool) {

@@ -84,7 +84,9 @@ func (l *Lease) Release() {
 	}
 	delete(s.leases, l)
 	now := time.Now()
-	if l.reusable && !s.stale.Load() && !now.Before(s.wanted[l.provider]) {
+	// Kept only where Acquire can take it back: a node that hears the
+	// news (see Acquire).
+	if l.reusable && s.Hearing() && !now.Before(s.wanted[l.provider]) {
 		// The same member, under a Lease no one holds yet: kept,
 		// renewed and given back at Close like the others.
 		sp := &Lease{s: s, provider: l.provider, member: l.member, limited: true, reusable: true}
@@ -133,13 +135,19 @@ func (s *Store) takeSpareLocked(provider string, max int) *Lease {
 	return sp
 }
 
+// giveBackLocked queues a kept slot for release (unless Close took it).
+// Under s.mu.
+func (s *Store) giveBackLocked(sp spare) {
+	if sp.l.released.CompareAndSwap(false, true) {
+		delete(s.leases, sp.l)
+		s.releasing = append(s.releasing, sp.l)
+	}
+}
+
 // dropSparesLocked gives back every spare of provider. Under s.mu.
 func (s *Store) dropSparesLocked(provider string) {
 	for _, sp := range s.spares[provider] {
-		if sp.l.released.CompareAndSwap(false, true) {
-			delete(s.leases, sp.l)
-			s.releasing = append(s.releasing, sp.l)
-		}
+		s.giveBackLocked(sp)
 	}
 	delete(s.spares, provider)
 	s.startFlushLocked()
@@ -150,10 +158,7 @@ func (s *Store) expireSparesLocked(now time.Time) {
 	for p, kept := range s.spares {
 		n := 0
 		for n < len(kept) && now.Sub(kept[n].at) >= spareKeep {
-			if sp := kept[n].l; sp.released.CompareAndSwap(false, true) {
-				delete(s.leases, sp)
-				s.releasing = append(s.releasing, sp)
-			}
+			s.giveBackLocked(kept[n])
 			n++
 		}
 		if n == len(kept) {
@@ -347,7 +352,7 @@ func (s *Store) leaseOps(ctx context.Context, ops []leaseOp) error {
 			if op.add {
 				kind = "1"
 			} else if op.l.limited {
-				event = s.event(EventReleased, op.l.provider, 0, 0)
+				event = s.newsOf(op.l.provider).released
 			}
 			args = append(args, kind, op.l.member, event)
 		}
@@ -457,9 +462,10 @@ func (s *Store) acquire(ctx context.Context, provider string, max int, learnMS i
 	l.written.Store(true)
 	ctx, cancel := s.ctx(ctx)
 	defer cancel()
+	news := s.newsOf(provider)
 	args := make([]any, 0, 7+len(freed))
 	args = append(args, max, l.member, time.Duration(s.cfg.LeaseTTL).Milliseconds(), s.channel(),
-		s.event(EventReleased, provider, 0, 0), learnMS, s.event(EventWanted, provider, 0, 0))
+		news.released, learnMS, news.wanted)
 	for _, f := range freed {
 		args = append(args, f.member)
 	}

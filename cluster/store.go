@@ -75,6 +75,8 @@ type Store struct {
 	subWG sync.WaitGroup
 	// hearing counts the subscriptions up and caught up (Hearing).
 	hearing atomic.Int32
+	// news holds each provider's encoded news (newsOf), by name.
+	news sync.Map
 
 	// spend gathers the costs QueueSpend is given until they are
 	// written (spend.go).
@@ -403,7 +405,7 @@ func (s *Store) renewGroup(ctx context.Context, providers []string, byProvider m
 	for _, p := range providers {
 		keys = append(keys, s.leaseKey(p))
 		ls := byProvider[p]
-		args = append(args, s.event(EventReleased, p, 0, 0), len(ls))
+		args = append(args, s.newsOf(p).released, len(ls))
 		for _, l := range ls {
 			args = append(args, l.member)
 		}

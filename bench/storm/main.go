@@ -21,6 +21,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"math"
 	"net"
 	"net/http"
@@ -32,12 +33,12 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/coder/websocket"
 
 	"github.com/browserfailover/caddy-browser-failover/internal/caddybin"
+	"github.com/browserfailover/caddy-browser-failover/internal/fakes"
 )
 
 var (
@@ -50,15 +51,16 @@ var (
 	top          = flag.Int("top", 15, "lines of the CPU profile printed (0: none)")
 	cpuProfile   = flag.String("cpuprofile", "", "keep browser_failover's CPU profile of the last storm in this file")
 	caddyBin     = flag.String("caddy", "", "Caddy binary with browser_failover (default: build ./cmd/caddy)")
-	provMode     = flag.String("provide", "", "internal: run as the providers, listening on these comma-separated addresses")
+	provMode     = flag.String("provide", "", "internal: run as the providers, answering on this control address")
 	provCap      = flag.Int("cap", 100, "internal: each provider's cap")
+	provCount    = flag.Int("count", 4, "internal: how many providers")
 )
 
 func main() {
 	flag.Parse()
 	caddybin.RaiseFileLimit()
 	if *provMode != "" {
-		runProviders(strings.Split(*provMode, ","), *provCap)
+		runProviders(*provMode, *provCount, *provCap)
 		return
 	}
 	if err := run(); err != nil {
@@ -98,24 +100,24 @@ func run() error {
 	}()
 
 	// The providers run in a process of their own, so that the proxies'
-	// CPU figures are theirs alone.
-	addrs := make([]string, *providers)
-	for i := range addrs {
-		addrs[i] = caddybin.FreeAddr()
-	}
+	// CPU figures are theirs alone; it tells their addresses and their
+	// refusals on a control address.
+	control := caddybin.FreeAddr()
 	self, _ := os.Executable()
-	prov := exec.Command(self, "-provide", strings.Join(addrs, ","), "-cap", strconv.Itoa(*maxConc))
+	prov := exec.Command(self, "-provide", control, "-cap", strconv.Itoa(*maxConc), "-count", strconv.Itoa(*providers))
 	prov.Stderr = os.Stderr
 	if err := prov.Start(); err != nil {
 		return err
 	}
 	procs = append(procs, prov)
-	for _, a := range addrs {
-		if err := caddybin.WaitListening(a); err != nil {
-			return err
-		}
+	if err := caddybin.WaitListening(control); err != nil {
+		return err
 	}
-	refusalsURL = "http://" + addrs[0] + "/refused"
+	controlURL = "http://" + control
+	addrs, err := providerAddrs()
+	if err != nil {
+		return err
+	}
 
 	var bfProviders, upstreams strings.Builder
 	for i, a := range addrs {
@@ -392,12 +394,23 @@ func fetchProfile(admin string, secs int, file string) error {
 	return err
 }
 
-// refusalsURL is where the providers' process tells how many upgrades its
-// providers have answered 429 (any provider's /refused).
-var refusalsURL string
+// controlURL is where the providers' process tells its providers'
+// addresses (/addrs, one a line) and how many upgrades they answered 429
+// (/refused).
+var controlURL string
+
+func providerAddrs() ([]string, error) {
+	resp, err := http.Get(controlURL + "/addrs")
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	return strings.Fields(string(b)), err
+}
 
 func providerRefusals() int64 {
-	resp, err := http.Get(refusalsURL)
+	resp, err := http.Get(controlURL + "/refused")
 	if err != nil {
 		return -1
 	}
@@ -407,51 +420,30 @@ func providerRefusals() int64 {
 	return n
 }
 
-// runProviders serves one WebSocket echo provider on each address, each
-// taking at most capN sessions at once and answering 429 beyond.
-func runProviders(addrs []string, capN int) {
-	var refused atomic.Int64
-	for i, a := range addrs {
-		ln, err := net.Listen("tcp", a)
-		if err != nil {
-			fmt.Fprintln(os.Stderr, "provider:", err)
-			os.Exit(1)
+// runProviders runs n echo providers each taking at most capN sessions at
+// once and answering 429 with Retry-After: 1 beyond (internal/fakes), and
+// answers on the control address.
+func runProviders(control string, n, capN int) {
+	ps := make([]*fakes.Capped, n)
+	for i := range ps {
+		ps[i] = fakes.NewCapped(fmt.Sprintf("p%d", i+1), nil, capN)
+		ps[i].SetRetryAfter("1")
+	}
+	mux := http.NewServeMux()
+	mux.HandleFunc("/addrs", func(w http.ResponseWriter, r *http.Request) {
+		for _, p := range ps {
+			fmt.Fprintln(w, p.Addr)
 		}
-		var live atomic.Int64
-		mux := http.NewServeMux()
-		mux.HandleFunc("/refused", func(w http.ResponseWriter, r *http.Request) {
-			fmt.Fprint(w, refused.Load())
-		})
-		mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
-			if live.Add(1) > int64(capN) {
-				live.Add(-1)
-				refused.Add(1)
-				w.Header().Set("Retry-After", "1")
-				http.Error(w, "too many sessions", http.StatusTooManyRequests)
-				return
-			}
-			defer live.Add(-1)
-			c, err := websocket.Accept(w, r, &websocket.AcceptOptions{CompressionMode: websocket.CompressionDisabled})
-			if err != nil {
-				return
-			}
-			defer c.CloseNow()
-			ctx := context.Background()
-			for {
-				typ, msg, err := c.Read(ctx)
-				if err != nil {
-					return
-				}
-				if err := c.Write(ctx, typ, msg); err != nil {
-					return
-				}
-			}
-		})
-		srv := &http.Server{Handler: mux}
-		if i == len(addrs)-1 {
-			srv.Serve(ln)
-			return
+	})
+	mux.HandleFunc("/refused", func(w http.ResponseWriter, r *http.Request) {
+		var sum int64
+		for _, p := range ps {
+			sum += p.Refused.Load()
 		}
-		go srv.Serve(ln)
+		fmt.Fprint(w, sum)
+	})
+	if err := http.ListenAndServe(control, mux); err != nil {
+		fmt.Fprintln(os.Stderr, "providers:", err)
+		os.Exit(1)
 	}
 }

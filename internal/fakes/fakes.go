@@ -293,14 +293,15 @@ func After(d time.Duration) func() <-chan time.Time {
 }
 
 // Capped is an echoing WebSocket provider that holds at most n sessions at
-// once and answers 429 without Retry-After to an upgrade beyond them, as a
-// provider whose real concurrency cap is n does. Live is its live session
-// count.
+// once and answers 429 to an upgrade beyond them (without Retry-After, or
+// with the one SetRetryAfter gives), as a provider whose real concurrency
+// cap is n does. Live is its live session count.
 type Capped struct {
 	*Server
-	mu   sync.Mutex
-	n    int
-	live int
+	mu         sync.Mutex
+	n          int
+	live       int
+	retryAfter string
 	// Refused counts the upgrades it answered 429.
 	Refused atomic.Int64
 }
@@ -311,8 +312,12 @@ func NewCapped(name string, contacts *Contacts, n int) *Capped {
 	cp.Server = serveHTTP(name, contacts, func(s *Server, w http.ResponseWriter, r *http.Request) {
 		cp.mu.Lock()
 		if cp.live >= cp.n {
+			ra := cp.retryAfter
 			cp.mu.Unlock()
 			cp.Refused.Add(1)
+			if ra != "" {
+				w.Header().Set("Retry-After", ra)
+			}
 			http.Error(w, "too many concurrent sessions", http.StatusTooManyRequests)
 			return
 		}
@@ -337,6 +342,13 @@ func (cp *Capped) Live() int {
 	cp.mu.Lock()
 	defer cp.mu.Unlock()
 	return cp.live
+}
+
+// SetRetryAfter has its 429s carry Retry-After: v ("" for none).
+func (cp *Capped) SetRetryAfter(v string) {
+	cp.mu.Lock()
+	cp.retryAfter = v
+	cp.mu.Unlock()
 }
 
 // SetCap changes its cap.
