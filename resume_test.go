@@ -436,8 +436,13 @@ func TestResumeRefused(t *testing.T) {
 	refused("client connected", g.WS("/?bf_resume="+tok), alice, http.StatusGone)
 
 	// A short window: over, then 410.
-	g.Reload(handler(`"resume":{"window":"300ms"}`, provider("rr-a", a.url(), ""), provider("rr-b", b.url(), "")))
+	if err := g.Reload(handler(`"resume":{"window":"300ms"}`, provider("rr-a", a.url(), ""), provider("rr-b", b.url(), ""))); err != nil {
+		t.Fatal(err)
+	}
 	c3, id3, tok3 := resumeConnect(t, g.WS("/"), nil)
+	if tok3 == "" {
+		t.Fatal("no resume token under the reloaded config (no resume_key)")
+	}
 	ask(t, c3, "who")
 	c3.CloseNow()
 	c2.CloseNow()
@@ -465,7 +470,9 @@ func TestResumeRefused(t *testing.T) {
 	refused("old key", g.WS("/?bf_resume="+tok), nil, http.StatusGone)
 
 	// A route without resume.
-	g.Reload(handler("", provider("rr-a", a.url(), "")))
+	if err := g.Reload(handler("", provider("rr-a", a.url(), ""))); err != nil {
+		t.Fatal(err)
+	}
 	if msg := refused("no resume here", g.WS("/?bf_resume="+tok), alice, http.StatusGone); !strings.Contains(msg, "not resumable") {
 		t.Fatalf("refusal without resume: %q", msg)
 	}
