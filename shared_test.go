@@ -117,7 +117,10 @@ func TestSharedCooldown(t *testing.T) {
 	defer b.Close()
 	fallback := fakes.Echo("shc-c", contacts)
 	defer fallback.Close()
+	capped := fakes.Echo("shc-d", contacts)
+	defer capped.Close()
 	g := testgw.Start(t, handler(`"cooldown":{"min_requests":1,"duration":"30s"},`+stateJSON(rs.Addr(), "local"),
+		provider("shc-d", capped.URL(), `"priority":0,"max_concurrent":5`),
 		provider("shc-a", a.URL(), `"priority":1`),
 		provider("shc-b", b.URL(), `"priority":2`),
 		provider("shc-c", fallback.URL(), `"priority":3`)))
@@ -126,19 +129,30 @@ func TestSharedCooldown(t *testing.T) {
 	if err := other.PublishCooldown(ctx, "shc-a", until, 1); err != nil {
 		t.Fatal(err)
 	}
-	// Through pub/sub, or at the latest on the next slot request (the
-	// subscription may not be up yet): shc-a is skipped without an
-	// attempt; shc-b fails and cools down here.
+	// A provider without a cap is counted without a round trip: its
+	// shared cooldown reaches this node as news (or, before the
+	// subscription is up, on a slot request, which asks).
+	testgw.Eventually(t, 10*time.Second, "shc-a's cooldown heard", func() bool {
+		return !state(t, "shc-a").Health.Available()
+	})
+	// A capped provider's slot request reads the shared hold in the same
+	// round trip: a cooldown published just before the connect is
+	// honoured even before its news arrives.
+	if err := other.PublishCooldown(ctx, "shc-d", until, 1); err != nil {
+		t.Fatal(err)
+	}
+	// shc-d and shc-a are skipped without an attempt; shc-b fails and
+	// cools down here.
 	c, _, err := dial(t, g.WS("/"), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	c.CloseNow()
-	if state(t, "shc-a").Health.Available() {
+	if state(t, "shc-a").Health.Available() || state(t, "shc-d").Health.Available() {
 		t.Fatal("the shared cooldown was not taken on")
 	}
 	for _, n := range contacts.List() {
-		if n == "shc-a" {
+		if n == "shc-a" || n == "shc-d" {
 			t.Fatalf("contacted %v: the shared cooldown was not honoured", contacts.List())
 		}
 	}
