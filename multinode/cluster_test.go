@@ -173,13 +173,16 @@ func TestClusterSharedCooldown(t *testing.T) {
 		t.Fatalf("the broken provider got %d requests from one client, want 1", got)
 	}
 	for _, g := range nodes {
+		// In Redis (the cluster object), and heard by the node itself: a
+		// connect there asks Redis for nothing of an unlimited provider,
+		// so the cooldown reaches it as news.
 		eventually(t, 10*time.Second, g.Name+": broken in shared cooldown", func() (bool, string) {
 			p, raw, err := g.Provider("broken")
 			if err != nil {
 				return false, err.Error()
 			}
 			c := p.Cluster
-			if c == nil || c.Error != "" || c.CooldownUntil == nil || !c.CooldownUntil.After(time.Now()) {
+			if c == nil || c.Error != "" || c.CooldownUntil == nil || !c.CooldownUntil.After(time.Now()) || p.CooldownUntil == nil {
 				return false, raw
 			}
 			return true, raw
@@ -207,13 +210,6 @@ func TestClusterSharedCooldown(t *testing.T) {
 			if !skippedAs(e, "broken", "cooldown") {
 				t.Errorf("%s: session ended without broken skipped as cooldown: %v", g.Name, e["attempts"])
 			}
-		}
-		p, raw, err := g.Provider("broken")
-		if err != nil {
-			t.Fatal(err)
-		}
-		if p.CooldownUntil == nil {
-			t.Logf("%s: broken's own cooldown_until is null (only the cluster object shows the cooldown): %s", g.Name, raw)
 		}
 	}
 }
