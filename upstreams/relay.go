@@ -68,6 +68,9 @@ const (
 type Session struct {
 	upstream net.Conn
 	start    time.Time
+	// done is made by the first Done (an idle session nobody waits on
+	// holds no channel) and closed when the session has ended; ended
+	// tells a Done after that to return closed. Under mu.
 	done     chan struct{}
 	onEnd    func(*Session)
 	onPark   func(*Session)
@@ -112,6 +115,7 @@ type Session struct {
 	closeHeld    bool
 	leaveByWrite bool
 	kaClientDead bool // keepalive ended the session: the client answered no ping
+	ended        bool // end has run (done)
 }
 
 // SessionOptions configure a session.
@@ -149,7 +153,6 @@ func NewSession(client net.Conn, up *Conn, o SessionOptions) *Session {
 		upstream: up.Conn,
 		client:   client,
 		start:    time.Now(),
-		done:     make(chan struct{}),
 		onEnd:    o.OnEnd,
 		onPark:   o.OnPark,
 		// A farewell takes the provider's side over as hold does when
@@ -214,7 +217,24 @@ func (s *Session) Run() {
 }
 
 // Done is closed when the session has ended.
-func (s *Session) Done() <-chan struct{} { return s.done }
+func (s *Session) Done() <-chan struct{} {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.done == nil {
+		if s.ended {
+			return closedDone
+		}
+		s.done = make(chan struct{})
+	}
+	return s.done
+}
+
+// closedDone is the Done of every session that ended before anyone asked.
+var closedDone = func() chan struct{} {
+	c := make(chan struct{})
+	close(c)
+	return c
+}()
 
 // Start is when the session was established.
 func (s *Session) Start() time.Time { return s.start }
@@ -266,7 +286,13 @@ func (s *Session) end() {
 	if s.onEnd != nil {
 		s.onEnd(s)
 	}
-	close(s.done)
+	s.mu.Lock()
+	s.ended = true
+	done := s.done
+	s.mu.Unlock()
+	if done != nil {
+		close(done)
+	}
 }
 
 // direction is one half of the relay: src to dst. Its fields are its

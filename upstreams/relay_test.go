@@ -323,3 +323,38 @@ func TestSessionEndReasonIsFirstToHangUp(t *testing.T) {
 		}
 	}
 }
+
+// TestSessionDone: Done asked before the end is closed by it (after
+// OnEnd); Done asked after the end is closed already; a session nobody
+// asked holds no channel.
+func TestSessionDone(t *testing.T) {
+	f := newRelay(t, SessionOptions{})
+	before := f.s.Done()
+	select {
+	case <-before:
+		t.Fatal("Done closed while the session is live")
+	default:
+	}
+	f.client.Close()
+	f.waitEnd(t, 3*time.Second)
+	select {
+	case <-before:
+	case <-time.After(3 * time.Second):
+		t.Fatal("Done asked before the end was not closed by it")
+	}
+
+	g := newRelay(t, SessionOptions{})
+	g.client.Close()
+	g.waitEnd(t, 3*time.Second)
+	select {
+	case <-g.s.Done():
+	case <-time.After(3 * time.Second):
+		t.Fatal("Done asked after the end is not closed")
+	}
+	h := newRelay(t, SessionOptions{})
+	if h.s.done != nil { // only Done writes it
+		t.Fatal("a live session nobody waits on holds a done channel")
+	}
+	h.client.Close()
+	h.waitEnd(t, 3*time.Second)
+}
