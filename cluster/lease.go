@@ -190,13 +190,40 @@ func (s *Store) queueReleasesLocked(ls ...*Lease) {
 	s.startFlushLocked()
 }
 
-// startFlushLocked starts flush unless it runs. Under s.mu.
+// startFlushLocked starts flush unless it runs, and wakes it if it waits
+// for a kept slot's end. Under s.mu.
 func (s *Store) startFlushLocked() {
 	if !s.flushing {
 		s.flushing = true
 		s.inflight.Add(1)
 		go s.flush()
+		return
 	}
+	s.kickFlushLocked()
+}
+
+// kickFlushLocked wakes flush if it waits for a kept slot's end. Under
+// s.mu.
+func (s *Store) kickFlushLocked() {
+	if s.flushIdle {
+		s.flushIdle = false
+		select {
+		case s.flushKick <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// nextSpareEndLocked is when the oldest kept slot is due to be given
+// back; false when none is kept. Under s.mu.
+func (s *Store) nextSpareEndLocked() (time.Time, bool) {
+	var next time.Time
+	for _, kept := range s.spares {
+		if len(kept) > 0 && (next.IsZero() || kept[0].at.Before(next)) {
+			next = kept[0].at
+		}
+	}
+	return next.Add(spareKeep), !next.IsZero()
 }
 
 // takeReleasesLocked takes the queued releases of provider off the queue,
@@ -250,19 +277,30 @@ const flushDelay = 5 * time.Millisecond
 // flush writes the registered leases and gives back the released ones,
 // all those queued in one round trip, until none is queued: a connect or
 // a release waits for no round trip, and under load many sessions' share
-// one.
+// one. With nothing queued but slots kept, it sleeps until the oldest is
+// due (or something is queued), then gives it back.
 func (s *Store) flush() {
 	defer s.inflight.Done()
 	for {
 		time.Sleep(flushDelay)
 		s.mu.Lock()
-		s.expireSparesLocked(time.Now())
+		s.flushIdle = false
+		now := time.Now()
+		s.expireSparesLocked(now)
 		adds, rels := s.adding, s.releasing
 		s.adding, s.releasing = nil, nil
 		if len(adds) == 0 && len(rels) == 0 {
-			if len(s.spares) > 0 {
+			if due, ok := s.nextSpareEndLocked(); ok {
+				s.flushIdle = true
 				s.mu.Unlock()
-				continue // a spare to give back later
+				// The loop's own gathering delay comes on top.
+				t := time.NewTimer(max(due.Sub(now)-flushDelay, 0))
+				select {
+				case <-t.C:
+				case <-s.flushKick:
+				}
+				t.Stop()
+				continue
 			}
 			s.flushing = false
 			s.mu.Unlock()

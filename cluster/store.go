@@ -55,10 +55,14 @@ type Store struct {
 	inflight sync.WaitGroup
 	// adding are the leases registered (Register) and not yet written in
 	// Redis, releasing those released and not yet given back there;
-	// flushing while flush runs.
+	// flushing while flush runs; flushIdle while it has nothing to
+	// write and waits for the end of a kept slot, until a kick (on
+	// flushKick) says there is.
 	adding    []*Lease
 	releasing []*Lease
 	flushing  bool
+	flushIdle bool
+	flushKick chan struct{}
 	// spares are the slots of capped providers kept after their
 	// sessions ended, for this node's next connects (see Lease.Release),
 	// by provider, oldest first; wanted says until when another node
@@ -118,6 +122,7 @@ func openStore(cfg Config, node string, onFailover func()) (*Store, error) {
 		onFailover: onFailover,
 		leases:     map[*Lease]struct{}{},
 		spares:     map[string][]spare{},
+		flushKick:  make(chan struct{}, 1),
 		wanted:     map[string]time.Time{},
 		watched:    map[string]struct{}{},
 		live:       map[string]liveSeen{},
@@ -202,6 +207,7 @@ func (s *Store) Close() error {
 	}
 	s.leases = map[*Lease]struct{}{}
 	s.spares = map[string][]spare{} // released above, with the held leases
+	s.kickFlushLocked()             // flush waits for no kept slot now
 	subs := s.subs
 	s.subs = map[*subscription]struct{}{}
 	s.mu.Unlock()
