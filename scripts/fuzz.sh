@@ -9,13 +9,13 @@
 # deadline exceeded" failure at the -fuzztime boundary: a race in its fuzz
 # coordinator between the run's deadline and its workers' shutdown
 # (go.dev/issue/75804). Such a run wrote no failing input, so it is run
-# again, at most FUZZRETRIES times (default 2). A run that writes a failing
+# again, at most FUZZRETRIES times (default 4). A run that writes a failing
 # input, or fails any other way, fails at once.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 t=${FUZZTIME:-10s}
 mt=${FUZZMINTIME:-2s}
-retries=${FUZZRETRIES:-2}
+retries=${FUZZRETRIES:-4}
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 
