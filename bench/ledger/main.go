@@ -47,12 +47,9 @@ func main() {
 		fail(err)
 	}
 	defer os.RemoveAll(tmp)
-	bin := *caddyBin
-	if bin == "" {
-		fmt.Println("building ./cmd/caddy …")
-		if bin, err = caddybin.Build("", tmp); err != nil {
-			fail(err)
-		}
+	bin, err := caddybin.Binary(*caddyBin, tmp)
+	if err != nil {
+		fail(err)
 	}
 	echo := fakes.Echo("browser", nil)
 	defer echo.Close()

@@ -108,11 +108,8 @@ func run(ns []int, interval, duration time.Duration, rounds int, bin string) err
 		return err
 	}
 	defer os.RemoveAll(tmp)
-	if bin == "" {
-		fmt.Println("building ./cmd/caddy …")
-		if bin, err = caddybin.Build("", tmp); err != nil {
-			return err
-		}
+	if bin, err = caddybin.Binary(bin, tmp); err != nil {
+		return err
 	}
 	fmt.Printf("active health checks, browser_failover against reverse_proxy: interval %v, %d rounds of %v, Go %s, %d CPUs (%s/%s)\n",
 		interval, rounds, duration, runtime.Version(), runtime.NumCPU(), runtime.GOOS, runtime.GOARCH)

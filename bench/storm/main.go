@@ -84,12 +84,9 @@ func run() error {
 		return err
 	}
 	defer os.RemoveAll(tmp)
-	bin := *caddyBin
-	if bin == "" {
-		fmt.Println("building ./cmd/caddy …")
-		if bin, err = caddybin.Build("", tmp); err != nil {
-			return err
-		}
+	bin, err := caddybin.Binary(*caddyBin, tmp)
+	if err != nil {
+		return err
 	}
 	var procs []*exec.Cmd
 	defer func() {

@@ -21,6 +21,17 @@ func Build(root, dir string) (string, error) {
 	return BuildPackage(root, dir, "./cmd/caddy", "caddy")
 }
 
+// Binary is bin, a Caddy binary with browser_failover given by the
+// benchmark's -caddy flag, or when that is "" ./cmd/caddy of the current
+// module built into dir (saying so, as the build takes a while).
+func Binary(bin, dir string) (string, error) {
+	if bin != "" {
+		return bin, nil
+	}
+	fmt.Println("building ./cmd/caddy …")
+	return Build("", dir)
+}
+
 // BuildPackage compiles the main package pkg of the module at root into
 // dir/name and returns the binary's path.
 func BuildPackage(root, dir, pkg, name string) (string, error) {
