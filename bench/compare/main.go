@@ -90,12 +90,7 @@ func run() error {
 	}
 
 	var procs []*exec.Cmd
-	defer func() {
-		for _, p := range procs {
-			p.Process.Kill()
-			p.Wait()
-		}
-	}()
+	defer func() { caddybin.KillAll(procs) }()
 	// The echo server and the raw relay run in processes of their own, so
 	// each process stays within the open-file limit and the relay's memory
 	// can be read on its own.

@@ -89,12 +89,7 @@ func run() error {
 		return err
 	}
 	var procs []*exec.Cmd
-	defer func() {
-		for _, p := range procs {
-			p.Process.Kill()
-			p.Wait()
-		}
-	}()
+	defer func() { caddybin.KillAll(procs) }()
 
 	// The providers run in a process of their own, so that the proxies'
 	// CPU figures are theirs alone; it tells their addresses and their

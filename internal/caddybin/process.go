@@ -55,3 +55,11 @@ func CPUTime(pid int) time.Duration {
 	const hz = 100 // USER_HZ on Linux
 	return time.Duration(ut+sy) * time.Second / hz
 }
+
+// KillAll kills the processes a benchmark started and waits for each.
+func KillAll(procs []*exec.Cmd) {
+	for _, p := range procs {
+		p.Process.Kill()
+		p.Wait()
+	}
+}
