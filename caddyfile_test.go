@@ -5,6 +5,7 @@ import (
 	"go/ast"
 	"go/parser"
 	"go/token"
+	"net"
 	"os"
 	"path/filepath"
 	"slices"
@@ -385,6 +386,67 @@ func TestExamplesAdapt(t *testing.T) {
 		}
 		if _, err := adapt(t, string(b)); err != nil {
 			t.Errorf("%s: %v", f, err)
+		}
+	}
+}
+
+// TestExamplesListenOnLoopback: every example, the quick start's too, has
+// Caddy listen on loopback only. A site address such as
+// http://127.0.0.1:8080 is a Host matcher, not a bind: without `bind` the
+// server listens on every interface, and anyone who reaches the port (with
+// that Host header) drives the browsers behind it.
+func TestExamplesListenOnLoopback(t *testing.T) {
+	files, _ := filepath.Glob("examples/*.Caddyfile")
+	if len(files) == 0 {
+		t.Fatal("no examples")
+	}
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out, err := adapt(t, string(b))
+		if err != nil {
+			t.Errorf("%s: %v", f, err)
+			continue
+		}
+		var cfg struct {
+			Admin *struct {
+				Listen string `json:"listen"`
+			} `json:"admin"`
+			Apps struct {
+				HTTP struct {
+					Servers map[string]struct {
+						Listen []string `json:"listen"`
+					} `json:"servers"`
+				} `json:"http"`
+			} `json:"apps"`
+		}
+		if err := json.Unmarshal(out, &cfg); err != nil {
+			t.Fatalf("%s: %v", f, err)
+		}
+		if len(cfg.Apps.HTTP.Servers) == 0 {
+			t.Errorf("%s: no server", f)
+		}
+		addrs := []string{}
+		for _, srv := range cfg.Apps.HTTP.Servers {
+			if len(srv.Listen) == 0 {
+				t.Errorf("%s: a server without listen addresses", f)
+			}
+			addrs = append(addrs, srv.Listen...)
+		}
+		if cfg.Admin != nil && cfg.Admin.Listen != "" {
+			addrs = append(addrs, cfg.Admin.Listen)
+		}
+		for _, a := range addrs {
+			na, err := caddy.ParseNetworkAddress(a)
+			if err != nil {
+				t.Errorf("%s: listen %q: %v", f, a, err)
+				continue
+			}
+			if ip := net.ParseIP(na.Host); ip == nil || !ip.IsLoopback() {
+				t.Errorf("%s: listens on %q, not on loopback only (add bind 127.0.0.1)", f, a)
+			}
 		}
 	}
 }
