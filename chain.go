@@ -8,8 +8,6 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 
-	"github.com/browserfailover/caddy-browser-failover/cluster"
-	"github.com/browserfailover/caddy-browser-failover/cooldown"
 	"github.com/browserfailover/caddy-browser-failover/queue"
 	"github.com/browserfailover/caddy-browser-failover/upstreams"
 )
@@ -50,6 +48,7 @@ const WordQueued = "queued"
 // chain runs the whole chain for one upgrade.
 func (h *Handler) chain(w http.ResponseWriter, r *http.Request, hs *upstreams.Handshake) {
 	c := &connect{h: h, w: w, r: r, hs: hs, start: time.Now(), id: newSessionID()}
+	defer c.leaveClientBook()
 	if repl := replacerOf(r); repl != nil {
 		c.repl = repl
 		c.replace = func(s string) string { return repl.ReplaceKnown(s, "") }
@@ -281,6 +280,13 @@ func (c *connect) pass(first bool) (end passEnd, couldWait, retry bool) {
 	} else {
 		end = c.attemptInTurn(ctx, ps)
 	}
+	if end == passNothing && ps.clientOver != nil {
+		// The client key's budget is spent, with what its other
+		// connects hold.
+		over := ps.clientOver
+		c.finish(c.clientBudgetReply(over.Book, over.Book.Read().WindowEnd, over.Held))
+		return passAnswered, false, false
+	}
 	c.allIncompatible = ps.serveable > 0 && ps.serveable == ps.incompatible
 	return end, ps.serveable > ps.incompatible+ps.stateDown+ps.overBudget, ps.retry
 }
@@ -328,11 +334,12 @@ func (c *connect) order(advance bool) []int {
 	return append(exact, rest...)
 }
 
-// 3. Skip: pick returns the next candidate to attempt, its health permit
-// taken and a slot reserved, passing over providers drained, full, over
-// budget, in cooldown, left to longer waiters, or without a cluster-wide
-// slot; nil when the pass has no candidate left.
-func (c *connect) pick(ps *passState) (*member, cooldown.Permit, *cluster.Lease) {
+// 3. Skip: pick returns the next candidate to attempt, admitted (its
+// health permit taken, a slot reserved, its cost held in its budgets),
+// passing over providers drained, full, over budget, in cooldown, left to
+// longer waiters, or without a cluster-wide slot; nil when the pass has
+// no candidate left, or the client key's budget refused it (ps.clientOver).
+func (c *connect) pick(ps *passState) (*member, admission) {
 	h := c.h
 	for ps.next < len(ps.order) {
 		if caddy.Exiting() {
@@ -373,21 +380,41 @@ func (c *connect) pick(ps *passState) (*member, cooldown.Permit, *cluster.Lease)
 			ps.next = len(ps.order)
 			break
 		}
-		a, ok := c.admit(ps, m, nil)
-		if !ok {
+		// What the session will cost is held in its budgets from
+		// here, so clients admitted together cannot overshoot them.
+		hold, over := c.reserveSpend(st)
+		if over != nil {
+			if over.Book == c.clientBook {
+				// The client key's own budget: 429, never the queue.
+				ps.clientOver = over
+				ps.next = len(ps.order)
+				break
+			}
+			if !over.Held {
+				ps.overBudget++
+			}
+			// Reached only with what connects in flight hold: a waiter
+			// is offered the provider when one of them fails.
+			c.skip(m, upstreams.WordBudget)
 			continue
 		}
+		a, ok := c.admit(ps, m, nil)
+		if !ok {
+			hold.Drop()
+			continue
+		}
+		a.spend = hold
 		ps.tried++
-		return m, a.permit, a.lease
+		return m, a
 	}
-	return nil, cooldown.Permit{}, nil
+	return nil, admission{}
 }
 
 // attemptInTurn attempts the candidates one after the other.
 func (c *connect) attemptInTurn(ctx context.Context, ps *passState) passEnd {
 	var failed *member // the attempt before, when it failed
 	for {
-		m, permit, lease := c.pick(ps)
+		m, a := c.pick(ps)
 		if m == nil {
 			return passNothing
 		}
@@ -396,19 +423,19 @@ func (c *connect) attemptInTurn(ctx context.Context, ps *passState) passEnd {
 		}
 		res := m.up.Connect(ctx, c.hs, c.replace)
 		c.record(m, res.Outcome)
-		switch c.h.conclude(ps, m, permit, res, false) {
+		switch c.h.conclude(ps, m, a.permit, res, false) {
 		case verdictSuccess:
-			c.lease = lease
+			a.won(c)
 			return c.establish(m, res.Conn)
 		case verdictRelay:
-			releaseLease(lease)
+			a.lost(m.state)
 			c.finish(c.relayed(res))
 			return passAnswered
 		case verdictGone:
-			releaseLease(lease)
+			a.lost(m.state)
 			return passClientGone
 		}
-		releaseLease(lease)
+		a.lost(m.state)
 		if ctx.Err() != nil && c.r.Context().Err() != nil {
 			return passClientGone
 		}
@@ -422,8 +449,7 @@ const defaultHedgeMax = 2
 // flight is one attempt running beside others.
 type flight struct {
 	m      *member
-	permit cooldown.Permit
-	lease  *cluster.Lease
+	a      admission
 	cancel context.CancelFunc
 	start  time.Time
 	hedge  bool // started beside another attempt
@@ -452,12 +478,12 @@ func (c *connect) attemptHedged(ctx context.Context, ps *passState) passEnd {
 	defer timer.Stop()
 
 	launch := func(hedge bool) bool {
-		m, permit, lease := c.pick(ps)
+		m, a := c.pick(ps)
 		if m == nil {
 			return false
 		}
 		actx, cancel := context.WithCancel(ctx)
-		f := &flight{m: m, permit: permit, lease: lease, cancel: cancel, start: time.Now(), hedge: hedge}
+		f := &flight{m: m, a: a, cancel: cancel, start: time.Now(), hedge: hedge}
 		live[f] = struct{}{}
 		if hedge {
 			c.hedgesStarted++
@@ -484,25 +510,25 @@ func (c *connect) attemptHedged(ctx context.Context, ps *passState) passEnd {
 			delete(live, l.f)
 			l.f.cancel()
 			c.record(l.f.m, l.res.Outcome)
-			switch c.h.conclude(ps, l.f.m, l.f.permit, l.res, false) {
+			switch c.h.conclude(ps, l.f.m, l.f.a.permit, l.res, false) {
 			case verdictSuccess:
 				if l.f.hedge {
 					c.h.reg.Metrics().HedgeWon(l.f.m.up.Name)
 				}
 				c.abandon(live, results)
-				c.lease = l.f.lease
+				l.f.a.won(c)
 				return c.establish(l.f.m, l.res.Conn)
 			case verdictRelay:
-				releaseLease(l.f.lease)
+				l.f.a.lost(l.f.m.state)
 				c.abandon(live, results)
 				c.finish(c.relayed(l.res))
 				return passAnswered
 			case verdictGone:
-				releaseLease(l.f.lease)
+				l.f.a.lost(l.f.m.state)
 				c.abandon(live, results)
 				return passClientGone
 			}
-			releaseLease(l.f.lease)
+			l.f.a.lost(l.f.m.state)
 			// Failed on its own: with nothing else in flight the next
 			// candidate starts at once, as without hedging.
 			if len(live) == 0 && !(ctx.Err() != nil && c.r.Context().Err() != nil) && launch(false) {
@@ -537,8 +563,8 @@ func (c *connect) abandon(live map[*flight]struct{}, results <-chan landing) {
 	go func() {
 		for range n {
 			l := <-results
-			releaseLease(l.f.lease)
-			h.conclude(nil, l.f.m, l.f.permit, l.res, true)
+			l.f.a.lost(l.f.m.state)
+			h.conclude(nil, l.f.m, l.f.a.permit, l.res, true)
 		}
 	}()
 }

@@ -60,6 +60,9 @@ type connect struct {
 	// Held until the session takes them, or released by finish.
 	quota *pool.QuotaKey
 	lease *cluster.Lease
+	// hold is the winning attempt's spend hold, until its session's
+	// meter takes its place.
+	hold *spend.Hold
 	// meter is the cost of the session a resume takes back with the
 	// provider session it kept; clientBook is the client key's spend
 	// under client_budget.
@@ -109,6 +112,9 @@ type passState struct {
 	// overBudget: providers whose budget is spent until their window
 	// turns; not waited for either.
 	overBudget int
+	// clientOver: the client key's budget refused an admission; the
+	// client is answered 429.
+	clientOver *spend.Over
 }
 
 // verdict is what an attempt's outcome means for the pass.
@@ -203,6 +209,8 @@ func (c *connect) releaseHolds() {
 	}
 	releaseLease(c.lease)
 	c.lease = nil
+	c.hold.Drop()
+	c.hold = nil
 	if c.meter != nil {
 		// A resume that took the kept provider session and lost it.
 		var store *cluster.Shared

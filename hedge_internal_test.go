@@ -40,7 +40,7 @@ func TestAbandonClosesLateWinner(t *testing.T) {
 	h := &Handler{}
 	h.logger, h.reg = zap.NewNop(), reg
 	c := &connect{h: h}
-	f := &flight{m: &member{up: up, state: st}, permit: permit, cancel: func() {}, start: time.Now()}
+	f := &flight{m: &member{up: up, state: st}, a: admission{permit: permit}, cancel: func() {}, start: time.Now()}
 	results := make(chan landing, 1)
 	c.abandon(map[*flight]struct{}{f: {}}, results)
 	if c.hedgesWasted != 1 || len(c.attempts) != 1 || c.attempts[0].Outcome != upstreams.WordHedgeLost {

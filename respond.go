@@ -307,12 +307,28 @@ const clientBudgetRetryHint = 1
 // overClientBudget is the 429 of a client key whose budget is spent until
 // turn.
 func (c *connect) overClientBudget(book *spend.Book, turn time.Time) *reply {
+	return c.clientBudgetReply(book, turn, false)
+}
+
+// clientBudgetReply is the 429 of a client key over its budget; held: only
+// with what its sessions being admitted hold, which may yet fail, so the
+// client may try again in a second.
+func (c *connect) clientBudgetReply(book *spend.Book, turn time.Time, held bool) *reply {
 	st := book.Read()
 	retry := max(int(time.Until(turn).Seconds()+0.999), clientBudgetRetryHint)
+	msg := "client budget reached: this key's sessions have cost its budget for the current " + book.Period() + " (UTC)"
+	if held {
+		retry = clientBudgetRetryHint
+		msg = "client budget reached: this key's sessions, with those being connected now, cost its budget for the current " + book.Period() + " (UTC)"
+	}
+	amount := st.Budget
+	if cb := c.h.ClientBudget; cb != nil {
+		amount = cb.Amount
+	}
 	body := map[string]any{
-		"error":         "client budget reached: this key's sessions have cost its budget for the current " + book.Period() + " (UTC)",
+		"error":         msg,
 		"spent":         st.Spent + st.Accrued,
-		"budget":        st.Budget,
+		"budget":        amount,
 		"window_end":    turn.UTC().Format(time.RFC3339),
 		"retry_after_s": retry,
 	}

@@ -306,7 +306,7 @@ func (h *Handler) syncSpend() {
 		}
 		if h.ClientBudget != nil {
 			for _, cb := range h.reg.ClientBooks() {
-				windows = append(windows, cluster.SpendWindow{Scope: cluster.ClientScope(cb.Shown), Start: cb.Book.Read().WindowStart})
+				windows = append(windows, cluster.SpendWindow{Scope: cluster.ClientScope(cb.Scope), Start: cb.Book.Read().WindowStart})
 				books = append(books, cb.Book)
 			}
 		}

@@ -25,8 +25,8 @@ func charge(reg *pool.Registry, provider string, m *spend.Meter, store *cluster.
 		books := []*spend.Book{reg.ProviderBook(provider)}
 		scopes := []string{cluster.ProviderScope(provider)}
 		if client := m.Client(); client != nil {
-			if shown := reg.ShownBook(client); shown != "" {
-				books, scopes = append(books, client), append(scopes, cluster.ClientScope(shown))
+			if e, ok := reg.ClientBookOf(client); ok {
+				books, scopes = append(books, client), append(scopes, cluster.ClientScope(e.Scope))
 			}
 		}
 		addShared(store, cost, books, scopes)

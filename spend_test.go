@@ -7,6 +7,7 @@ package browserfailover_test
 // provider's 429s and raised again after a quiet cooldown.
 
 import (
+	"context"
 	"encoding/json"
 	"math"
 	"net/http"
@@ -356,5 +357,134 @@ func TestLearntCap(t *testing.T) {
 	}
 	for _, c := range open {
 		c.Close(websocket.StatusNormalClosure, "")
+	}
+}
+
+// TestBudgetsHoldUnderConcurrency: clients connecting at once cannot
+// together overshoot a budget. Ten clients whose budget pays for one
+// session connect together to a provider that takes its time to answer:
+// one gets the session, the other nine are answered at once (429 for a
+// client key's budget, 503 for a provider's), and none reaches the
+// provider. Each admission holds its session's cost from the moment it is
+// admitted, not from its 101.
+func TestBudgetsHoldUnderConcurrency(t *testing.T) {
+	for _, tc := range []struct {
+		name, extra, costs string
+		refused            int
+	}{
+		{"client_budget", `"queue":{"size":0},"client_budget":{"key":"{http.request.header.X-Tenant}","amount":1,"per":"day"}`,
+			`"cost":{"amount":1,"per":"session"}`, http.StatusTooManyRequests},
+		{"budget", `"queue":{"size":0}`,
+			`"cost":{"amount":1,"per":"session"},"budget":{"amount":1,"per":"day"}`, http.StatusServiceUnavailable},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			gate := make(chan time.Time)
+			var contacts fakes.Contacts
+			slow := fakes.Slow("hold-"+tc.name, &contacts, func() <-chan time.Time { return gate })
+			defer slow.Close()
+			g := testgw.Start(t, handler(tc.extra, provider("hold-"+tc.name, slow.URL(), tc.costs)))
+
+			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+			defer cancel()
+			results := make([]<-chan dialResult, 10)
+			for i := range results {
+				results[i] = dialWith(ctx, g.WS("/"), http.Header{"X-Tenant": {"tenant-a"}})
+			}
+			// Each client is either at the provider, held by the gate,
+			// or answered already.
+			var answered []dialResult
+			testgw.Eventually(t, 10*time.Second, "every client at the provider or answered", func() bool {
+				for i, ch := range results {
+					if ch == nil {
+						continue
+					}
+					select {
+					case r := <-ch:
+						answered = append(answered, r)
+						results[i] = nil
+					default:
+					}
+				}
+				return int(slow.Hits.Load())+len(answered) == len(results)
+			})
+			close(gate)
+			for _, ch := range results {
+				if ch != nil {
+					answered = append(answered, receive(t, ch, 10*time.Second, "a held client"))
+				}
+			}
+			sessions, refused := 0, 0
+			for _, r := range answered {
+				switch {
+				case r.err == nil:
+					sessions++
+					r.conn.Close(websocket.StatusNormalClosure, "")
+				case r.status == tc.refused:
+					refused++
+				default:
+					t.Errorf("a client got %d: %v", r.status, r.err)
+				}
+			}
+			if sessions != 1 || refused != 9 || slow.Hits.Load() != 1 {
+				t.Fatalf("a budget of one session: %d sessions, %d refused with %d, %d upgrades at the provider",
+					sessions, refused, tc.refused, slow.Hits.Load())
+			}
+			testgw.Eventually(t, 5*time.Second, "the session's end", func() bool {
+				p := providerStatus(t, g, "hold-"+tc.name)
+				return p.Active == 0 && nearly(p.Spend.Spent, 1)
+			})
+		})
+	}
+}
+
+// TestClientBudgetsOfTwoHandlers: two handlers with different
+// client_budget settings for the same key keep their own books: a connect
+// through one never resets or raises what the other counted.
+func TestClientBudgetsOfTwoHandlers(t *testing.T) {
+	var contacts fakes.Contacts
+	e := fakes.Echo("cb2-echo", &contacts)
+	defer e.Close()
+	p := provider("cb2-echo", e.URL(), `"cost":{"amount":0.6,"per":"session"}`)
+	daily := handler(`"client_budget":{"key":"{http.request.header.X-Tenant}","amount":1,"per":"day"}`, p)
+	hourly := handler(`"client_budget":{"key":"{http.request.header.X-Tenant}","amount":5,"per":"hour"}`, p)
+	g := testgw.Start(t, `{"handler":"subroute","routes":[
+		{"match":[{"path":["/daily"]}],"handle":[`+daily+`]},
+		{"match":[{"path":["/hourly"]}],"handle":[`+hourly+`]}]}`)
+	tenant := &websocket.DialOptions{HTTPHeader: http.Header{"X-Tenant": {"tenant-a"}}}
+	session := func(path string) int {
+		c, resp, err := dial(t, g.WS(path), tenant)
+		if err != nil {
+			if resp == nil {
+				t.Fatalf("%s: %v", path, err)
+			}
+			return resp.StatusCode
+		}
+		c.Close(websocket.StatusNormalClosure, "")
+		return http.StatusSwitchingProtocols
+	}
+	// 0.6 and 1.2 of the day's 1: the third is refused.
+	for i := 0; i < 2; i++ {
+		if code := session("/daily"); code != http.StatusSwitchingProtocols {
+			t.Fatalf("daily session %d: %d", i, code)
+		}
+	}
+	testgw.Eventually(t, 5*time.Second, "both daily sessions counted", func() bool {
+		for _, cl := range readStatus(t, g).Clients {
+			if cl.Spent != nil && nearly(*cl.Spent, 1.2) {
+				return true
+			}
+		}
+		return false
+	})
+	if code := session("/daily"); code != http.StatusTooManyRequests {
+		t.Fatalf("the spent daily budget answered %d", code)
+	}
+	// The hourly handler's book is its own: served, and the daily one
+	// stays spent.
+	if code := session("/hourly"); code != http.StatusSwitchingProtocols {
+		t.Fatalf("hourly: %d", code)
+	}
+	if code := session("/daily"); code != http.StatusTooManyRequests {
+		t.Fatalf("after a session through the hourly handler, the daily budget answered %d", code)
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"github.com/browserfailover/caddy-browser-failover/cluster"
 	"github.com/browserfailover/caddy-browser-failover/cooldown"
 	"github.com/browserfailover/caddy-browser-failover/pool"
+	"github.com/browserfailover/caddy-browser-failover/spend"
 	"github.com/browserfailover/caddy-browser-failover/upstreams"
 )
 
@@ -20,11 +21,28 @@ import (
 // resume_hold.go) call them; they call only what lies below them.
 
 // admission is what an admitted attempt holds: its provider's health
-// permit and its cluster-wide slot (nil without shared state); its slot
-// is reserved.
+// permit, its cluster-wide slot (nil without shared state) and its spend
+// hold (nil without a price); its slot is reserved.
 type admission struct {
 	permit cooldown.Permit
 	lease  *cluster.Lease
+	spend  *spend.Hold
+}
+
+// won hands a successful attempt's lease and spend hold to the client,
+// whose session takes them.
+func (a admission) won(c *connect) {
+	c.lease, c.hold = a.lease, a.spend
+}
+
+// lost gives back a failed attempt's lease and spend hold, off the
+// caller's way; the room its hold took in st's budget may let a waiter in.
+func (a admission) lost(st *pool.Provider) {
+	releaseLease(a.lease)
+	if a.spend != nil {
+		a.spend.Drop()
+		st.Notify()
+	}
 }
 
 // admit is the one admission step of an attempt at m, for a new client's

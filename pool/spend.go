@@ -1,6 +1,8 @@
 package pool
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"sort"
 	"sync"
 	"sync/atomic"
@@ -134,45 +136,85 @@ func (p *Provider) reachedLimit(n int64) {
 	}
 }
 
-// clientBooks keep what each client key spent, for client_budget.
-type clientBooks struct {
-	mu     sync.Mutex
-	books  map[string]*spend.Book // by key value
-	values map[*spend.Book]string
+// Reserve admits a session on the provider against its budget and, when
+// client is not nil, the client key's book held to clientBudget: what
+// the session will cost at its first moment is held in both until it
+// starts (spend.Hold.Start) or fails (Drop). See spend.Reserve.
+func (p *Provider) Reserve(client *spend.Book, clientBudget float64) (*spend.Hold, *spend.Over) {
+	return spend.Reserve(p.Pricing().Cost, p.Book(), client, clientBudget)
 }
 
-// ClientBook returns the book of the client key value, made on first use
-// with budget b (a reload's budget replaces the one before).
-func (r *Registry) ClientBook(value string, b *spend.Budget) *spend.Book {
+// clientBooks keep what each client key spent, for client_budget: one
+// book per key template, budget period and key value, so handlers whose
+// client_budget differs never share or reset each other's book (each
+// holds the book to its own amount). A book is kept while a connect uses
+// it (users), has a session live or being admitted, or has spent
+// something in its window.
+type clientBooks struct {
+	mu      sync.Mutex
+	entries map[ClientBookID]*clientEntry
+	byBook  map[*spend.Book]*clientEntry
+}
+
+// ClientBookID names a client key's book: the client_budget key
+// template, its budget's period and the key's value.
+type ClientBookID struct {
+	Template, Per, Value string
+}
+
+type clientEntry struct {
+	id    ClientBookID
+	book  *spend.Book
+	users int
+}
+
+// ClientBook returns the book of id, made on first use, for a connect
+// that uses it until it calls LeaveClientBook; budget is the amount the
+// caller holds it to, shown in status.
+func (r *Registry) ClientBook(id ClientBookID, budget float64) *spend.Book {
 	r.clientSpend.mu.Lock()
 	defer r.clientSpend.mu.Unlock()
-	if r.clientSpend.books == nil {
-		r.clientSpend.books = map[string]*spend.Book{}
-		r.clientSpend.values = map[*spend.Book]string{}
+	if r.clientSpend.entries == nil {
+		r.clientSpend.entries = map[ClientBookID]*clientEntry{}
+		r.clientSpend.byBook = map[*spend.Book]*clientEntry{}
 	}
-	k, ok := r.clientSpend.books[value]
+	e, ok := r.clientSpend.entries[id]
 	if !ok {
 		r.sweepClientBooksLocked()
-		k = spend.NewBook(b, r.Now)
-		r.clientSpend.books[value] = k
-		r.clientSpend.values[k] = value
-		return k
+		e = &clientEntry{id: id, book: spend.NewBook(&spend.Budget{Amount: budget, Per: id.Per}, r.Now)}
+		r.clientSpend.entries[id] = e
+		r.clientSpend.byBook[e.book] = e
+	} else {
+		e.book.Configure(&spend.Budget{Amount: budget, Per: id.Per})
 	}
-	k.Configure(b)
-	return k
+	e.users++
+	return e.book
 }
 
-// sweepClientBooksLocked drops the books that hold nothing, so a key seen
-// once does not stay forever; called with the lock held, at most every
-// hundred new keys.
-func (r *Registry) sweepClientBooksLocked() {
-	if len(r.clientSpend.books)%100 != 99 {
+// LeaveClientBook ends a connect's use of a book ClientBook gave it (nil:
+// nothing).
+func (r *Registry) LeaveClientBook(b *spend.Book) {
+	if b == nil {
 		return
 	}
-	for v, k := range r.clientSpend.books {
-		if k.Idle() {
-			delete(r.clientSpend.books, v)
-			delete(r.clientSpend.values, k)
+	r.clientSpend.mu.Lock()
+	if e, ok := r.clientSpend.byBook[b]; ok && e.users > 0 {
+		e.users--
+	}
+	r.clientSpend.mu.Unlock()
+}
+
+// sweepClientBooksLocked drops the books that hold nothing and no connect
+// uses, so a key seen once does not stay forever; called with the lock
+// held, at most every hundred new keys.
+func (r *Registry) sweepClientBooksLocked() {
+	if len(r.clientSpend.entries)%100 != 99 {
+		return
+	}
+	for id, e := range r.clientSpend.entries {
+		if e.users == 0 && e.book.Idle() {
+			delete(r.clientSpend.entries, id)
+			delete(r.clientSpend.byBook, e.book)
 		}
 	}
 }
@@ -187,40 +229,55 @@ type ClientSpend struct {
 // ClientSpends lists the client keys with a book, by shown key.
 func (r *Registry) ClientSpends() []ClientSpend {
 	r.clientSpend.mu.Lock()
-	out := make([]ClientSpend, 0, len(r.clientSpend.books))
-	for v, k := range r.clientSpend.books {
-		out = append(out, ClientSpend{Key: r.ShownKey(v), State: k.Read()})
+	out := make([]ClientSpend, 0, len(r.clientSpend.entries))
+	for _, e := range r.clientSpend.entries {
+		out = append(out, ClientSpend{Key: r.ShownKey(e.id.Value), State: e.book.Read()})
 	}
 	r.clientSpend.mu.Unlock()
 	sort.Slice(out, func(i, j int) bool { return out[i].Key < out[j].Key })
 	return out
 }
 
-// ShownBook is the shown key (ShownKey) of a client key's book, "" for a
-// book that is not one.
-func (r *Registry) ShownBook(b *spend.Book) string {
-	r.clientSpend.mu.Lock()
-	v, ok := r.clientSpend.values[b]
-	r.clientSpend.mu.Unlock()
-	if !ok {
-		return ""
-	}
-	return r.ShownKey(v)
-}
-
-// ClientBookEntry is a client key's book and its shown key.
+// ClientBookEntry is a client key's book, its shown key and the name its
+// shared total has under shared state.
 type ClientBookEntry struct {
 	Shown string
+	// Scope names the book among every node's: its shown key, its
+	// period and a short digest of its key template (never the key's
+	// value).
+	Scope string
 	Book  *spend.Book
+}
+
+// ClientBookOf is the entry of a client key's book; ok is false for a
+// book that is not one.
+func (r *Registry) ClientBookOf(b *spend.Book) (ClientBookEntry, bool) {
+	r.clientSpend.mu.Lock()
+	e, ok := r.clientSpend.byBook[b]
+	r.clientSpend.mu.Unlock()
+	if !ok {
+		return ClientBookEntry{}, false
+	}
+	return r.clientBookEntry(e), true
+}
+
+func (r *Registry) clientBookEntry(e *clientEntry) ClientBookEntry {
+	shown := r.ShownKey(e.id.Value)
+	digest := sha256.Sum256([]byte(e.id.Template))
+	return ClientBookEntry{Shown: shown, Scope: shown + ":" + e.id.Per + ":" + hex.EncodeToString(digest[:4]), Book: e.book}
 }
 
 // ClientBooks lists the client keys' books.
 func (r *Registry) ClientBooks() []ClientBookEntry {
 	r.clientSpend.mu.Lock()
-	defer r.clientSpend.mu.Unlock()
-	out := make([]ClientBookEntry, 0, len(r.clientSpend.books))
-	for v, k := range r.clientSpend.books {
-		out = append(out, ClientBookEntry{Shown: r.ShownKey(v), Book: k})
+	entries := make([]*clientEntry, 0, len(r.clientSpend.entries))
+	for _, e := range r.clientSpend.entries {
+		entries = append(entries, e)
+	}
+	r.clientSpend.mu.Unlock()
+	out := make([]ClientBookEntry, 0, len(entries))
+	for _, e := range entries {
+		out = append(out, r.clientBookEntry(e))
 	}
 	return out
 }

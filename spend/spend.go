@@ -191,6 +191,10 @@ type Book struct {
 	sharedAt  time.Time
 	hasShared bool
 	live      map[*Meter]struct{}
+	// held is what the sessions being admitted will cost at their first
+	// moment (hold.go), holds how many there are.
+	held  float64
+	holds int
 }
 
 // NewBook returns the book of a budget (nil: none; its window is then a
@@ -310,10 +314,17 @@ type State struct {
 	Live int
 	// Budget is the window's budget (0: none).
 	Budget float64
+	// Held is what the sessions being admitted will cost at their first
+	// moment (Reserve), Holds how many they are.
+	Held  float64
+	Holds int
 }
 
 // Reached reports whether Spent + Accrued has reached the budget.
-func (s State) Reached() bool { return s.Budget > 0 && s.Spent+s.Accrued >= s.Budget }
+func (s State) Reached() bool { return s.ReachedAt(s.Budget) }
+
+// ReachedAt reports whether Spent + Accrued has reached budget (0: none).
+func (s State) ReachedAt(budget float64) bool { return budget > 0 && s.Spent+s.Accrued >= budget }
 
 // Read returns the book's state now.
 func (k *Book) Read() State {
@@ -321,7 +332,13 @@ func (k *Book) Read() State {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	k.turn(now)
-	st := State{WindowStart: k.start, WindowEnd: k.end, Spent: k.spent, Budget: k.budget, Live: len(k.live)}
+	return k.readLocked(now)
+}
+
+// readLocked is Read, with mu held and the window turned.
+func (k *Book) readLocked(now time.Time) State {
+	st := State{WindowStart: k.start, WindowEnd: k.end, Spent: k.spent, Budget: k.budget, Live: len(k.live),
+		Held: k.held, Holds: k.holds}
 	if k.hasShared {
 		st.Spent += k.shared
 	}
@@ -338,11 +355,19 @@ func (k *Book) Reached() (bool, time.Time) {
 	return st.Reached(), st.WindowEnd
 }
 
+// ReachedAt reports whether budget (0: none) is reached now, and when the
+// window turns: a client key's book is held to the budget of the handler
+// that asks.
+func (k *Book) ReachedAt(budget float64) (bool, time.Time) {
+	st := k.Read()
+	return st.ReachedAt(budget), st.WindowEnd
+}
+
 // Idle reports whether the book holds nothing worth keeping: no live
-// meter, nothing spent in the current window.
+// meter, no session being admitted, nothing spent in the current window.
 func (k *Book) Idle() bool {
 	st := k.Read()
-	return st.Live == 0 && st.Spent == 0
+	return st.Live == 0 && st.Holds == 0 && st.Spent == 0
 }
 
 // Meter is one session's cost as it runs.

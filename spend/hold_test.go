@@ -1,0 +1,137 @@
+package spend
+
+import (
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+)
+
+// TestReserveHoldsTheBudget: sessions admitted at once cannot together
+// overshoot a budget: each admission holds its session's cost until the
+// session starts or fails.
+func TestReserveHoldsTheBudget(t *testing.T) {
+	c := &clock{t: time.Date(2026, 6, 1, 12, 0, 0, 0, time.UTC)}
+	price := &Cost{Amount: 1, Per: PerSession}
+	provider := NewBook(&Budget{Amount: 1, Per: PerDay}, c.now)
+
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var got []*Hold
+	refusedByHolds := 0
+	for range 10 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			h, over := Reserve(price, provider, nil, 0)
+			mu.Lock()
+			defer mu.Unlock()
+			if over == nil {
+				got = append(got, h)
+			} else if over.Book == provider && over.Held {
+				refusedByHolds++
+			}
+		}()
+	}
+	wg.Wait()
+	if len(got) != 1 || refusedByHolds != 9 {
+		t.Fatalf("10 admissions at once to a budget of one session: %d admitted, %d refused by holds", len(got), refusedByHolds)
+	}
+	if st := provider.Read(); st.Held != 1 || st.Holds != 1 || st.Reached() {
+		t.Fatalf("held: %+v", st)
+	}
+
+	// A failed attempt gives its hold back: the next one is admitted.
+	got[0].Drop()
+	got[0].Drop() // twice is harmless
+	if st := provider.Read(); st.Held != 0 || st.Holds != 0 {
+		t.Fatalf("after drop: %+v", st)
+	}
+	h, over := Reserve(price, provider, nil, 0)
+	if over != nil {
+		t.Fatalf("refused after the hold was dropped: %+v", over)
+	}
+	// Its session starts: the hold becomes its meter, and the budget is
+	// reached by what it accrued, not by holds.
+	m := h.Start()
+	if st := provider.Read(); st.Held != 0 || st.Holds != 0 || st.Live != 1 || !near(st.Accrued, 1) || !st.Reached() {
+		t.Fatalf("after start: %+v", st)
+	}
+	if h.Start() != nil {
+		t.Fatal("a hold started twice")
+	}
+	h.Drop() // after Start: nothing
+	if st := provider.Read(); st.Holds != 0 || st.Live != 1 {
+		t.Fatalf("drop after start: %+v", st)
+	}
+	if _, over := Reserve(price, provider, nil, 0); over == nil || over.Held {
+		t.Fatalf("a reached budget admitted a session, or blamed holds: %+v", over)
+	}
+	m.Stop()
+	if st := provider.Read(); !near(st.Spent, 1) || st.Live != 0 {
+		t.Fatalf("after stop: %+v", st)
+	}
+}
+
+// TestReserveClientBudget: the client key's book is held to the budget
+// the caller gives, checked before the provider's; a refusal by the
+// provider gives the client's hold back.
+func TestReserveClientBudget(t *testing.T) {
+	c := &clock{t: time.Date(2026, 6, 1, 12, 0, 0, 0, time.UTC)}
+	rate := &Cost{Amount: 0.6, Per: PerMinute, Minimum: caddy.Duration(time.Minute)}
+	provider := NewBook(&Budget{Amount: 10, Per: PerDay}, c.now)
+	client := NewBook(nil, c.now)
+
+	h1, over := Reserve(rate, provider, client, 1)
+	if over != nil {
+		t.Fatal(over)
+	}
+	// 0.6 held of 1: a second one still fits below the budget (a budget
+	// is reached at or above it, as for sessions that ran).
+	h2, over := Reserve(rate, provider, client, 1)
+	if over != nil {
+		t.Fatal(over)
+	}
+	if _, over := Reserve(rate, provider, client, 1); over == nil || over.Book != client || !over.Held {
+		t.Fatalf("third: %+v", over)
+	}
+	if st := provider.Read(); !near(st.Held, 1.2) || st.Holds != 2 {
+		t.Fatalf("provider held %+v", st)
+	}
+	h1.Drop()
+	h2.Drop()
+
+	// The provider refuses: the client's hold is given back.
+	full := NewBook(&Budget{Amount: 0.5, Per: PerDay}, c.now)
+	full.Charge(0.5)
+	if _, over := Reserve(rate, full, client, 1); over == nil || over.Book != full || over.Held {
+		t.Fatalf("provider over its budget: %+v", over)
+	}
+	if st := client.Read(); st.Held != 0 || st.Holds != 0 {
+		t.Fatalf("client kept a hold: %+v", st)
+	}
+	if !client.Idle() {
+		t.Fatal("a client book with nothing held is not idle")
+	}
+
+	// Without a price nothing is held, but a reached budget still refuses.
+	if h, over := Reserve(nil, provider, client, 1); h != nil || over != nil {
+		t.Fatalf("free provider: %v %+v", h, over)
+	}
+	client.Charge(1)
+	if _, over := Reserve(nil, provider, client, 1); over == nil || over.Book != client {
+		t.Fatalf("a client over its budget admitted to a free provider: %+v", over)
+	}
+	// A rate without a minimum costs nothing at its first moment: its
+	// hold counts the session, not an amount.
+	free := NewBook(&Budget{Amount: 1, Per: PerDay}, c.now)
+	h, over := Reserve(&Cost{Amount: 1, Per: PerHour}, free, nil, 0)
+	if over != nil || h == nil {
+		t.Fatalf("rate without minimum: %v %+v", h, over)
+	}
+	if st := free.Read(); st.Holds != 1 || st.Held != 0 || free.Idle() {
+		t.Fatalf("rate without minimum held %+v", st)
+	}
+	h.Start().Stop()
+}
