@@ -31,7 +31,8 @@ const (
 	// WordBadConnectURL: the connect URL of a create answer points to a
 	// host the gateway does not dial with the provider's headers (not the
 	// create call's host, not under its registrable domain, not named in
-	// ConnectHosts).
+	// ConnectHosts), or is plain (ws://, http://) after a create call over
+	// https without InsecureConnect.
 	WordBadConnectURL = "bad_connect_url"
 	// WordBadSessionID: the session ID of a create answer is refused (see
 	// CheckSessionID).
@@ -134,6 +135,12 @@ type SessionAPI struct {
 	// ledger entry names, once two reaps in a row found them so. Needs a
 	// list. Default: off.
 	ReapUntracked bool `json:"reap_untracked,omitempty"`
+	// InsecureConnect (insecure_connect) lets a create call made over
+	// https answer a plain ws:// or http:// connect URL, which is then
+	// dialed with the provider's header_up values (and the URL's user
+	// info) in clear text. Default: off (such an answer fails the attempt
+	// with bad_connect_url).
+	InsecureConnect bool `json:"insecure_connect,omitempty"`
 }
 
 // Header is one request header field of a session API call.
@@ -982,6 +989,11 @@ func (p *Provider) retarget(raw string) (*Provider, error) {
 		t.scheme, t.httpScheme = "wss", "https"
 	default:
 		return nil, errors.New("the connect URL must be ws://, wss://, http:// or https://")
+	}
+	if a := p.api; a != nil && t.scheme == "ws" && a.createURL.Scheme == "https" && !a.InsecureConnect {
+		// The dial carries header_up values and the URL's user info: a
+		// create call over https says they are not meant for clear text.
+		return nil, fmt.Errorf("%w: a plain %s:// connect URL after a create call over https (insecure_connect allows it)", errBadConnectURL, strings.ToLower(u.Scheme))
 	}
 	t.host = u.Host
 	port := u.Port()

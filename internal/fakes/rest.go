@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -56,7 +57,19 @@ func NewREST(connect func(id string) string) *REST {
 	return f
 }
 
-// URL is the provider's base URL, http://host:port.
+// NewRESTTLS is NewREST over https, with a certificate of its own that
+// no one trusts (a client skips verifying it).
+func NewRESTTLS(connect func(id string) string) *REST {
+	f := &REST{Connect: connect, released: map[string]int{}, scheme: "https"}
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(f.serve))
+	srv.StartTLS()
+	f.Addr = srv.Listener.Addr().String()
+	f.closeFn = srv.Close
+	return f
+}
+
+// URL is the provider's base URL, http://host:port (https:// for
+// NewRESTTLS).
 func (f *REST) URL() string { return f.scheme + "://" + f.Addr }
 
 // Close stops it.
