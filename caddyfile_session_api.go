@@ -18,6 +18,7 @@ import (
 //		list         <METHOD> <URL>
 //		list_ids     <JSON pointer>
 //		reap_untracked [on|off]
+//		insecure_connect [on|off]
 //	}
 //
 // A JSON template is one token: quote it with backticks, like
@@ -25,6 +26,8 @@ import (
 // connect URL of a create answer may point to besides the create URL's
 // host and the names under its registrable domain: host names or IP
 // addresses, or *.example.com for every name under example.com.
+// insecure_connect lets a create call over https answer a plain ws:// or
+// http:// connect URL (dialed with the provider's headers in clear text).
 func (r *reader) parseSessionAPI(prefix string) (*upstreams.SessionAPI, error) {
 	d := r.d
 	if d.NextArg() {
@@ -57,6 +60,8 @@ func (r *reader) parseSessionAPI(prefix string) (*upstreams.SessionAPI, error) {
 			c.ListIDs, err = oneArg(d)
 		case "reap_untracked":
 			c.ReapUntracked, err = onOff(d, true)
+		case "insecure_connect":
+			c.InsecureConnect, err = onOff(d, true)
 		case "connect_hosts":
 			hosts := d.RemainingArgs()
 			if len(hosts) == 0 {

@@ -47,6 +47,7 @@ func TestCaddyfileErrors(t *testing.T) {
 		{"session_api one arg", "browser_failover {\n provider a https://api.h {\n  session_api {\n   create POST\n  }\n }\n}", "create takes two values, got 1", 4},
 		{"session_api with discover", "browser_failover {\n provider a https://api.h {\n  discover on\n  session_api {\n   create POST /v1/sessions\n   connect_url /connectUrl\n   session_id /id\n   release DELETE /v1/sessions/{session_id}\n  }\n }\n}", "discover on does not apply to a provider with session_api", 3},
 		{"session_api unknown", "browser_failover {\n provider a https://api.h {\n  session_api {\n   colour blue\n  }\n }\n}", `session_api: unknown option "colour"`, 4},
+		{"session_api insecure_connect value", "browser_failover {\n provider a https://api.h {\n  session_api {\n   insecure_connect yes\n  }\n }\n}", `insecure_connect: want on or off, got "yes"`, 4},
 		{"session_api header break", "browser_failover {\n provider a https://api.h {\n  session_api {\n   header X-Key \"a\nb\"\n  }\n }\n}", "session_api: header X-Key: the value must not contain a line break", 4},
 		{"allowed_origins empty", "browser_failover {\n provider a ws://h:1\n allowed_origins\n}", "allowed_origins needs at least one origin", 3},
 		{"allowed_origins host only", "browser_failover {\n provider a ws://h:1\n allowed_origins https://ok.example app.example\n}", `allowed_origins: "app.example" is not an origin`, 3},

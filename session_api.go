@@ -39,8 +39,9 @@ func setupRegistry(reg *pool.Registry) {
 			zap.String("provider", provider), zap.String("cause", err.Error()))
 	}
 	// A session nobody can release bills until the provider ends it: an
-	// operator must hear of it. The cause never holds a header, a URL or
-	// the answer's body.
+	// operator must hear of it. The message stays the same when the ID was
+	// read but refused (the cause says so). The cause never holds a
+	// header, a URL or the answer's body.
 	rel.OnOrphan = func(provider, cause string) {
 		caddy.Log().Named("http.handlers.browser_failover").Error("provider session cannot be released: the create answer gave no session ID",
 			zap.String("provider", provider), zap.String("cause", cause))

@@ -2,6 +2,7 @@ package pool
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"time"
 
@@ -237,6 +238,16 @@ func (r *Registry) reapLedger() {
 	}
 	waiting := map[string]int{}
 	for _, e := range orphans {
+		if err := upstreams.CheckSessionID(e.ID); err != nil {
+			// No create answer gives such an ID (an older version's entry,
+			// or one written by hand): its release call could go
+			// elsewhere. It stays, for an operator to release.
+			waiting[e.Provider]++
+			if ls.onError != nil {
+				ls.onError("reap", fmt.Errorf("ledger: an entry of provider %q from owner %s is not released: %w", e.Provider, e.Owner, err))
+			}
+			continue
+		}
 		ls.mu.Lock()
 		adopt := ls.adopters[e.Provider].Adopt
 		ls.mu.Unlock()
@@ -317,7 +328,12 @@ func (r *Registry) untrackedOf(ctx context.Context, l *ledger.Ledger, name strin
 	}
 	var due []string
 	listed := map[string]bool{}
+	var refused []error
 	for _, id := range ids {
+		if err := upstreams.CheckSessionID(id); err != nil {
+			refused = append(refused, err) // never released: its release call could go elsewhere
+			continue
+		}
 		listed[id] = true
 		if known[id] {
 			delete(first, id)
@@ -338,6 +354,9 @@ func (r *Registry) untrackedOf(ctx context.Context, l *ledger.Ledger, name strin
 		}
 	}
 	ls.mu.Unlock()
+	if len(refused) > 0 && ls.onError != nil {
+		ls.onError("list "+name, fmt.Errorf("%d listed sessions not released, the first: %w", len(refused), refused[0]))
+	}
 	for _, id := range due {
 		if err := l.Record(ctx, name, id); err != nil {
 			if ls.onError != nil {

@@ -3,9 +3,16 @@ package pool
 import (
 	"context"
 	"os"
+	"slices"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/caddyserver/certmagic"
+
+	"github.com/browserfailover/caddy-browser-failover/internal/fakes"
+	"github.com/browserfailover/caddy-browser-failover/ledger"
+	"github.com/browserfailover/caddy-browser-failover/upstreams"
 )
 
 // TestReassertLedger: once the shared store has put this node's leases
@@ -31,5 +38,56 @@ func TestReassertLedger(t *testing.T) {
 	known, err := l.Known(ctx, "cloud")
 	if err != nil || !known["s1"] {
 		t.Fatalf("after the reassert the ledger knows %v (%v), want s1", known, err)
+	}
+}
+
+// TestReapRefusesBadSessionID: a gone owner's ledger entry whose session
+// ID no create answer is let give (a dot segment, a control byte: written
+// by an older version, or by hand) is never released: its release call
+// would go elsewhere. It is reported, kept and counted as pending; the
+// owner's good entry is released as usual.
+func TestReapRefusesBadSessionID(t *testing.T) {
+	f := fakes.NewREST(nil)
+	defer f.Close()
+	f.Plant("s-good")
+	st := &certmagic.FileStorage{Path: t.TempDir()}
+	ctx := context.Background()
+	// The gone process never beat; its entries are oldest first.
+	t0, n := time.Now().Add(-time.Hour), 0
+	gone := ledger.New(st, "old", func() time.Time { n++; return t0.Add(time.Duration(n) * time.Second) })
+	for _, id := range []string{"..", "s\n1", "s-good"} {
+		if err := gone.Record(ctx, "cloud", id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r, clock := fakeRegistry(t, true)
+	defer r.closeLedger()
+	up, err := upstreams.New(upstreams.Config{Name: "cloud", URL: f.URL(), SessionAPI: &upstreams.SessionAPI{
+		CreateMethod: "POST", CreateURL: "/v1/sessions", ConnectURL: "/connectUrl", SessionID: "/id",
+		ReleaseMethod: "POST", ReleaseURL: "/v1/sessions/{session_id}/release",
+	}}, upstreams.Defaults{Releaser: r.Releaser()}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var errs []string
+	r.OpenLedger(LedgerOptions{Store: st, Node: "n1", OnError: func(op string, err error) { errs = append(errs, op+": "+err.Error()) }})
+	r.SetAdopter("cloud", Adopter{Adopt: func(id, from string) *upstreams.Remote { return up.Adopt(id, from, nil) }})
+	clock.Advance(0) // the first reap, in place
+	if !r.Releaser().Wait(time.Now().Add(10 * time.Second)) {
+		t.Fatal("releases still pending")
+	}
+	if got, want := f.Requests(), []string{"POST /v1/sessions/s-good/release"}; !slices.Equal(got, want) {
+		t.Fatalf("requests %q, want %q", got, want)
+	}
+	if len(errs) != 2 {
+		t.Fatalf("errors %q: want the 2 refused entries reported", errs)
+	}
+	for _, e := range errs {
+		if !strings.HasPrefix(e, "reap: ") || !strings.Contains(e, `provider "cloud"`) || strings.Contains(e, "\n") {
+			t.Fatalf("report %q: want the provider named, never the ID's control byte", e)
+		}
+	}
+	if n, _ := r.LedgerPending("cloud"); n != 2 {
+		t.Fatalf("pending %d, want the 2 refused entries", n)
 	}
 }

@@ -30,7 +30,7 @@ var (
 	clientSessionsDesc = gaugeDesc("client_sessions_active", "Live sessions counted under client_limit, over every key.")
 	clientWaitingDesc  = gaugeDesc("client_limit_waiting", "Clients waiting because their key is at its client_limit.")
 	orphansDesc        = gaugeDesc("session_orphans_total",
-		"Provider sessions a 2xx create answer may have made that cannot be released, their ID unreadable (none at session_id, not JSON, over the read limit, cut short), by provider.", "provider")
+		"Provider sessions a 2xx create answer may have made that cannot be released, their ID unreadable (none at session_id, not JSON, over the read limit, cut short) or refused (a dot segment, a control byte, over 1 KiB) where the release URL holds it in its path, by provider.", "provider")
 	sessionsCreatedDesc  = gaugeDesc("sessions_created_total", "Provider sessions created over a session API, by provider.", "provider")
 	sessionsReleasedDesc = gaugeDesc("sessions_released_total", "Provider sessions released over a session API, by provider.", "provider")
 	releaseFailuresDesc  = gaugeDesc("session_release_failures_total", "Release calls that failed (each retry counts), by provider.", "provider")

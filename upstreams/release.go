@@ -3,6 +3,7 @@ package upstreams
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -41,8 +42,9 @@ type Releaser struct {
 	OnFailure func(provider string, err error)
 	// OnOrphan, when set, hears of each session a create answer may have
 	// made that cannot be released: a 2xx answer whose session ID could
-	// not be read. It gets the provider's name and the cause, which never
-	// holds a header, a URL or the answer's body.
+	// not be read, or was refused (CheckSessionID) while the release URL
+	// holds it in its path. It gets the provider's name and the cause,
+	// which never holds a header, a URL or the answer's body.
 	OnOrphan func(provider, cause string)
 	// Ledger, when set, keeps every session created until its release is
 	// confirmed: a session is recorded before its connect URL is dialed
@@ -172,6 +174,11 @@ func (s *Remote) run() {
 		ctx, cancel := context.WithTimeout(context.Background(), r.Timeout)
 		ok, err := s.release(ctx)
 		cancel()
+		if errors.Is(err, errBadSessionID) {
+			// No call can release it safely, now or later: an orphan.
+			s.api.orphan(fmt.Sprintf("%v, and the release URL holds it in its path", err))
+			return
+		}
 		if ok {
 			if s.from == "" {
 				b.Released.Add(1)

@@ -31,8 +31,12 @@ const (
 	// WordBadConnectURL: the connect URL of a create answer points to a
 	// host the gateway does not dial with the provider's headers (not the
 	// create call's host, not under its registrable domain, not named in
-	// ConnectHosts).
+	// ConnectHosts), or is plain (ws://, http://) after a create call over
+	// https without InsecureConnect.
 	WordBadConnectURL = "bad_connect_url"
+	// WordBadSessionID: the session ID of a create answer is refused (see
+	// CheckSessionID).
+	WordBadSessionID = "bad_session_id"
 	// WordLedger: the session created could not be written to the
 	// ledger; it was released, not dialed.
 	WordLedger = "ledger_failed"
@@ -47,10 +51,39 @@ const MaxCreateAnswer = 1 << 20
 // URL and body.
 const SessionIDPlaceholder = "{session_id}"
 
+// MaxSessionID bounds a provider's session ID, in bytes. Real IDs are
+// UUIDs or alike (36 bytes); 1 KiB leaves room for any provider's own
+// scheme while keeping a release URL well inside what servers accept
+// (8 KiB request lines) and ledger entries and log lines small.
+const MaxSessionID = 1024
+
 var (
 	errBadCreate     = errors.New("bad create answer")
 	errBadConnectURL = errors.New("connect URL refused")
+	errBadSessionID  = errors.New("session ID refused")
 )
+
+// CheckSessionID refuses a session ID that cannot be trusted to name one
+// session in a release call: "." or ".." (a URL path resolves them, so the
+// release would go to the sessions collection or the level above it, with
+// the API key), one holding a control byte, and one longer than
+// MaxSessionID. The error describes the ID without showing it.
+func CheckSessionID(id string) error {
+	switch {
+	case id == "":
+		return fmt.Errorf("%w: it is empty", errBadSessionID)
+	case id == "." || id == "..":
+		return fmt.Errorf("%w: it is %q, a URL path's dot segment", errBadSessionID, id)
+	case len(id) > MaxSessionID:
+		return fmt.Errorf("%w: it is longer than %d bytes", errBadSessionID, MaxSessionID)
+	}
+	for i := 0; i < len(id); i++ {
+		if id[i] < 0x20 || id[i] == 0x7f {
+			return fmt.Errorf("%w: it holds a control byte", errBadSessionID)
+		}
+	}
+	return nil
+}
 
 // SessionAPI describes a provider that creates a browser over REST before
 // each attempt: create it, dial the WebSocket URL the answer gives, release
@@ -75,7 +108,8 @@ type SessionAPI struct {
 	ConnectURL string `json:"connect_url"`
 	SessionID  string `json:"session_id"`
 	// ReleaseMethod and ReleaseURL are the release call; the URL holds
-	// {session_id}, replaced by the path-escaped ID. Required.
+	// {session_id}, replaced by the ID escaped as one path segment, or,
+	// after the "?", as one query value. Required.
 	ReleaseMethod string `json:"release_method"`
 	ReleaseURL    string `json:"release_url"`
 	// ReleaseBody is the release call's JSON body, as text; {session_id}
@@ -101,6 +135,12 @@ type SessionAPI struct {
 	// ledger entry names, once two reaps in a row found them so. Needs a
 	// list. Default: off.
 	ReapUntracked bool `json:"reap_untracked,omitempty"`
+	// InsecureConnect (insecure_connect) lets a create call made over
+	// https answer a plain ws:// or http:// connect URL, which is then
+	// dialed with the provider's header_up values (and the URL's user
+	// info) in clear text. Default: off (such an answer fails the attempt
+	// with bad_connect_url).
+	InsecureConnect bool `json:"insecure_connect,omitempty"`
 }
 
 // Header is one request header field of a session API call.
@@ -141,6 +181,9 @@ type sessionAPI struct {
 	rel        *Releaser
 	provider   string
 	hosts      hostRule
+	// idInPath: the release URL holds {session_id} before its query, so
+	// a refused ID cannot be released safely.
+	idInPath bool
 }
 
 // Books are a provider's session API counts. They outlive a config load:
@@ -155,7 +198,9 @@ type Books struct {
 	ReleaseFailures counter
 	// Orphans: sessions a create answer may have made that the gateway
 	// cannot release (a 2xx answer whose session ID could not be read:
-	// none at the pointer, not JSON, over MaxCreateAnswer, cut short).
+	// none at the pointer, not JSON, over MaxCreateAnswer, cut short; or
+	// one whose ID CheckSessionID refused while the release URL holds it
+	// in its path).
 	Orphans counter
 	// Reaped: sessions another process created and left behind (their
 	// ledger entries adopted) whose release the provider accepted; not in
@@ -297,6 +342,8 @@ func newSessionAPI(p *Provider, a SessionAPI, o TLSOptions, books *Books, rel *R
 		return nil, fmt.Errorf("create: %w", err)
 	}
 	s.hosts = newHostRule(s.createURL.Hostname(), a.ConnectHosts)
+	relPath, _, _ := strings.Cut(a.ReleaseURL, "?")
+	s.idInPath = strings.Contains(relPath, SessionIDPlaceholder)
 	if _, err := resolveCall(base, strings.ReplaceAll(a.ReleaseURL, SessionIDPlaceholder, "x")); err != nil {
 		return nil, fmt.Errorf("release: %w", err)
 	}
@@ -642,6 +689,20 @@ func (a *sessionAPI) create(ctx context.Context, headers []Header, payload []byt
 		a.orphan(why)
 		return failed(why)
 	}
+	if err := CheckSessionID(id); err != nil {
+		// A release call would name something else than the session; it
+		// is made only where the ID is escaped whole (a query, a body).
+		if a.idInPath {
+			a.orphan(fmt.Sprintf("%v (at %s), and the release URL holds it in its path", err, a.SessionID))
+		} else {
+			a.books.Created.Add(1)
+			(&Remote{api: a, id: id, headers: headers}).Release()
+		}
+		if rerr != nil {
+			return failed("")
+		}
+		return created{res: &Result{Outcome: Outcome{Word: WordBadSessionID, Kind: Failure, Err: fmt.Errorf("%w: %w", errBadCreate, err)}}}
+	}
 	r := &Remote{api: a, id: id, headers: headers}
 	a.books.Created.Add(1)
 	if fault != "" {
@@ -776,13 +837,29 @@ func setHeaders(req *http.Request, headers []Header, hasBody bool) {
 	}
 }
 
+// releaseURL is the release call's URL for session id: {session_id} is
+// replaced by id escaped as one path segment before the "?", and as one
+// query value after it, so that the ID can neither climb the path nor add
+// query items.
+func (a *sessionAPI) releaseURL(id string) string {
+	path, query, hasQuery := strings.Cut(a.ReleaseURL, "?")
+	s := strings.ReplaceAll(path, SessionIDPlaceholder, url.PathEscape(id))
+	if hasQuery {
+		s += "?" + strings.ReplaceAll(query, SessionIDPlaceholder, url.QueryEscape(id))
+	}
+	return s
+}
+
 // release makes one release call within ctx; ok reports that the provider
-// no longer holds the session.
+// no longer holds the session. An ID refused by CheckSessionID is never
+// put in a release path: the error then wraps errBadSessionID.
 func (r *Remote) release(ctx context.Context) (ok bool, err error) {
 	a := r.api
-	rawURL := strings.ReplaceAll(a.ReleaseURL, SessionIDPlaceholder, url.PathEscape(r.id))
+	if err := CheckSessionID(r.id); err != nil && a.idInPath {
+		return false, err
+	}
 	base := &url.URL{Scheme: a.createURL.Scheme, Host: a.createURL.Host}
-	u, err := resolveCall(base, rawURL)
+	u, err := resolveCall(base, a.releaseURL(r.id))
 	if err != nil {
 		return false, err
 	}
@@ -912,6 +989,11 @@ func (p *Provider) retarget(raw string) (*Provider, error) {
 		t.scheme, t.httpScheme = "wss", "https"
 	default:
 		return nil, errors.New("the connect URL must be ws://, wss://, http:// or https://")
+	}
+	if a := p.api; a != nil && t.scheme == "ws" && a.createURL.Scheme == "https" && !a.InsecureConnect {
+		// The dial carries header_up values and the URL's user info: a
+		// create call over https says they are not meant for clear text.
+		return nil, fmt.Errorf("%w: a plain %s:// connect URL after a create call over https (insecure_connect allows it)", errBadConnectURL, strings.ToLower(u.Scheme))
 	}
 	t.host = u.Host
 	port := u.Port()

@@ -417,3 +417,87 @@ func TestStopCreates(t *testing.T) {
 	res.Conn.Close()
 	settle(t, f, 2)
 }
+
+// TestConnectDowngradeRefused: a create call made over https whose answer
+// gives a plain ws:// or http:// connect URL would send the provider's
+// header_up values (and the URL's user info) in clear text: the attempt
+// fails with bad_connect_url, nothing is dialed, and the session is
+// released, unless insecure_connect allows it. A create over plain http
+// may answer a plain connect URL: the operator chose plain.
+func TestConnectDowngradeRefused(t *testing.T) {
+	echo := fakes.Echo("downgrade", nil)
+	defer echo.Close()
+	_, port, _ := net.SplitHostPort(echo.Addr)
+	tlsProvider := func(t *testing.T, name string, f *fakes.REST, insecure bool) *Provider {
+		t.Helper()
+		p, err := New(Config{
+			Name: name, URL: f.URL(), ConnectTimeout: caddy.Duration(3 * time.Second),
+			TLS:       &TLSOptions{InsecureSkipVerify: true},
+			HeadersUp: []HeaderOp{{Op: "set", Field: "X-Api-Key", Value: testAPIKey}},
+			SessionAPI: &SessionAPI{
+				CreateMethod: "POST", CreateURL: "/v1/sessions",
+				Headers:    []Header{{Field: "X-Api-Key", Value: testAPIKey}},
+				ConnectURL: "/connectUrl", SessionID: "/id",
+				ReleaseMethod: "POST", ReleaseURL: "/v1/sessions/{session_id}/release",
+				InsecureConnect: insecure,
+			},
+		}, Defaults{Releaser: testRel}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	for _, scheme := range []string{"ws", "http", "WS"} {
+		t.Run(scheme, func(t *testing.T) {
+			f := fakes.NewRESTTLS(func(string) string { return scheme + "://user:pw@127.0.0.1:" + port + "/devtools/browser/x" })
+			defer f.Close()
+			res := tlsProvider(t, "api-downgrade-"+scheme, f, false).Connect(context.Background(), testHandshake(), nil)
+			if res.Conn != nil {
+				res.Conn.Close()
+			}
+			if res.Outcome.Word != WordBadConnectURL || res.Outcome.Kind != Failure {
+				t.Fatalf("outcome %q %v (%v), want %s, a failure", res.Outcome.Word, res.Outcome.Kind, res.Outcome.Err, WordBadConnectURL)
+			}
+			if n := echo.Hits.Load(); n != 0 {
+				t.Fatalf("the plain connect URL was dialed %d times", n)
+			}
+			if msg := res.Outcome.Err.Error(); !strings.Contains(msg, "insecure_connect") || strings.Contains(msg, "pw") || strings.Contains(msg, testAPIKey) {
+				t.Fatalf("error %q: should name the option, never the URL's secrets", msg)
+			}
+			settle(t, f, 1)
+		})
+	}
+	t.Run("insecure_connect on", func(t *testing.T) {
+		f := fakes.NewRESTTLS(func(string) string { return echo.URL() })
+		defer f.Close()
+		res := tlsProvider(t, "api-downgrade-allowed", f, true).Connect(context.Background(), testHandshake(), nil)
+		if res.Outcome.Kind != Success {
+			t.Fatalf("outcome %q %v", res.Outcome.Word, res.Outcome.Err)
+		}
+		if echo.LastHeader().Get("X-Api-Key") != testAPIKey {
+			t.Fatal("the dial went without header_up")
+		}
+		res.Conn.Close()
+		settle(t, f, 1)
+	})
+	t.Run("plain create, plain connect", func(t *testing.T) {
+		f := fakes.NewREST(func(string) string { return echo.URL() })
+		defer f.Close()
+		res := restProvider(t, "api-plain", f).Connect(context.Background(), testHandshake(), nil)
+		if res.Outcome.Kind != Success {
+			t.Fatalf("outcome %q %v", res.Outcome.Word, res.Outcome.Err)
+		}
+		res.Conn.Close()
+		settle(t, f, 1)
+	})
+	// A secure connect URL after a secure create: dialed (retarget accepts
+	// it; no TLS echo here).
+	secure := fakes.NewRESTTLS(nil)
+	defer secure.Close()
+	p := tlsProvider(t, "api-secure", secure, false)
+	for _, u := range []string{"wss://127.0.0.1:1/x", "https://127.0.0.1:1/x"} {
+		if _, err := p.retarget(u); err != nil {
+			t.Errorf("%s: %v", u, err)
+		}
+	}
+}

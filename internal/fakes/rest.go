@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -39,29 +40,46 @@ type REST struct {
 	creates   []http.Header
 	bodies    [][]byte
 	relBodies [][]byte
+	requests  []string
 	seq       atomic.Int64
 	closeFn   func()
+	scheme    string
 }
 
 // NewREST starts a fake REST provider whose sessions connect to connect's
 // result.
 func NewREST(connect func(id string) string) *REST {
 	ln := listen()
-	f := &REST{Addr: ln.Addr().String(), Connect: connect, released: map[string]int{}}
+	f := &REST{Addr: ln.Addr().String(), Connect: connect, released: map[string]int{}, scheme: "http"}
 	srv := &http.Server{Handler: http.HandlerFunc(f.serve)}
 	go srv.Serve(ln)
 	f.closeFn = func() { srv.Close() }
 	return f
 }
 
-// URL is the provider's base URL, http://host:port.
-func (f *REST) URL() string { return "http://" + f.Addr }
+// NewRESTTLS is NewREST over https, with a certificate of its own that
+// no one trusts (a client skips verifying it).
+func NewRESTTLS(connect func(id string) string) *REST {
+	f := &REST{Connect: connect, released: map[string]int{}, scheme: "https"}
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(f.serve))
+	srv.StartTLS()
+	f.Addr = srv.Listener.Addr().String()
+	f.closeFn = srv.Close
+	return f
+}
+
+// URL is the provider's base URL, http://host:port (https:// for
+// NewRESTTLS).
+func (f *REST) URL() string { return f.scheme + "://" + f.Addr }
 
 // Close stops it.
 func (f *REST) Close() { f.closeFn() }
 
 func (f *REST) serve(w http.ResponseWriter, r *http.Request) {
 	body, _ := io.ReadAll(r.Body)
+	f.mu.Lock()
+	f.requests = append(f.requests, r.Method+" "+r.RequestURI)
+	f.mu.Unlock()
 	path := r.URL.Path
 	switch {
 	case r.Method == http.MethodPost && path == "/v1/sessions":
@@ -203,4 +221,12 @@ func (f *REST) ReleaseBodies() [][]byte {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return append([][]byte(nil), f.relBodies...)
+}
+
+// Requests returns every request it was sent, as "METHOD request-URI"
+// (the path and query as they came, still escaped), in order.
+func (f *REST) Requests() []string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return append([]string(nil), f.requests...)
 }
