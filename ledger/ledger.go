@@ -99,6 +99,10 @@ type Ledger struct {
 	// mine are those entries, by key, so that they can be written again
 	// (Reassert).
 	mine map[string]Entry
+	// removing are the keys of entries done with (released, or adopted
+	// from a gone owner) that the store refused to delete: deleted again
+	// by RetryRemovals.
+	removing map[string]bool
 }
 
 // New returns the ledger of a process named node (for operators) on store;
@@ -110,7 +114,8 @@ func New(store Store, node string, now func() time.Time) *Ledger {
 	b := make([]byte, 12)
 	_, _ = rand.Read(b)
 	return &Ledger{store: store, owner: hex.EncodeToString(b), node: node, now: now,
-		beat: Heartbeat, gone: OwnerGone, pending: map[string]int{}, mine: map[string]Entry{}}
+		beat: Heartbeat, gone: OwnerGone, pending: map[string]int{}, mine: map[string]Entry{},
+		removing: map[string]bool{}}
 }
 
 // SetTiming sets the heartbeat's period and the age at which an owner is
@@ -169,6 +174,7 @@ func (l *Ledger) hold(e Entry) {
 	}
 	l.mine[k] = e
 	l.pending[e.Provider]++
+	delete(l.removing, k)
 }
 
 // drop no longer counts the entry of provider's session id.
@@ -209,13 +215,58 @@ func (l *Ledger) Reassert(ctx context.Context) error {
 }
 
 // Remove deletes the entry of a session whose release the provider
-// confirmed. A session this process holds no entry of is left alone.
+// confirmed. A session this process holds no entry of is left alone. The
+// session is no longer pending either way; an entry the store refused to
+// delete is deleted again by RetryRemovals (and, should the process end
+// first, the reaper's second release of it is answered as released).
 func (l *Ledger) Remove(ctx context.Context, provider, id string) error {
-	if err := l.store.Delete(ctx, entryKey(l.owner, provider, id)); err != nil {
+	k := entryKey(l.owner, provider, id)
+	err := l.store.Delete(ctx, k)
+	l.mu.Lock()
+	_, held := l.mine[k]
+	if err != nil && held {
+		l.removing[k] = true
+	}
+	l.mu.Unlock()
+	l.drop(provider, id)
+	if err != nil {
 		return fmt.Errorf("ledger: %w", err)
 	}
-	l.drop(provider, id)
 	return nil
+}
+
+// RetryRemovals deletes again the entries the store refused to delete
+// (see Remove and Adopt); those it refuses again are kept for the next
+// call.
+func (l *Ledger) RetryRemovals(ctx context.Context) error {
+	l.mu.Lock()
+	keys := make([]string, 0, len(l.removing))
+	for k := range l.removing {
+		keys = append(keys, k)
+	}
+	l.mu.Unlock()
+	var errs []error
+	for _, k := range keys {
+		if err := l.store.Delete(ctx, k); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		l.mu.Lock()
+		delete(l.removing, k)
+		l.mu.Unlock()
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("ledger: %d entries not deleted: %w", len(errs), err)
+	}
+	return nil
+}
+
+// Removing is the number of entries done with that the store has not
+// deleted yet (RetryRemovals).
+func (l *Ledger) Removing() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return len(l.removing)
 }
 
 // PendingOf is the number of entries this process holds for provider.
@@ -263,21 +314,11 @@ func (l *Ledger) Orphans(ctx context.Context) (orphans []Entry, next time.Time, 
 			}
 			continue
 		}
-		keys, err := l.list(ctx, path.Join(entryDir, owner))
+		entries, err := l.entriesOf(ctx, owner)
 		if err != nil {
 			errs = append(errs, err)
-			continue
 		}
-		for _, k := range keys {
-			e, err := l.load(ctx, path.Join(entryDir, owner, k))
-			if err != nil {
-				if !errors.Is(err, fs.ErrNotExist) {
-					errs = append(errs, err)
-				}
-				continue
-			}
-			orphans = append(orphans, e)
-		}
+		orphans = append(orphans, entries...)
 	}
 	sort.Slice(orphans, func(i, j int) bool { return orphans[i].Created.Before(orphans[j].Created) })
 	return orphans, next, errors.Join(errs...)
@@ -292,24 +333,40 @@ func (l *Ledger) Known(ctx context.Context, provider string) (map[string]bool, e
 	}
 	known := map[string]bool{}
 	for _, owner := range owners {
-		keys, err := l.list(ctx, path.Join(entryDir, owner))
+		entries, err := l.entriesOf(ctx, owner)
 		if err != nil {
 			return nil, err
 		}
-		for _, k := range keys {
-			e, err := l.load(ctx, path.Join(entryDir, owner, k))
-			if errors.Is(err, fs.ErrNotExist) {
-				continue
-			}
-			if err != nil {
-				return nil, err
-			}
+		for _, e := range entries {
 			if e.Provider == provider {
 				known[e.ID] = true
 			}
 		}
 	}
 	return known, nil
+}
+
+// entriesOf returns the entries the store holds under owner: those it
+// can read, with an error naming the others.
+func (l *Ledger) entriesOf(ctx context.Context, owner string) ([]Entry, error) {
+	keys, err := l.list(ctx, path.Join(entryDir, owner))
+	if err != nil {
+		return nil, err
+	}
+	var out []Entry
+	var errs []error
+	for _, k := range keys {
+		e, err := l.load(ctx, path.Join(entryDir, owner, k))
+		if errors.Is(err, fs.ErrNotExist) {
+			continue
+		}
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		out = append(out, e)
+	}
+	return out, errors.Join(errs...)
 }
 
 // lastSeen is when owner last beat (zero when it never did, or its
@@ -345,17 +402,27 @@ func (l *Ledger) list(ctx context.Context, dir string) ([]string, error) {
 	return names, nil
 }
 
+// load reads the entry at key. What is not an entry written there
+// (unreadable, without a provider or an ID, or naming another owner or
+// session than its key does) is refused: the ledger acts on an entry only
+// at the key it names, so adopting or deleting one never reaches a key
+// the entry's content chose.
 func (l *Ledger) load(ctx context.Context, key string) (Entry, error) {
 	b, err := l.store.Load(ctx, key)
 	if err != nil {
 		return Entry{}, err
 	}
 	var e Entry
-	if err := json.Unmarshal(b, &e); err != nil || e.Provider == "" || e.ID == "" {
-		return Entry{}, fmt.Errorf("ledger: %s: not an entry", key)
+	if err := json.Unmarshal(b, &e); err != nil || e.Provider == "" || e.ID == "" ||
+		entryKey(e.Owner, e.Provider, e.ID) != key {
+		return Entry{}, fmt.Errorf("ledger: %s: %w", key, errNotEntry)
 	}
 	return e, nil
 }
+
+// errNotEntry is the cause of a value that is not an entry written at
+// its key.
+var errNotEntry = errors.New("not an entry")
 
 // Adopt takes e over from its gone owner: under a lock of the store, when
 // the entry is still there, it is written under this process's name and
@@ -383,8 +450,12 @@ func (l *Ledger) Adopt(ctx context.Context, e Entry) (adopted Entry, ok bool, er
 	}
 	l.hold(adopted)
 	if err := l.store.Delete(ctx, old); err != nil {
-		// Both copies stand: the old one is found again, and its
-		// second release is answered as released (404).
+		// Both copies stand until RetryRemovals deletes the old one; if
+		// it is found again first, its second release is answered as
+		// released (404).
+		l.mu.Lock()
+		l.removing[old] = true
+		l.mu.Unlock()
 		return adopted, true, fmt.Errorf("ledger: %w", err)
 	}
 	// A gone owner whose last entry went has nothing left to say.
@@ -399,6 +470,7 @@ func (l *Ledger) Adopt(ctx context.Context, e Entry) (adopted Entry, ok bool, er
 // clean exit, so that the store does not keep an owner that will never
 // beat again.
 func (l *Ledger) Leave(ctx context.Context) {
+	_ = l.RetryRemovals(ctx)
 	if keys, err := l.list(ctx, path.Join(entryDir, l.owner)); err == nil && len(keys) == 0 {
 		_ = l.store.Delete(ctx, path.Join(entryDir, l.owner))
 		_ = l.store.Delete(ctx, path.Join(ownersDir, l.owner))

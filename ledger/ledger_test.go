@@ -212,3 +212,77 @@ func TestReassertWritesAgain(t *testing.T) {
 		t.Fatalf("pending %d, want 2", l.PendingOf("cloud"))
 	}
 }
+
+// flaky is a store whose deletes fail while failing is set.
+type flaky struct {
+	*certmagic.FileStorage
+	failing atomic.Bool
+}
+
+func (f *flaky) Delete(ctx context.Context, key string) error {
+	if f.failing.Load() {
+		return os.ErrDeadlineExceeded
+	}
+	return f.FileStorage.Delete(ctx, key)
+}
+
+// TestRemoveRefusedIsRetried: a removal the store refuses no longer counts
+// the session as pending, is not written again by Reassert, and is
+// deleted by a later RetryRemovals once the store takes it.
+func TestRemoveRefusedIsRetried(t *testing.T) {
+	ctx := context.Background()
+	st := &flaky{FileStorage: newStore(t)}
+	l := New(st, "n1", nil)
+	l.Beat(ctx)
+	for _, id := range []string{"s1", "s2"} {
+		if err := l.Record(ctx, "cloud", id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	st.failing.Store(true)
+	if err := l.Remove(ctx, "cloud", "s1"); err == nil {
+		t.Fatal("Remove reported no error from a store that refused")
+	}
+	if p, r := l.PendingOf("cloud"), l.Removing(); p != 1 || r != 1 {
+		t.Fatalf("pending %d, removing %d; want 1 and 1", p, r)
+	}
+	if err := l.RetryRemovals(ctx); err == nil || l.Removing() != 1 {
+		t.Fatalf("a retry the store refused: %v, removing %d", err, l.Removing())
+	}
+	st.failing.Store(false)
+	if err := l.Reassert(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.RetryRemovals(ctx); err != nil || l.Removing() != 0 {
+		t.Fatalf("RetryRemovals: %v, removing %d", err, l.Removing())
+	}
+	known, err := l.Known(ctx, "cloud")
+	if err != nil || len(known) != 1 || !known["s2"] {
+		t.Fatalf("the ledger names %v (%v), want s2 only", known, err)
+	}
+}
+
+// TestForeignEntryRefused: a value under a gone owner that names another
+// owner's session (a corrupted or foreign one) is not an orphan: adopting
+// it would take the live owner's entry and release its session.
+func TestForeignEntryRefused(t *testing.T) {
+	ctx := context.Background()
+	st := newStore(t)
+	clk := &clock{t: time.Date(2026, 12, 2, 10, 0, 0, 0, time.UTC)}
+	live, reaper := New(st, "live", clk.now), New(st, "reaper", clk.now)
+	live.Beat(ctx)
+	if err := live.Record(ctx, "cloud", "live-session"); err != nil {
+		t.Fatal(err)
+	}
+	b := []byte(`{"owner":"` + live.Owner() + `","provider":"cloud","session_id":"live-session"}`)
+	if err := st.Store(ctx, entryKey("gone0000", "cloud", "other"), b); err != nil {
+		t.Fatal(err)
+	}
+	orphans, _, err := reaper.Orphans(ctx)
+	if len(orphans) != 0 || err == nil || !strings.Contains(err.Error(), "not an entry") {
+		t.Fatalf("orphans %+v (%v), want none and the foreign value named", orphans, err)
+	}
+	if live.PendingOf("cloud") != 1 {
+		t.Fatal("the live owner lost its entry")
+	}
+}

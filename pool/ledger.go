@@ -161,7 +161,13 @@ func (r *Registry) beatLedger() {
 	}
 	// The store's I/O runs without the lock: a status read never waits
 	// for a slow storage.
-	beatOnce(l, onError)
+	if beatOnce(l, onError) && l.Removing() > 0 {
+		ctx, cancel := context.WithTimeout(context.Background(), l.HeartbeatEvery())
+		if err := l.RetryRemovals(ctx); err != nil && onError != nil {
+			onError("remove", err)
+		}
+		cancel()
+	}
 	ls.mu.Lock()
 	defer ls.mu.Unlock()
 	ls.scheduleBeatLocked(r)
@@ -186,14 +192,16 @@ func (r *Registry) ReassertLedger() {
 	}
 }
 
-// beatOnce refreshes l's heartbeat, telling onError of a failure.
-func beatOnce(l *ledger.Ledger, onError func(op string, err error)) {
+// beatOnce refreshes l's heartbeat, telling onError of a failure; it
+// reports whether the store took it.
+func beatOnce(l *ledger.Ledger, onError func(op string, err error)) bool {
 	ctx, cancel := context.WithTimeout(context.Background(), l.HeartbeatEvery())
 	err := l.Beat(ctx)
 	cancel()
 	if err != nil && onError != nil {
 		onError("heartbeat", err)
 	}
+	return err == nil
 }
 
 // scheduleBeatLocked makes the next heartbeat run a period from now.
