@@ -303,7 +303,7 @@ func (l *Ledger) Orphans(ctx context.Context) (orphans []Entry, next time.Time, 
 		if owner == l.owner {
 			continue
 		}
-		seen, err := l.lastSeen(ctx, owner)
+		seen, err := l.lastSeen(ctx, l.store, owner)
 		if err != nil {
 			errs = append(errs, err)
 			continue
@@ -356,7 +356,7 @@ func (l *Ledger) entriesOf(ctx context.Context, owner string) ([]Entry, error) {
 	var out []Entry
 	var errs []error
 	for _, k := range keys {
-		e, err := l.load(ctx, path.Join(entryDir, owner, k))
+		e, err := l.load(ctx, l.store, path.Join(entryDir, owner, k))
 		if errors.Is(err, fs.ErrNotExist) {
 			continue
 		}
@@ -371,8 +371,10 @@ func (l *Ledger) entriesOf(ctx context.Context, owner string) ([]Entry, error) {
 
 // lastSeen is when owner last beat (zero when it never did, or its
 // record is unreadable: it is then gone).
-func (l *Ledger) lastSeen(ctx context.Context, owner string) (time.Time, error) {
-	b, err := l.store.Load(ctx, path.Join(ownersDir, owner))
+func (l *Ledger) lastSeen(ctx context.Context, st interface {
+	Load(context.Context, string) ([]byte, error)
+}, owner string) (time.Time, error) {
+	b, err := st.Load(ctx, path.Join(ownersDir, owner))
 	if errors.Is(err, fs.ErrNotExist) {
 		return time.Time{}, nil
 	}
@@ -402,13 +404,15 @@ func (l *Ledger) list(ctx context.Context, dir string) ([]string, error) {
 	return names, nil
 }
 
-// load reads the entry at key. What is not an entry written there
+// load reads the entry at key of st. What is not an entry written there
 // (unreadable, without a provider or an ID, or naming another owner or
 // session than its key does) is refused: the ledger acts on an entry only
 // at the key it names, so adopting or deleting one never reaches a key
 // the entry's content chose.
-func (l *Ledger) load(ctx context.Context, key string) (Entry, error) {
-	b, err := l.store.Load(ctx, key)
+func (l *Ledger) load(ctx context.Context, st interface {
+	Load(context.Context, string) ([]byte, error)
+}, key string) (Entry, error) {
+	b, err := st.Load(ctx, key)
 	if err != nil {
 		return Entry{}, err
 	}
@@ -430,13 +434,22 @@ var errNotEntry = errors.New("not an entry")
 // when another did (or released it) first. The adopted entry is then this
 // process's, released and removed like one it created.
 func (l *Ledger) Adopt(ctx context.Context, e Entry) (adopted Entry, ok bool, err error) {
+	adopted, ok, err = l.adopt(ctx, e)
+	if ok && err == nil {
+		l.dropIfEmpty(ctx, e.Owner)
+	}
+	return adopted, ok, err
+}
+
+// adopt is Adopt under the entry's lock.
+func (l *Ledger) adopt(ctx context.Context, e Entry) (adopted Entry, ok bool, err error) {
 	old := entryKey(e.Owner, e.Provider, e.ID)
 	lock := lockName + e.Owner + "_" + path.Base(old)
 	if err := l.store.Lock(ctx, lock); err != nil {
 		return Entry{}, false, fmt.Errorf("ledger: %w", err)
 	}
 	defer l.store.Unlock(context.WithoutCancel(ctx), lock)
-	cur, err := l.load(ctx, old)
+	cur, err := l.load(ctx, l.store, old)
 	if errors.Is(err, fs.ErrNotExist) {
 		return Entry{}, false, nil
 	}
@@ -458,12 +471,26 @@ func (l *Ledger) Adopt(ctx context.Context, e Entry) (adopted Entry, ok bool, er
 		l.mu.Unlock()
 		return adopted, true, fmt.Errorf("ledger: %w", err)
 	}
-	// A gone owner whose last entry went has nothing left to say.
-	if rest, err := l.list(ctx, path.Join(entryDir, cur.Owner)); err == nil && len(rest) == 0 {
-		_ = l.store.Delete(ctx, path.Join(entryDir, cur.Owner))
-		_ = l.store.Delete(ctx, path.Join(ownersDir, cur.Owner))
-	}
 	return adopted, true, nil
+}
+
+// dropIfEmpty takes a gone owner whose last entry went out of the store:
+// it has nothing left to say. It does so under the owner's lock, which
+// MoveLegacy holds while it brings the owner's entries from an older
+// layout, so that none it brings is deleted with the owner.
+func (l *Ledger) dropIfEmpty(ctx context.Context, owner string) {
+	if rest, err := l.list(ctx, path.Join(entryDir, owner)); err != nil || len(rest) > 0 {
+		return
+	}
+	lock := lockName + owner
+	if err := l.store.Lock(ctx, lock); err != nil {
+		return
+	}
+	defer l.store.Unlock(context.WithoutCancel(ctx), lock)
+	if rest, err := l.list(ctx, path.Join(entryDir, owner)); err == nil && len(rest) == 0 {
+		_ = l.store.Delete(ctx, path.Join(entryDir, owner))
+		_ = l.store.Delete(ctx, path.Join(ownersDir, owner))
+	}
 }
 
 // Leave removes this process's heartbeat when it holds no entry, at a
@@ -475,4 +502,121 @@ func (l *Ledger) Leave(ctx context.Context) {
 		_ = l.store.Delete(ctx, path.Join(entryDir, l.owner))
 		_ = l.store.Delete(ctx, path.Join(ownersDir, l.owner))
 	}
+}
+
+// Legacy is the ledger as an older version kept it, in another layout of
+// the same paths (under state redis: a key per path, found by a walk of
+// the keyspace), read once the ledger is in its new layout so that what
+// an older version left is still released (MoveLegacy).
+type Legacy interface {
+	Load(ctx context.Context, key string) ([]byte, error)
+	Delete(ctx context.Context, key string) error
+	// List returns every key under prefix.
+	List(ctx context.Context, prefix string, recursive bool) ([]string, error)
+}
+
+// MoveLegacy moves the entries that old holds of gone owners into the
+// ledger's store, under the same owner, where Orphans finds them; a gone
+// owner's heartbeat there goes once its entries moved. Each move takes
+// the lock an adoption of that entry takes, in old's version too, so one
+// of them takes the entry; the moves of an owner's entries hold the
+// owner's lock, so that an adoption here does not take the owner out of
+// the store while they come. The entries of owners still alive (an older
+// version running beside this one) stay there: left reports that old may
+// still hold something to move (those, or what a failed call kept), so
+// that the caller runs it again later. What is not an entry stays, named
+// in err.
+func (l *Ledger) MoveLegacy(ctx context.Context, old Legacy) (moved int, left bool, err error) {
+	keys, err := old.List(ctx, root, true)
+	if err != nil {
+		return 0, true, fmt.Errorf("ledger: the old layout: %w", err)
+	}
+	entries := map[string]map[string]bool{} // by owner, their keys
+	beats := map[string]bool{}
+	for _, k := range keys {
+		rel, ok := strings.CutPrefix(k, root+"/")
+		if !ok {
+			continue
+		}
+		switch parts := strings.Split(rel, "/"); {
+		case len(parts) == 2 && parts[0] == "owners":
+			beats[parts[1]] = true
+		case len(parts) == 3 && parts[0] == "entries":
+			if entries[parts[1]] == nil {
+				entries[parts[1]] = map[string]bool{}
+			}
+			entries[parts[1]][k] = true
+		}
+	}
+	now := l.now()
+	var errs []error
+	for owner := range beats {
+		if entries[owner] == nil {
+			entries[owner] = map[string]bool{}
+		}
+	}
+	for owner, keys := range entries {
+		seen, err := l.lastSeen(ctx, old, owner)
+		if err != nil {
+			errs, left = append(errs, err), true
+			continue
+		}
+		if now.Before(seen.Add(l.gone)) {
+			left = true // an older version's live process
+			continue
+		}
+		lock := lockName + owner // see dropIfEmpty
+		if err := l.store.Lock(ctx, lock); err != nil {
+			errs, left = append(errs, fmt.Errorf("ledger: %w", err)), true
+			continue
+		}
+		all := true
+		for k := range keys {
+			ok, err := l.moveLegacy(ctx, old, k)
+			switch {
+			case errors.Is(err, errNotEntry):
+				errs = append(errs, err) // it stays, never moved
+			case err != nil:
+				errs, left, all = append(errs, err), true, false
+			case ok:
+				moved++
+			}
+		}
+		if all && beats[owner] {
+			if err := old.Delete(ctx, path.Join(ownersDir, owner)); err != nil {
+				errs, left = append(errs, err), true
+			}
+		}
+		_ = l.store.Unlock(context.WithoutCancel(ctx), lock)
+	}
+	return moved, left, errors.Join(errs...)
+}
+
+// moveLegacy moves the entry at key from old into the store, under the
+// lock of its adoption; moved is false when it was adopted meanwhile, or
+// on an error (errNotEntry: it is not an entry).
+func (l *Ledger) moveLegacy(ctx context.Context, old Legacy, key string) (moved bool, err error) {
+	owner := path.Base(path.Dir(key))
+	lock := lockName + owner + "_" + path.Base(key)
+	if err := l.store.Lock(ctx, lock); err != nil {
+		return false, fmt.Errorf("ledger: %w", err)
+	}
+	defer l.store.Unlock(context.WithoutCancel(ctx), lock)
+	e, err := l.load(ctx, old, key)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		return false, nil // adopted meanwhile
+	case err != nil:
+		return false, err
+	}
+	if err := l.put(ctx, e); err != nil {
+		return false, err
+	}
+	if err := old.Delete(ctx, key); err != nil {
+		// Both copies stand: the next call moves it again (the same
+		// entry, at the same key), or the older version adopts it and
+		// its second release is answered as released.
+		return false, fmt.Errorf("ledger: %w", err)
+	}
+	return true, nil
 }
