@@ -89,6 +89,8 @@ func (h *Handler) provisionLedger(ctx caddy.Context, known func(string) string) 
 		s := h.shared.s
 		ttl := s.Store().LeaseTTL()
 		o.Store, o.Heartbeat, o.OwnerGone = s.Store().Ledger(), ttl/3, ttl
+		// What an older version left in its layout is still reaped.
+		o.Legacy = s.Store().Ledger().Legacy()
 		s.Retain()
 		o.OnClose = s.Release
 		if !h.reg.OpenLedger(o) {

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/browserfailover/caddy-browser-failover/internal/testredis"
+	"github.com/browserfailover/caddy-browser-failover/ledger"
 	"github.com/caddyserver/caddy/v2"
 )
 
@@ -235,6 +236,46 @@ func TestClusterMode(t *testing.T) {
 	}
 	if keys, err := la.List(ctx, "entries", true); err != nil || len(keys) != 0 {
 		t.Fatalf("ledger List after Delete: %v, %v", keys, err)
+	}
+	// The ledger itself: b reaps what a gone a left, in both layouts.
+	clockAt := time.Now()
+	clock := func() time.Time { return clockAt }
+	gone := ledger.New(la, "a", clock)
+	gone.SetTiming(time.Second, 3*time.Second)
+	older := ledger.New(oldLayout{LedgerStore: la, old: la.Legacy()}, "a-old", clock)
+	for _, l := range []*ledger.Ledger{gone, older} {
+		if err := l.Beat(ctx); err != nil {
+			t.Fatalf("ledger Beat: %v", err)
+		}
+		for _, id := range []string{"s1", "s2"} {
+			if err := l.Record(ctx, "cloud", id); err != nil {
+				t.Fatalf("ledger Record: %v", err)
+			}
+		}
+	}
+	if err := gone.Remove(ctx, "cloud", "s2"); err != nil {
+		t.Fatalf("ledger Remove: %v", err)
+	}
+	clockAt = clockAt.Add(4 * time.Second)
+	reaper := ledger.New(lb, "b", clock)
+	reaper.SetTiming(time.Second, 3*time.Second)
+	if moved, left, err := reaper.MoveLegacy(ctx, lb.Legacy()); err != nil || moved != 2 || left {
+		t.Fatalf("ledger MoveLegacy: moved %d, left %v, %v", moved, left, err)
+	}
+	orphans, _, err := reaper.Orphans(ctx)
+	if err != nil || len(orphans) != 3 {
+		t.Fatalf("ledger Orphans: %v, %v (want 3)", orphans, err)
+	}
+	for _, e := range orphans {
+		if _, ok, err := reaper.Adopt(ctx, e); err != nil || !ok {
+			t.Fatalf("ledger Adopt: %v, %v", ok, err)
+		}
+		if err := reaper.Remove(ctx, e.Provider, e.ID); err != nil {
+			t.Fatalf("ledger Remove: %v", err)
+		}
+	}
+	if known, err := reaper.Known(ctx, "cloud"); err != nil || len(known) != 0 {
+		t.Fatalf("ledger Known after the reap: %v, %v", known, err)
 	}
 	// Events cross the cluster's nodes.
 	rec := subscribe(t, b)

@@ -115,15 +115,23 @@ return live
 `)
 
 // spendScript adds costs to spend totals and returns the new totals; each
-// key lives one window past its own.
+// key lives one window past its own. A total that holds no number (a
+// foreign or corrupted value) is left as it is, and its place in the
+// reply is "" (a script that stopped at it would keep the increments
+// made before, and the retry would add them again).
 //
 // KEYS: the totals. ARGV: for each key its increment, then its expiry
 // (Unix ms).
 var spendScript = redis.NewScript(`
 local out = {}
 for i, key in ipairs(KEYS) do
-  out[i] = redis.call('INCRBYFLOAT', key, ARGV[2 * i - 1])
-  redis.call('PEXPIREAT', key, ARGV[2 * i])
+  local total = redis.pcall('INCRBYFLOAT', key, ARGV[2 * i - 1])
+  if type(total) == 'table' then
+    out[i] = ''
+  else
+    out[i] = total
+    redis.call('PEXPIREAT', key, ARGV[2 * i])
+  end
 end
 return out
 `)

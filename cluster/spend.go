@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"strconv"
 	"sync"
 	"time"
@@ -171,11 +172,33 @@ func (s *Store) flushSpendGroup(keys []string, adds map[string]*spendAdd) error 
 	}
 	for i, k := range keys {
 		a := adds[k]
-		if total, err := strconv.ParseFloat(vals[i], 64); err == nil && a.notify != nil {
+		total, ok := s.spendTotal(k, vals[i])
+		if !ok {
+			// Not counted in a total anyone can read: the cost stays
+			// this node's own in its book (no notify).
+			continue
+		}
+		if a.notify != nil {
 			a.notify(total, a.cost)
 		}
 	}
 	return nil
+}
+
+// spendTotal reads the total v of key: a cost total is a finite number,
+// not negative. Another value (a foreign or corrupted one: text, NaN, an
+// infinity, a negative) is unreadable; the first one of each key is
+// logged.
+func (s *Store) spendTotal(key, v string) (float64, bool) {
+	total, err := strconv.ParseFloat(v, 64)
+	if err == nil && !math.IsNaN(total) && !math.IsInf(total, 0) && total >= 0 {
+		return total, true
+	}
+	if _, seen := s.badSpend.LoadOrStore(key, true); !seen {
+		s.log.Warn("shared state: a spend total in Redis is not a cost total; it is left unread",
+			zap.String("key", key), zap.Int("length", len(v)))
+	}
+	return 0, false
 }
 
 // SpendWindow names one scope's window: its start, and its end (for
@@ -186,8 +209,10 @@ type SpendWindow struct {
 }
 
 // ReadSpend reads the totals of windows in one round trip, in their
-// order (0 for a window nothing was added to). In Cluster mode the reads
-// are pipelined, one batch per node.
+// order (0 for a window nothing was added to, and for one whose value is
+// not a cost total: see spendTotal; a book never lowers the figure it
+// holds for a window). In Cluster mode the reads are pipelined, one batch
+// per node.
 func (s *Store) ReadSpend(ctx context.Context, windows []SpendWindow) ([]float64, error) {
 	if len(windows) == 0 {
 		return nil, nil
@@ -205,7 +230,7 @@ func (s *Store) ReadSpend(ctx context.Context, windows []SpendWindow) ([]float64
 	out := make([]float64, len(windows))
 	for i, v := range vals {
 		if str, ok := v.(string); ok {
-			out[i], _ = strconv.ParseFloat(str, 64)
+			out[i], _ = s.spendTotal(keys[i], str)
 		}
 	}
 	return out, nil

@@ -83,8 +83,10 @@ type Store struct {
 	news sync.Map
 
 	// spend gathers the costs QueueSpend is given until they are
-	// written (spend.go).
-	spend spendBatch
+	// written (spend.go); badSpend names the totals found unreadable
+	// (logged once each).
+	spend    spendBatch
+	badSpend sync.Map
 }
 
 // Open validates cfg and returns a Store for node, the name this gateway

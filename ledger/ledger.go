@@ -99,6 +99,10 @@ type Ledger struct {
 	// mine are those entries, by key, so that they can be written again
 	// (Reassert).
 	mine map[string]Entry
+	// removing are the keys of entries done with (released, or adopted
+	// from a gone owner) that the store refused to delete: deleted again
+	// by RetryRemovals.
+	removing map[string]bool
 }
 
 // New returns the ledger of a process named node (for operators) on store;
@@ -110,7 +114,8 @@ func New(store Store, node string, now func() time.Time) *Ledger {
 	b := make([]byte, 12)
 	_, _ = rand.Read(b)
 	return &Ledger{store: store, owner: hex.EncodeToString(b), node: node, now: now,
-		beat: Heartbeat, gone: OwnerGone, pending: map[string]int{}, mine: map[string]Entry{}}
+		beat: Heartbeat, gone: OwnerGone, pending: map[string]int{}, mine: map[string]Entry{},
+		removing: map[string]bool{}}
 }
 
 // SetTiming sets the heartbeat's period and the age at which an owner is
@@ -169,6 +174,7 @@ func (l *Ledger) hold(e Entry) {
 	}
 	l.mine[k] = e
 	l.pending[e.Provider]++
+	delete(l.removing, k)
 }
 
 // drop no longer counts the entry of provider's session id.
@@ -209,13 +215,58 @@ func (l *Ledger) Reassert(ctx context.Context) error {
 }
 
 // Remove deletes the entry of a session whose release the provider
-// confirmed. A session this process holds no entry of is left alone.
+// confirmed. A session this process holds no entry of is left alone. The
+// session is no longer pending either way; an entry the store refused to
+// delete is deleted again by RetryRemovals (and, should the process end
+// first, the reaper's second release of it is answered as released).
 func (l *Ledger) Remove(ctx context.Context, provider, id string) error {
-	if err := l.store.Delete(ctx, entryKey(l.owner, provider, id)); err != nil {
+	k := entryKey(l.owner, provider, id)
+	err := l.store.Delete(ctx, k)
+	l.mu.Lock()
+	_, held := l.mine[k]
+	if err != nil && held {
+		l.removing[k] = true
+	}
+	l.mu.Unlock()
+	l.drop(provider, id)
+	if err != nil {
 		return fmt.Errorf("ledger: %w", err)
 	}
-	l.drop(provider, id)
 	return nil
+}
+
+// RetryRemovals deletes again the entries the store refused to delete
+// (see Remove and Adopt); those it refuses again are kept for the next
+// call.
+func (l *Ledger) RetryRemovals(ctx context.Context) error {
+	l.mu.Lock()
+	keys := make([]string, 0, len(l.removing))
+	for k := range l.removing {
+		keys = append(keys, k)
+	}
+	l.mu.Unlock()
+	var errs []error
+	for _, k := range keys {
+		if err := l.store.Delete(ctx, k); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		l.mu.Lock()
+		delete(l.removing, k)
+		l.mu.Unlock()
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("ledger: %d entries not deleted: %w", len(errs), err)
+	}
+	return nil
+}
+
+// Removing is the number of entries done with that the store has not
+// deleted yet (RetryRemovals).
+func (l *Ledger) Removing() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return len(l.removing)
 }
 
 // PendingOf is the number of entries this process holds for provider.
@@ -252,7 +303,7 @@ func (l *Ledger) Orphans(ctx context.Context) (orphans []Entry, next time.Time, 
 		if owner == l.owner {
 			continue
 		}
-		seen, err := l.lastSeen(ctx, owner)
+		seen, err := l.lastSeen(ctx, l.store, owner)
 		if err != nil {
 			errs = append(errs, err)
 			continue
@@ -263,21 +314,11 @@ func (l *Ledger) Orphans(ctx context.Context) (orphans []Entry, next time.Time, 
 			}
 			continue
 		}
-		keys, err := l.list(ctx, path.Join(entryDir, owner))
+		entries, err := l.entriesOf(ctx, owner)
 		if err != nil {
 			errs = append(errs, err)
-			continue
 		}
-		for _, k := range keys {
-			e, err := l.load(ctx, path.Join(entryDir, owner, k))
-			if err != nil {
-				if !errors.Is(err, fs.ErrNotExist) {
-					errs = append(errs, err)
-				}
-				continue
-			}
-			orphans = append(orphans, e)
-		}
+		orphans = append(orphans, entries...)
 	}
 	sort.Slice(orphans, func(i, j int) bool { return orphans[i].Created.Before(orphans[j].Created) })
 	return orphans, next, errors.Join(errs...)
@@ -292,18 +333,11 @@ func (l *Ledger) Known(ctx context.Context, provider string) (map[string]bool, e
 	}
 	known := map[string]bool{}
 	for _, owner := range owners {
-		keys, err := l.list(ctx, path.Join(entryDir, owner))
+		entries, err := l.entriesOf(ctx, owner)
 		if err != nil {
 			return nil, err
 		}
-		for _, k := range keys {
-			e, err := l.load(ctx, path.Join(entryDir, owner, k))
-			if errors.Is(err, fs.ErrNotExist) {
-				continue
-			}
-			if err != nil {
-				return nil, err
-			}
+		for _, e := range entries {
 			if e.Provider == provider {
 				known[e.ID] = true
 			}
@@ -312,10 +346,35 @@ func (l *Ledger) Known(ctx context.Context, provider string) (map[string]bool, e
 	return known, nil
 }
 
+// entriesOf returns the entries the store holds under owner: those it
+// can read, with an error naming the others.
+func (l *Ledger) entriesOf(ctx context.Context, owner string) ([]Entry, error) {
+	keys, err := l.list(ctx, path.Join(entryDir, owner))
+	if err != nil {
+		return nil, err
+	}
+	var out []Entry
+	var errs []error
+	for _, k := range keys {
+		e, err := l.load(ctx, l.store, path.Join(entryDir, owner, k))
+		if errors.Is(err, fs.ErrNotExist) {
+			continue
+		}
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		out = append(out, e)
+	}
+	return out, errors.Join(errs...)
+}
+
 // lastSeen is when owner last beat (zero when it never did, or its
 // record is unreadable: it is then gone).
-func (l *Ledger) lastSeen(ctx context.Context, owner string) (time.Time, error) {
-	b, err := l.store.Load(ctx, path.Join(ownersDir, owner))
+func (l *Ledger) lastSeen(ctx context.Context, st interface {
+	Load(context.Context, string) ([]byte, error)
+}, owner string) (time.Time, error) {
+	b, err := st.Load(ctx, path.Join(ownersDir, owner))
 	if errors.Is(err, fs.ErrNotExist) {
 		return time.Time{}, nil
 	}
@@ -345,17 +404,29 @@ func (l *Ledger) list(ctx context.Context, dir string) ([]string, error) {
 	return names, nil
 }
 
-func (l *Ledger) load(ctx context.Context, key string) (Entry, error) {
-	b, err := l.store.Load(ctx, key)
+// load reads the entry at key of st. What is not an entry written there
+// (unreadable, without a provider or an ID, or naming another owner or
+// session than its key does) is refused: the ledger acts on an entry only
+// at the key it names, so adopting or deleting one never reaches a key
+// the entry's content chose.
+func (l *Ledger) load(ctx context.Context, st interface {
+	Load(context.Context, string) ([]byte, error)
+}, key string) (Entry, error) {
+	b, err := st.Load(ctx, key)
 	if err != nil {
 		return Entry{}, err
 	}
 	var e Entry
-	if err := json.Unmarshal(b, &e); err != nil || e.Provider == "" || e.ID == "" {
-		return Entry{}, fmt.Errorf("ledger: %s: not an entry", key)
+	if err := json.Unmarshal(b, &e); err != nil || e.Provider == "" || e.ID == "" ||
+		entryKey(e.Owner, e.Provider, e.ID) != key {
+		return Entry{}, fmt.Errorf("ledger: %s: %w", key, errNotEntry)
 	}
 	return e, nil
 }
+
+// errNotEntry is the cause of a value that is not an entry written at
+// its key.
+var errNotEntry = errors.New("not an entry")
 
 // Adopt takes e over from its gone owner: under a lock of the store, when
 // the entry is still there, it is written under this process's name and
@@ -363,13 +434,22 @@ func (l *Ledger) load(ctx context.Context, key string) (Entry, error) {
 // when another did (or released it) first. The adopted entry is then this
 // process's, released and removed like one it created.
 func (l *Ledger) Adopt(ctx context.Context, e Entry) (adopted Entry, ok bool, err error) {
+	adopted, ok, err = l.adopt(ctx, e)
+	if ok && err == nil {
+		l.dropIfEmpty(ctx, e.Owner)
+	}
+	return adopted, ok, err
+}
+
+// adopt is Adopt under the entry's lock.
+func (l *Ledger) adopt(ctx context.Context, e Entry) (adopted Entry, ok bool, err error) {
 	old := entryKey(e.Owner, e.Provider, e.ID)
 	lock := lockName + e.Owner + "_" + path.Base(old)
 	if err := l.store.Lock(ctx, lock); err != nil {
 		return Entry{}, false, fmt.Errorf("ledger: %w", err)
 	}
 	defer l.store.Unlock(context.WithoutCancel(ctx), lock)
-	cur, err := l.load(ctx, old)
+	cur, err := l.load(ctx, l.store, old)
 	if errors.Is(err, fs.ErrNotExist) {
 		return Entry{}, false, nil
 	}
@@ -383,24 +463,160 @@ func (l *Ledger) Adopt(ctx context.Context, e Entry) (adopted Entry, ok bool, er
 	}
 	l.hold(adopted)
 	if err := l.store.Delete(ctx, old); err != nil {
-		// Both copies stand: the old one is found again, and its
-		// second release is answered as released (404).
+		// Both copies stand until RetryRemovals deletes the old one; if
+		// it is found again first, its second release is answered as
+		// released (404).
+		l.mu.Lock()
+		l.removing[old] = true
+		l.mu.Unlock()
 		return adopted, true, fmt.Errorf("ledger: %w", err)
 	}
-	// A gone owner whose last entry went has nothing left to say.
-	if rest, err := l.list(ctx, path.Join(entryDir, cur.Owner)); err == nil && len(rest) == 0 {
-		_ = l.store.Delete(ctx, path.Join(entryDir, cur.Owner))
-		_ = l.store.Delete(ctx, path.Join(ownersDir, cur.Owner))
-	}
 	return adopted, true, nil
+}
+
+// dropIfEmpty takes a gone owner whose last entry went out of the store:
+// it has nothing left to say. It does so under the owner's lock, which
+// MoveLegacy holds while it brings the owner's entries from an older
+// layout, so that none it brings is deleted with the owner.
+func (l *Ledger) dropIfEmpty(ctx context.Context, owner string) {
+	if rest, err := l.list(ctx, path.Join(entryDir, owner)); err != nil || len(rest) > 0 {
+		return
+	}
+	lock := lockName + owner
+	if err := l.store.Lock(ctx, lock); err != nil {
+		return
+	}
+	defer l.store.Unlock(context.WithoutCancel(ctx), lock)
+	if rest, err := l.list(ctx, path.Join(entryDir, owner)); err == nil && len(rest) == 0 {
+		_ = l.store.Delete(ctx, path.Join(entryDir, owner))
+		_ = l.store.Delete(ctx, path.Join(ownersDir, owner))
+	}
 }
 
 // Leave removes this process's heartbeat when it holds no entry, at a
 // clean exit, so that the store does not keep an owner that will never
 // beat again.
 func (l *Ledger) Leave(ctx context.Context) {
+	_ = l.RetryRemovals(ctx)
 	if keys, err := l.list(ctx, path.Join(entryDir, l.owner)); err == nil && len(keys) == 0 {
 		_ = l.store.Delete(ctx, path.Join(entryDir, l.owner))
 		_ = l.store.Delete(ctx, path.Join(ownersDir, l.owner))
 	}
+}
+
+// Legacy is the ledger as an older version kept it, in another layout of
+// the same paths (under state redis: a key per path, found by a walk of
+// the keyspace), read once the ledger is in its new layout so that what
+// an older version left is still released (MoveLegacy).
+type Legacy interface {
+	Load(ctx context.Context, key string) ([]byte, error)
+	Delete(ctx context.Context, key string) error
+	// List returns every key under prefix.
+	List(ctx context.Context, prefix string, recursive bool) ([]string, error)
+}
+
+// MoveLegacy moves the entries that old holds of gone owners into the
+// ledger's store, under the same owner, where Orphans finds them; a gone
+// owner's heartbeat there goes once its entries moved. Each move takes
+// the lock an adoption of that entry takes, in old's version too, so one
+// of them takes the entry; the moves of an owner's entries hold the
+// owner's lock, so that an adoption here does not take the owner out of
+// the store while they come. The entries of owners still alive (an older
+// version running beside this one) stay there: left reports that old may
+// still hold something to move (those, or what a failed call kept), so
+// that the caller runs it again later. What is not an entry stays, named
+// in err.
+func (l *Ledger) MoveLegacy(ctx context.Context, old Legacy) (moved int, left bool, err error) {
+	keys, err := old.List(ctx, root, true)
+	if err != nil {
+		return 0, true, fmt.Errorf("ledger: the old layout: %w", err)
+	}
+	entries := map[string]map[string]bool{} // by owner, their keys
+	beats := map[string]bool{}
+	for _, k := range keys {
+		rel, ok := strings.CutPrefix(k, root+"/")
+		if !ok {
+			continue
+		}
+		switch parts := strings.Split(rel, "/"); {
+		case len(parts) == 2 && parts[0] == "owners":
+			beats[parts[1]] = true
+		case len(parts) == 3 && parts[0] == "entries":
+			if entries[parts[1]] == nil {
+				entries[parts[1]] = map[string]bool{}
+			}
+			entries[parts[1]][k] = true
+		}
+	}
+	now := l.now()
+	var errs []error
+	for owner := range beats {
+		if entries[owner] == nil {
+			entries[owner] = map[string]bool{}
+		}
+	}
+	for owner, keys := range entries {
+		seen, err := l.lastSeen(ctx, old, owner)
+		if err != nil {
+			errs, left = append(errs, err), true
+			continue
+		}
+		if now.Before(seen.Add(l.gone)) {
+			left = true // an older version's live process
+			continue
+		}
+		lock := lockName + owner // see dropIfEmpty
+		if err := l.store.Lock(ctx, lock); err != nil {
+			errs, left = append(errs, fmt.Errorf("ledger: %w", err)), true
+			continue
+		}
+		all := true
+		for k := range keys {
+			ok, err := l.moveLegacy(ctx, old, k)
+			switch {
+			case errors.Is(err, errNotEntry):
+				errs = append(errs, err) // it stays, never moved
+			case err != nil:
+				errs, left, all = append(errs, err), true, false
+			case ok:
+				moved++
+			}
+		}
+		if all && beats[owner] {
+			if err := old.Delete(ctx, path.Join(ownersDir, owner)); err != nil {
+				errs, left = append(errs, err), true
+			}
+		}
+		_ = l.store.Unlock(context.WithoutCancel(ctx), lock)
+	}
+	return moved, left, errors.Join(errs...)
+}
+
+// moveLegacy moves the entry at key from old into the store, under the
+// lock of its adoption; moved is false when it was adopted meanwhile, or
+// on an error (errNotEntry: it is not an entry).
+func (l *Ledger) moveLegacy(ctx context.Context, old Legacy, key string) (moved bool, err error) {
+	owner := path.Base(path.Dir(key))
+	lock := lockName + owner + "_" + path.Base(key)
+	if err := l.store.Lock(ctx, lock); err != nil {
+		return false, fmt.Errorf("ledger: %w", err)
+	}
+	defer l.store.Unlock(context.WithoutCancel(ctx), lock)
+	e, err := l.load(ctx, old, key)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		return false, nil // adopted meanwhile
+	case err != nil:
+		return false, err
+	}
+	if err := l.put(ctx, e); err != nil {
+		return false, err
+	}
+	if err := old.Delete(ctx, key); err != nil {
+		// Both copies stand: the next call moves it again (the same
+		// entry, at the same key), or the older version adopts it and
+		// its second release is answered as released.
+		return false, fmt.Errorf("ledger: %w", err)
+	}
+	return true, nil
 }

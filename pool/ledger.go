@@ -52,7 +52,10 @@ type ledgerState struct {
 	beat    queue.Timer
 	reap    queue.Timer
 	// reapAt is when the scheduled reap runs.
-	reapAt  time.Time
+	reapAt time.Time
+	// legacy, until what it holds has moved, is the ledger as an older
+	// version kept it (LedgerOptions.Legacy).
+	legacy  ledger.Legacy
 	stopped bool
 	// onError hears of what the ledger's store refused; onClose runs
 	// when it closes.
@@ -78,6 +81,11 @@ type LedgerOptions struct {
 	// OnClose (nil: none) runs when the ledger closes with the registry
 	// (the Redis store's use is given back).
 	OnClose func()
+	// Legacy (nil: none), under state redis, is the ledger as versions
+	// before its hash layout kept it: after each reap, until it holds
+	// nothing more to move, the entries of gone owners found there are
+	// moved to Store and reaped (ledger.Ledger.MoveLegacy).
+	Legacy ledger.Legacy
 }
 
 // OpenLedger opens the registry's ledger the first time it is called, and
@@ -102,7 +110,7 @@ func (r *Registry) OpenLedger(o LedgerOptions) bool {
 	if o.Heartbeat > 0 && o.OwnerGone > 0 {
 		ls.l.SetTiming(o.Heartbeat, o.OwnerGone)
 	}
-	ls.every, ls.onError, ls.onClose = every, o.OnError, o.OnClose
+	ls.every, ls.onError, ls.onClose, ls.legacy = every, o.OnError, o.OnClose, o.Legacy
 	ls.adopters = map[string]Adopter{}
 	ls.waiting = map[string]int{}
 	ls.untracked = map[string]map[string]time.Time{}
@@ -162,7 +170,13 @@ func (r *Registry) beatLedger() {
 	}
 	// The store's I/O runs without the lock: a status read never waits
 	// for a slow storage.
-	beatOnce(l, onError)
+	if beatOnce(l, onError) && l.Removing() > 0 {
+		ctx, cancel := context.WithTimeout(context.Background(), l.HeartbeatEvery())
+		if err := l.RetryRemovals(ctx); err != nil && onError != nil {
+			onError("remove", err)
+		}
+		cancel()
+	}
 	ls.mu.Lock()
 	defer ls.mu.Unlock()
 	ls.scheduleBeatLocked(r)
@@ -187,14 +201,16 @@ func (r *Registry) ReassertLedger() {
 	}
 }
 
-// beatOnce refreshes l's heartbeat, telling onError of a failure.
-func beatOnce(l *ledger.Ledger, onError func(op string, err error)) {
+// beatOnce refreshes l's heartbeat, telling onError of a failure; it
+// reports whether the store took it.
+func beatOnce(l *ledger.Ledger, onError func(op string, err error)) bool {
 	ctx, cancel := context.WithTimeout(context.Background(), l.HeartbeatEvery())
 	err := l.Beat(ctx)
 	cancel()
 	if err != nil && onError != nil {
 		onError("heartbeat", err)
 	}
+	return err == nil
 }
 
 // scheduleBeatLocked makes the next heartbeat run a period from now.
@@ -273,16 +289,49 @@ func (r *Registry) reapLedger() {
 		}
 	}
 	r.reapUntracked(ctx, l)
+	moved := r.moveLegacy(l)
 	ls.mu.Lock()
 	defer ls.mu.Unlock()
 	ls.waiting = waiting
 	at := r.Now().Add(ls.every)
+	if moved {
+		at = r.Now() // what moved is reaped now
+	}
 	if !next.IsZero() && next.Before(at) {
 		// An owner is gone then: reap it right away, not a whole
 		// interval later.
 		at = next.Add(100 * time.Millisecond)
 	}
 	ls.scheduleLocked(r, at)
+}
+
+// legacyMoveTimeout bounds one pass over the ledger's old layout (a walk
+// of the keyspace, in calls of their own timeout).
+const legacyMoveTimeout = 10 * time.Minute
+
+// moveLegacy moves what the ledger's old layout holds of gone owners into
+// the ledger, until a pass finds nothing more to move; it reports whether
+// it moved an entry (to be reaped now).
+func (r *Registry) moveLegacy(l *ledger.Ledger) bool {
+	ls := &r.ledger
+	ls.mu.Lock()
+	old, stopped := ls.legacy, ls.stopped
+	ls.mu.Unlock()
+	if old == nil || stopped {
+		return false
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), legacyMoveTimeout)
+	moved, left, err := l.MoveLegacy(ctx, old)
+	cancel()
+	if err != nil && ls.onError != nil {
+		ls.onError("move old entries", err)
+	}
+	if !left {
+		ls.mu.Lock()
+		ls.legacy = nil
+		ls.mu.Unlock()
+	}
+	return moved > 0
 }
 
 // reapUntracked releases, at every provider that lists its sessions

@@ -5,6 +5,7 @@ import (
 	"os"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -90,4 +91,101 @@ func TestReapRefusesBadSessionID(t *testing.T) {
 	if n, _ := r.LedgerPending("cloud"); n != 2 {
 		t.Fatalf("pending %d, want the 2 refused entries", n)
 	}
+}
+
+// refusing is a store whose deletes fail while refuse is set.
+type refusing struct {
+	*certmagic.FileStorage
+	refuse atomic.Bool
+}
+
+func (s *refusing) Delete(ctx context.Context, key string) error {
+	if s.refuse.Load() {
+		return os.ErrDeadlineExceeded
+	}
+	return s.FileStorage.Delete(ctx, key)
+}
+
+// TestLedgerRetriesRefusedRemoval: the removal of a released session's
+// entry that the store refused is made again at a later heartbeat: the
+// entry does not stay in the store, nor pending, for the life of the
+// process.
+func TestLedgerRetriesRefusedRemoval(t *testing.T) {
+	r, clk := fakeRegistry(t, true)
+	defer r.closeLedger()
+	st := &refusing{FileStorage: &certmagic.FileStorage{Path: t.TempDir()}}
+	r.OpenLedger(LedgerOptions{Store: st, Node: "n1"})
+	ctx := context.Background()
+	l := r.Ledger()
+	if err := l.Record(ctx, "cloud", "s1"); err != nil {
+		t.Fatal(err)
+	}
+	st.refuse.Store(true)
+	if err := l.Remove(ctx, "cloud", "s1"); err == nil {
+		t.Fatal("the refused removal reported no error")
+	}
+	st.refuse.Store(false)
+	clk.Advance(2 * l.HeartbeatEvery())
+	if known, err := l.Known(ctx, "cloud"); err != nil || len(known) != 0 {
+		t.Fatalf("the store still names %v (%v)", known, err)
+	}
+	if n, _ := r.LedgerPending("cloud"); n != 0 {
+		t.Fatalf("pending %d, want 0", n)
+	}
+}
+
+// TestLedgerMovesLegacy: entries a gone owner left in the ledger's old
+// layout are moved into the ledger after a reap and found by the next
+// one at once; once the old layout holds nothing more, it is not read
+// again.
+func TestLedgerMovesLegacy(t *testing.T) {
+	r, clk := fakeRegistry(t, true)
+	defer r.closeLedger()
+	ctx := context.Background()
+	old := &certmagic.FileStorage{Path: t.TempDir()}
+	dead := ledger.New(old, "dead", clk.Now)
+	if err := dead.Record(ctx, "cloud", "s1"); err != nil {
+		t.Fatal(err)
+	}
+	reads := &countingLegacy{Legacy: old}
+	r.OpenLedger(LedgerOptions{Store: &certmagic.FileStorage{Path: t.TempDir()}, Node: "n1", Legacy: reads})
+	clk.Advance(time.Second)
+	// No adopter for the provider: the entry waits, counted as pending.
+	if n, _ := r.LedgerPending("cloud"); n != 1 {
+		t.Fatalf("pending %d, want the moved entry", n)
+	}
+	if old.Exists(ctx, "browser_failover/ledger/owners/"+dead.Owner()) || len(mustList(t, old)) != 0 {
+		t.Fatalf("the old layout still holds %v", mustList(t, old))
+	}
+	n := reads.lists.Load()
+	clk.Advance(2 * DefaultReapInterval)
+	if reads.lists.Load() != n {
+		t.Fatal("the old layout was read again after it held nothing more")
+	}
+}
+
+type countingLegacy struct {
+	ledger.Legacy
+	lists atomic.Int64
+}
+
+func (c *countingLegacy) List(ctx context.Context, prefix string, recursive bool) ([]string, error) {
+	c.lists.Add(1)
+	return c.Legacy.List(ctx, prefix, recursive)
+}
+
+// mustList is every file under the ledger in st.
+func mustList(t *testing.T, st *certmagic.FileStorage) []string {
+	t.Helper()
+	keys, err := st.List(context.Background(), "browser_failover/ledger/entries", true)
+	if err != nil {
+		return nil
+	}
+	var files []string
+	for _, k := range keys {
+		if info, err := st.Stat(context.Background(), k); err == nil && info.IsTerminal {
+			files = append(files, k)
+		}
+	}
+	return files
 }

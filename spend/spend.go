@@ -278,8 +278,12 @@ func (k *Book) Charge(amount float64) {
 // plain read): the total stands for every ended session of the window
 // written there, and mine is no longer counted apart. A total for another
 // window than the current one is ignored; totals only grow within a
-// window (an older read never lowers a newer one).
+// window (an older read never lowers a newer one). A total that is not a
+// finite number ≥ 0 is no total: ignored, mine stays counted here.
 func (k *Book) SetShared(start time.Time, total, mine float64) {
+	if math.IsNaN(total) || math.IsInf(total, 0) || total < 0 {
+		return
+	}
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	k.turn(k.now())

@@ -231,6 +231,30 @@ func TestBookShared(t *testing.T) {
 	}
 }
 
+// TestBookSharedNoTotal: a shared total that is not a cost total (NaN, an
+// infinity, a negative: a foreign or corrupted value in the store) is
+// ignored: the book keeps its figure and this process's own costs, and the
+// budget is still reached.
+func TestBookSharedNoTotal(t *testing.T) {
+	c := &clock{t: time.Date(2026, 6, 1, 9, 0, 0, 0, time.UTC)}
+	for _, bad := range []float64{math.NaN(), math.Inf(1), math.Inf(-1), -50} {
+		k := NewBook(&Budget{Amount: 10, Per: PerDay}, c.now)
+		start, _ := Window(PerDay, c.now())
+		k.SetShared(start, bad, 0)
+		k.Start(&Cost{Amount: 4, Per: PerSession}, nil).Stop()
+		k.SetShared(start, bad, 4)
+		k.SetShared(start, 3, 0)
+		k.SetShared(start, bad, 0)
+		if st := k.Read(); !near(st.Spent, 7) {
+			t.Fatalf("after %v: spent %v, want 7", bad, st.Spent)
+		}
+		k.Start(&Cost{Amount: 3, Per: PerSession}, nil).Stop()
+		if reached, _ := k.Reached(); !reached {
+			t.Fatalf("after %v: the budget of 10 is not reached at %v", bad, k.Read().Spent)
+		}
+	}
+}
+
 func TestBookConfigure(t *testing.T) {
 	c := &clock{t: time.Date(2026, 6, 1, 9, 0, 0, 0, time.UTC)}
 	k := NewBook(nil, c.now)

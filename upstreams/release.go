@@ -215,8 +215,9 @@ func (s *Remote) released() {
 	err := r.Ledger.Remove(ctx, s.api.provider, s.id)
 	cancel()
 	if err != nil {
-		// The entry stays: a later reaper releases the session once
-		// more, and the provider answers it as released.
+		// The ledger deletes the entry again later; should the process
+		// end first, a reaper releases the session once more, and the
+		// provider answers it as released.
 		r.ledgerError(s.api.provider, err)
 	}
 	if s.from != "" {
