@@ -11,6 +11,7 @@ import (
 	"encoding/json"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -22,7 +23,6 @@ import (
 	"github.com/browserfailover/caddy-browser-failover/internal/fakes"
 	"github.com/browserfailover/caddy-browser-failover/internal/testgw"
 	"github.com/browserfailover/caddy-browser-failover/status"
-	"github.com/browserfailover/caddy-browser-failover/upstreams"
 )
 
 // landedAt dials path with header and returns which fake provider served
@@ -221,11 +221,8 @@ func (f *bidiFake) waitEnded(t *testing.T) websocket.StatusCode {
 func TestBiDiSessionEnd(t *testing.T) {
 	ff := newBiDiFake(t)
 	g := testgw.Start(t, handler("", provider("se-ff", ff.URL(), `"protocol":"bidi"`)))
-	farewell := "session.end " + strings.TrimSpace(`9007199254740991`)
-	if upstreams.BiDiEndID != 9007199254740991 {
-		t.Fatalf("BiDiEndID %d", upstreams.BiDiEndID)
-	}
 	ctx := context.Background()
+	farewellIDs := map[string]bool{}
 	for _, how := range []string{"close frame", "dropped"} {
 		t.Run(how, func(t *testing.T) {
 			c, _, err := dial(t, g.WS("/session"), nil)
@@ -252,10 +249,18 @@ func TestBiDiSessionEnd(t *testing.T) {
 			if code := ff.waitEnded(t); code != want {
 				t.Errorf("the provider's connection ended with %d, want %d", code, want)
 			}
+			// The gateway's session.end has an ID of its own, in the
+			// upper half of those BiDi allows, another for each session.
 			cmds := ff.commands()
-			if len(cmds) < 2 || cmds[len(cmds)-1] != farewell || cmds[len(cmds)-2] != "session.new 1" {
-				t.Errorf("the provider got %v, want session.new then the gateway's session.end", cmds)
+			if len(cmds) < 2 || cmds[len(cmds)-2] != "session.new 1" {
+				t.Fatalf("the provider got %v, want session.new then the gateway's session.end", cmds)
 			}
+			id, ok := strings.CutPrefix(cmds[len(cmds)-1], "session.end ")
+			n, err := strconv.ParseInt(id, 10, 64)
+			if !ok || err != nil || n < 1<<52 || n > 1<<53-1 || farewellIDs[id] {
+				t.Errorf("the provider got %v, want session.new then the gateway's session.end with an ID of its own", cmds)
+			}
+			farewellIDs[id] = true
 			testgw.Eventually(t, 10*time.Second, "the session to end", func() bool { return len(sessionsOf(t, g)) == 0 })
 		})
 	}

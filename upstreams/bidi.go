@@ -2,6 +2,7 @@ package upstreams
 
 import (
 	"encoding/json"
+	"math/rand/v2"
 	"strconv"
 )
 
@@ -17,29 +18,34 @@ import (
 // provider's connection is closed once Firefox has answered it (or a
 // second has passed).
 
-// BiDiEndID is the command ID of the gateway's session.end: the largest
-// one WebDriver BiDi allows (2^53-1), far above the IDs clients count up
-// from 1.
-const BiDiEndID = 1<<53 - 1
-
-// biDiEndIDText is BiDiEndID as JSON writes it.
-var biDiEndIDText = strconv.FormatInt(BiDiEndID, 10)
-
-// biDiEnd is the session.end command the gateway sends.
-var biDiEnd = []byte(`{"id":` + biDiEndIDText + `,"method":"session.end","params":{}}`)
+// The command ID of a session's session.end is drawn at random from the
+// upper half of the IDs WebDriver BiDi allows (up to 2^53-1): far above
+// the IDs clients count up from 1, and one no client can know, so the
+// answer to a command of the client's (which Firefox may send while the
+// gateway waits) is never taken for the answer to the gateway's.
+const (
+	biDiEndIDMin = 1 << 52
+	biDiEndIDMax = 1<<53 - 1
+)
 
 // BiDiFarewell is the farewell of a WebDriver BiDi session: session.end
-// with BiDiEndID, whose answer (success or error) is awaited
+// with an ID of its own, whose answer (success or error) is awaited
 // DefaultFarewellWait.
 func BiDiFarewell() *Farewell {
-	return &Farewell{Message: biDiEnd, IsReply: isBiDiEndReply, Wait: DefaultFarewellWait}
+	const head, tail = `{"id":`, `,"method":"session.end","params":{}}`
+	// One array, the ID within it (16 digits).
+	msg := append(make([]byte, 0, len(head)+16+len(tail)), head...)
+	msg = strconv.AppendInt(msg, biDiEndIDMin+rand.Int64N(biDiEndIDMax-biDiEndIDMin+1), 10)
+	id := msg[len(head):]
+	msg = append(msg, tail...)
+	return &Farewell{Message: msg, IsReply: func(m []byte) bool { return isBiDiReply(m, id) }, Wait: DefaultFarewellWait}
 }
 
-// isBiDiEndReply reports whether msg is the answer to the gateway's
-// session.end: a BiDi message with its ID.
-func isBiDiEndReply(msg []byte) bool {
+// isBiDiReply reports whether msg is the answer to the command with ID id
+// (as JSON writes it): a BiDi message with that ID.
+func isBiDiReply(msg, id []byte) bool {
 	var m struct {
 		ID json.RawMessage `json:"id"`
 	}
-	return json.Unmarshal(msg, &m) == nil && string(m.ID) == biDiEndIDText
+	return json.Unmarshal(msg, &m) == nil && string(m.ID) == string(id)
 }

@@ -26,12 +26,19 @@ import (
 // sends meanwhile is dropped. A session whose farewell is under way is not
 // parked for anyone: Resume refuses it.
 //
-// A client that leaves in the middle of one of its messages cannot be
-// followed by a message of the gateway's: the session ends as without a
-// farewell. When the gateway ends a session itself (Close: an operator,
-// the idle timeout, the time limit, shutdown), the farewell goes to the
-// provider right before the close frame, between two of the client's
-// messages, without waiting for its answer. When the provider ends the
+// A client that leaves in the middle of one of its messages (inside a
+// frame, its header too, or between the frames of a fragmented message)
+// has the gateway complete that message for the provider first, as the
+// client could have (farewell_fill.go); the farewell follows as above.
+// Only a frame that still owes more than fillMax bytes is not completed:
+// that session ends as without a farewell.
+//
+// When the gateway ends a session itself (Close: an operator, the idle
+// timeout, the time limit, shutdown), the client's frame in flight may
+// finish as for any session; then, or once it has stalled for CloseWait
+// or the client's connection ended, the gateway completes the client's
+// message, and the farewell goes to the provider right before the close
+// frame, without waiting for its answer. When the provider ends the
 // session first, it gets none.
 
 // DefaultFarewellWait is how long the gateway waits for the answer to a
@@ -76,14 +83,11 @@ func (s *Session) leavingReason(r string) {
 	s.setReason(r)
 }
 
-// before returns close, the gateway's close frame for the provider, with
-// the farewell in front of it when the client's stream (t) is between two
-// messages; close alone otherwise, or without a farewell (f nil).
-func (f *Farewell) before(close []byte, t *frameTracker) []byte {
-	if f == nil || t.fragmented {
-		return close
-	}
-	return append(appendDataFrame(nil, 0x1, f.Message), close...)
+// sendsFarewell reports whether d is the client's stream of a session with
+// a farewell: it completes a message the client cuts short, and sends the
+// farewell when the gateway closes the session.
+func (d *direction) sendsFarewell() bool {
+	return d.side == toProvider && d.s.farewell != nil
 }
 
 // sayFarewell is the down direction's farewell, once the client has left

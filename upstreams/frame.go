@@ -45,6 +45,15 @@ type frameTracker struct {
 	// payload's first two bytes, unmasked), codeN how many are in.
 	code  [2]byte
 	codeN uint8
+	// followText: the tracker also follows the UTF-8 of the current
+	// text message, a few bytes at the end of each piece of payload
+	// (the client's stream of a session with a farewell, whose message
+	// cut short the gateway completes: farewell_fill.go). u8Lead is the
+	// lead byte of a character not whole yet (0: none; notText: the
+	// message is not text), u8Have how many of its bytes have passed.
+	followText bool
+	u8Lead     byte
+	u8Have     uint8
 }
 
 // atBoundary reports whether the stream is between two frames.
@@ -88,6 +97,8 @@ func (t *frameTracker) advance(p []byte, stop bool) int {
 				if t.remaining == n {
 					t.sawClose = true
 				}
+			} else if t.followText && t.opcode < opClose {
+				t.followUTF8(p[i : i+int(n)])
 			}
 			t.remaining -= n
 			i += int(n)
@@ -112,22 +123,14 @@ func (t *frameTracker) advance(p []byte, stop bool) int {
 			return i
 		}
 		t.opcode = t.hdr[0] & 0x0f
-		var length int64
-		switch l := t.hdr[1] & 0x7f; l {
-		case 126:
-			length = int64(binary.BigEndian.Uint16(t.hdr[2:4]))
-		case 127:
-			// The most significant bit must be 0 (RFC 6455 5.2); a peer
-			// that sets it gets a huge count, which only ever grows the
-			// frame, never corrupts the count.
-			length = int64(binary.BigEndian.Uint64(t.hdr[2:10]) & (1<<63 - 1))
-		default:
-			length = int64(l)
-		}
+		length := t.payloadLen()
 		t.hdrN = 0
 		t.remaining = length
 		if t.opcode < opClose {
 			t.fragmented = t.hdr[0]&0x80 == 0
+			if t.followText && t.opcode != 0 {
+				t.startMessage()
+			}
 		} else if t.opcode == opClose {
 			t.codeN = 0
 			if length == 0 {
@@ -136,6 +139,22 @@ func (t *frameTracker) advance(p []byte, stop bool) int {
 		}
 	}
 	return i
+}
+
+// payloadLen is the payload length of the frame whose header is whole in
+// hdr.
+func (t *frameTracker) payloadLen() int64 {
+	switch l := t.hdr[1] & 0x7f; l {
+	case 126:
+		return int64(binary.BigEndian.Uint16(t.hdr[2:4]))
+	case 127:
+		// The most significant bit must be 0 (RFC 6455 5.2); a peer
+		// that sets it gets a huge count, which only ever grows the
+		// frame, never corrupts the count.
+		return int64(binary.BigEndian.Uint64(t.hdr[2:10]) & (1<<63 - 1))
+	default:
+		return int64(l)
+	}
 }
 
 // takeCode collects the first payload bytes of a close frame: its status

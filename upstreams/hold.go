@@ -28,7 +28,8 @@ import (
 // answers (hold_preamble.go). A client that leaves in the middle of one of
 // its frames (or between the frames of a fragmented message) cannot be
 // held: the provider would wait for the rest of it. The session then ends
-// as it would without hold.
+// as it would without hold (one with a farewell has that message
+// completed first: farewell.go).
 //
 // These are the relay's hooks for it: the up direction's control (the
 // client's close frame) and leave (its connection ending); the down
@@ -139,26 +140,46 @@ func (s *Session) resume(req *resumeReq) error {
 }
 
 // parkOnClose is the up direction's hook for the client's close frame f
-// (whole): between two of the client's messages the session parks, and
-// the frame is not relayed; the client gets the answer to it.
-func (d *direction) parkOnClose(f []byte) bool {
-	if d.frames.fragmented {
-		return false // the provider would wait for the rest of the message
+// (whole): between two of the client's messages the session parks (the
+// view returned has moved), and the frame is not relayed; the client gets
+// the answer to it. A session with a farewell has a message the client
+// had begun completed first (farewell_fill.go).
+func (d *direction) parkOnClose(f []byte) view {
+	if d.frames.fragmented && !(d.sendsFarewell() && d.completeMessage(&d.frames)) {
+		// The provider would wait for the rest of the message.
+		return d.s.sync(change{ev: evLook})
 	}
 	c := change{ev: evLeft, code: closeNoStatus, echo: controlFrame(opClose, nil, false), reason: EndClientClosed}
 	if p := unmasked(f); len(p) >= 2 {
 		c.code, c.echo = int(binary.BigEndian.Uint16(p)), controlFrame(opClose, p[:2], false)
 	}
-	return d.s.sync(c).moved
+	return d.s.sync(c)
 }
 
 // leave is the up direction's hook when the client's side ended (err) or
 // looks gone (an interrupted read, while leaving): between two of the
 // client's messages the session parks; in the middle of one it ends as it
-// would without hold.
+// would without hold. A session with a farewell has the provider's side of
+// a message the client cut short completed first (farewell_fill.go), and
+// the bytes of a control frame it had begun (held back, never relayed)
+// dropped: it parks, to say its farewell.
 func (d *direction) leave(err error) bool {
 	var v view
-	if d.frames.atMessageBoundary() && d.ctl.held() == 0 {
+	cut := !d.frames.atMessageBoundary() || d.ctl.held() > 0
+	if cut && d.sendsFarewell() && d.completeMessage(&d.frames) {
+		d.ctl.clear()
+		if v = d.s.sync(change{ev: evLeft, reason: leftWord(err)}); v.moved {
+			return false
+		}
+		// The provider's stream no longer lines up with the client's:
+		// nothing more of the client's is relayed. A session the gateway
+		// is closing meanwhile has its farewell there.
+		if v.phase == closing {
+			return d.closeOut(nil)
+		}
+		return d.s.cut(leftWord(err))
+	}
+	if !cut {
 		if v = d.s.sync(change{ev: evLeft, reason: leftWord(err)}); v.moved {
 			return false
 		}

@@ -24,6 +24,7 @@ type holdRelay struct {
 	parks    chan *Session
 	ends     chan *Session
 	endN     atomic.Int32
+	farewell *Farewell // the session's, if any
 }
 
 func newHoldRelay(t *testing.T, o SessionOptions) *holdRelay {
@@ -34,6 +35,7 @@ func newHoldRelay(t *testing.T, o SessionOptions) *holdRelay {
 		parks: make(chan *Session, 16), ends: make(chan *Session, 16)}
 	o.OnPark = func(s *Session) { h.parks <- s }
 	o.OnEnd = func(s *Session) { h.endN.Add(1); h.ends <- s }
+	h.farewell = o.Farewell
 	h.s = NewSession(gwClient, &Conn{Conn: gwUp}, o)
 	h.s.Run()
 	t.Cleanup(func() { h.s.Close(CloseGoingAway, "test over") })

@@ -372,13 +372,16 @@ func (s *Session) newDirection(src, dst net.Conn, side int, pending []byte) *dir
 			d.watch[0] = closeFirstByte
 		}
 	}
+	// A message the client cuts short is completed (farewell_fill.go).
+	d.frames.followText = d.sendsFarewell()
 	if st, ok := src.(*net.TCPConn); ok {
 		d.bindRaw(st)
 		_, tcp := dst.(*net.TCPConn)
 		// With hold the provider's stream is not spliced: a splice that
 		// fails toward a client that left loses bytes already taken from
-		// the provider, and where its frames start.
-		d.splice = tcp && !(s.hold && side == toClient)
+		// the provider, and where its frames start. With a farewell the
+		// client's is not either: its tracker follows the text.
+		d.splice = tcp && !(s.hold && side == toClient) && !d.frames.followText
 	}
 	return d
 }
@@ -501,6 +504,9 @@ func (d *direction) relayWatching(p []byte) bool {
 				if !ok {
 					return false
 				}
+				if d.mode != relaying {
+					return d.take(p) // the session closes (control)
+				}
 				continue
 			}
 		}
@@ -523,10 +529,21 @@ func (d *direction) control(f []byte) (taken, ok bool) {
 	case pongFirstByte:
 		return d.pong(f), true
 	case closeFirstByte:
-		if d.side == toProvider && d.s.hold && d.parkOnClose(f) {
+		if d.side != toProvider || !d.s.hold {
+			break
+		}
+		switch v := d.parkOnClose(f); {
+		case v.moved:
 			// The session parks: the client's close frame is not relayed
 			// (nor anything behind it).
 			return true, false
+		case v.phase == closing:
+			// The gateway closes the session, and the client answered
+			// its close frame before this direction's read learnt of it
+			// (a read may still return bytes that came after its
+			// interrupt): the provider gets the gateway's close frame,
+			// with the farewell, and this one is the client's answer.
+			return true, d.closeOut(nil)
 		}
 	}
 	return false, true
@@ -594,6 +611,12 @@ func (d *direction) wake(err error) bool {
 	case awaiting:
 		return false // no reply within the wait, or src ended: done
 	case finishing:
+		if d.sendsFarewell() && !errors.Is(err, net.ErrClosed) {
+			// The client's frame stalled for CloseWait, or its connection
+			// ended: the provider gets the rest of its message made up,
+			// then the farewell (closeOut).
+			return d.closeOut(nil)
+		}
 		if timeout {
 			return d.s.cut("") // the frame stalled for CloseWait
 		}
@@ -610,6 +633,10 @@ func (d *direction) wake(err error) bool {
 		return d.held(err, v) // hold.go
 	case up && d.s.hold && !errors.Is(err, net.ErrClosed) && (v.phase == leaving || v.phase == live && !timeout):
 		return d.leave(err) // hold.go
+	case v.phase == closing && !timeout && d.sendsFarewell() && !errors.Is(err, net.ErrClosed):
+		// The client's connection ended while the gateway closes the
+		// session: the provider still gets the farewell.
+		return d.closeOut(nil)
 	case !timeout:
 		return d.ended(err)
 	case v.phase == closing && d.mode == dropping:
@@ -651,6 +678,9 @@ func (d *direction) finish(p []byte) bool {
 func (d *direction) extend() bool {
 	now := time.Now()
 	if now.After(d.s.closeBy) {
+		if d.sendsFarewell() {
+			return d.closeOut(nil) // as for a stalled frame (wake)
+		}
 		return d.s.cut("")
 	}
 	dl := now.Add(CloseWait)
@@ -662,14 +692,23 @@ func (d *direction) extend() bool {
 // closeOut writes the gateway's close frame to dst, at a frame boundary,
 // then reads src, discarding it, until the peer there has answered the
 // other direction's close frame or CloseWait has passed since that went
-// out. rest are bytes read from src behind the boundary.
+// out. rest are bytes read from src behind the boundary. A session's
+// farewell goes to the provider right before the close frame, behind the
+// rest of a message the client had begun (farewell_fill.go: the client's
+// stream may then stop anywhere), without waiting for its answer.
 func (d *direction) closeOut(rest []byte) bool {
 	s := d.s
-	d.dst.SetWriteDeadline(time.Now().Add(CloseWait))
 	b := closeFrame(s.closeCode, s.closeReason, d.side == toProvider)
-	if d.side == toProvider {
-		b = s.farewell.before(b, &d.frames)
+	if d.sendsFarewell() {
+		// A copy: the tracker goes on following the client's stream
+		// for the answer to the close frame.
+		t := d.frames
+		if !d.completeMessage(&t) {
+			return d.s.cut("")
+		}
+		b = append(appendDataFrame(nil, 0x1, s.farewell.Message), b...)
 	}
+	d.dst.SetWriteDeadline(time.Now().Add(CloseWait))
 	if _, err := d.dst.Write(b); err != nil {
 		return false
 	}

@@ -66,6 +66,7 @@ func (f *relayFixture) waitEnd(t *testing.T, within time.Duration) time.Duration
 
 type frame struct {
 	op      byte
+	fin     bool
 	masked  bool
 	payload []byte
 }
@@ -76,7 +77,7 @@ func readFrame(br *bufio.Reader) (frame, error) {
 	if _, err := io.ReadFull(br, h[:]); err != nil {
 		return frame{}, err
 	}
-	f := frame{op: h[0] & 0xf, masked: h[1]&0x80 != 0}
+	f := frame{op: h[0] & 0xf, fin: h[0]&0x80 != 0, masked: h[1]&0x80 != 0}
 	n := uint64(h[1] & 0x7f)
 	switch n {
 	case 126:
