@@ -29,7 +29,9 @@ func (s *Store) spendKey(scope string, start time.Time) string {
 // ProviderScope is the spend scope of a provider.
 func ProviderScope(name string) string { return "provider:" + name }
 
-// ClientScope is the spend scope of a client key, by its shown form.
+// ClientScope is the spend scope of a client key's book, by a name that
+// never holds the key's value (its shown form, with its period and a
+// digest of its key template).
 func ClientScope(shown string) string { return "client:" + shown }
 
 // spendFlushEvery is how often the costs queued by QueueSpend are
