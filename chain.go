@@ -8,6 +8,7 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 
+	"github.com/browserfailover/caddy-browser-failover/pool"
 	"github.com/browserfailover/caddy-browser-failover/queue"
 	"github.com/browserfailover/caddy-browser-failover/upstreams"
 )
@@ -47,8 +48,10 @@ const WordQueued = "queued"
 
 // chain runs the whole chain for one upgrade.
 func (h *Handler) chain(w http.ResponseWriter, r *http.Request, hs *upstreams.Handshake) {
-	c := &connect{h: h, w: w, r: r, hs: hs, start: time.Now(), id: newSessionID()}
-	defer c.leaveClientBook()
+	c := &connect{h: h, w: w, r: r, hs: hs, start: time.Now(), id: newSessionID(), ticket: h.reg.NewTicket()}
+	// What the client still holds when its way ends (a session took it
+	// otherwise).
+	defer func() { c.ticket.Release() }()
 	if repl := replacerOf(r); repl != nil {
 		c.repl = repl
 		c.replace = func(s string) string { return repl.ReplaceKnown(s, "") }
@@ -80,7 +83,6 @@ func (h *Handler) chain(w http.ResponseWriter, r *http.Request, hs *upstreams.Ha
 	if !c.join() {
 		return
 	}
-	defer c.releaseHolds()
 	ctx := r.Context()
 	var retryAt time.Time
 	for first := true; ; first = false {
@@ -150,8 +152,7 @@ func (c *connect) join() bool {
 	}
 	k := h.quotaKey(c.replace)
 	c.cls.quota, c.cls.quotaTemplate = k.Resource(), k.Template
-	if !c.h.reg.Waiting.Contended(k.Resource()) && c.h.reg.TakeQuota(k, h.ClientLimit.Limit) {
-		c.quota = &k
+	if !c.h.reg.Waiting.Contended(k.Resource()) && c.ticket.TakeShare(k, h.ClientLimit.Limit) {
 		return true
 	}
 	// Over the limit, or others of its key wait: wait behind them.
@@ -172,8 +173,7 @@ func (c *connect) join() bool {
 			c.waiter.Want(c.pool.resources)
 			return true
 		}
-		if c.h.reg.TakeQuota(k, cl.Limit) {
-			c.quota = &k
+		if c.ticket.TakeShare(k, cl.Limit) {
 			c.inQuota = false
 			// Its place in the queue is kept: now it waits for a provider.
 			c.waiter.Want(c.pool.resources)
@@ -267,7 +267,7 @@ func (c *connect) pass(first bool) (end passEnd, couldWait, retry bool) {
 		defer func() { t.Stop(); cancel() }()
 	}
 	// 2. Order the candidates.
-	ps := &passState{order: c.order(first && c.waiter == nil)}
+	ps := &passState{order: c.order(first && c.waiter == nil), maxAttempts: h.MaxAttempts}
 	if h.TryDuration > 0 {
 		ps.deadline = time.Now().Add(time.Duration(h.TryDuration))
 		var cancel context.CancelFunc
@@ -334,87 +334,32 @@ func (c *connect) order(advance bool) []int {
 	return append(exact, rest...)
 }
 
-// 3. Skip: pick returns the next candidate to attempt, admitted (its
-// health permit taken, a slot reserved, its cost held in its budgets),
-// passing over providers drained, full, over budget, in cooldown, left to
-// longer waiters, or without a cluster-wide slot; nil when the pass has
-// no candidate left, or the client key's budget refused it (ps.clientOver).
-func (c *connect) pick(ps *passState) (*member, admission) {
-	h := c.h
+// 3. Skip: pick returns the next candidate to attempt, admitted with its
+// ticket (admit), passing over those admission refuses; nil when the pass
+// has no candidate left, or the client key's budget refused it
+// (ps.clientOver).
+func (c *connect) pick(ps *passState) (*member, *pool.Ticket) {
 	for ps.next < len(ps.order) {
 		if caddy.Exiting() {
 			// No new attempt once the process is exiting.
 			ps.next = len(ps.order)
 			break
 		}
-		m := h.members[ps.order[ps.next]]
+		m := c.h.members[ps.order[ps.next]]
 		ps.next++
-		st := m.state
-		if st.Draining() {
-			c.skip(m, upstreams.WordDrained)
-			continue
+		if t, ok := c.admit(ps, m); ok {
+			ps.tried++
+			return m, t
 		}
-		ps.serveable++
-		if c.waiter == nil && c.h.reg.Waiting.Contended(st.Resource()) {
-			// No barging: clients waiting for it go first.
-			c.skip(m, WordQueued)
-			continue
-		}
-		if st.Full() {
-			st.SkippedFull()
-			c.skip(m, upstreams.WordFull)
-			continue
-		}
-		if over, _ := st.OverBudget(); over {
-			// Its window's budget is spent: nothing until it turns.
-			ps.overBudget++
-			c.skip(m, upstreams.WordBudget)
-			continue
-		}
-		if h.MaxAttempts > 0 && ps.tried >= h.MaxAttempts {
-			ps.next = len(ps.order)
-			break
-		}
-		if !ps.deadline.IsZero() && !time.Now().Before(ps.deadline) {
-			ps.retry = true
-			ps.next = len(ps.order)
-			break
-		}
-		// What the session will cost is held in its budgets from
-		// here, so clients admitted together cannot overshoot them.
-		hold, over := c.reserveSpend(st)
-		if over != nil {
-			if over.Book == c.clientBook {
-				// The client key's own budget: 429, never the queue.
-				ps.clientOver = over
-				ps.next = len(ps.order)
-				break
-			}
-			if !over.Held {
-				ps.overBudget++
-			}
-			// Reached only with what connects in flight hold: a waiter
-			// is offered the provider when one of them fails.
-			c.skip(m, upstreams.WordBudget)
-			continue
-		}
-		a, ok := c.admit(ps, m, nil)
-		if !ok {
-			hold.Drop()
-			continue
-		}
-		a.spend = hold
-		ps.tried++
-		return m, a
 	}
-	return nil, admission{}
+	return nil, nil
 }
 
 // attemptInTurn attempts the candidates one after the other.
 func (c *connect) attemptInTurn(ctx context.Context, ps *passState) passEnd {
 	var failed *member // the attempt before, when it failed
 	for {
-		m, a := c.pick(ps)
+		m, t := c.pick(ps)
 		if m == nil {
 			return passNothing
 		}
@@ -423,19 +368,16 @@ func (c *connect) attemptInTurn(ctx context.Context, ps *passState) passEnd {
 		}
 		res := m.up.Connect(ctx, c.hs, c.replace)
 		c.record(m, res.Outcome)
-		switch c.h.conclude(ps, m, a.permit, res, false) {
+		switch c.h.conclude(ps, m, t, res, false) {
 		case verdictSuccess:
-			a.won(c)
+			c.won(t)
 			return c.establish(m, res.Conn)
 		case verdictRelay:
-			a.lost(m.state)
 			c.finish(c.relayed(res))
 			return passAnswered
 		case verdictGone:
-			a.lost(m.state)
 			return passClientGone
 		}
-		a.lost(m.state)
 		if ctx.Err() != nil && c.r.Context().Err() != nil {
 			return passClientGone
 		}
@@ -449,7 +391,7 @@ const defaultHedgeMax = 2
 // flight is one attempt running beside others.
 type flight struct {
 	m      *member
-	a      admission
+	t      *pool.Ticket
 	cancel context.CancelFunc
 	start  time.Time
 	hedge  bool // started beside another attempt
@@ -478,12 +420,12 @@ func (c *connect) attemptHedged(ctx context.Context, ps *passState) passEnd {
 	defer timer.Stop()
 
 	launch := func(hedge bool) bool {
-		m, a := c.pick(ps)
+		m, t := c.pick(ps)
 		if m == nil {
 			return false
 		}
 		actx, cancel := context.WithCancel(ctx)
-		f := &flight{m: m, a: a, cancel: cancel, start: time.Now(), hedge: hedge}
+		f := &flight{m: m, t: t, cancel: cancel, start: time.Now(), hedge: hedge}
 		live[f] = struct{}{}
 		if hedge {
 			c.hedgesStarted++
@@ -510,25 +452,22 @@ func (c *connect) attemptHedged(ctx context.Context, ps *passState) passEnd {
 			delete(live, l.f)
 			l.f.cancel()
 			c.record(l.f.m, l.res.Outcome)
-			switch c.h.conclude(ps, l.f.m, l.f.a.permit, l.res, false) {
+			switch c.h.conclude(ps, l.f.m, l.f.t, l.res, false) {
 			case verdictSuccess:
 				if l.f.hedge {
 					c.h.reg.Metrics().HedgeWon(l.f.m.up.Name)
 				}
 				c.abandon(live, results)
-				l.f.a.won(c)
+				c.won(l.f.t)
 				return c.establish(l.f.m, l.res.Conn)
 			case verdictRelay:
-				l.f.a.lost(l.f.m.state)
 				c.abandon(live, results)
 				c.finish(c.relayed(l.res))
 				return passAnswered
 			case verdictGone:
-				l.f.a.lost(l.f.m.state)
 				c.abandon(live, results)
 				return passClientGone
 			}
-			l.f.a.lost(l.f.m.state)
 			// Failed on its own: with nothing else in flight the next
 			// candidate starts at once, as without hedging.
 			if len(live) == 0 && !(ctx.Err() != nil && c.r.Context().Err() != nil) && launch(false) {
@@ -563,8 +502,7 @@ func (c *connect) abandon(live map[*flight]struct{}, results <-chan landing) {
 	go func() {
 		for range n {
 			l := <-results
-			l.f.a.lost(l.f.m.state)
-			h.conclude(nil, l.f.m, l.f.a.permit, l.res, true)
+			h.conclude(nil, l.f.m, l.f.t, l.res, true)
 		}
 	}()
 }

@@ -10,7 +10,6 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 
-	"github.com/browserfailover/caddy-browser-failover/cluster"
 	"github.com/browserfailover/caddy-browser-failover/pool"
 	"github.com/browserfailover/caddy-browser-failover/queue"
 	"github.com/browserfailover/caddy-browser-failover/spend"
@@ -57,18 +56,12 @@ type connect struct {
 	waited  time.Duration
 	inQuota bool // waiting for its client_limit share, not a provider
 
-	// Held until the session takes them, or released by finish.
-	quota *pool.QuotaKey
-	lease *cluster.Lease
-	// hold is the winning attempt's spend hold, until its session's
-	// meter takes its place.
-	hold *spend.Hold
-	// meter is the cost of the session a resume takes back with the
-	// provider session it kept; clientBook is the client key's spend
-	// under client_budget.
-	meter      *spend.Meter
-	meterOf    string // the meter's provider
-	clientBook *spend.Book
+	// ticket is what the client holds (its client_limit share, its
+	// client key's book; its provider's part once an attempt won),
+	// until its session takes it; given back at the end of its way.
+	ticket *pool.Ticket
+	// resuming: the client takes back a parked session (resume.go).
+	resuming bool
 
 	// allIncompatible: the last pass found every provider it could use
 	// answering 428 (a Playwright server of another version).
@@ -96,10 +89,11 @@ type passEnd int
 
 // passState is one pass's way through the ordered candidates.
 type passState struct {
-	order    []int
-	next     int // index in order of the next candidate to look at
-	deadline time.Time
-	tried    int
+	order       []int
+	maxAttempts int // max_attempts (0: all)
+	next        int // index in order of the next candidate to look at
+	deadline    time.Time
+	tried       int
 	// Providers that could serve this client later: not drained, and not
 	// a Playwright server of another version (428).
 	serveable, incompatible int
@@ -115,6 +109,8 @@ type passState struct {
 	// clientOver: the client key's budget refused an admission; the
 	// client is answered 429.
 	clientOver *spend.Over
+	// quotaOver: a resume's client_limit share could not be taken.
+	quotaOver bool
 }
 
 // verdict is what an attempt's outcome means for the pass.
@@ -151,75 +147,6 @@ func (c *connect) add(a attempt) {
 // skip records a provider passed over without an attempt.
 func (c *connect) skip(m *member, word string) {
 	c.add(attempt{Provider: m.up.Name, Outcome: word})
-}
-
-// holds are what a live session counts against: its provider's slot, its
-// client_limit share and its cluster-wide slot (with the shared store it
-// keeps open). A session gives them back when it ends; a parked one that
-// keeps them (resume.go), when its window ends or its resume takes them.
-type holds struct {
-	reg   *pool.Registry
-	st    *pool.Provider
-	quota *pool.QuotaKey
-	lease *cluster.Lease
-	store *cluster.Shared
-	// meter is the session's cost, stopped (and counted) when the rest
-	// is given back.
-	meter *spend.Meter
-}
-
-// end gives them back as the live session s ends.
-func (hd *holds) end(s *upstreams.Session) {
-	hd.st.End(s)
-	hd.release()
-}
-
-// free gives back a parked session's: the slot it kept without a live
-// session, and the rest.
-func (hd *holds) free() {
-	hd.st.Unreserve()
-	hd.release()
-}
-
-// release gives back all but the slot, and counts what the session cost.
-func (hd *holds) release() {
-	if hd.meter != nil {
-		charge(hd.reg, hd.st.Name(), hd.meter, hd.store)
-		hd.meter = nil
-	}
-	if hd.quota != nil {
-		hd.reg.ReleaseQuota(*hd.quota)
-		hd.quota = nil
-	}
-	if hd.lease != nil {
-		hd.lease.Release()
-		hd.lease = nil
-	}
-	if hd.store != nil {
-		hd.store.Release()
-		hd.store = nil
-	}
-}
-
-// releaseHolds gives back what a client that got no session still holds.
-func (c *connect) releaseHolds() {
-	if c.quota != nil {
-		c.h.reg.ReleaseQuota(*c.quota)
-		c.quota = nil
-	}
-	releaseLease(c.lease)
-	c.lease = nil
-	c.hold.Drop()
-	c.hold = nil
-	if c.meter != nil {
-		// A resume that took the kept provider session and lost it.
-		var store *cluster.Shared
-		if c.h.shared != nil {
-			store = c.h.shared.s
-		}
-		charge(c.h.reg, c.meterOf, c.meter, store)
-		c.meter = nil
-	}
 }
 
 // poolOf is the part of a handler that can serve one class of client
@@ -356,13 +283,6 @@ func (a attempt) MarshalLogObject(enc zapcore.ObjectEncoder) error {
 
 func roundMS(d time.Duration) float64 {
 	return math.Round(float64(d)/float64(time.Millisecond)*10) / 10
-}
-
-// releaseLease gives a lease back without holding up the caller.
-func releaseLease(l *cluster.Lease) {
-	if l != nil {
-		go l.Release()
-	}
 }
 
 const (

@@ -34,13 +34,17 @@ func TestAbandonClosesLateWinner(t *testing.T) {
 	// Its provider charges per session: the loser's session is charged.
 	st.SetPricing(pool.Pricing{Cost: &spend.Cost{Amount: 0.5, Per: spend.PerSession}})
 	permit, ok := st.Health.Acquire()
-	if !ok || !st.TryReserve() {
-		t.Fatal("no permit or slot")
+	if !ok {
+		t.Fatal("no permit")
+	}
+	tk := st.Admit(permit)
+	if tk == nil {
+		t.Fatal("no slot")
 	}
 	h := &Handler{}
 	h.logger, h.reg = zap.NewNop(), reg
 	c := &connect{h: h}
-	f := &flight{m: &member{up: up, state: st}, a: admission{permit: permit}, cancel: func() {}, start: time.Now()}
+	f := &flight{m: &member{up: up, state: st}, t: tk, cancel: func() {}, start: time.Now()}
 	results := make(chan landing, 1)
 	c.abandon(map[*flight]struct{}{f: {}}, results)
 	if c.hedgesWasted != 1 || len(c.attempts) != 1 || c.attempts[0].Outcome != upstreams.WordHedgeLost {

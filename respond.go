@@ -42,7 +42,7 @@ func (c *connect) finish(rp *reply) {
 		c.waiter.Leave()
 		c.waited = time.Since(c.joined)
 	}
-	c.releaseHolds()
+	c.ticket.Release()
 	c.observeWait()
 	if rp == nil {
 		c.learnt("")

@@ -331,96 +331,63 @@ func (c *connect) giveBack(e *pool.Parked) {
 }
 
 // redial takes the session back at its provider: the same URL, within the
-// provider's usual limits (not drained, not in cooldown, a free slot, a
-// cluster-wide slot, the client's client_limit share). A parked session
-// that kept its slot, share and cluster-wide slot hands them to the
+// provider's usual limits, through the chain's own admission (not
+// drained, not in cooldown, a free slot, a cluster-wide slot, the
+// client's client_limit share). A parked session that kept its provider
+// session hands its ticket (slot, share, cluster-wide slot, meter) to the
 // resume instead. When the provider cannot be asked, the entry stays for
-// another try; when it refuses, the entry is gone.
+// another try, with its ticket; when it refuses, the session is lost, and
+// what it held is given back with the client's ticket.
 func (c *connect) redial(e *pool.Parked) {
 	h := c.h
 	m := c.memberNamed(e.Provider)
 	pk, _ := e.Data.(*parking)
-	kept := pk.takeKept()
-	// lost ends a session that cannot be taken back: its provider session
-	// is released and what it kept given back.
-	lost := func() {
-		e.Remote.Release()
-		if kept != nil {
-			kept.free()
-			kept = nil
-		}
+	if kept := pk.takeKept(); kept != nil {
+		// The client holds the parked session's ticket from here (its
+		// own, fresh, held nothing yet).
+		c.ticket.Release()
+		c.ticket = kept
 	}
+	hadKept := c.ticket.Provider() != nil
+	c.resuming = true
 	// unavailable refuses the resume for its provider's sake, the skip
-	// recorded; the window goes on.
-	unavailable := func(why string) {
-		pk.putKept(kept)
-		kept = nil
+	// recorded; the window goes on, with the ticket it kept.
+	unavailable := func(refuse func()) {
+		if hadKept {
+			pk.putKept(c.ticket)
+			c.ticket = nil
+		}
 		c.giveBack(e)
-		c.refuseResume(resumeFailure{observe.ResumeUnavailable, http.StatusGone,
-			"the session's provider cannot take it back now (" + why + "); its window goes on"})
+		refuse()
 	}
 	if m == nil {
 		c.h.reg.Unpark(e.ID)
-		lost()
 		c.refuseResume(resumeFailure{observe.ResumeUnavailable, http.StatusGone, "the session's provider is no longer configured here"})
 		return
 	}
-	st := m.state
-	if st.Draining() {
-		c.skip(m, upstreams.WordDrained)
-		unavailable(upstreams.WordDrained)
-		return
-	}
-	ownShare := false // c.quota is the share the parked session kept
-	if h.ClientLimit != nil {
-		k := h.quotaKey(c.replace)
-		switch {
-		case kept != nil && kept.quota != nil && *kept.quota == k:
-			// Its own share, kept while it was parked.
-			c.quota, kept.quota, ownShare = kept.quota, nil, true
-		case !c.h.reg.TakeQuota(k, h.ClientLimit.Limit):
-			pk.putKept(kept)
-			kept = nil
-			c.giveBack(e)
-			c.finish(c.overOrUnavailableQuota())
-			c.h.reg.Metrics().Resume(observe.ResumeUnavailable)
-			return
-		default:
-			c.quota = &k
-		}
-	}
-	defer c.releaseHolds()
-	if cb := h.ClientBudget; cb != nil {
+	if cb := h.ClientBudget; cb != nil && c.ticket.ClientBook() == nil {
 		// A resumed session that is a new provider session counts
 		// toward its key's spend too (a resume is never refused for
 		// it: the session was admitted before).
-		c.clientBook = c.clientBookOf(cb)
+		c.clientBookOf(cb)
 	}
-	// The chain's own admission; the parked session's kept slot and
-	// cluster-wide slot, when it kept them, become the resume's.
-	a, ok := c.admit(&passState{}, m, kept)
+	ps := &passState{}
+	t, ok := c.admit(ps, m)
 	if !ok {
-		if ownShare {
-			// The share goes back with the parked session.
-			kept.quota, c.quota = c.quota, nil
+		if ps.quotaOver {
+			unavailable(func() {
+				c.finish(c.overOrUnavailableQuota())
+				c.h.reg.Metrics().Resume(observe.ResumeUnavailable)
+			})
+			return
 		}
-		unavailable(c.attempts[len(c.attempts)-1].Outcome)
+		why := c.attempts[len(c.attempts)-1].Outcome
+		unavailable(func() {
+			c.refuseResume(resumeFailure{observe.ResumeUnavailable, http.StatusGone,
+				"the session's provider cannot take it back now (" + why + "); its window goes on"})
+		})
 		return
 	}
-	permit, lease := a.permit, a.lease
-	hadKept := kept != nil
-	if hadKept {
-		// What it kept beyond its slots is given back, the shared store
-		// once the resumed session holds it.
-		if store := kept.store; store != nil {
-			kept.store = nil
-			defer store.Release()
-		}
-		// Its provider session goes on: so does its cost.
-		c.meter, c.meterOf, kept.meter = kept.meter, m.up.Name, nil
-		kept.release()
-	}
-	kept = nil
 	res := m.up.Reconnect(c.r.Context(), c.hs, e.Point, c.replace)
 	c.record(m, res.Outcome)
 	if res.Outcome.Kind == upstreams.Failure && strings.HasPrefix(res.Outcome.Word, "status_") {
@@ -429,32 +396,26 @@ func (c *connect) redial(e *pool.Parked) {
 		// failing.
 		res.Outcome.Kind = upstreams.Relay
 	}
-	switch h.conclude(nil, m, permit, res, false) {
+	// Anything but a session releases the ticket: a provider session
+	// that could no longer be counted is not kept.
+	switch h.conclude(nil, m, t, res, false) {
 	case verdictSuccess:
-		c.lease = lease
-		res.Conn.Remote = e.Remote
+		c.won(t)
 		c.h.reg.Metrics().Resume(observe.ResumeOK)
 		h.logger.Info("session resumed", zap.String("session_id", c.id), zap.String("resumed_from", e.ID),
 			zap.String("provider", m.up.Name), zap.Bool("held", false))
 		c.establish(m, res.Conn)
 		return
 	case verdictGone:
-		releaseLease(lease)
-		if hadKept {
-			// Its slot went with the attempt: a provider session that
-			// could no longer be counted is not kept.
-			e.Remote.Release()
-		} else {
+		if !hadKept {
 			c.giveBack(e)
 		}
 		c.finish(nil)
 		c.h.reg.Metrics().Resume(observe.ResumeRefused)
 		return
 	}
-	releaseLease(lease)
 	// The provider no longer has that browser, or cannot be reached: the
 	// session is lost.
-	e.Remote.Release()
 	c.refuseResume(resumeFailure{observe.ResumeRefused, http.StatusGone,
 		"the session's provider did not give it back (" + res.Outcome.Word + ")"})
 }

@@ -43,9 +43,6 @@ type parking struct {
 	up       *upstreams.Provider
 	proto    string
 	point    upstreams.ResumePoint
-	// remote is the provider session created for it (session_api), whose
-	// release waits for the window's end while parked.
-	remote   *upstreams.Remote
 	answer   *upstreams.Answer // the provider's 101 (its subprotocol, extensions)
 	started  time.Time
 	client   string
@@ -60,15 +57,16 @@ type parking struct {
 	// joined is closed when the client joined now leaves (the session is
 	// parked, or ends): an extended CONNECT client's handler returns then.
 	joined chan struct{}
-	// kept is what a parked session that holds a created provider session
-	// (no hold) keeps counted while parked: its slot, client_limit share
-	// and cluster-wide slot. nil otherwise, and once a resume took them.
-	kept *holds
+	// kept is the ticket of a parked session that holds a created
+	// provider session (no hold): its slot, client_limit share,
+	// cluster-wide slot, meter and provider session stay counted while it
+	// is parked. nil otherwise, and once a resume took it.
+	kept *pool.Ticket
 }
 
 // newParking prepares the parking of the session c establishes with up at
-// m, or returns nil when it cannot be resumed.
-func (c *connect) newParking(m *member, up *upstreams.Conn) *parking {
+// m under ticket t, or returns nil when it cannot be resumed.
+func (c *connect) newParking(m *member, up *upstreams.Conn, t *pool.Ticket) *parking {
 	h := c.h
 	if h.Resume == nil || c.token == "" || !c.cls.proto.Resumable() || up.Point.IsZero() {
 		return nil
@@ -83,15 +81,14 @@ func (c *connect) newParking(m *member, up *upstreams.Conn) *parking {
 		up:       m.up,
 		proto:    string(c.cls.proto),
 		point:    up.Point,
-		remote:   up.Remote,
 		answer:   up.Answer,
 		started:  time.Now(),
 		remoteIP: remoteIP(c.r),
 		id:       c.id,
 		joined:   make(chan struct{}),
 	}
-	if c.quota != nil {
-		pk.client = c.h.reg.Shown(*c.quota)
+	if k, ok := t.Share(); ok {
+		pk.client = c.h.reg.Shown(k)
 	}
 	if h.shared != nil {
 		pk.store = h.shared.s
@@ -123,38 +120,37 @@ func (pk *parking) compressed() bool {
 	return pk.answer.Header.Get("Sec-Websocket-Extensions") != ""
 }
 
-// ended is called when a session that was not held has ended, with what
-// it holds: a session its client ended is parked. A parked session whose
-// provider session lives on (created over a session API) keeps it, and
-// keeps what it holds counted, until its window ends or a resume takes
-// them; ended then reports true, and the caller releases nothing. A
+// ended is called when a session that was not held has ended, with its
+// ticket: a session its client ended is parked. A parked session whose
+// provider session lives on (created over a session API) keeps its
+// ticket, and what it holds counted, until its window ends or a resume
+// takes it; ended then reports true, and the caller releases nothing. A
 // session that negotiated compression under hold is parked only to
 // answer its resume 409.
-func (pk *parking) ended(s *upstreams.Session, hd *holds) bool {
+func (pk *parking) ended(s *upstreams.Session, t *pool.Ticket) bool {
 	if pk == nil || (pk.hold && !pk.compressed()) || !s.ClientEnded() {
 		return false
 	}
 	pk.bytesUp, pk.bytesDn = s.BytesUp(), s.BytesDown()
 	if pk.hold {
 		// Nothing to go back to: a provider session created for it is
-		// released now.
-		pk.remote = nil
+		// released now, with the ticket.
 		pk.park(nil, s.ClientCloseCode())
 		return false
 	}
-	keep := pk.remote != nil
+	keep := t.HoldsProviderSession()
 	if keep {
+		t.Park()
 		pk.mu.Lock()
-		pk.kept = hd
+		pk.kept = t
 		pk.mu.Unlock()
-		hd.st.Park(s)
 	}
 	pk.park(nil, s.ClientCloseCode())
 	return keep
 }
 
-// takeKept takes what a parked session keeps counted (nil when nothing).
-func (pk *parking) takeKept() *holds {
+// takeKept takes the ticket a parked session keeps (nil when none).
+func (pk *parking) takeKept() *pool.Ticket {
 	if pk == nil {
 		return nil
 	}
@@ -165,15 +161,24 @@ func (pk *parking) takeKept() *holds {
 	return k
 }
 
-// putKept gives them back to the parked session (a resume that could not
-// go on).
-func (pk *parking) putKept(k *holds) {
+// putKept gives it back to the parked session (a resume that could not
+// go on), parked again.
+func (pk *parking) putKept(k *pool.Ticket) {
 	if pk == nil || k == nil {
 		return
 	}
+	k.Repark()
 	pk.mu.Lock()
 	pk.kept = k
 	pk.mu.Unlock()
+}
+
+// keeps is the ticket the parked session keeps, left in place (nil when
+// none).
+func (pk *parking) keeps() *pool.Ticket {
+	pk.mu.Lock()
+	defer pk.mu.Unlock()
+	return pk.kept
 }
 
 // onPark is the held session's OnPark: its client left, its provider
@@ -203,7 +208,6 @@ func (pk *parking) park(held *upstreams.Session, code int) {
 		Meter:     pk.meter,
 		CloseCode: code,
 		Held:      held,
-		Remote:    pk.remote,
 		Data:      pk,
 	}
 	if pk.hold && held == nil {
@@ -218,7 +222,7 @@ func (pk *parking) park(held *upstreams.Session, code int) {
 	// Another node may take it back only when nothing of it lives here:
 	// no open connection, no provider session to release. What the
 	// shared store keeps holds no secret of the provider's.
-	if pk.store != nil && held == nil && pk.remote == nil && e.Refuse == "" && pk.store.Usable() {
+	if pk.store != nil && held == nil && pk.keeps() == nil && e.Refuse == "" && pk.store.Usable() {
 		if sp, ok := pk.up.Share(pk.point); ok {
 			v, _ := json.Marshal(sharedParked{ID: e.ID, Provider: pk.provider, Point: sp, Started: pk.started})
 			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
@@ -244,10 +248,7 @@ func (pk *parking) park(held *upstreams.Session, code int) {
 		if e.Held != nil {
 			e.Held.Close(e.CloseCode, EndResumeWindow)
 		} else {
-			e.Remote.Release()
-			if k := pk.takeKept(); k != nil {
-				k.free()
-			}
+			pk.takeKept().Release()
 		}
 		logger.Info("resume window over", zap.String("session_id", e.ID), zap.String("provider", e.Provider),
 			zap.Bool("held", e.Held != nil))

@@ -14,93 +14,171 @@ import (
 	"github.com/browserfailover/caddy-browser-failover/upstreams"
 )
 
-// The steps a new connect and a resume both walk: admission (health
-// permit, slot, cluster-wide slot), the settling of an attempt's outcome,
-// establishing the session, the hand-over to the client (hijack or stream,
-// 101 or 200) and the relay. The chain (chain.go) and resume (resume.go,
+// The steps a new connect and a resume both walk: admission (the one
+// step that decides whether an attempt may be made at a provider, and
+// makes its ticket), the settling of an attempt's outcome, establishing
+// the session, the hand-over to the client (hijack or stream, 101 or 200)
+// and the relay. The chain (chain.go) and resume (resume.go,
 // resume_hold.go) call them; they call only what lies below them.
 
-// admission is what an admitted attempt holds: its provider's health
-// permit, its cluster-wide slot (nil without shared state) and its spend
-// hold (nil without a price); its slot is reserved.
-type admission struct {
-	permit cooldown.Permit
-	lease  *cluster.Lease
-	spend  *spend.Hold
-}
-
-// won hands a successful attempt's lease and spend hold to the client,
-// whose session takes them.
-func (a admission) won(c *connect) {
-	c.lease, c.hold = a.lease, a.spend
-}
-
-// lost gives back a failed attempt's lease and spend hold, off the
-// caller's way; the room its hold took in st's budget may let a waiter in.
-func (a admission) lost(st *pool.Provider) {
-	releaseLease(a.lease)
-	if a.spend != nil {
-		a.spend.Drop()
-		st.Notify()
-	}
-}
-
-// admit is the one admission step of an attempt at m, for a new client's
-// pass as for a resume: a health permit (not in cooldown, no trial in
-// flight), a slot, and the cluster-wide slot under shared state. A parked
-// session's kept slot and lease (kept, not nil) stand for the last two.
-// On refusal the skip is recorded, what was taken is given back, and ok
-// is false; the caller's own checks (drained, full, left to waiters)
-// come before.
-func (c *connect) admit(ps *passState, m *member, kept *holds) (a admission, ok bool) {
+// 3. Admit: the one admission step of an attempt at m, for a new client's
+// pass as for a resume. In order: not drained; not left to clients that
+// have waited longer (a newcomer's pass); not full (its slots, a learnt
+// cap, its last capacity probe); its budget not spent; the pass's own
+// bounds (max_attempts, try_duration); the client's client_limit share (a
+// resume's: a new client took it as it joined); what the session will cost
+// held in its budgets (a new client's: a resume's session was admitted
+// before); a health permit (not in cooldown, no trial in flight); a slot;
+// and the cluster-wide slot under shared state. A resume of a parked
+// session that kept its provider session (the client's ticket holds its
+// slot, share, lease and meter) takes none of those again: its ticket is
+// the attempt's. Each refusal records its skip word and gives back what
+// was taken; ok is false, and ps says why when the pass ends here.
+func (c *connect) admit(ps *passState, m *member) (t *pool.Ticket, ok bool) {
 	st := m.state
-	if a.permit, ok = st.Health.Acquire(); !ok {
-		c.skip(m, upstreams.WordCooldown)
-		return admission{}, false
+	kept := c.ticket.Provider() == st
+	resume := c.resuming
+	if st.Draining() {
+		c.skip(m, upstreams.WordDrained)
+		return nil, false
 	}
-	if kept != nil {
-		a.lease, kept.lease = kept.lease, nil
-		return a, true
+	ps.serveable++
+	if !resume && c.waiter == nil && c.h.reg.Waiting.Contended(st.Resource()) {
+		// No barging: clients waiting for it go first.
+		c.skip(m, WordQueued)
+		return nil, false
 	}
-	if !st.TryReserve() {
-		c.h.settle(st, a.permit, cooldown.Neutral, 0)
+	if !kept && st.Full() {
 		st.SkippedFull()
 		c.skip(m, upstreams.WordFull)
-		return admission{}, false
+		return nil, false
+	}
+	if over, _ := st.OverBudget(); over && !resume {
+		// Its window's budget is spent: nothing until it turns.
+		ps.overBudget++
+		c.skip(m, upstreams.WordBudget)
+		return nil, false
+	}
+	if !ps.mayAttempt() {
+		return nil, false
+	}
+	if cl := c.h.ClientLimit; cl != nil && resume && !c.ticket.TakeShare(c.h.quotaKey(c.replace), cl.Limit) {
+		ps.quotaOver = true
+		return nil, false
+	}
+	// What the session will cost is held in its budgets from here, so
+	// clients admitted together cannot overshoot them.
+	var hold *spend.Hold
+	if !resume {
+		var over *spend.Over
+		if hold, over = c.reserveSpend(st); over != nil {
+			if over.Book == c.ticket.ClientBook() {
+				// The client key's own budget: 429, never the queue.
+				ps.clientOver = over
+				ps.next = len(ps.order)
+				return nil, false
+			}
+			if over.Held {
+				// No offer comes when they fail: waiters retry each
+				// second.
+				ps.retry = true
+			} else {
+				ps.overBudget++
+			}
+			// Reached only with what connects in flight hold: a waiter
+			// is offered the provider when one of them fails.
+			c.skip(m, upstreams.WordBudget)
+			return nil, false
+		}
+	}
+	permit, ok := st.Health.Acquire()
+	if !ok {
+		hold.Drop()
+		c.skip(m, upstreams.WordCooldown)
+		return nil, false
+	}
+	if kept {
+		c.ticket.Resume(permit)
+		return c.ticket, true
+	}
+	if t = st.Admit(permit); t == nil {
+		hold.Drop()
+		c.h.settle(st, permit, cooldown.Neutral, 0)
+		st.SkippedFull()
+		c.skip(m, upstreams.WordFull)
+		return nil, false
 	}
 	// The cluster-wide slot, with shared state (claimShared records its
 	// own skip).
-	if a.lease, ok = c.claimShared(ps, m); !ok {
-		c.h.settle(st, a.permit, cooldown.Neutral, 0)
-		st.UnreserveFailed()
-		return admission{}, false
+	lease, ok := c.claimShared(ps, m)
+	var store *cluster.Shared
+	if sh := c.h.shared; sh != nil && (lease != nil || st.Pricing().Cost != nil) {
+		// Kept open for the lease's release and the cost's write.
+		store = sh.s
 	}
-	return a, true
+	t.Keep(lease, store, hold)
+	if !ok {
+		c.h.settle(st, permit, cooldown.Neutral, 0)
+		t.Failed()
+		t.Release()
+		return nil, false
+	}
+	return t, true
+}
+
+// won hands the client to its attempt's ticket t, which took the
+// session: t takes what the client's ticket held (its share, its book)
+// and is the client's from now on.
+func (c *connect) won(t *pool.Ticket) {
+	if t == c.ticket {
+		return
+	}
+	t.Join(c.ticket)
+	c.ticket.Release() // empty now
+	c.ticket = t
+}
+
+// mayAttempt reports whether the pass may make another attempt: within
+// max_attempts and try_duration. When it may not, the pass ends here.
+func (ps *passState) mayAttempt() bool {
+	if ps.maxAttempts > 0 && ps.tried >= ps.maxAttempts {
+		ps.next = len(ps.order)
+		return false
+	}
+	if !ps.deadline.IsZero() && !time.Now().Before(ps.deadline) {
+		ps.retry = true
+		ps.next = len(ps.order)
+		return false
+	}
+	return true
 }
 
 // 5. Settle: conclude classifies one attempt's outcome and settles it: the
-// provider's health, its slot and its last error, the same way for serial
-// and hedged attempts. lost marks a hedge loser, whose 101 (if any) nobody will use:
-// it is closed and counts as neither success nor failure. ps, when not nil,
+// provider's health and its last error, the same way for serial and
+// hedged attempts, and the attempt's ticket t: kept on success, released
+// otherwise (a failure's slot goes back without waking the queue at once).
+// lost marks a hedge loser, whose 101 (if any) nobody will use: it is
+// closed and counts as neither success nor failure. ps, when not nil,
 // learns what the outcome means for the rest of the pass.
-func (h *Handler) conclude(ps *passState, m *member, permit cooldown.Permit, res upstreams.Result, lost bool) verdict {
+func (h *Handler) conclude(ps *passState, m *member, t *pool.Ticket, res upstreams.Result, lost bool) verdict {
 	st := m.state
 	o := res.Outcome
+	permit := t.Permit()
 	if lost {
 		h.reg.Metrics().Attempt(m.up.Name, o)
 	}
 	if o.Kind == upstreams.Failure || o.Kind == upstreams.Capacity || o.Kind == upstreams.Incompatible || o.Kind == upstreams.Gateway {
 		st.SetLastError(o.Word)
 	}
+	v := verdictNext
 	switch o.Kind {
 	case upstreams.Success:
 		if lost {
 			h.settle(st, permit, cooldown.Neutral, 0)
-			st.Unreserve()
 			res.Conn.CloseLost()
 			// Its provider created a session for it all the same.
-			h.chargeLoser(m)
-			return verdictNext
+			t.ChargeLost()
+			break
 		}
 		h.settle(st, permit, cooldown.Success, 0)
 		st.ObserveHandshake(o.Elapsed)
@@ -115,21 +193,20 @@ func (h *Handler) conclude(ps *passState, m *member, permit cooldown.Permit, res
 		} else if h.settle(st, permit, cooldown.Failure, 0) == cooldown.NoChange && ps != nil {
 			ps.retry = true
 		}
-		st.UnreserveFailed()
+		t.Failed()
 	case upstreams.Capacity:
 		if h.learnCap(m, o) {
 			// The provider holds what it can: its cap is learnt, and
 			// it is not skipped for that (clients beyond the cap wait
 			// for a slot).
 			h.settle(st, permit, cooldown.Neutral, 0)
-			st.UnreserveFailed()
-			break
+		} else {
+			h.settle(st, permit, cooldown.Capacity, o.RetryAfter)
 		}
-		h.settle(st, permit, cooldown.Capacity, o.RetryAfter)
-		st.UnreserveFailed()
+		t.Failed()
 	case upstreams.Incompatible:
 		h.settle(st, permit, cooldown.Neutral, 0)
-		st.UnreserveFailed()
+		t.Failed()
 		if ps != nil {
 			ps.incompatible++
 		}
@@ -137,24 +214,23 @@ func (h *Handler) conclude(ps *passState, m *member, permit cooldown.Permit, res
 		// The gateway's own trouble (its ledger): not the provider's;
 		// a waiter tries again.
 		h.settle(st, permit, cooldown.Neutral, 0)
-		st.UnreserveFailed()
+		t.Failed()
 		if ps != nil {
 			ps.retry = true
 		}
 	case upstreams.Relay:
 		h.settle(st, permit, cooldown.Neutral, 0)
-		st.Unreserve()
 		if !lost {
-			return verdictRelay
+			v = verdictRelay
 		}
 	default: // the client went away, or a hedge loser was cancelled
 		h.settle(st, permit, cooldown.Neutral, 0)
-		st.Unreserve()
 		if !lost {
-			return verdictGone
+			v = verdictGone
 		}
 	}
-	return verdictNext
+	t.Release()
+	return v
 }
 
 // learnCap learns the cap of a provider whose max_concurrent is auto from
@@ -233,7 +309,6 @@ func (c *connect) establish(m *member, up *upstreams.Conn) passEnd {
 		// its provider session is ended and released, the client gets
 		// 503 rather than a session that shutdown would end at once.
 		go up.CloseWith(upstreams.CloseGoingAway, upstreams.EndShutdown)
-		m.state.Unreserve()
 		c.finish(c.shuttingDown())
 		return passAnswered
 	}
@@ -246,7 +321,6 @@ func (c *connect) establish(m *member, up *upstreams.Conn) passEnd {
 	ho, err := c.handOver(up.Answer.RawWithHeaders(c.answerHeaders()...), fields)
 	if err != nil {
 		up.Close()
-		m.state.Unreserve()
 		c.h.logger.Error("cannot take over the client connection", zap.Error(err))
 		return passClientGone
 	}
@@ -333,7 +407,6 @@ func (c *connect) answerHeaders() []upstreams.HeaderField {
 // answers the client (greet) and runs the relay. A greeting that fails
 // ends the session at once (its slot freed), never resumable.
 func (c *connect) relay(m *member, client netConn, up *upstreams.Conn, pending []byte, greet func() error) *upstreams.Session {
-	st := m.state
 	c.served(m)
 	end := &sessionEnd{
 		metrics:   c.h.reg.Metrics(),
@@ -346,22 +419,15 @@ func (c *connect) relay(m *member, client netConn, up *upstreams.Conn, pending [
 		wasted:    c.hedgesWasted,
 		keepalive: c.h.Keepalive > 0,
 	}
-	hd := &holds{reg: c.h.reg, st: st, quota: c.quota, lease: c.lease, meter: c.startMeter(st)}
-	c.quota, c.lease = nil, nil
-	if c.h.shared != nil && (hd.lease != nil || hd.meter.Cost() != nil) {
-		// Kept open for the lease's release and the cost's write.
-		hd.store = c.h.shared.s
-		hd.store.Retain()
-	}
+	// The session holds the client's ticket from here.
+	t := c.ticket
+	c.ticket = nil
 	var idle, maxDur time.Duration
 	if s := c.h.Session; s != nil {
 		idle, maxDur = time.Duration(s.IdleTimeout), time.Duration(s.MaxDuration)
 	}
 	// A session its client ends may be taken back (resume.go).
-	pk := c.newParking(m, up)
-	if pk != nil {
-		pk.meter = hd.meter
-	}
+	pk := c.newParking(m, up, t)
 	// The provider's 101 is relayed (a parking keeps what it needs of
 	// it): a live session does not carry its header block.
 	up.Answer = nil
@@ -384,6 +450,7 @@ func (c *connect) relay(m *member, client netConn, up *upstreams.Conn, pending [
 	// request and writer keep the server's buffers of the connection.
 	reg := c.h.reg
 	remote := up.Remote // nor up: the session relays its connection
+	up.Remote = nil     // its ticket releases it
 	opts.OnEnd = func(s *upstreams.Session) {
 		if pk != nil {
 			// A held session may end while parked; its ID may
@@ -396,22 +463,21 @@ func (c *connect) relay(m *member, client netConn, up *upstreams.Conn, pending [
 		// released in the background, and what the session holds
 		// given back, unless the session is parked with them: then
 		// at the end of its window, or by its resume.
-		meter := hd.meter
-		if !pk.ended(s, hd) {
-			remote.Release()
-			hd.end(s)
+		meter := t.Meter()
+		if !pk.ended(s, t) {
+			t.Release()
 		}
 		end.log(s, meter.Accrued())
 	}
 	s := upstreams.NewSession(client, up, opts)
-	info := pool.SessionInfo{ID: c.id, Protocol: string(c.cls.proto), RemoteIP: remoteIP(c.r), Attempts: c.tries, Meter: hd.meter}
-	if hd.quota != nil {
-		info.Client = c.h.reg.Shown(*hd.quota)
-	}
+	info := pool.SessionInfo{ID: c.id, Protocol: string(c.cls.proto), RemoteIP: remoteIP(c.r), Attempts: c.tries}
 	if pk != nil {
 		info.ResumeToken = pk.token
 	}
-	st.Establish(s, info)
+	meter := t.Establish(s, info, remote)
+	if pk != nil {
+		pk.meter = meter
+	}
 	c.learnt(m.up.Name)
 	if greet != nil {
 		if err := greet(); err != nil {

@@ -37,7 +37,7 @@ type Provider struct {
 	max      atomic.Int64 // 0: unlimited
 	draining atomic.Bool
 	// skippedFull: someone was turned away as full since the last
-	// UnreserveFailed that woke the queues.
+	// unreserveFailed that woke the queues.
 	skippedFull atomic.Bool
 	// What the last capacity probe said (probe.go): the provider takes no
 	// new session; its own limit, which serves as max_concurrent when
@@ -240,9 +240,9 @@ func (r *Registry) All() []*Provider {
 	return all
 }
 
-// TryReserve takes a slot for an attempt if the provider has room: below
+// tryReserve takes a slot for an attempt if the provider has room: below
 // its limit (Limit), and not full by its last capacity probe.
-func (p *Provider) TryReserve() bool {
+func (p *Provider) tryReserve() bool {
 	if p.capFull.Load() {
 		return false
 	}
@@ -289,20 +289,20 @@ func (p *Provider) Limit() int64 {
 	return p.learntMax.Load()
 }
 
-// Unreserve gives back a slot whose attempt did not establish a session.
-func (p *Provider) Unreserve() {
+// unreserve gives back a slot whose attempt did not establish a session.
+func (p *Provider) unreserve() {
 	p.giveBack()
 	p.Notify()
 }
 
-// UnreserveFailed gives back the slot of an attempt the provider failed
+// unreserveFailed gives back the slot of an attempt the provider failed
 // (an error, 408/429, 428) without waking the queues at once: the waiter
 // that made the attempt would get the wake-up itself (the queue re-delivers
 // a wake-up missed during a pass) and retry the failing provider in a
 // tight loop. If the provider was full and turned someone away meanwhile
 // (SkippedFull), the queues are woken a second later instead, like the
 // once-a-second retry of providers that failed without cooling down.
-func (p *Provider) UnreserveFailed() {
+func (p *Provider) unreserveFailed() {
 	u := p.giveBack()
 	if m := p.Limit(); m > 0 && u+1 >= m && p.skippedFull.Swap(false) {
 		p.WakeAt(p.reg.Now().Add(time.Second))
@@ -312,31 +312,31 @@ func (p *Provider) UnreserveFailed() {
 // SkippedFull notes that a client passed the provider over as full.
 func (p *Provider) SkippedFull() { p.skippedFull.Store(true) }
 
-// Establish turns a reserved slot into a live session, listed in the
+// establish turns a reserved slot into a live session, listed in the
 // session registry under info (its Provider is set here).
-func (p *Provider) Establish(s *upstreams.Session, info SessionInfo) {
+func (p *Provider) establish(s *upstreams.Session, info SessionInfo) {
 	p.live.Add(1)
 	info.Provider = p.name
 	p.reg.track(s, info)
 }
 
-// End frees a live session's slot. The live count drops before the slot
+// end frees a live session's slot. The live count drops before the slot
 // is given back, so a session that takes the slot at once is never
 // counted beside the one that left it (live never exceeds the limit).
-func (p *Provider) End(s *upstreams.Session) {
+func (p *Provider) end(s *upstreams.Session) {
 	p.reg.untrack(s)
 	p.live.Add(-1)
 	p.giveBack()
 	p.Notify()
 }
 
-// Park ends a live session whose provider session lives on while it is
+// park ends a live session whose provider session lives on while it is
 // parked for a resume (a session created over a session API, not yet
 // released): it leaves the session registry and the live count, but its
 // slot stays taken, so the parked session still counts against
-// max_concurrent. The slot is given back with Unreserve when the window
-// ends, or taken over by the resume (Establish, as after TryReserve).
-func (p *Provider) Park(s *upstreams.Session) {
+// max_concurrent. The slot is given back with unreserve when the window
+// ends, or taken over by the resume (establish, as after tryReserve).
+func (p *Provider) park(s *upstreams.Session) {
 	p.reg.untrack(s)
 	p.live.Add(-1)
 }

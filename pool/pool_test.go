@@ -87,20 +87,20 @@ func TestProviderEventsReachTheQueue(t *testing.T) {
 	}
 	defer r.ReleaseClaim("pool-q", gen2)
 	want := []string{p.Resource()}
-	if !p.TryReserve() {
+	if !p.tryReserve() {
 		t.Fatal("no slot")
 	}
 	if woken, _ := wokenBy(t, r, want, func() {}); woken {
 		t.Fatal("woken with nothing offered")
 	}
-	if woken, _ := wokenBy(t, r, []string{Resource("other")}, p.Unreserve); woken {
+	if woken, _ := wokenBy(t, r, []string{Resource("other")}, p.unreserve); woken {
 		t.Fatal("a waiter for another provider was woken by this one's slot")
 	}
-	p.TryReserve()
-	if woken, _ := wokenBy(t, r, want, p.Unreserve); !woken {
+	p.tryReserve()
+	if woken, _ := wokenBy(t, r, want, p.unreserve); !woken {
 		t.Fatal("a freed slot did not reach the waiter")
 	}
-	p.TryReserve()
+	p.tryReserve()
 	if woken, _ := wokenBy(t, r, want, func() {
 		if _, err := r.Claim("pool-q", "ws://h:1/", "ws://h:1/", gen2, cfg, false, 2); err != nil {
 			t.Fatal(err)
@@ -109,7 +109,7 @@ func TestProviderEventsReachTheQueue(t *testing.T) {
 		t.Fatal("a reload that raised max_concurrent did not reach the waiter")
 	}
 	r.ReleaseClaim("pool-q", gen1)
-	p.Unreserve()
+	p.unreserve()
 	if _, err := wokenBy(t, r, want, func() { p.SetDraining(true) }); !errors.Is(err, queue.ErrUnavailable) {
 		t.Fatalf("drain: waiter got %v, want ErrUnavailable", err)
 	}
@@ -120,10 +120,10 @@ func TestProviderEventsReachTheQueue(t *testing.T) {
 		t.Fatal("HasRoom false for an idle, healthy, undrained provider")
 	}
 	k := QuotaKey{Template: "{x}", Value: "v"}
-	if !r.TakeQuota(k, 1) || r.TakeQuota(k, 1) {
+	if !r.takeQuota(k, 1) || r.takeQuota(k, 1) {
 		t.Fatal("quota")
 	}
-	if woken, _ := wokenBy(t, r, []string{k.Resource()}, func() { r.ReleaseQuota(k) }); !woken {
+	if woken, _ := wokenBy(t, r, []string{k.Resource()}, func() { r.releaseQuota(k) }); !woken {
 		t.Fatal("a released quota did not reach its key's waiter")
 	}
 }

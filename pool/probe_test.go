@@ -415,7 +415,7 @@ func TestProbeCapacity(t *testing.T) {
 	}
 	fp.set(pressure(1, 5, false))
 	c.Advance(time.Second)
-	if !p.Full() || p.HasRoom() || p.TryReserve() {
+	if !p.Full() || p.HasRoom() || p.tryReserve() {
 		t.Fatal("isAvailable false: the provider is not full")
 	}
 	if got := rs.list(); !got[1].CapacityFull || got[1].Change != cooldown.NoChange {
@@ -433,15 +433,15 @@ func TestProbeCapacity(t *testing.T) {
 	}
 	// The learnt limit counts this gateway's own sessions.
 	for range 5 {
-		if !p.TryReserve() {
+		if !p.tryReserve() {
 			t.Fatal("no slot below the learnt limit")
 		}
 	}
-	if p.TryReserve() || !p.Full() {
+	if p.tryReserve() || !p.Full() {
 		t.Fatal("more slots than the learnt maxConcurrent")
 	}
 	for range 5 {
-		p.UnreserveFailed()
+		p.unreserveFailed()
 	}
 	// A failing probe forgets the capacity (the cooldown rules decide).
 	fp.set(pressure(0, 5, false))

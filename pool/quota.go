@@ -11,7 +11,7 @@ import (
 // process-wide, so they survive reloads like the sessions they count. An
 // entry lives while it has live sessions, waiting clients, or both. Clients
 // held back by their key's limit wait in the process queue for the key's
-// resource, which ReleaseQuota offers.
+// resource, which releaseQuota offers.
 
 // quotaEntry is one key value's count.
 type quotaEntry struct {
@@ -75,9 +75,9 @@ func (r *Registry) dropIfUnusedLocked(k QuotaKey, e *quotaEntry) {
 	}
 }
 
-// TakeQuota counts one more session for k if it holds fewer than limit.
-// The caller gives it back with ReleaseQuota exactly once.
-func (r *Registry) TakeQuota(k QuotaKey, limit int) bool {
+// takeQuota counts one more session for k if it holds fewer than limit.
+// The caller gives it back with releaseQuota exactly once.
+func (r *Registry) takeQuota(k QuotaKey, limit int) bool {
 	r.quotaMu.Lock()
 	defer r.quotaMu.Unlock()
 	e := r.entryLocked(k)
@@ -89,9 +89,9 @@ func (r *Registry) TakeQuota(k QuotaKey, limit int) bool {
 	return true
 }
 
-// ReleaseQuota gives back a session counted by TakeQuota and offers k to
+// releaseQuota gives back a session counted by takeQuota and offers k to
 // the longest-waiting client held back by it.
-func (r *Registry) ReleaseQuota(k QuotaKey) {
+func (r *Registry) releaseQuota(k QuotaKey) {
 	r.quotaMu.Lock()
 	e := r.quotas[k.id()]
 	if e == nil || e.active == 0 {

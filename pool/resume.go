@@ -59,9 +59,6 @@ type Parked struct {
 	CloseCode int
 	// Held is the session kept open with its provider (nil without hold).
 	Held *upstreams.Session
-	// Remote is the provider session created over a session API, whose
-	// release waits for the window's end (nil without one).
-	Remote *upstreams.Remote
 	// Shared tells that the entry is also in the shared store.
 	Shared bool
 	// Refuse, when set, is why a resume of it is answered 409 (it cannot

@@ -8,6 +8,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/browserfailover/caddy-browser-failover/cluster"
 	"github.com/browserfailover/caddy-browser-failover/cooldown"
 	"github.com/browserfailover/caddy-browser-failover/spend"
 )
@@ -289,4 +290,43 @@ func (r *Registry) ProviderBook(name string) *spend.Book {
 		return p.Book()
 	}
 	return nil
+}
+
+// charge stops a session's meter and counts what it cost: in the
+// provider's and the client key's books (Stop), the metrics, and the
+// shared totals (queued, written in the background with others: a
+// session's end waits for nobody). It returns the cost.
+func (r *Registry) charge(provider string, m *spend.Meter, store *cluster.Shared) float64 {
+	cost, first := m.Stop()
+	if !first || cost <= 0 {
+		return cost
+	}
+	r.Metrics().Spent(provider, cost)
+	if store != nil {
+		books := []*spend.Book{r.ProviderBook(provider)}
+		scopes := []string{cluster.ProviderScope(provider)}
+		if client := m.Client(); client != nil {
+			if e, ok := r.ClientBookOf(client); ok {
+				books, scopes = append(books, client), append(scopes, cluster.ClientScope(e.Scope))
+			}
+		}
+		addShared(store, cost, books, scopes)
+	}
+	return cost
+}
+
+// addShared queues cost for the shared totals of the books' current
+// windows (under scopes); each book is told its total once written.
+func addShared(store *cluster.Shared, cost float64, books []*spend.Book, scopes []string) {
+	if !store.Usable() || books[0] == nil {
+		return
+	}
+	windows := make([]cluster.SpendWindow, len(books))
+	for i, b := range books {
+		st := b.Read()
+		windows[i] = cluster.SpendWindow{Scope: scopes[i], Start: st.WindowStart, End: st.WindowEnd}
+	}
+	store.Store().QueueSpend(windows, cost, func(i int, total, added float64) {
+		books[i].SetShared(windows[i].Start, total, added)
+	})
 }

@@ -66,11 +66,14 @@ func liveSession(t *testing.T, p *pool.Provider, info pool.SessionInfo) (*upstre
 	t.Helper()
 	cg, cp := net.Pipe() // gateway side, client side
 	ug, up := net.Pipe() // gateway side, provider side
-	if !p.TryReserve() {
+	permit, _ := p.Health.Acquire()
+	tk := p.Admit(permit)
+	if tk == nil {
 		t.Fatal("no slot")
 	}
-	s := upstreams.NewSession(cg, &upstreams.Conn{Conn: ug}, upstreams.SessionOptions{OnEnd: p.End})
-	p.Establish(s, info)
+	p.Health.Done(permit, cooldown.Success, 0)
+	s := upstreams.NewSession(cg, &upstreams.Conn{Conn: ug}, upstreams.SessionOptions{OnEnd: func(*upstreams.Session) { tk.Release() }})
+	tk.Establish(s, info, nil)
 	s.Run()
 	t.Cleanup(func() { cp.Close(); up.Close() })
 	return s, newPeer(cp), newPeer(up)

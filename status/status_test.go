@@ -151,10 +151,11 @@ func TestStatusClients(t *testing.T) {
 	reg := pool.NewRegistry(nil)
 	const secret = "sk-live-4f9a1c0ffee"
 	k := pool.QuotaKey{Template: "{http.request.header.X-Api-Key}", Value: secret}
-	if !reg.TakeQuota(k, 2) || !reg.TakeQuota(k, 2) {
+	a, b, c := reg.NewTicket(), reg.NewTicket(), reg.NewTicket()
+	if !a.TakeShare(k, 2) || !b.TakeShare(k, 2) {
 		t.Fatal("quota refused below its limit")
 	}
-	if reg.TakeQuota(k, 2) {
+	if c.TakeShare(k, 2) {
 		t.Fatal("quota granted over its limit")
 	}
 	reg.AddQuotaWaiting(k, 1)
@@ -177,9 +178,9 @@ func TestStatusClients(t *testing.T) {
 		t.Fatalf("clients %+v, want [%+v]", st.Clients, want)
 	}
 	reg.AddQuotaWaiting(k, -1)
-	reg.ReleaseQuota(k)
-	reg.ReleaseQuota(k)
-	reg.ReleaseQuota(k) // one too many: ignored
+	a.Release()
+	b.Release()
+	a.Release() // twice: ignored
 	if n := reg.QuotaActive(k); n != 0 {
 		t.Fatalf("active %d after release", n)
 	}

@@ -1,0 +1,108 @@
+package pool
+
+import (
+	"testing"
+
+	"github.com/browserfailover/caddy-browser-failover/cooldown"
+	"github.com/browserfailover/caddy-browser-failover/spend"
+	"github.com/browserfailover/caddy-browser-failover/upstreams"
+)
+
+// TestTicketGivesBackOnce: whatever state a ticket is in when it is
+// released, its slot, share, spend hold or meter and client book go back
+// exactly once; a second release gives back nothing.
+func TestTicketGivesBackOnce(t *testing.T) {
+	r, _ := fakeRegistry(t, true)
+	gen := new(int)
+	p, err := r.Claim("ticket-unit", "ws://h:1/", "ws://h:1/", gen, cooldown.Config{MinRequests: 3}, false, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.ReleaseClaim("ticket-unit", gen)
+	p.SetPricing(Pricing{Cost: &spend.Cost{Amount: 1, Per: spend.PerSession}, Budget: &spend.Budget{Amount: 10, Per: spend.PerDay}})
+	k := QuotaKey{Template: "{k}", Value: "a"}
+
+	admit := func(client *Ticket) *Ticket {
+		t.Helper()
+		permit, ok := p.Health.Acquire()
+		if !ok {
+			t.Fatal("no permit")
+		}
+		tk := p.Admit(permit)
+		if tk == nil {
+			t.Fatal("no slot")
+		}
+		hold, over := p.Reserve(client.ClientBook(), 5)
+		if over != nil {
+			t.Fatal(over)
+		}
+		tk.Keep(nil, nil, hold)
+		p.Health.Done(permit, cooldown.Neutral, 0)
+		return tk
+	}
+
+	// A client joins (a share, a book), an attempt is admitted and fails.
+	client := r.NewTicket()
+	if !client.TakeShare(k, 1) {
+		t.Fatal("no share")
+	}
+	book := client.UseClientBook(ClientBookID{Template: "{k}", Per: "day", Value: "a"}, 5)
+	failed := admit(client)
+	if p.Reserved() != 1 || p.Book().Read().Holds != 1 || book.Read().Holds != 1 {
+		t.Fatalf("admitted: reserved %d, holds %+v %+v", p.Reserved(), p.Book().Read(), book.Read())
+	}
+	failed.Failed()
+	failed.Release()
+	failed.Release()
+	if p.Reserved() != 0 || p.Book().Read().Holds != 0 || book.Read().Holds != 0 || r.QuotaActive(k) != 1 {
+		t.Fatalf("failed attempt: reserved %d, holds %+v, quota %d", p.Reserved(), p.Book().Read(), r.QuotaActive(k))
+	}
+
+	// The next one wins: it takes the client's share and book, goes live,
+	// parks and resumes.
+	won := admit(client)
+	won.Join(client)
+	client.Release() // empty: gives back nothing
+	if r.QuotaActive(k) != 1 {
+		t.Fatal("the joined share was given back by the client's ticket")
+	}
+	s := &upstreams.Session{}
+	meter := won.Establish(s, SessionInfo{ID: "s1"}, nil)
+	if meter == nil || p.Active() != 1 || p.Book().Read().Holds != 0 || p.Book().Read().Live != 1 {
+		t.Fatalf("live: meter %v active %d book %+v", meter, p.Active(), p.Book().Read())
+	}
+	if _, ok := r.SessionByID("s1"); !ok {
+		t.Fatal("the live session is not listed")
+	}
+	won.Park()
+	if p.Active() != 0 || p.Reserved() != 1 {
+		t.Fatalf("parked: active %d reserved %d", p.Active(), p.Reserved())
+	}
+	if _, ok := r.SessionByID("s1"); ok {
+		t.Fatal("a parked session is listed as live")
+	}
+	permit, _ := p.Health.Acquire()
+	won.Resume(permit)
+	p.Health.Done(permit, cooldown.Success, 0)
+	if won.Establish(&upstreams.Session{}, SessionInfo{ID: "s2"}, nil) != meter {
+		t.Fatal("a resumed session started another meter")
+	}
+	won.Release()
+	won.Release()
+	if p.Active() != 0 || p.Reserved() != 0 || r.QuotaActive(k) != 0 {
+		t.Fatalf("released: active %d reserved %d quota %d", p.Active(), p.Reserved(), r.QuotaActive(k))
+	}
+	if st := p.Book().Read(); st.Spent != 1 || st.Live != 0 {
+		t.Fatalf("the session's cost counted %+v", st)
+	}
+	if st := book.Read(); st.Spent != 1 {
+		t.Fatalf("the client's book %+v", st)
+	}
+	// The book is no longer used: idle keys may be swept.
+	r.clientSpend.mu.Lock()
+	users := r.clientSpend.byBook[book].users
+	r.clientSpend.mu.Unlock()
+	if users != 0 {
+		t.Fatalf("the client book is still used by %d", users)
+	}
+}
