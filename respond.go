@@ -224,35 +224,33 @@ func (h *Handler) retryAfter() int {
 type sessionEnd struct {
 	logger   *zap.Logger
 	metrics  *observe.Metrics
-	id       string
-	provider string
 	attempts attempts
 	waited   time.Duration
-	hedges   int
-	wasted   int
+	hedges   int32
+	wasted   int32
 	// keepalive: the session pinged its sides (keepalive on).
 	keepalive bool
 }
 
-// log writes the session's end entry; cost is what it cost (so far, for
-// a session parked with its provider session).
-func (e *sessionEnd) log(s *upstreams.Session, cost float64) {
-	e.metrics.SessionEnded(e.provider, time.Since(s.Start()))
+// log writes the end entry of session id at provider; cost is what it
+// cost (so far, for a session parked with its provider session).
+func (e *sessionEnd) log(s *upstreams.Session, id, provider string, cost float64) {
+	e.metrics.SessionEnded(provider, time.Since(s.Start()))
 	var pings []zap.Field
 	if e.keepalive {
 		pings = append(pings, zap.Int64("keepalive_pings", s.KeepalivePings()))
 	}
 	e.logger.Info("session ended", append([]zap.Field{
-		zap.String("session_id", e.id),
-		zap.String("provider", e.provider),
+		zap.String("session_id", id),
+		zap.String("provider", provider),
 		zap.Array("attempts", e.attempts),
 		zap.Float64("queue_wait_ms", roundMS(e.waited)),
 		zap.Float64("duration_ms", roundMS(time.Since(s.Start()))),
 		zap.Int64("bytes_up", s.BytesUp()),
 		zap.Int64("bytes_down", s.BytesDown()),
 		zap.String("close_reason", s.Reason()),
-		zap.Int("hedges_started", e.hedges),
-		zap.Int("hedges_wasted", e.wasted),
+		zap.Int32("hedges_started", e.hedges),
+		zap.Int32("hedges_wasted", e.wasted),
 		zap.Float64("cost", roundCost(cost)),
 	}, pings...)...)
 }

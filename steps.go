@@ -411,12 +411,10 @@ func (c *connect) relay(m *member, client netConn, up *upstreams.Conn, pending [
 	end := &sessionEnd{
 		metrics:   c.h.reg.Metrics(),
 		logger:    c.h.logger,
-		id:        c.id,
-		provider:  m.up.Name,
 		attempts:  c.attempts,
 		waited:    c.waited,
-		hedges:    c.hedgesStarted,
-		wasted:    c.hedgesWasted,
+		hedges:    int32(c.hedgesStarted),
+		wasted:    int32(c.hedgesWasted),
 		keepalive: c.h.Keepalive > 0,
 	}
 	// The session holds the client's ticket from here.
@@ -452,12 +450,15 @@ func (c *connect) relay(m *member, client netConn, up *upstreams.Conn, pending [
 	remote := up.Remote // nor up: the session relays its connection
 	up.Remote = nil     // its ticket releases it
 	opts.OnEnd = func(s *upstreams.Session) {
+		var id string
 		if pk != nil {
 			// A held session may end while parked; its ID may
 			// have changed with resumes.
 			pk.left()
-			end.id = pk.currentID()
-			reg.Unpark(end.id)
+			id = pk.currentID()
+			reg.Unpark(id)
+		} else {
+			id = t.SessionID()
 		}
 		// The provider session created for it (session_api) is
 		// released in the background, and what the session holds
@@ -467,7 +468,7 @@ func (c *connect) relay(m *member, client netConn, up *upstreams.Conn, pending [
 		if !pk.ended(s, t) {
 			t.Release()
 		}
-		end.log(s, meter.Accrued())
+		end.log(s, id, t.Provider().Name(), meter.Accrued())
 	}
 	s := upstreams.NewSession(client, up, opts)
 	info := pool.SessionInfo{ID: c.id, Protocol: string(c.cls.proto), RemoteIP: remoteIP(c.r), Attempts: c.tries}

@@ -314,10 +314,10 @@ func (p *Provider) SkippedFull() { p.skippedFull.Store(true) }
 
 // establish turns a reserved slot into a live session, listed in the
 // session registry under info (its Provider is set here).
-func (p *Provider) establish(s *upstreams.Session, info SessionInfo) {
+func (p *Provider) establish(e *LiveSession) {
 	p.live.Add(1)
-	info.Provider = p.name
-	p.reg.track(s, info)
+	e.Provider = p.name
+	p.reg.track(e)
 }
 
 // end frees a live session's slot. The live count drops before the slot

@@ -51,16 +51,17 @@ type LiveSession struct {
 	seq     uint64
 }
 
-func (r *Registry) track(s *upstreams.Session, info SessionInfo) {
+// track lists e (its Session set); the entry is its ticket's own.
+func (r *Registry) track(e *LiveSession) {
 	r.sessionsMu.Lock()
 	r.sessionSeq++
-	e := &LiveSession{SessionInfo: info, Session: s, seq: r.sessionSeq}
-	r.sessions[s] = e
-	if info.ID != "" {
-		r.sessionIDs[info.ID] = e
+	e.seq = r.sessionSeq
+	r.sessions[e.Session] = e
+	if e.ID != "" {
+		r.sessionIDs[e.ID] = e
 	}
-	if info.ResumeToken != "" {
-		r.sessionTokens[info.ResumeToken] = e
+	if e.ResumeToken != "" {
+		r.sessionTokens[e.ResumeToken] = e
 	}
 	r.sessionsMu.Unlock()
 }

@@ -48,18 +48,19 @@ type Ticket struct {
 	slot     slotState
 	// failed: the attempt failed at the provider; its slot goes back
 	// without waking the queue at once (Provider.unreserveFailed).
-	failed   bool
-	hasShare bool
-	p        *Provider
-	permit   cooldown.Permit
-	share    QuotaKey
-	book     *spend.Book
-	lease    *cluster.Lease
-	store    *cluster.Shared
-	hold     *spend.Hold
-	meter    *spend.Meter
-	remote   *upstreams.Remote
-	session  *upstreams.Session
+	failed bool
+	p      *Provider
+	permit cooldown.Permit
+	share  *QuotaKey // nil: none
+	book   *spend.Book
+	lease  *cluster.Lease
+	store  *cluster.Shared
+	hold   *spend.Hold
+	remote *upstreams.Remote
+	// live is the session's entry in the session registry, its Session
+	// and Meter set by Establish (the Meter stays through a parking);
+	// written only while the entry is not listed.
+	live LiveSession
 }
 
 // NewTicket is a client's ticket as it joins: nothing held yet.
@@ -90,19 +91,19 @@ func (t *Ticket) Permit() cooldown.Permit { return t.permit }
 // replaces the first only once it is taken.
 func (t *Ticket) TakeShare(k QuotaKey, limit int) bool {
 	t.mu.Lock()
-	has, old := t.hasShare, t.share
+	old := t.share
 	t.mu.Unlock()
-	if has && old == k {
+	if old != nil && *old == k {
 		return true
 	}
 	if !t.reg.takeQuota(k, limit) {
 		return false
 	}
 	t.mu.Lock()
-	t.share, t.hasShare = k, true
+	t.share = &k
 	t.mu.Unlock()
-	if has {
-		t.reg.releaseQuota(old)
+	if old != nil {
+		t.reg.releaseQuota(*old)
 	}
 	return true
 }
@@ -111,7 +112,10 @@ func (t *Ticket) TakeShare(k QuotaKey, limit int) bool {
 func (t *Ticket) Share() (QuotaKey, bool) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	return t.share, t.hasShare
+	if t.share == nil {
+		return QuotaKey{}, false
+	}
+	return *t.share, true
 }
 
 // UseClientBook takes the book of a client key (ClientBook) for the
@@ -164,11 +168,11 @@ func (t *Ticket) Join(client *Ticket) {
 		return
 	}
 	client.mu.Lock()
-	share, has, book := client.share, client.hasShare, client.book
-	client.hasShare, client.book = false, nil
+	share, book := client.share, client.book
+	client.share, client.book = nil, nil
 	client.mu.Unlock()
 	t.mu.Lock()
-	t.share, t.hasShare, t.book = share, has, book
+	t.share, t.book = share, book
 	t.mu.Unlock()
 }
 
@@ -180,32 +184,43 @@ func (t *Ticket) Join(client *Ticket) {
 // meter.
 func (t *Ticket) Establish(s *upstreams.Session, info SessionInfo, remote *upstreams.Remote) *spend.Meter {
 	t.mu.Lock()
-	if t.meter == nil {
+	meter := t.live.Meter
+	if meter == nil {
 		if t.hold != nil {
-			t.meter = t.hold.Start()
+			meter = t.hold.Start()
 		} else {
-			t.meter = t.p.Meter(t.book)
+			meter = t.p.Meter(t.book)
 		}
 		t.hold = nil
 	}
 	if remote != nil {
 		t.remote = remote
 	}
-	t.session, t.slot = s, slotLive
-	if t.hasShare {
-		info.Client = t.reg.Shown(t.share)
+	if t.share != nil {
+		info.Client = t.reg.Shown(*t.share)
 	}
-	info.Meter = t.meter
+	info.Meter = meter
+	t.live = LiveSession{SessionInfo: info, Session: s}
+	t.slot = slotLive
 	t.mu.Unlock()
-	t.p.establish(s, info)
-	return t.meter
+	t.p.establish(&t.live)
+	return meter
+}
+
+// SessionID is the ID its session was established under (a held session
+// joined by a resume is renamed in the session registry; its parking
+// knows its current one).
+func (t *Ticket) SessionID() string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.live.ID
 }
 
 // Meter is the session's cost (nil before Establish, or without a price).
 func (t *Ticket) Meter() *spend.Meter {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	return t.meter
+	return t.live.Meter
 }
 
 // HoldsProviderSession reports whether the ticket holds a provider
@@ -226,10 +241,9 @@ func (t *Ticket) Park() {
 		t.mu.Unlock()
 		return
 	}
-	s := t.session
-	t.session, t.slot = nil, slotParked
+	t.slot = slotParked
 	t.mu.Unlock()
-	t.p.park(s)
+	t.p.park(t.live.Session)
 }
 
 // Resume readies a parked ticket for its resume's attempt, under the
@@ -286,11 +300,11 @@ func (t *Ticket) Release() {
 		return
 	}
 	t.released = true
-	p, slot, failed, session := t.p, t.slot, t.failed, t.session
-	hold, meter, lease, store, book, remote := t.hold, t.meter, t.lease, t.store, t.book, t.remote
-	share, hasShare := t.share, t.hasShare
-	t.hold, t.meter, t.lease, t.store, t.book, t.remote, t.session = nil, nil, nil, nil, nil, nil, nil
-	t.hasShare, t.slot = false, slotNone
+	p, slot, failed, session, meter := t.p, t.slot, t.failed, t.live.Session, t.live.Meter
+	hold, lease, store, book, remote := t.hold, t.lease, t.store, t.book, t.remote
+	share := t.share
+	t.hold, t.lease, t.store, t.book, t.remote, t.share = nil, nil, nil, nil, nil, nil
+	t.slot = slotNone
 	t.mu.Unlock()
 
 	remote.Release()
@@ -315,8 +329,8 @@ func (t *Ticket) Release() {
 	if meter != nil {
 		t.reg.charge(p.Name(), meter, store)
 	}
-	if hasShare {
-		t.reg.releaseQuota(share)
+	if share != nil {
+		t.reg.releaseQuota(*share)
 	}
 	lease.Release()
 	if store != nil {
