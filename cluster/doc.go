@@ -87,9 +87,10 @@
 // is dropped as already past.
 //
 // Every decision is taken by one Lua script in one round trip, so there is
-// no read-then-write race between nodes. Keys of several providers may be
-// touched by one script, so the Redis must be a single server (standalone,
-// or a primary behind Sentinel or a proxy), not a Redis Cluster.
+// no read-then-write race between nodes. A script may touch the keys of
+// several providers on a single server or a Sentinel-managed master; in a
+// Redis Cluster, where a script keeps to one hash slot, a call over
+// several providers runs one script per provider.
 //
 // # Leases
 //

@@ -25,10 +25,11 @@ type News struct {
 	// (the spares of it are given back); set before the first call.
 	onWanted func(provider string)
 
-	mu     sync.Mutex
-	closed bool
-	subs   map[*subscription]struct{}
-	subWG  sync.WaitGroup
+	// mu guards subs; a subscription is added under it only before
+	// Close began (conn.closed), so close finds every one.
+	mu    sync.Mutex
+	subs  map[*subscription]struct{}
+	subWG sync.WaitGroup
 	// hearing counts the subscriptions up and caught up (Hearing).
 	hearing atomic.Int32
 	// encoded holds each provider's encoded news (of), by name.
@@ -84,7 +85,7 @@ func (n *News) Subscribe(fn func(Event)) (cancel func()) {
 	ctx, stop := context.WithCancel(context.Background())
 	sub := &subscription{cancel: stop}
 	n.mu.Lock()
-	if n.closed || n.c.closed.Load() {
+	if n.c.closed.Load() {
 		n.mu.Unlock()
 		stop()
 		return func() {}
@@ -111,7 +112,6 @@ func (n *News) Subscribe(fn func(Event)) (cancel func()) {
 // close cancels every subscription and waits for their goroutines.
 func (n *News) close() {
 	n.mu.Lock()
-	n.closed = true
 	subs := n.subs
 	n.subs = map[*subscription]struct{}{}
 	n.mu.Unlock()
