@@ -245,7 +245,7 @@ func (c *connect) claim(token string) (e *pool.Parked, ok, unreachable bool) {
 		return nil, false, false
 	}
 	// The node that parked it forgets it.
-	if err := sh.s.Store().AnnounceResumed(c.r.Context(), sp.Provider, token); err != nil {
+	if err := sh.s.Store().News().AnnounceResumed(c.r.Context(), sp.Provider, token); err != nil {
 		sh.s.Failed("announce resumed", err)
 	}
 	now := c.h.reg.Now()

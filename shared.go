@@ -95,13 +95,13 @@ func (h *Handler) provisionShared() error {
 		// Renewals count its live sessions over every node, so this
 		// node's status and metrics show when they are above
 		// max_concurrent.
-		s.Store().Watch(m.up.Name)
+		s.Store().Leases().Watch(m.up.Name)
 	}
 	if h.ClientBudget != nil || slices.ContainsFunc(h.Providers, func(p *ProviderConfig) bool { return p.Cost != nil }) {
 		// Budgets count what the other nodes' sessions cost.
 		go h.syncSpend()
 	}
-	h.shared.cancel = s.Store().Subscribe(func(e cluster.Event) {
+	h.shared.cancel = s.Store().News().Subscribe(func(e cluster.Event) {
 		if e.Kind == cluster.EventResumed {
 			// Taken back through another node: this node's entry of it
 			// is stale.
@@ -188,9 +188,9 @@ func (h *Handler) publishHold(st *pool.Provider, change cooldown.Change) {
 		var err error
 		switch {
 		case change == cooldown.CooledDown && !cooldownUntil.IsZero():
-			err = sh.s.Store().PublishCooldown(ctx, name, cooldownUntil, streak)
+			err = sh.s.Store().News().PublishCooldown(ctx, name, cooldownUntil, streak)
 		case change == cooldown.Skipped && !skipUntil.IsZero():
-			err = sh.s.Store().PublishSkip(ctx, name, skipUntil)
+			err = sh.s.Store().News().PublishSkip(ctx, name, skipUntil)
 		default:
 			return
 		}
@@ -217,14 +217,14 @@ func (c *connect) claimShared(ps *passState, m *member) (*cluster.Lease, bool) {
 	}
 	var g cluster.Grant
 	var err error
-	if m.state.LearntCap() == nil && m.state.Limit() == 0 && !sh.reject && sh.s.Store().Hearing() {
+	if m.state.LearntCap() == nil && m.state.Limit() == 0 && !sh.reject && sh.s.Store().News().Hearing() {
 		// No cap to hold across the nodes: the slot is only counted,
 		// written in the background with others, and the connect waits
 		// for no round trip. A shared cooldown or skip reaches this
 		// node as news, which it hears (else the acquire below asks).
 		// Under on_unavailable reject every connect asks: only a call
 		// tells that Redis answers.
-		l, err := sh.s.Store().Register(m.up.Name)
+		l, err := sh.s.Store().Leases().Register(m.up.Name)
 		if err != nil {
 			sh.s.Failed("acquire", err)
 			return c.stateDown(ps, m)
@@ -233,14 +233,14 @@ func (c *connect) claimShared(ps *passState, m *member) (*cluster.Lease, bool) {
 	}
 	if l := m.state.LearntCap(); l != nil {
 		// The cap learnt over every node, in the same round trip.
-		g, err = sh.s.Store().AcquireLearnt(c.r.Context(), m.up.Name, m.state.Pricing().Interval)
+		g, err = sh.s.Store().Leases().AcquireLearnt(c.r.Context(), m.up.Name, m.state.Pricing().Interval)
 		if err == nil && g.Cap > 0 {
 			l.Adopt(int64(g.Cap), c.h.reg.Now())
 		}
 	} else if sh.reject {
-		g, err = sh.s.Store().AcquireAsking(c.r.Context(), m.up.Name, int(m.state.Limit()))
+		g, err = sh.s.Store().Leases().AcquireAsking(c.r.Context(), m.up.Name, int(m.state.Limit()))
 	} else {
-		g, err = sh.s.Store().Acquire(c.r.Context(), m.up.Name, int(m.state.Limit()))
+		g, err = sh.s.Store().Leases().Acquire(c.r.Context(), m.up.Name, int(m.state.Limit()))
 	}
 	if err != nil {
 		if c.r.Context().Err() != nil {
@@ -311,7 +311,7 @@ func (h *Handler) syncSpend() {
 			}
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		totals, err := sh.s.Store().ReadSpend(ctx, windows)
+		totals, err := sh.s.Store().Spend().ReadSpend(ctx, windows)
 		cancel()
 		if err != nil {
 			sh.s.Failed("read spend", err)
@@ -330,7 +330,7 @@ func (h *Handler) learnSharedCap(st *pool.Provider) (int, bool) {
 	sh := h.shared
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	n, err := sh.s.Store().LearnCap(ctx, st.Name())
+	n, err := sh.s.Store().Leases().LearnCap(ctx, st.Name())
 	if err != nil {
 		sh.s.Failed("learn cap", err)
 		return 0, false

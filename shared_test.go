@@ -71,7 +71,7 @@ func TestSharedSlots(t *testing.T) {
 	ctx := context.Background()
 	var leases []*cluster.Lease
 	for range 2 {
-		gr, err := other.Acquire(ctx, "sh-echo", 2)
+		gr, err := other.Leases().Acquire(ctx, "sh-echo", 2)
 		if err != nil || gr.Lease == nil {
 			t.Fatalf("other node: %+v %v", gr, err)
 		}
@@ -84,7 +84,7 @@ func TestSharedSlots(t *testing.T) {
 	leases[0].Release()
 	// The other node gives the slot back in the background.
 	testgw.Eventually(t, 10*time.Second, "the other node's release written", func() bool {
-		sh, err := other.Snapshot(ctx, []string{"sh-echo"})
+		sh, err := other.Leases().Snapshot(ctx, []string{"sh-echo"})
 		return err == nil && sh["sh-echo"].Active == 1
 	})
 	c, _, err := dial(t, g.WS("/"), nil)
@@ -99,7 +99,7 @@ func TestSharedSlots(t *testing.T) {
 	}
 	c.Close(websocket.StatusNormalClosure, "")
 	testgw.Eventually(t, 10*time.Second, "the gateway's lease given back", func() bool {
-		sh, err := other.Snapshot(ctx, []string{"sh-echo"})
+		sh, err := other.Leases().Snapshot(ctx, []string{"sh-echo"})
 		return err == nil && sh["sh-echo"].Nodes["gw-here"] == 0 && sh["sh-echo"].Active == 1
 	})
 	leases[1].Release()
@@ -126,7 +126,7 @@ func TestSharedCooldown(t *testing.T) {
 		provider("shc-c", fallback.URL(), `"priority":3`)))
 	ctx := context.Background()
 	until := time.Now().Add(30 * time.Second)
-	if err := other.PublishCooldown(ctx, "shc-a", until, 1); err != nil {
+	if err := other.News().PublishCooldown(ctx, "shc-a", until, 1); err != nil {
 		t.Fatal(err)
 	}
 	// A provider without a cap is counted without a round trip: its
@@ -138,7 +138,7 @@ func TestSharedCooldown(t *testing.T) {
 	// A capped provider's slot request reads the shared hold in the same
 	// round trip: a cooldown published just before the connect is
 	// honoured even before its news arrives.
-	if err := other.PublishCooldown(ctx, "shc-d", until, 1); err != nil {
+	if err := other.News().PublishCooldown(ctx, "shc-d", until, 1); err != nil {
 		t.Fatal(err)
 	}
 	// shc-d and shc-a are skipped without an attempt; shc-b fails and
@@ -157,7 +157,7 @@ func TestSharedCooldown(t *testing.T) {
 		}
 	}
 	testgw.Eventually(t, 10*time.Second, "shc-b's cooldown published", func() bool {
-		h, err := other.Hold(ctx, "shc-b")
+		h, err := other.News().Hold(ctx, "shc-b")
 		return err == nil && h.CooldownUntil.After(time.Now()) && h.SkipUntil.IsZero()
 	})
 
@@ -166,11 +166,11 @@ func TestSharedCooldown(t *testing.T) {
 	if code, body := opAdmin(t, g, http.MethodPost, "/browser_failover/providers/shc-b/reset"); code != http.StatusOK {
 		t.Fatalf("reset: %d %s", code, body)
 	}
-	if h, err := other.Hold(ctx, "shc-b"); err != nil || !h.IsZero() {
+	if h, err := other.News().Hold(ctx, "shc-b"); err != nil || !h.IsZero() {
 		t.Fatalf("shared cooldown after a reset here: %+v %v", h, err)
 	}
 	// And one through another node resets it here.
-	if err := other.ClearCooldown(ctx, "shc-a"); err != nil {
+	if err := other.News().ClearCooldown(ctx, "shc-a"); err != nil {
 		t.Fatal(err)
 	}
 	testgw.Eventually(t, 10*time.Second, "shc-a reset through the other node", func() bool {

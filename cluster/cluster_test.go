@@ -84,7 +84,7 @@ func (r *recorder) find(match func(Event) bool) (Event, bool) {
 func subscribe(t *testing.T, s *Store) *recorder {
 	t.Helper()
 	rec := &recorder{}
-	cancel := s.Subscribe(rec.add)
+	cancel := s.News().Subscribe(rec.add)
 	t.Cleanup(cancel)
 	waitSubscribed(t, s, rec)
 	return rec
@@ -94,7 +94,7 @@ func waitSubscribed(t *testing.T, s *Store, rec *recorder) {
 	t.Helper()
 	probe := "probe-" + t.Name()
 	eventually(t, 10*time.Second, "subscription delivers", func() bool {
-		_ = s.ClearCooldown(context.Background(), probe)
+		_ = s.News().ClearCooldown(context.Background(), probe)
 		time.Sleep(20 * time.Millisecond)
 		_, ok := rec.find(func(ev Event) bool { return ev.Provider == probe })
 		return ok
@@ -108,10 +108,11 @@ func settle(t *testing.T, stores ...*Store) {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
 	for _, s := range stores {
+		ls := s.Leases()
 		for {
-			s.mu.Lock()
-			idle := !s.flushing && len(s.releasing) == 0 && len(s.adding) == 0
-			s.mu.Unlock()
+			ls.mu.Lock()
+			idle := !ls.w.running && len(ls.w.releasing) == 0 && len(ls.w.adding) == 0
+			ls.mu.Unlock()
 			if idle {
 				break
 			}
@@ -125,7 +126,7 @@ func settle(t *testing.T, stores ...*Store) {
 
 func share(t *testing.T, s *Store, provider string) Share {
 	t.Helper()
-	m, err := s.Snapshot(context.Background(), []string{provider})
+	m, err := s.Leases().Snapshot(context.Background(), []string{provider})
 	if err != nil {
 		t.Fatalf("Snapshot: %v", err)
 	}
@@ -153,7 +154,7 @@ func TestAcquireExactUnderContention(t *testing.T) {
 			defer wg.Done()
 			s := stores[g%len(stores)]
 			for range 25 {
-				gr, err := s.Acquire(ctx, "p", max)
+				gr, err := s.Leases().Acquire(ctx, "p", max)
 				if err != nil {
 					errs <- err
 					return
@@ -208,7 +209,7 @@ func TestUnlimitedIsCountedPerNode(t *testing.T) {
 		if i%2 == 1 {
 			s = b
 		}
-		g, err := s.Acquire(ctx, "p", 0)
+		g, err := s.Leases().Acquire(ctx, "p", 0)
 		if err != nil || g.Lease == nil {
 			t.Fatalf("Acquire unlimited: %+v, %v", g, err)
 		}
@@ -219,7 +220,7 @@ func TestUnlimitedIsCountedPerNode(t *testing.T) {
 		t.Fatalf("Snapshot: %+v", sh)
 	}
 	// A max smaller than what is live: full.
-	if g, err := b.Acquire(ctx, "p", 7); err != nil || !g.Full {
+	if g, err := b.Leases().Acquire(ctx, "p", 7); err != nil || !g.Full {
 		t.Fatalf("Acquire at max: %+v, %v", g, err)
 	}
 	for _, l := range leases {
@@ -241,7 +242,7 @@ func TestRegisterWritesInTheBackground(t *testing.T) {
 	b := open(t, r, "b", nil)
 	var leases []*Lease
 	for range 50 {
-		l, err := a.Register("p")
+		l, err := a.Leases().Register("p")
 		if err != nil || l == nil {
 			t.Fatalf("Register: %v, %v", l, err)
 		}
@@ -260,7 +261,7 @@ func TestRegisterWritesInTheBackground(t *testing.T) {
 	for i, l := range leases {
 		l.Release()
 		if i%2 == 0 {
-			nl, err := a.Register("p")
+			nl, err := a.Leases().Register("p")
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -272,19 +273,19 @@ func TestRegisterWritesInTheBackground(t *testing.T) {
 		t.Fatalf("after every release: %+v", sh)
 	}
 	// A capped acquire sees the registered ones of another node.
-	kept, err := b.Register("p")
+	kept, err := b.Leases().Register("p")
 	if err != nil {
 		t.Fatal(err)
 	}
 	settle(t, b)
-	if g, err := a.Acquire(context.Background(), "p", 1); err != nil || !g.Full {
+	if g, err := a.Leases().Acquire(context.Background(), "p", 1); err != nil || !g.Full {
 		t.Fatalf("Acquire at max 1 beside a registered lease: %+v, %v", g, err)
 	}
 	kept.Release()
 	if err := a.Close(); err != nil {
 		t.Fatal(err)
 	}
-	if l, err := a.Register("p"); err == nil || l != nil {
+	if l, err := a.Leases().Register("p"); err == nil || l != nil {
 		t.Fatalf("Register after Close: %v, %v", l, err)
 	}
 }
@@ -295,18 +296,19 @@ func TestAcquireCarriesQueuedReleases(t *testing.T) {
 	r := startRedis(t)
 	a := open(t, r, "a", nil)
 	ctx := context.Background()
-	g, err := a.Acquire(ctx, "p", 1)
+	g, err := a.Leases().Acquire(ctx, "p", 1)
 	if err != nil || g.Lease == nil {
 		t.Fatalf("Acquire: %+v, %v", g, err)
 	}
 	// Queue the release without its flush running, as when the flush
 	// is busy with an earlier batch.
-	a.mu.Lock()
-	delete(a.leases, g.Lease)
+	ls := a.Leases()
+	ls.mu.Lock()
+	delete(ls.held, g.Lease)
 	g.Lease.released.Store(true)
-	a.releasing = append(a.releasing, g.Lease)
-	a.mu.Unlock()
-	g2, err := a.Acquire(ctx, "p", 1)
+	ls.w.releasing = append(ls.w.releasing, g.Lease)
+	ls.mu.Unlock()
+	g2, err := a.Leases().Acquire(ctx, "p", 1)
 	if err != nil || g2.Lease == nil {
 		t.Fatalf("Acquire after a queued release: %+v, %v (want a lease)", g2, err)
 	}
@@ -328,11 +330,11 @@ func TestSpareSlots(t *testing.T) {
 	a := open(t, r, "a", nil)
 	b := open(t, r, "b", nil)
 	rec := &recorder{}
-	a.Subscribe(rec.add) // a's subscription also hears b's "wanted"
+	a.News().Subscribe(rec.add) // a's subscription also hears b's "wanted"
 	// Slots are kept only by a node that hears the news.
-	eventually(t, 5*time.Second, "a hears the news", a.Hearing)
+	eventually(t, 5*time.Second, "a hears the news", a.News().Hearing)
 	ctx := context.Background()
-	g, err := a.Acquire(ctx, "p", 2)
+	g, err := a.Leases().Acquire(ctx, "p", 2)
 	if err != nil || g.Lease == nil {
 		t.Fatalf("Acquire: %+v, %v", g, err)
 	}
@@ -343,7 +345,7 @@ func TestSpareSlots(t *testing.T) {
 	}
 
 	// Released, then taken again at once: the same slot, still counted.
-	g, err = a.Acquire(ctx, "p", 2)
+	g, err = a.Leases().Acquire(ctx, "p", 2)
 	if err != nil || g.Lease == nil {
 		t.Fatalf("Acquire: %+v, %v", g, err)
 	}
@@ -352,7 +354,7 @@ func TestSpareSlots(t *testing.T) {
 	if sh := share(t, b, "p"); sh.Active != 1 {
 		t.Fatalf("the spare is not counted: %+v", sh)
 	}
-	g2, err := a.Acquire(ctx, "p", 2)
+	g2, err := a.Leases().Acquire(ctx, "p", 2)
 	if err != nil || g2.Lease == nil || g2.Lease.ID() != id {
 		t.Fatalf("Acquire after a release: %+v, %v (want the spare %s)", g2, err, id)
 	}
@@ -363,11 +365,11 @@ func TestSpareSlots(t *testing.T) {
 
 	// At the cap: a second slot on a, then b finds p full and says so;
 	// the slot a releases now is given back, not kept.
-	g3, err := a.Acquire(ctx, "p", 2)
+	g3, err := a.Leases().Acquire(ctx, "p", 2)
 	if err != nil || g3.Lease == nil {
 		t.Fatalf("Acquire: %+v, %v", g3, err)
 	}
-	if g, err := b.Acquire(ctx, "p", 2); err != nil || !g.Full {
+	if g, err := b.Leases().Acquire(ctx, "p", 2); err != nil || !g.Full {
 		t.Fatalf("b at the cap: %+v, %v", g, err)
 	}
 	eventually(t, 5*time.Second, "a hears b wait", func() bool {
@@ -376,7 +378,7 @@ func TestSpareSlots(t *testing.T) {
 	})
 	g2.Lease.Release()
 	eventually(t, 5*time.Second, "the slot given back at once", func() bool {
-		g, err := b.Acquire(ctx, "p", 2)
+		g, err := b.Leases().Acquire(ctx, "p", 2)
 		if err == nil && g.Lease != nil {
 			g.Lease.Release()
 			return true
@@ -393,7 +395,7 @@ func TestSpareSlots(t *testing.T) {
 func TestRenewalKeepsLeases(t *testing.T) {
 	r := startRedis(t)
 	a := open(t, r, "a", func(c *Config) { c.LeaseTTL = caddy.Duration(900 * time.Millisecond) })
-	g, err := a.Acquire(context.Background(), "p", 1)
+	g, err := a.Leases().Acquire(context.Background(), "p", 1)
 	if err != nil || g.Lease == nil {
 		t.Fatalf("Acquire: %+v, %v", g, err)
 	}
@@ -414,17 +416,17 @@ func TestDeadNodeSlotsExpire(t *testing.T) {
 	a, b, c := open(t, r, "a", nil), open(t, r, "b", nil), open(t, r, "c", nil)
 	ctx := context.Background()
 	for range 2 {
-		if g, err := a.Acquire(ctx, "p", 2); err != nil || g.Lease == nil {
+		if g, err := a.Leases().Acquire(ctx, "p", 2); err != nil || g.Lease == nil {
 			t.Fatalf("a.Acquire: %+v, %v", g, err)
 		}
 	}
-	if g, err := c.Acquire(ctx, "p", 2); err != nil || !g.Full {
+	if g, err := c.Leases().Acquire(ctx, "p", 2); err != nil || !g.Full {
 		t.Fatalf("c.Acquire: %+v, %v", g, err)
 	}
 	rec := subscribe(t, c)
 
 	// a dies: no more renewals, nothing released.
-	a.stopRenewals()
+	a.Leases().r.stop()
 	died := time.Now()
 	// Watch (without sweeping) until a's leases are past their expiry.
 	var freed time.Time
@@ -444,7 +446,7 @@ func TestDeadNodeSlotsExpire(t *testing.T) {
 	// tells the others that slots were freed.
 	var got []*Lease
 	for range 2 {
-		g, err := b.Acquire(ctx, "p", 2)
+		g, err := b.Leases().Acquire(ctx, "p", 2)
 		if err != nil || g.Lease == nil {
 			t.Fatalf("b.Acquire after a died: %+v, %v", g, err)
 		}
@@ -479,19 +481,19 @@ func TestSubscriptionCatchesUp(t *testing.T) {
 	b := open(t, r, "b", nil)
 	ctx := context.Background()
 	until := time.Now().Add(time.Minute)
-	if err := a.PublishCooldown(ctx, "p", until, 2); err != nil {
+	if err := a.News().PublishCooldown(ctx, "p", until, 2); err != nil {
 		t.Fatal(err)
 	}
-	if err := a.PublishSkip(ctx, "q", until); err != nil {
+	if err := a.News().PublishSkip(ctx, "q", until); err != nil {
 		t.Fatal(err)
 	}
-	if b.Hearing() {
+	if b.News().Hearing() {
 		t.Fatal("hearing before any subscription")
 	}
-	b.Watch("p", "q")
+	b.Leases().Watch("p", "q")
 	rec := &recorder{}
-	b.Subscribe(rec.add)
-	eventually(t, 5*time.Second, "caught up and hearing", b.Hearing)
+	b.News().Subscribe(rec.add)
+	eventually(t, 5*time.Second, "caught up and hearing", b.News().Hearing)
 	cd, ok := rec.find(func(ev Event) bool { return ev.Kind == EventCooldown && ev.Provider == "p" })
 	if !ok || cd.Streak != 2 || cd.Until.Before(until.Add(-time.Second)) || cd.Node != "" {
 		t.Fatalf("the cooldown in force, caught up: %+v %v", cd, ok)
@@ -500,9 +502,9 @@ func TestSubscriptionCatchesUp(t *testing.T) {
 		t.Fatalf("the skip in force, caught up: %+v %v", sk, ok)
 	}
 	r.Stop()
-	eventually(t, 10*time.Second, "not hearing while Redis is down", func() bool { return !b.Hearing() })
+	eventually(t, 10*time.Second, "not hearing while Redis is down", func() bool { return !b.News().Hearing() })
 	r.Start()
-	eventually(t, 20*time.Second, "hearing again", b.Hearing)
+	eventually(t, 20*time.Second, "hearing again", b.News().Hearing)
 }
 
 func TestSharedCooldown(t *testing.T) {
@@ -512,14 +514,14 @@ func TestSharedCooldown(t *testing.T) {
 	ctx := context.Background()
 
 	until := time.Now().Add(time.Minute)
-	if err := a.PublishCooldown(ctx, "p", until, 2); err != nil {
+	if err := a.News().PublishCooldown(ctx, "p", until, 2); err != nil {
 		t.Fatal(err)
 	}
-	g, err := b.Acquire(ctx, "p", 0)
+	g, err := b.Leases().Acquire(ctx, "p", 0)
 	if err != nil || g.Lease != nil || !near(g.Hold.CooldownUntil, until, tol) || g.Hold.Streak != 2 || !g.Hold.SkipUntil.IsZero() || g.Full {
 		t.Fatalf("b.Acquire in a's cooldown: %+v, %v", g, err)
 	}
-	if h, err := b.Hold(ctx, "p"); err != nil || !near(h.CooldownUntil, until, tol) || h.Streak != 2 {
+	if h, err := b.News().Hold(ctx, "p"); err != nil || !near(h.CooldownUntil, until, tol) || h.Streak != 2 {
 		t.Fatalf("b.Hold: %+v %v", h, err)
 	}
 	if sh := share(t, b, "p"); !near(sh.Hold.Until(), until, tol) || sh.Active != 0 {
@@ -527,46 +529,46 @@ func TestSharedCooldown(t *testing.T) {
 	}
 
 	// An earlier cooldown does not shorten it; a later one wins.
-	if err := b.PublishCooldown(ctx, "p", until.Add(-30*time.Second), 1); err != nil {
+	if err := b.News().PublishCooldown(ctx, "p", until.Add(-30*time.Second), 1); err != nil {
 		t.Fatal(err)
 	}
-	if h, _ := a.Hold(ctx, "p"); !near(h.CooldownUntil, until, tol) || h.Streak != 2 {
+	if h, _ := a.News().Hold(ctx, "p"); !near(h.CooldownUntil, until, tol) || h.Streak != 2 {
 		t.Fatalf("earlier cooldown replaced the later one: %+v", h)
 	}
 	later := until.Add(time.Minute)
-	if err := b.PublishCooldown(ctx, "p", later, 3); err != nil {
+	if err := b.News().PublishCooldown(ctx, "p", later, 3); err != nil {
 		t.Fatal(err)
 	}
-	if h, _ := a.Hold(ctx, "p"); !near(h.CooldownUntil, later, tol) || h.Streak != 3 {
+	if h, _ := a.News().Hold(ctx, "p"); !near(h.CooldownUntil, later, tol) || h.Streak != 3 {
 		t.Fatalf("later cooldown not applied: %+v", h)
 	}
 
 	// Clearing ends it everywhere.
-	if err := a.ClearCooldown(ctx, "p"); err != nil {
+	if err := a.News().ClearCooldown(ctx, "p"); err != nil {
 		t.Fatal(err)
 	}
-	if h, err := b.Hold(ctx, "p"); err != nil || !h.IsZero() {
+	if h, err := b.News().Hold(ctx, "p"); err != nil || !h.IsZero() {
 		t.Fatalf("after clear: %+v %v", h, err)
 	}
-	g, err = b.Acquire(ctx, "p", 1)
+	g, err = b.Leases().Acquire(ctx, "p", 1)
 	if err != nil || g.Lease == nil || g.Live != 1 {
 		t.Fatalf("Acquire after clear: %+v, %v", g, err)
 	}
 	g.Lease.Release()
 
 	// A cooldown ends by itself at until.
-	if err := a.PublishCooldown(ctx, "q", time.Now().Add(300*time.Millisecond), 1); err != nil {
+	if err := a.News().PublishCooldown(ctx, "q", time.Now().Add(300*time.Millisecond), 1); err != nil {
 		t.Fatal(err)
 	}
 	eventually(t, 5*time.Second, "short cooldown expires", func() bool {
-		h, err := b.Hold(ctx, "q")
+		h, err := b.News().Hold(ctx, "q")
 		return err == nil && h.IsZero()
 	})
 	// One already over changes nothing.
-	if err := a.PublishCooldown(ctx, "q", time.Now().Add(-time.Second), 1); err != nil {
+	if err := a.News().PublishCooldown(ctx, "q", time.Now().Add(-time.Second), 1); err != nil {
 		t.Fatal(err)
 	}
-	if h, _ := b.Hold(ctx, "q"); !h.IsZero() {
+	if h, _ := b.News().Hold(ctx, "q"); !h.IsZero() {
 		t.Fatalf("past cooldown set: %+v", h)
 	}
 
@@ -601,10 +603,10 @@ func TestSharedSkip(t *testing.T) {
 	ctx := context.Background()
 
 	skip := time.Now().Add(2 * time.Second)
-	if err := a.PublishSkip(ctx, "p", skip); err != nil {
+	if err := a.News().PublishSkip(ctx, "p", skip); err != nil {
 		t.Fatal(err)
 	}
-	g, err := b.Acquire(ctx, "p", 0)
+	g, err := b.Leases().Acquire(ctx, "p", 0)
 	if err != nil || g.Lease != nil || !near(g.Hold.SkipUntil, skip, tol) || !g.Hold.CooldownUntil.IsZero() || g.Hold.Streak != 0 {
 		t.Fatalf("b.Acquire in a's skip: %+v, %v", g, err)
 	}
@@ -616,16 +618,16 @@ func TestSharedSkip(t *testing.T) {
 	})
 	// A shorter cooldown beside it: both kept, each with its own end.
 	cd := time.Now().Add(time.Second)
-	if err := a.PublishCooldown(ctx, "p", cd, 1); err != nil {
+	if err := a.News().PublishCooldown(ctx, "p", cd, 1); err != nil {
 		t.Fatal(err)
 	}
-	h, err := b.Hold(ctx, "p")
+	h, err := b.News().Hold(ctx, "p")
 	if err != nil || !near(h.SkipUntil, skip, tol) || !near(h.CooldownUntil, cd, tol) || h.Streak != 1 || !near(h.Until(), skip, tol) {
 		t.Fatalf("skip and cooldown: %+v %v", h, err)
 	}
 	// The key lives until the later of the two: after the skip, a slot.
 	eventually(t, 10*time.Second, "the skip ends", func() bool {
-		g, err := b.Acquire(ctx, "p", 0)
+		g, err := b.Leases().Acquire(ctx, "p", 0)
 		if err == nil && g.Lease != nil {
 			g.Lease.Release()
 			return true
@@ -652,18 +654,18 @@ func TestSkewedClocks(t *testing.T) {
 			ctx := context.Background()
 			const length = 2 * time.Second
 			// a's 2 s, on a's clock.
-			if err := a.PublishSkip(ctx, "s", off.Now().Add(length)); err != nil {
+			if err := a.News().PublishSkip(ctx, "s", off.Now().Add(length)); err != nil {
 				t.Fatal(err)
 			}
-			if err := a.PublishCooldown(ctx, "c", off.Now().Add(length), 1); err != nil {
+			if err := a.News().PublishCooldown(ctx, "c", off.Now().Add(length), 1); err != nil {
 				t.Fatal(err)
 			}
 			// On b's clock: 2 s from now, whatever a's says.
-			h, err := b.Hold(ctx, "s")
+			h, err := b.News().Hold(ctx, "s")
 			if err != nil || !near(h.SkipUntil, time.Now().Add(length), tol) {
 				t.Fatalf("b sees a's 2 s skip end in %v (%+v %v)", time.Until(h.SkipUntil), h, err)
 			}
-			g, err := b.Acquire(ctx, "c", 0)
+			g, err := b.Leases().Acquire(ctx, "c", 0)
 			if err != nil || !near(g.Hold.CooldownUntil, time.Now().Add(length), tol) {
 				t.Fatalf("b's Acquire sees a's 2 s cooldown end in %v (%+v %v)", time.Until(g.Hold.CooldownUntil), g, err)
 			}
@@ -674,16 +676,16 @@ func TestSkewedClocks(t *testing.T) {
 				})
 			}
 			// And the other way: b's 2 s as a (off) reads them.
-			if err := b.PublishSkip(ctx, "t", time.Now().Add(length)); err != nil {
+			if err := b.News().PublishSkip(ctx, "t", time.Now().Add(length)); err != nil {
 				t.Fatal(err)
 			}
-			if h, err := a.Hold(ctx, "t"); err != nil || !near(h.SkipUntil, off.Now().Add(length), tol) {
+			if h, err := a.News().Hold(ctx, "t"); err != nil || !near(h.SkipUntil, off.Now().Add(length), tol) {
 				t.Fatalf("a sees b's 2 s skip end in %v on its clock (%+v %v)", h.SkipUntil.Sub(off.Now()), h, err)
 			}
 			// The skip ends after 2 s of real time.
 			start := time.Now()
 			eventually(t, 10*time.Second, "the skip ends", func() bool {
-				h, err := b.Hold(ctx, "s")
+				h, err := b.News().Hold(ctx, "s")
 				return err == nil && h.IsZero()
 			})
 			if got := time.Since(start); got < length-500*time.Millisecond {
@@ -702,14 +704,14 @@ func TestSubscribeCancel(t *testing.T) {
 	r := startRedis(t)
 	a := open(t, r, "a", nil)
 	rec := &recorder{}
-	cancel := a.Subscribe(rec.add)
+	cancel := a.News().Subscribe(rec.add)
 	waitSubscribed(t, a, rec)
 	cancel()
 	cancel()
 	rec.mu.Lock()
 	n := len(rec.events)
 	rec.mu.Unlock()
-	_ = a.ClearCooldown(context.Background(), "p")
+	_ = a.News().ClearCooldown(context.Background(), "p")
 	time.Sleep(100 * time.Millisecond)
 	rec.mu.Lock()
 	defer rec.mu.Unlock()
@@ -723,11 +725,11 @@ func TestRedisOutage(t *testing.T) {
 	a := open(t, r, "a", func(c *Config) { c.Timeout = caddy.Duration(300 * time.Millisecond) })
 	rec := subscribe(t, a)
 	ctx := context.Background()
-	kept, err := a.Acquire(ctx, "p", 3)
+	kept, err := a.Leases().Acquire(ctx, "p", 3)
 	if err != nil || kept.Lease == nil {
 		t.Fatalf("Acquire: %+v, %v", kept, err)
 	}
-	dropped, err := a.Acquire(ctx, "p", 3)
+	dropped, err := a.Leases().Acquire(ctx, "p", 3)
 	if err != nil || dropped.Lease == nil {
 		t.Fatalf("Acquire: %+v, %v", dropped, err)
 	}
@@ -737,12 +739,12 @@ func TestRedisOutage(t *testing.T) {
 	}
 	r.Stop()
 	bounded(t, "Ping", func() error { return a.Ping(ctx) })
-	bounded(t, "Acquire", func() error { _, err := a.Acquire(ctx, "p", 3); return err })
-	bounded(t, "PublishCooldown", func() error { return a.PublishCooldown(ctx, "p", time.Now().Add(time.Minute), 1) })
-	bounded(t, "ClearCooldown", func() error { return a.ClearCooldown(ctx, "p") })
-	bounded(t, "PublishSkip", func() error { return a.PublishSkip(ctx, "p", time.Now().Add(time.Minute)) })
-	bounded(t, "Hold", func() error { _, err := a.Hold(ctx, "p"); return err })
-	bounded(t, "Snapshot", func() error { _, err := a.Snapshot(ctx, []string{"p"}); return err })
+	bounded(t, "Acquire", func() error { _, err := a.Leases().Acquire(ctx, "p", 3); return err })
+	bounded(t, "PublishCooldown", func() error { return a.News().PublishCooldown(ctx, "p", time.Now().Add(time.Minute), 1) })
+	bounded(t, "ClearCooldown", func() error { return a.News().ClearCooldown(ctx, "p") })
+	bounded(t, "PublishSkip", func() error { return a.News().PublishSkip(ctx, "p", time.Now().Add(time.Minute)) })
+	bounded(t, "Hold", func() error { _, err := a.News().Hold(ctx, "p"); return err })
+	bounded(t, "Snapshot", func() error { _, err := a.Leases().Snapshot(ctx, []string{"p"}); return err })
 	releaseDone := make(chan struct{})
 	go func() { dropped.Lease.Release(); close(releaseDone) }()
 	select {
@@ -756,14 +758,14 @@ func TestRedisOutage(t *testing.T) {
 	// released during the outage.
 	r.Start()
 	eventually(t, 10*time.Second, "renewal puts back the live lease", func() bool {
-		m, err := a.Snapshot(ctx, []string{"p"})
+		m, err := a.Leases().Snapshot(ctx, []string{"p"})
 		return err == nil && m["p"].Active == 1 && m["p"].Nodes["a"] == 1
 	})
-	g, err := a.Acquire(ctx, "p", 2)
+	g, err := a.Leases().Acquire(ctx, "p", 2)
 	if err != nil || g.Lease == nil {
 		t.Fatalf("Acquire after restart: %+v, %v", g, err)
 	}
-	if g, err := a.Acquire(ctx, "p", 2); err != nil || !g.Full {
+	if g, err := a.Leases().Acquire(ctx, "p", 2); err != nil || !g.Full {
 		t.Fatalf("Acquire at max after restart: %+v, %v", g, err)
 	}
 	g.Lease.Release()
@@ -800,14 +802,14 @@ func TestRedisHangs(t *testing.T) {
 	a := open(t, r, "a", func(c *Config) { c.Timeout = caddy.Duration(300 * time.Millisecond) })
 	subscribe(t, a)
 	ctx := context.Background()
-	g, err := a.Acquire(ctx, "p", 1)
+	g, err := a.Leases().Acquire(ctx, "p", 1)
 	if err != nil || g.Lease == nil {
 		t.Fatalf("Acquire: %+v, %v", g, err)
 	}
 	r.Pause()
-	bounded(t, "Acquire", func() error { _, err := a.Acquire(ctx, "p", 3); return err })
-	bounded(t, "PublishCooldown", func() error { return a.PublishCooldown(ctx, "p", time.Now().Add(time.Minute), 1) })
-	bounded(t, "Snapshot", func() error { _, err := a.Snapshot(ctx, []string{"p"}); return err })
+	bounded(t, "Acquire", func() error { _, err := a.Leases().Acquire(ctx, "p", 3); return err })
+	bounded(t, "PublishCooldown", func() error { return a.News().PublishCooldown(ctx, "p", time.Now().Add(time.Minute), 1) })
+	bounded(t, "Snapshot", func() error { _, err := a.Leases().Snapshot(ctx, []string{"p"}); return err })
 	closed := make(chan struct{})
 	go func() { _ = a.Close(); close(closed) }()
 	select {
@@ -833,23 +835,23 @@ func TestPassword(t *testing.T) {
 			t.Fatalf("%s: error shows a password: %v", what, err)
 		}
 	}
-	_, err := bad.Acquire(ctx, "p", 1)
+	_, err := bad.Leases().Acquire(ctx, "p", 1)
 	check("Acquire", err)
-	check("PublishCooldown", bad.PublishCooldown(ctx, "p", time.Now().Add(time.Minute), 1))
-	_, err = bad.Snapshot(ctx, []string{"p"})
+	check("PublishCooldown", bad.News().PublishCooldown(ctx, "p", time.Now().Add(time.Minute), 1))
+	_, err = bad.Leases().Snapshot(ctx, []string{"p"})
 	check("Snapshot", err)
 	noPass := open(t, r, "a", nil)
-	_, err = noPass.Acquire(ctx, "p", 1)
+	_, err = noPass.Leases().Acquire(ctx, "p", 1)
 	check("Acquire without password", err)
 
 	good := open(t, r, "b", func(c *Config) { c.Password = secret })
-	g, err := good.Acquire(ctx, "p", 1)
+	g, err := good.Leases().Acquire(ctx, "p", 1)
 	if err != nil || g.Lease == nil {
 		t.Fatalf("Acquire with the password: %+v, %v", g, err)
 	}
 	g.Lease.Release()
 	acl := open(t, r, "c", func(c *Config) { c.Username, c.Password = "default", secret })
-	if _, err := acl.Snapshot(ctx, []string{"p"}); err != nil {
+	if _, err := acl.Leases().Snapshot(ctx, []string{"p"}); err != nil {
 		t.Fatalf("Snapshot as user default: %v", err)
 	}
 }
@@ -859,7 +861,7 @@ func TestCloseReleasesLeases(t *testing.T) {
 	a, b := open(t, r, "a", nil), open(t, r, "b", nil)
 	rec := subscribe(t, b)
 	ctx := context.Background()
-	g, err := a.Acquire(ctx, "p", 1)
+	g, err := a.Leases().Acquire(ctx, "p", 1)
 	if err != nil || g.Lease == nil {
 		t.Fatalf("Acquire: %+v, %v", g, err)
 	}
@@ -877,19 +879,19 @@ func TestCloseReleasesLeases(t *testing.T) {
 		_, ok := rec.find(func(ev Event) bool { return ev.Kind == EventReleased && ev.Node == "a" })
 		return ok
 	})
-	if _, err := a.Acquire(ctx, "p", 1); !errors.Is(err, ErrUnavailable) {
+	if _, err := a.Leases().Acquire(ctx, "p", 1); !errors.Is(err, ErrUnavailable) {
 		t.Fatalf("Acquire after Close: %v", err)
 	}
-	if _, err := a.Snapshot(ctx, []string{"p"}); !errors.Is(err, ErrUnavailable) {
+	if _, err := a.Leases().Snapshot(ctx, []string{"p"}); !errors.Is(err, ErrUnavailable) {
 		t.Fatalf("Snapshot after Close: %v", err)
 	}
-	a.Subscribe(func(Event) { t.Error("event after Close") })()
+	a.News().Subscribe(func(Event) { t.Error("event after Close") })()
 
 	// Release racing Close: every lease is released by one or the other.
 	c := open(t, r, "c", nil)
 	var leases []*Lease
 	for range 20 {
-		g, err := c.Acquire(ctx, "q", 0)
+		g, err := c.Leases().Acquire(ctx, "q", 0)
 		if err != nil || g.Lease == nil {
 			t.Fatalf("Acquire: %+v, %v", g, err)
 		}
@@ -989,13 +991,13 @@ func writeCA(t *testing.T, path string) {
 }
 
 func TestEventCodec(t *testing.T) {
-	s := &Store{node: "n|1"}
+	n := newNews(&conn{node: "n|1"}, nil)
 	at := time.Unix(1_900_000_000, 0)
-	ev, ok := decodeEvent(s.event(EventCooldown, "p \"x\"", 1500*time.Millisecond, 3), at)
+	ev, ok := decodeEvent(n.event(EventCooldown, "p \"x\"", 1500*time.Millisecond, 3), at)
 	if !ok || ev.Kind != EventCooldown || ev.Provider != `p "x"` || !ev.Until.Equal(at.Add(1500*time.Millisecond)) || ev.Streak != 3 || ev.Node != "n|1" {
 		t.Fatalf("round trip: %+v %v", ev, ok)
 	}
-	ev, ok = decodeEvent(s.event(EventReleased, "p", 0, 0), at)
+	ev, ok = decodeEvent(n.event(EventReleased, "p", 0, 0), at)
 	if !ok || !ev.Until.IsZero() || ev.Streak != 0 {
 		t.Fatalf("released: %+v %v", ev, ok)
 	}

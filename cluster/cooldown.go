@@ -44,27 +44,28 @@ func (h Hold) IsZero() bool { return h.CooldownUntil.IsZero() && h.SkipUntil.IsZ
 // later cooldown is already set (then nothing changes). When it is set,
 // every node's subscribers get a "cooldown" Event. An until already past
 // changes nothing. Errors wrap ErrUnavailable.
-func (s *Store) PublishCooldown(ctx context.Context, provider string, until time.Time, streak int) error {
-	return s.publishHold(ctx, EventCooldown, provider, until, streak)
+func (n *News) PublishCooldown(ctx context.Context, provider string, until time.Time, streak int) error {
+	return n.publishHold(ctx, EventCooldown, provider, until, streak)
 }
 
 // PublishSkip sets the shared 408/429 skip of provider until the given
 // time on this node's clock, unless a later skip is already set. Every
 // node's subscribers get a "skip" Event; they skip the provider too, with
 // no trial and nothing counted. Errors wrap ErrUnavailable.
-func (s *Store) PublishSkip(ctx context.Context, provider string, until time.Time) error {
-	return s.publishHold(ctx, EventSkip, provider, until, 0)
+func (n *News) PublishSkip(ctx context.Context, provider string, until time.Time) error {
+	return n.publishHold(ctx, EventSkip, provider, until, 0)
 }
 
-func (s *Store) publishHold(ctx context.Context, kind, provider string, until time.Time, streak int) error {
+func (n *News) publishHold(ctx context.Context, kind, provider string, until time.Time, streak int) error {
 	if provider == "" {
 		return fmt.Errorf("publish %s: empty provider name", kind)
 	}
+	c := n.c
 	op := fmt.Sprintf("publish the %s of provider %q", kind, provider)
-	if s.isClosed() {
-		return s.fail(op, errClosed)
+	if c.closed.Load() {
+		return c.fail(op, errClosed)
 	}
-	left := until.Sub(s.now()).Milliseconds()
+	left := until.Sub(c.now()).Milliseconds()
 	if left <= 0 {
 		return nil
 	}
@@ -72,13 +73,13 @@ func (s *Store) publishHold(ctx context.Context, kind, provider string, until ti
 	if kind == EventSkip {
 		field = "skip"
 	}
-	ctx, cancel := s.ctx(ctx)
+	ctx, cancel := c.ctx(ctx)
 	defer cancel()
-	err := publishHoldScript.Run(ctx, s.rdb, []string{s.cooldownKey(provider)},
-		left, streak, s.channel(), s.event(kind, provider, time.Duration(left)*time.Millisecond, streak), field,
+	err := publishHoldScript.Run(ctx, c.rdb, []string{c.cooldownKey(provider)},
+		left, streak, c.channel(), n.event(kind, provider, time.Duration(left)*time.Millisecond, streak), field,
 	).Err()
 	if err != nil {
-		return s.fail(op, err)
+		return c.fail(op, err)
 	}
 	return nil
 }
@@ -86,21 +87,22 @@ func (s *Store) publishHold(ctx context.Context, kind, provider string, until ti
 // ClearCooldown ends the shared cooldown and skip of provider (it
 // recovered, or an operator reset it) and sends every node's subscribers a
 // "recovered" Event, even when none was set. Errors wrap ErrUnavailable.
-func (s *Store) ClearCooldown(ctx context.Context, provider string) error {
+func (n *News) ClearCooldown(ctx context.Context, provider string) error {
 	if provider == "" {
 		return errors.New("clear cooldown: empty provider name")
 	}
+	c := n.c
 	op := fmt.Sprintf("clear the cooldown of provider %q", provider)
-	if s.isClosed() {
-		return s.fail(op, errClosed)
+	if c.closed.Load() {
+		return c.fail(op, errClosed)
 	}
-	ctx, cancel := s.ctx(ctx)
+	ctx, cancel := c.ctx(ctx)
 	defer cancel()
-	err := clearCooldownScript.Run(ctx, s.rdb, []string{s.cooldownKey(provider)},
-		s.channel(), s.event(EventRecovered, provider, 0, 0),
+	err := clearCooldownScript.Run(ctx, c.rdb, []string{c.cooldownKey(provider)},
+		c.channel(), n.event(EventRecovered, provider, 0, 0),
 	).Err()
 	if err != nil {
-		return s.fail(op, err)
+		return c.fail(op, err)
 	}
 	return nil
 }
@@ -108,27 +110,28 @@ func (s *Store) ClearCooldown(ctx context.Context, provider string) error {
 // Hold returns what holds provider across the cluster now: its shared
 // cooldown and skip, with their ends on this node's clock. Errors wrap
 // ErrUnavailable.
-func (s *Store) Hold(ctx context.Context, provider string) (Hold, error) {
+func (n *News) Hold(ctx context.Context, provider string) (Hold, error) {
+	c := n.c
 	op := fmt.Sprintf("read the cooldown of provider %q", provider)
-	if s.isClosed() {
-		return Hold{}, s.fail(op, errClosed)
+	if c.closed.Load() {
+		return Hold{}, c.fail(op, errClosed)
 	}
-	ctx, cancel := s.ctx(ctx)
+	ctx, cancel := c.ctx(ctx)
 	defer cancel()
-	res, err := holdScript.Run(ctx, s.rdb, []string{s.cooldownKey(provider)}).Int64Slice()
+	res, err := holdScript.Run(ctx, c.rdb, []string{c.cooldownKey(provider)}).Int64Slice()
 	if err != nil {
-		return Hold{}, s.fail(op, err)
+		return Hold{}, c.fail(op, err)
 	}
 	if len(res) != 3 {
-		return Hold{}, s.fail(op, fmt.Errorf("unexpected reply %v", res))
+		return Hold{}, c.fail(op, fmt.Errorf("unexpected reply %v", res))
 	}
-	return s.hold(res[0], res[1], res[2]), nil
+	return c.hold(res[0], res[1], res[2]), nil
 }
 
 // hold builds a Hold from a script's reply: the milliseconds left of the
 // cooldown, its streak and the milliseconds left of the skip.
-func (s *Store) hold(cooldownLeft, streak, skipLeft int64) Hold {
-	now := s.now()
+func (c *conn) hold(cooldownLeft, streak, skipLeft int64) Hold {
+	now := c.now()
 	var h Hold
 	if cooldownLeft > 0 {
 		h.CooldownUntil = now.Add(time.Duration(cooldownLeft) * time.Millisecond)

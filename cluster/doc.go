@@ -22,6 +22,41 @@
 // it what it needs (a Clock, Hooks) and builds what it shows from what it
 // returns.
 //
+// # The parts of a Store
+//
+// A Store is a few values, each with its own state and locks, which Open
+// builds and Close ends in order:
+//
+//   - the connection (conn.go): the Redis client of the mode in use (one
+//     server, a Sentinel-managed master or a Redis Cluster), the master
+//     in use and the failovers followed, the stale mark left by a failed
+//     call or a change of master, the timeout that bounds every call and
+//     the error it fails with (errors.go), the keys' names, and the hook
+//     told of the background calls' failures. What needs nothing more is
+//     the Store's own: the resumable sessions (resume.go) and the shared
+//     secret (secret.go).
+//   - Leases (Store.Leases, lease.go): taking slots (Acquire, Register)
+//     and giving them back (Lease.Release), the live counts (Live,
+//     Snapshot); with the background writer that gathers lease writes
+//     and releases into one script call (writer.go), the spare slots kept
+//     for this node's next connect and the other nodes' "wanted"
+//     (spares.go), and the renewals, which also put the leases back after
+//     an outage or a failover (renew.go).
+//   - News (Store.News, news.go, events.go, cooldown.go): the
+//     subscriptions to the events channel, the catch-up on the holds in
+//     force when one comes up, whether this node hears the news
+//     (Hearing), the events' encoding, and the providers' shared
+//     cooldowns and skips, set, read and cleared with their announcements.
+//   - Spend (Store.Spend, spend.go): the costs gathered and written
+//     together, and the totals read back.
+//   - LedgerStore (Store.Ledger, ledger.go, ledger_legacy.go): the
+//     storage of the ledger of created sessions, its locks, and the reader
+//     of the layout of older versions.
+//
+// Close stops taking leases and ends the renewals, waits for the last
+// spend write, gives the held leases back, waits for the calls in flight,
+// ends the subscriptions, and only then closes the client.
+//
 // # Data model
 //
 // Every key lives under Config.KeyPrefix (default "browser_failover:"):
@@ -52,9 +87,10 @@
 // is dropped as already past.
 //
 // Every decision is taken by one Lua script in one round trip, so there is
-// no read-then-write race between nodes. Keys of several providers may be
-// touched by one script, so the Redis must be a single server (standalone,
-// or a primary behind Sentinel or a proxy), not a Redis Cluster.
+// no read-then-write race between nodes. A script may touch the keys of
+// several providers on a single server or a Sentinel-managed master; in a
+// Redis Cluster, where a script keeps to one hash slot, a call over
+// several providers runs one script per provider.
 //
 // # Leases
 //

@@ -28,15 +28,15 @@ func (e *unavailableError) Unwrap() []error {
 
 // fail wraps err, the failure of operation op, in ErrUnavailable. The text
 // never contains the password, even if a server or library echoed it.
-func (s *Store) fail(op string, err error) error {
+func (c *conn) fail(op string, err error) error {
 	// Redis may have lost this node's leases meanwhile (a restart, a
 	// failover): they are put back before the next admission.
-	s.stale.Store(true)
+	c.stale.Store(true)
 	msg := ErrUnavailable.Error() + ": " + op
 	if err != nil {
 		msg += ": " + err.Error()
 	}
-	for _, pw := range []string{s.cfg.Password, s.cfg.SentinelPassword} {
+	for _, pw := range []string{c.cfg.Password, c.cfg.SentinelPassword} {
 		if pw != "" {
 			msg = strings.ReplaceAll(msg, pw, "[REDACTED]")
 		}

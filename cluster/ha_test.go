@@ -39,13 +39,13 @@ func TestSentinelFailover(t *testing.T) {
 	const p = "prov"
 	var held []*Lease
 	for range 2 {
-		g, err := a.Acquire(ctx, p, 2)
+		g, err := a.Leases().Acquire(ctx, p, 2)
 		if err != nil || g.Lease == nil {
 			t.Fatalf("Acquire on a: %+v, %v", g, err)
 		}
 		held = append(held, g.Lease)
 	}
-	if g, err := b.Acquire(ctx, p, 2); err != nil || !g.Full {
+	if g, err := b.Leases().Acquire(ctx, p, 2); err != nil || !g.Full {
 		t.Fatalf("third Acquire on b: %+v, %v (want full)", g, err)
 	}
 	if a.Address() != sn.Primary.Addr() || a.Mode() != ModeSentinel {
@@ -65,7 +65,7 @@ func TestSentinelFailover(t *testing.T) {
 
 	var followedA, followedB time.Duration
 	testredis.WaitFor(t, 30*time.Second, "both nodes to follow the new master", func() bool {
-		if _, err := b.Acquire(ctx, "probe", 0); err == nil && followedB == 0 {
+		if _, err := b.Leases().Acquire(ctx, "probe", 0); err == nil && followedB == 0 {
 			followedB = time.Since(named)
 		}
 		if err := a.Ping(ctx); err == nil && followedA == 0 {
@@ -82,16 +82,16 @@ func TestSentinelFailover(t *testing.T) {
 	}
 	// a's leases are back (its Ping re-asserted them, or a renewal did).
 	testredis.WaitFor(t, 10*time.Second, "a's leases put back", func() bool {
-		sh, err := b.Snapshot(ctx, []string{p})
+		sh, err := b.Leases().Snapshot(ctx, []string{p})
 		return err == nil && sh[p].Active == 2
 	})
 	t.Logf("leases back %v after the flush", time.Since(flushed).Round(time.Millisecond))
-	if g, err := b.Acquire(ctx, p, 2); err != nil || !g.Full {
+	if g, err := b.Leases().Acquire(ctx, p, 2); err != nil || !g.Full {
 		t.Fatalf("Acquire beyond the cap after the failover: %+v, %v (want full)", g, err)
 	}
 	held[0].Release()
-	settle(t, held[0].s)
-	g, err := b.Acquire(ctx, p, 2)
+	settle(t, a)
+	g, err := b.Leases().Acquire(ctx, p, 2)
 	if err != nil || g.Lease == nil {
 		t.Fatalf("Acquire after a release: %+v, %v (want a lease)", g, err)
 	}
@@ -106,7 +106,7 @@ func TestReassertBeforeAdmission(t *testing.T) {
 	reasserted := make(chan struct{}, 4)
 	a := openHA(t, Config{Address: r.Addr(), Hooks: Hooks{Reasserted: func() { reasserted <- struct{}{} }}}, "a")
 	ctx := context.Background()
-	g, err := a.Acquire(ctx, "p", 2)
+	g, err := a.Leases().Acquire(ctx, "p", 2)
 	if err != nil || g.Lease == nil {
 		t.Fatalf("Acquire: %+v, %v", g, err)
 	}
@@ -115,11 +115,11 @@ func TestReassertBeforeAdmission(t *testing.T) {
 		t.Fatal("Ping answered with Redis stopped")
 	}
 	r.Start() // empty: the lease is lost
-	g2, err := a.Acquire(ctx, "p", 2)
+	g2, err := a.Leases().Acquire(ctx, "p", 2)
 	if err != nil || g2.Lease == nil || g2.Live != 2 {
 		t.Fatalf("Acquire after the restart: %+v, %v (want a lease, 2 live)", g2, err)
 	}
-	g3, err := a.Acquire(ctx, "p", 2)
+	g3, err := a.Leases().Acquire(ctx, "p", 2)
 	if err != nil || !g3.Full {
 		t.Fatalf("Acquire beyond the cap: %+v, %v (want full)", g3, err)
 	}
@@ -143,9 +143,9 @@ func TestClusterMode(t *testing.T) {
 	providers := []string{"alpha", "bravo", "charlie", "delta", "echo"}
 	slots := map[string]bool{}
 	for _, p := range providers {
-		out := testredis.Cmd(t, c.Addrs()[0], "CLUSTER", "KEYSLOT", a.leaseKey(p))
+		out := testredis.Cmd(t, c.Addrs()[0], "CLUSTER", "KEYSLOT", a.c.leaseKey(p))
 		slots[strings.TrimSpace(out)] = true
-		if k := strings.TrimSpace(testredis.Cmd(t, c.Addrs()[0], "CLUSTER", "KEYSLOT", a.cooldownKey(p))); !slots[k] {
+		if k := strings.TrimSpace(testredis.Cmd(t, c.Addrs()[0], "CLUSTER", "KEYSLOT", a.c.cooldownKey(p))); !slots[k] {
 			t.Fatalf("the cooldown key of %s is in slot %s, not its lease's", p, k)
 		}
 	}
@@ -154,21 +154,21 @@ func TestClusterMode(t *testing.T) {
 	}
 	var leases []*Lease
 	for _, p := range providers {
-		g, err := a.Acquire(ctx, p, 1)
+		g, err := a.Leases().Acquire(ctx, p, 1)
 		if err != nil || g.Lease == nil {
 			t.Fatalf("Acquire(%s) on a: %+v, %v", p, g, err)
 		}
 		leases = append(leases, g.Lease)
-		if g, err := b.Acquire(ctx, p, 1); err != nil || !g.Full {
+		if g, err := b.Leases().Acquire(ctx, p, 1); err != nil || !g.Full {
 			t.Fatalf("Acquire(%s) on b: %+v, %v (want full)", p, g, err)
 		}
 	}
 	// Renewal, over every provider, keeps them.
-	a.renew()
-	if !a.renewOK.Load() {
+	a.Leases().r.renew()
+	if !a.Leases().r.ok.Load() {
 		t.Fatal("renewal failed in cluster mode")
 	}
-	sh, err := b.Snapshot(ctx, providers)
+	sh, err := b.Leases().Snapshot(ctx, providers)
 	if err != nil {
 		t.Fatalf("Snapshot: %v", err)
 	}
@@ -178,18 +178,18 @@ func TestClusterMode(t *testing.T) {
 		}
 	}
 	// Shared cooldown.
-	if err := a.PublishCooldown(ctx, "bravo", time.Now().Add(time.Minute), 1); err != nil {
+	if err := a.News().PublishCooldown(ctx, "bravo", time.Now().Add(time.Minute), 1); err != nil {
 		t.Fatalf("PublishCooldown: %v", err)
 	}
-	if h, err := b.Hold(ctx, "bravo"); err != nil || h.CooldownUntil.IsZero() {
+	if h, err := b.News().Hold(ctx, "bravo"); err != nil || h.CooldownUntil.IsZero() {
 		t.Fatalf("Hold on b: %+v, %v", h, err)
 	}
 	// Release of several, across slots, at Close: b can take them all.
-	if err := a.releaseRemote(ctx, leases); err != nil {
+	if err := a.Leases().w.remove(ctx, leases); err != nil {
 		t.Fatalf("release: %v", err)
 	}
 	for _, p := range []string{"alpha", "charlie", "delta"} {
-		g, err := b.Acquire(ctx, p, 1)
+		g, err := b.Leases().Acquire(ctx, p, 1)
 		if err != nil || g.Lease == nil {
 			t.Fatalf("Acquire(%s) on b after a released: %+v, %v", p, g, err)
 		}
@@ -202,10 +202,10 @@ func TestClusterMode(t *testing.T) {
 		{Scope: ProviderScope("bravo"), Start: now, End: now.Add(time.Hour)},
 		{Scope: ClientScope("k1"), Start: now, End: now.Add(time.Hour)},
 	}
-	a.QueueSpend(windows, 1.5, nil)
-	b.QueueSpend(windows, 2, nil)
+	a.Spend().QueueSpend(windows, 1.5, nil)
+	b.Spend().QueueSpend(windows, 2, nil)
 	testredis.WaitFor(t, 10*time.Second, "spend written", func() bool {
-		got, err := a.ReadSpend(ctx, windows)
+		got, err := a.Spend().ReadSpend(ctx, windows)
 		return err == nil && got[0] == 3.5 && got[1] == 3.5 && got[2] == 3.5
 	})
 	// Resumes.
@@ -279,7 +279,7 @@ func TestClusterMode(t *testing.T) {
 	}
 	// Events cross the cluster's nodes.
 	rec := subscribe(t, b)
-	if err := a.ClearCooldown(ctx, "bravo"); err != nil {
+	if err := a.News().ClearCooldown(ctx, "bravo"); err != nil {
 		t.Fatalf("ClearCooldown: %v", err)
 	}
 	testredis.WaitFor(t, 10*time.Second, "b hearing a's recovered event", func() bool {

@@ -9,6 +9,7 @@ import (
 	"io/fs"
 	"path"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -34,13 +35,12 @@ import (
 // one hash, and the heartbeats one hash. Every key carries the hash tag
 // {ledger}, like the locks: in a Redis Cluster they share one slot, so a
 // file and its directory's listing change together in one script.
-type LedgerStore struct{ s *Store }
-
-// Ledger returns the store's ledger storage.
-func (s *Store) Ledger() LedgerStore { return LedgerStore{s: s} }
-
-// LeaseTTL is how long a lease outlives a node that stopped renewing it.
-func (s *Store) LeaseTTL() time.Duration { return time.Duration(s.cfg.LeaseTTL) }
+type LedgerStore struct {
+	c *conn
+	// locks holds the tokens of the ledger locks this store took, by
+	// name.
+	locks sync.Map
+}
 
 // ledgerLockTTL bounds a lock of the ledger held by a node that died.
 const ledgerLockTTL = 30 * time.Second
@@ -50,8 +50,8 @@ const ledgerLockTTL = 30 * time.Second
 // the ledger's, and is refused rather than read.
 const MaxLedgerValue = 64 << 10
 
-func (l LedgerStore) files(dir string) string { return l.s.cfg.KeyPrefix + "{ledger}:f:" + dir }
-func (l LedgerStore) dirs(dir string) string  { return l.s.cfg.KeyPrefix + "{ledger}:d:" + dir }
+func (l *LedgerStore) files(dir string) string { return l.c.cfg.KeyPrefix + "{ledger}:f:" + dir }
+func (l *LedgerStore) dirs(dir string) string  { return l.c.cfg.KeyPrefix + "{ledger}:d:" + dir }
 
 // split cuts a key into its directory ("" at the top) and its name.
 func split(key string) (dir, name string) {
@@ -105,32 +105,32 @@ end
 return {}`)
 
 // Store puts value at key.
-func (l LedgerStore) Store(ctx context.Context, key string, value []byte) error {
+func (l *LedgerStore) Store(ctx context.Context, key string, value []byte) error {
 	if len(value) > MaxLedgerValue {
 		return fmt.Errorf("ledger write: %d bytes, over the %d a ledger value may hold", len(value), MaxLedgerValue)
 	}
 	dir, name := split(key)
 	parent, base := split(dir)
-	ctx, cancel := l.s.ctx(ctx)
+	ctx, cancel := l.c.ctx(ctx)
 	defer cancel()
-	err := ledgerStoreScript.Run(ctx, l.s.rdb, []string{l.files(dir), l.dirs(parent)}, name, value, base).Err()
+	err := ledgerStoreScript.Run(ctx, l.c.rdb, []string{l.files(dir), l.dirs(parent)}, name, value, base).Err()
 	if err != nil {
-		return l.s.fail("ledger write", err)
+		return l.c.fail("ledger write", err)
 	}
 	return nil
 }
 
 // Load returns the value at key; fs.ErrNotExist when there is none.
-func (l LedgerStore) Load(ctx context.Context, key string) ([]byte, error) {
+func (l *LedgerStore) Load(ctx context.Context, key string) ([]byte, error) {
 	dir, name := split(key)
-	ctx, cancel := l.s.ctx(ctx)
+	ctx, cancel := l.c.ctx(ctx)
 	defer cancel()
-	v, err := ledgerLoadScript.Run(ctx, l.s.rdb, []string{l.files(dir)}, name, MaxLedgerValue).Result()
+	v, err := ledgerLoadScript.Run(ctx, l.c.rdb, []string{l.files(dir)}, name, MaxLedgerValue).Result()
 	if errors.Is(err, redis.Nil) {
 		return nil, fs.ErrNotExist
 	}
 	if err != nil {
-		return nil, l.s.fail("ledger read", err)
+		return nil, l.c.fail("ledger read", err)
 	}
 	switch v := v.(type) {
 	case string:
@@ -142,7 +142,7 @@ func (l LedgerStore) Load(ctx context.Context, key string) ([]byte, error) {
 }
 
 // Delete removes key and every key under it ("key/...").
-func (l LedgerStore) Delete(ctx context.Context, key string) error {
+func (l *LedgerStore) Delete(ctx context.Context, key string) error {
 	key = strings.Trim(key, "/")
 	dir, name := split(key)
 	parent, base := split(dir)
@@ -150,11 +150,11 @@ func (l LedgerStore) Delete(ctx context.Context, key string) error {
 	// A file goes in one call; a directory with subdirectories once they
 	// went (a writer may add one meanwhile: a few rounds at most).
 	for range 8 {
-		cctx, cancel := l.s.ctx(ctx)
-		subs, err := ledgerDeleteScript.Run(cctx, l.s.rdb, keys, name, base).StringSlice()
+		cctx, cancel := l.c.ctx(ctx)
+		subs, err := ledgerDeleteScript.Run(cctx, l.c.rdb, keys, name, base).StringSlice()
 		cancel()
 		if err != nil {
-			return l.s.fail("ledger delete", err)
+			return l.c.fail("ledger delete", err)
 		}
 		if len(subs) == 0 {
 			return nil
@@ -171,16 +171,16 @@ func (l LedgerStore) Delete(ctx context.Context, key string) error {
 // List returns the keys under prefix: without recursive, its files and
 // the subdirectories that hold files ("prefix/name"), once each; with it,
 // every file under it.
-func (l LedgerStore) List(ctx context.Context, prefix string, recursive bool) ([]string, error) {
+func (l *LedgerStore) List(ctx context.Context, prefix string, recursive bool) ([]string, error) {
 	prefix = strings.Trim(prefix, "/")
-	cctx, cancel := l.s.ctx(ctx)
-	pipe := l.s.rdb.Pipeline()
+	cctx, cancel := l.c.ctx(ctx)
+	pipe := l.c.rdb.Pipeline()
 	files := pipe.HKeys(cctx, l.files(prefix))
 	subs := pipe.SMembers(cctx, l.dirs(prefix))
 	_, err := pipe.Exec(cctx)
 	cancel()
 	if err != nil {
-		return nil, l.s.fail("ledger list", err)
+		return nil, l.c.fail("ledger list", err)
 	}
 	seen := map[string]bool{}
 	var out []string
@@ -218,19 +218,19 @@ return 0`)
 
 // Lock takes the lock called name, waiting until it is free or ctx ends.
 // A lock whose holder died frees itself after ledgerLockTTL.
-func (l LedgerStore) Lock(ctx context.Context, name string) error {
+func (l *LedgerStore) Lock(ctx context.Context, name string) error {
 	token := make([]byte, 12)
 	_, _ = rand.Read(token)
 	tok := hex.EncodeToString(token)
 	for {
-		cctx, cancel := l.s.ctx(ctx)
-		ok, err := l.s.rdb.SetNX(cctx, l.lockKey(name), tok, ledgerLockTTL).Result()
+		cctx, cancel := l.c.ctx(ctx)
+		ok, err := l.c.rdb.SetNX(cctx, l.lockKey(name), tok, ledgerLockTTL).Result()
 		cancel()
 		if err != nil {
-			return l.s.fail("ledger lock", err)
+			return l.c.fail("ledger lock", err)
 		}
 		if ok {
-			l.s.ledgerLocks.Store(name, tok)
+			l.locks.Store(name, tok)
 			return nil
 		}
 		select {
@@ -242,21 +242,21 @@ func (l LedgerStore) Lock(ctx context.Context, name string) error {
 }
 
 // Unlock gives back the lock called name that this store took.
-func (l LedgerStore) Unlock(ctx context.Context, name string) error {
-	v, ok := l.s.ledgerLocks.LoadAndDelete(name)
+func (l *LedgerStore) Unlock(ctx context.Context, name string) error {
+	v, ok := l.locks.LoadAndDelete(name)
 	if !ok {
 		return nil
 	}
-	ctx, cancel := l.s.ctx(ctx)
+	ctx, cancel := l.c.ctx(ctx)
 	defer cancel()
-	if err := unlockScript.Run(ctx, l.s.rdb, []string{l.lockKey(name)}, v.(string)).Err(); err != nil {
-		return l.s.fail("ledger unlock", err)
+	if err := unlockScript.Run(ctx, l.c.rdb, []string{l.lockKey(name)}, v.(string)).Err(); err != nil {
+		return l.c.fail("ledger unlock", err)
 	}
 	return nil
 }
 
 // The locks are the same in both layouts (an older version's adoption
 // and a move of its entries exclude each other).
-func (l LedgerStore) lockKey(name string) string {
-	return l.s.cfg.KeyPrefix + "{ledger}-lock:" + name
+func (l *LedgerStore) lockKey(name string) string {
+	return l.c.cfg.KeyPrefix + "{ledger}-lock:" + name
 }

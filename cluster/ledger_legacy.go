@@ -15,16 +15,16 @@ import (
 // a walk of the keyspace. The ledger reads it in the background until what
 // it holds has moved to the LedgerStore (ledger.Ledger.MoveLegacy), so that
 // the entries an older version left are still released.
-type LegacyLedger struct{ s *Store }
+type LegacyLedger struct{ c *conn }
 
 // Legacy returns the ledger as older versions kept it.
-func (l LedgerStore) Legacy() LegacyLedger { return LegacyLedger{s: l.s} }
+func (l *LedgerStore) Legacy() LegacyLedger { return LegacyLedger{c: l.c} }
 
 // legacyScanCount is how many keys one SCAN call looks at: the walk goes
 // in calls of about this size, each within the call timeout.
 const legacyScanCount = 10000
 
-func (l LegacyLedger) key(k string) string { return l.s.cfg.KeyPrefix + "{ledger}:" + k }
+func (l LegacyLedger) key(k string) string { return l.c.cfg.KeyPrefix + "{ledger}:" + k }
 
 // legacyLoadScript reads a string, refusing one longer than the ledger
 // writes.
@@ -38,14 +38,14 @@ return redis.call('GET', KEYS[1])`)
 
 // Load returns the value at key; fs.ErrNotExist when there is none.
 func (l LegacyLedger) Load(ctx context.Context, key string) ([]byte, error) {
-	ctx, cancel := l.s.ctx(ctx)
+	ctx, cancel := l.c.ctx(ctx)
 	defer cancel()
-	v, err := legacyLoadScript.Run(ctx, l.s.rdb, []string{l.key(key)}, MaxLedgerValue).Result()
+	v, err := legacyLoadScript.Run(ctx, l.c.rdb, []string{l.key(key)}, MaxLedgerValue).Result()
 	if errors.Is(err, redis.Nil) {
 		return nil, fs.ErrNotExist
 	}
 	if err != nil {
-		return nil, l.s.fail("old ledger read", err)
+		return nil, l.c.fail("old ledger read", err)
 	}
 	switch v := v.(type) {
 	case string:
@@ -58,10 +58,10 @@ func (l LegacyLedger) Load(ctx context.Context, key string) ([]byte, error) {
 
 // Delete removes the key (only: an older version's files are leaves).
 func (l LegacyLedger) Delete(ctx context.Context, key string) error {
-	ctx, cancel := l.s.ctx(ctx)
+	ctx, cancel := l.c.ctx(ctx)
 	defer cancel()
-	if err := l.s.rdb.Del(ctx, l.key(key)).Err(); err != nil {
-		return l.s.fail("old ledger delete", err)
+	if err := l.c.rdb.Del(ctx, l.key(key)).Err(); err != nil {
+		return l.c.fail("old ledger delete", err)
 	}
 	return nil
 }
@@ -73,27 +73,27 @@ func (l LegacyLedger) Delete(ctx context.Context, key string) error {
 func (l LegacyLedger) List(ctx context.Context, prefix string, _ bool) ([]string, error) {
 	base := l.key(strings.Trim(prefix, "/")) + "/"
 	pattern := escapeGlob(base) + "*"
-	var scanner redis.Cmdable = l.s.rdb
-	if cc, ok := l.s.rdb.(*redis.ClusterClient); ok {
-		cctx, cancel := l.s.ctx(ctx)
+	var scanner redis.Cmdable = l.c.rdb
+	if cc, ok := l.c.rdb.(*redis.ClusterClient); ok {
+		cctx, cancel := l.c.ctx(ctx)
 		node, err := cc.MasterForKey(cctx, base)
 		cancel()
 		if err != nil {
-			return nil, l.s.fail("old ledger list", err)
+			return nil, l.c.fail("old ledger list", err)
 		}
 		scanner = node
 	}
 	var out []string
 	var cursor uint64
 	for {
-		cctx, cancel := l.s.ctx(ctx)
+		cctx, cancel := l.c.ctx(ctx)
 		keys, next, err := scanner.Scan(cctx, cursor, pattern, legacyScanCount).Result()
 		cancel()
 		if err != nil {
-			return nil, l.s.fail("old ledger list", err)
+			return nil, l.c.fail("old ledger list", err)
 		}
 		for _, k := range keys {
-			out = append(out, strings.TrimPrefix(k, l.s.cfg.KeyPrefix+"{ledger}:"))
+			out = append(out, strings.TrimPrefix(k, l.c.cfg.KeyPrefix+"{ledger}:"))
 		}
 		if cursor = next; cursor == 0 {
 			return out, nil

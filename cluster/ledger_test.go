@@ -87,12 +87,12 @@ func TestLedgerOnRedis(t *testing.T) {
 // kept it (a string key per path, listings by a walk of the keyspace), to
 // play an older version: its locks are the LedgerStore's.
 type oldLayout struct {
-	LedgerStore
+	*LedgerStore
 	old LegacyLedger
 }
 
 func (o oldLayout) Store(ctx context.Context, key string, value []byte) error {
-	return o.s.rdb.Set(ctx, o.old.key(key), value, 0).Err()
+	return o.c.rdb.Set(ctx, o.old.key(key), value, 0).Err()
 }
 func (o oldLayout) Load(ctx context.Context, key string) ([]byte, error) {
 	return o.old.Load(ctx, key)

@@ -20,27 +20,28 @@ import (
 // Taking one is one script: read, remaining time and delete at once, so
 // each parked session is resumed at most once across nodes.
 
-func (s *Store) resumeKey(id, key string) string {
+func (c *conn) resumeKey(id, key string) string {
 	if key == "" {
 		key = "-"
 	}
-	return s.cfg.KeyPrefix + "resume:" + id + ":" + key
+	return c.cfg.KeyPrefix + "resume:" + id + ":" + key
 }
 
 // ParkResume keeps value for id under key for window. Errors wrap
 // ErrUnavailable.
 func (s *Store) ParkResume(ctx context.Context, id, key string, value []byte, window time.Duration) error {
+	c := s.c
 	const op = "park a resumable session"
-	if s.isClosed() {
-		return s.fail(op, errClosed)
+	if c.closed.Load() {
+		return c.fail(op, errClosed)
 	}
 	if window <= 0 {
 		return nil
 	}
-	ctx, cancel := s.ctx(ctx)
+	ctx, cancel := c.ctx(ctx)
 	defer cancel()
-	if err := s.rdb.Set(ctx, s.resumeKey(id, key), value, window).Err(); err != nil {
-		return s.fail(op, err)
+	if err := c.rdb.Set(ctx, c.resumeKey(id, key), value, window).Err(); err != nil {
+		return c.fail(op, err)
 	}
 	return nil
 }
@@ -49,21 +50,22 @@ func (s *Store) ParkResume(ctx context.Context, id, key string, value []byte, wi
 // window had left. ok is false when there is none (unknown, over, taken
 // by another node, or bound to another key). Errors wrap ErrUnavailable.
 func (s *Store) ClaimResume(ctx context.Context, id, key string) (value []byte, left time.Duration, ok bool, err error) {
+	c := s.c
 	const op = "claim a resumable session"
-	if s.isClosed() {
-		return nil, 0, false, s.fail(op, errClosed)
+	if c.closed.Load() {
+		return nil, 0, false, c.fail(op, errClosed)
 	}
-	ctx, cancel := s.ctx(ctx)
+	ctx, cancel := c.ctx(ctx)
 	defer cancel()
-	res, err := claimResumeScript.Run(ctx, s.rdb, []string{s.resumeKey(id, key)}).Slice()
+	res, err := claimResumeScript.Run(ctx, c.rdb, []string{c.resumeKey(id, key)}).Slice()
 	if errors.Is(err, redis.Nil) {
 		return nil, 0, false, nil
 	}
 	if err != nil {
-		return nil, 0, false, s.fail(op, err)
+		return nil, 0, false, c.fail(op, err)
 	}
 	if len(res) != 2 {
-		return nil, 0, false, s.fail(op, errors.New("unexpected answer"))
+		return nil, 0, false, c.fail(op, errors.New("unexpected answer"))
 	}
 	v, _ := res[0].(string)
 	ms, _ := res[1].(int64)
@@ -76,16 +78,17 @@ func (s *Store) ClaimResume(ctx context.Context, id, key string) (value []byte, 
 // AnnounceResumed tells every node's subscribers that the parked session
 // id of provider was taken back or ended here (EventResumed), so that the
 // node that parked it forgets it. Errors wrap ErrUnavailable.
-func (s *Store) AnnounceResumed(ctx context.Context, provider, id string) error {
+func (n *News) AnnounceResumed(ctx context.Context, provider, id string) error {
 	const op = "announce a resumed session"
-	if s.isClosed() {
-		return s.fail(op, errClosed)
+	c := n.c
+	if c.closed.Load() {
+		return c.fail(op, errClosed)
 	}
-	ctx, cancel := s.ctx(ctx)
+	ctx, cancel := c.ctx(ctx)
 	defer cancel()
-	b, _ := json.Marshal(wireEvent{Kind: EventResumed, Provider: provider, Node: s.node, Session: id})
-	if err := s.rdb.Publish(ctx, s.channel(), string(b)).Err(); err != nil {
-		return s.fail(op, err)
+	b, _ := json.Marshal(wireEvent{Kind: EventResumed, Provider: provider, Node: c.node, Session: id})
+	if err := c.rdb.Publish(ctx, c.channel(), string(b)).Err(); err != nil {
+		return c.fail(op, err)
 	}
 	return nil
 }
@@ -93,14 +96,15 @@ func (s *Store) AnnounceResumed(ctx context.Context, provider, id string) error 
 // DropResume deletes the entry of id under key, if any (resumed or ended
 // on this node). Errors wrap ErrUnavailable.
 func (s *Store) DropResume(ctx context.Context, id, key string) error {
+	c := s.c
 	const op = "drop a resumable session"
-	if s.isClosed() {
-		return s.fail(op, errClosed)
+	if c.closed.Load() {
+		return c.fail(op, errClosed)
 	}
-	ctx, cancel := s.ctx(ctx)
+	ctx, cancel := c.ctx(ctx)
 	defer cancel()
-	if err := s.rdb.Del(ctx, s.resumeKey(id, key)).Err(); err != nil {
-		return s.fail(op, err)
+	if err := c.rdb.Del(ctx, c.resumeKey(id, key)).Err(); err != nil {
+		return c.fail(op, err)
 	}
 	return nil
 }

@@ -16,19 +16,20 @@ func (s *Store) AgreeSecret(ctx context.Context, name string, proposed []byte) (
 	if name == "" || len(proposed) == 0 {
 		return nil, errors.New("agree on a secret: empty name or value")
 	}
+	c := s.c
 	op := fmt.Sprintf("agree on the secret %q", name)
-	if s.isClosed() {
-		return nil, s.fail(op, errClosed)
+	if c.closed.Load() {
+		return nil, c.fail(op, errClosed)
 	}
-	ctx, cancel := s.ctx(ctx)
+	ctx, cancel := c.ctx(ctx)
 	defer cancel()
-	v, err := secretScript.Run(ctx, s.rdb, []string{s.cfg.KeyPrefix + "secret:" + name}, hex.EncodeToString(proposed)).Text()
+	v, err := secretScript.Run(ctx, c.rdb, []string{c.cfg.KeyPrefix + "secret:" + name}, hex.EncodeToString(proposed)).Text()
 	if err != nil {
-		return nil, s.fail(op, err)
+		return nil, c.fail(op, err)
 	}
 	b, err := hex.DecodeString(v)
 	if err != nil || len(b) == 0 {
-		return nil, s.fail(op, errors.New("the stored secret is not hex"))
+		return nil, c.fail(op, errors.New("the stored secret is not hex"))
 	}
 	return b, nil
 }

@@ -91,7 +91,7 @@ func Use(cfg Config, node string, logger *zap.Logger) (*Shared, error) {
 		// A failed renewal or lease write says Redis is away as a
 		// failed call does: an idle node notices too.
 		failed := s.Failed
-		st.onFailed.Store(&failed)
+		st.c.onFailed.Store(&failed)
 		s.hooks.opened()
 		// Up until a call says otherwise; a first check tells soon.
 		s.hooks.up(true)
@@ -212,7 +212,7 @@ func (s *Shared) ClusterStates(ctx context.Context, providers []string) (map[str
 	if !s.Usable() {
 		return down()
 	}
-	shares, err := s.store.Snapshot(ctx, providers)
+	shares, err := s.store.Leases().Snapshot(ctx, providers)
 	if err != nil {
 		if errors.Is(err, ErrUnavailable) {
 			s.Failed("status", err)
@@ -240,9 +240,9 @@ func (s *Shared) Endpoint() Endpoint {
 }
 
 // ClusterActive is the provider's live sessions over every node as last
-// read, and whether that reading is recent (see Store.Live).
+// read, and whether that reading is recent (see Leases.Live).
 func (s *Shared) ClusterActive(provider string) (int, bool) {
-	return s.store.Live(provider)
+	return s.store.Leases().Live(provider)
 }
 
 // ResetShared ends provider's shared cooldown (an operator's reset); the
@@ -251,7 +251,7 @@ func (s *Shared) ResetShared(ctx context.Context, provider string) {
 	if !s.Usable() {
 		return
 	}
-	if err := s.store.ClearCooldown(ctx, provider); err != nil {
+	if err := s.store.News().ClearCooldown(ctx, provider); err != nil {
 		s.Failed("reset", err)
 		return
 	}

@@ -59,7 +59,7 @@ func TestSharedOneStore(t *testing.T) {
 	other.Release()
 
 	// A session takes a slot and keeps the store for its renewals.
-	g, err := a.Store().Acquire(context.Background(), "p", 0)
+	g, err := a.Store().Leases().Acquire(context.Background(), "p", 0)
 	if err != nil || g.Lease == nil {
 		t.Fatalf("Acquire: %+v %v", g, err)
 	}
@@ -204,7 +204,7 @@ func TestSharedClusterStates(t *testing.T) {
 		t.Fatalf("hooks at open: %q", got)
 	}
 	ctx := context.Background()
-	g, err := s.Store().Acquire(ctx, "p", 0)
+	g, err := s.Store().Leases().Acquire(ctx, "p", 0)
 	if err != nil || g.Lease == nil {
 		t.Fatalf("Acquire: %+v %v", g, err)
 	}

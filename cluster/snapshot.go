@@ -41,25 +41,25 @@ func OverLimit(live int, max int64) int {
 	return int(int64(live) - max)
 }
 
-// Snapshot returns the Share of each provider, read in one round trip (in
-// Cluster mode, one per provider).
+// Snapshot returns the Share of each provider, its live leases and its
+// hold, read in one round trip (in Cluster mode, one per provider).
 // Expired leases are not counted. Errors wrap ErrUnavailable.
-func (s *Store) Snapshot(ctx context.Context, providers []string) (map[string]Share, error) {
+func (ls *Leases) Snapshot(ctx context.Context, providers []string) (map[string]Share, error) {
 	out := make(map[string]Share, len(providers))
 	if len(providers) == 0 {
 		return out, nil
 	}
 	const op = "read the shared state"
-	if s.isClosed() {
-		return nil, s.fail(op, errClosed)
+	if ls.c.closed.Load() {
+		return nil, ls.c.fail(op, errClosed)
 	}
 	// Back after an outage or a failover: this node's leases count again
 	// before the status shows the shared state up.
-	if err := s.reassert(ctx); err != nil {
+	if err := ls.reassert(ctx); err != nil {
 		return nil, err
 	}
-	for _, group := range s.slotGroups(providers) {
-		if err := s.snapshotGroup(ctx, group, out); err != nil {
+	for _, group := range ls.c.slotGroups(providers) {
+		if err := ls.snapshotGroup(ctx, group, out); err != nil {
 			return nil, err
 		}
 	}
@@ -75,20 +75,21 @@ func memberNode(member string) string {
 }
 
 // snapshotGroup reads the Share of providers (one slot group) into out.
-func (s *Store) snapshotGroup(ctx context.Context, providers []string, out map[string]Share) error {
+func (ls *Leases) snapshotGroup(ctx context.Context, providers []string, out map[string]Share) error {
 	const op = "read the shared state"
+	c := ls.c
 	keys := make([]string, 0, 2*len(providers))
 	for _, p := range providers {
-		keys = append(keys, s.leaseKey(p), s.cooldownKey(p))
+		keys = append(keys, c.leaseKey(p), c.cooldownKey(p))
 	}
-	ctx, cancel := s.ctx(ctx)
+	ctx, cancel := c.ctx(ctx)
 	defer cancel()
-	res, err := snapshotScript.Run(ctx, s.rdb, keys).Slice()
+	res, err := snapshotScript.Run(ctx, c.rdb, keys).Slice()
 	if err != nil {
-		return s.fail(op, err)
+		return c.fail(op, err)
 	}
 	if len(res) != 3*len(providers) {
-		return s.fail(op, fmt.Errorf("unexpected reply of %d elements", len(res)))
+		return c.fail(op, fmt.Errorf("unexpected reply of %d elements", len(res)))
 	}
 	for i, p := range providers {
 		members, _ := res[3*i].([]any)
@@ -103,9 +104,9 @@ func (s *Store) snapshotGroup(ctx context.Context, providers []string, out map[s
 		}
 		cdLeft, _ := parseInt(res[3*i+1])
 		skLeft, _ := parseInt(res[3*i+2])
-		sh.Hold = s.hold(cdLeft, 0, skLeft)
+		sh.Hold = c.hold(cdLeft, 0, skLeft)
 		out[p] = sh
-		s.sawLive(p, sh.Active)
+		ls.sawLive(p, sh.Active)
 	}
 	return nil
 }

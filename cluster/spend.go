@@ -21,9 +21,9 @@ import (
 
 // spendKey is the total of scope ("provider:<name>" or "client:<shown
 // key>") for the window starting at start.
-func (s *Store) spendKey(scope string, start time.Time) string {
+func (sp *Spend) key(scope string, start time.Time) string {
 	// The scope is the hash tag: a scope's windows share a slot.
-	return s.cfg.KeyPrefix + "spend:{" + scope + "}:" + strconv.FormatInt(start.Unix(), 10)
+	return sp.c.cfg.KeyPrefix + "spend:{" + scope + "}:" + strconv.FormatInt(start.Unix(), 10)
 }
 
 // ProviderScope is the spend scope of a provider.
@@ -38,13 +38,23 @@ func ClientScope(shown string) string { return "client:" + shown }
 // written, all in one round trip.
 const spendFlushEvery = 250 * time.Millisecond
 
-// spendBatch is what QueueSpend gathered since the last write, by key.
-type spendBatch struct {
+// Spend is the spend totals kept over every node: QueueSpend gathers the
+// costs of the sessions ended here and a loop writes them together, off
+// the clients' path; ReadSpend reads totals back.
+type Spend struct {
+	c *conn
+	// mu guards what QueueSpend gathered since the last write (adds, by
+	// key) and the loop's start.
 	mu      sync.Mutex
 	adds    map[string]*spendAdd
 	started bool
-	done    chan struct{} // closed when the flush loop has ended
+	stop    chan struct{} // closed by close: the loop writes once more and ends
+	done    chan struct{} // closed when the loop has ended
+	// bad names the totals found unreadable (logged once each).
+	bad sync.Map
 }
+
+func newSpend(c *conn) *Spend { return &Spend{c: c, stop: make(chan struct{})} }
 
 // spendAdd is one total's pending increment.
 type spendAdd struct {
@@ -61,19 +71,18 @@ type spendAdd struct {
 // window's new total with what the write added (i is the window's index
 // in windows). A write that fails is tried again with the next; Close
 // writes what is left, once.
-func (s *Store) QueueSpend(windows []SpendWindow, cost float64, notify func(i int, total, added float64)) {
-	b := &s.spend
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if b.adds == nil {
-		b.adds = map[string]*spendAdd{}
+func (sp *Spend) QueueSpend(windows []SpendWindow, cost float64, notify func(i int, total, added float64)) {
+	sp.mu.Lock()
+	defer sp.mu.Unlock()
+	if sp.adds == nil {
+		sp.adds = map[string]*spendAdd{}
 	}
 	for i, w := range windows {
-		key := s.spendKey(w.Scope, w.Start)
-		a := b.adds[key]
+		key := sp.key(w.Scope, w.Start)
+		a := sp.adds[key]
 		if a == nil {
 			a = &spendAdd{expire: w.End.Add(w.End.Sub(w.Start)).UnixMilli()}
-			b.adds[key] = a
+			sp.adds[key] = a
 		}
 		a.cost += cost
 		if notify != nil {
@@ -81,37 +90,46 @@ func (s *Store) QueueSpend(windows []SpendWindow, cost float64, notify func(i in
 			a.notify = func(total, added float64) { notify(i, total, added) }
 		}
 	}
-	if !b.started {
-		b.started, b.done = true, make(chan struct{})
-		go s.spendLoop()
+	if !sp.started {
+		sp.started, sp.done = true, make(chan struct{})
+		go sp.loop()
 	}
 }
 
-// spendLoop writes the queued costs until the store closes, then once
-// more.
-func (s *Store) spendLoop() {
-	defer close(s.spend.done)
+// loop writes the queued costs until the store closes, then once more.
+func (sp *Spend) loop() {
+	defer close(sp.done)
 	t := time.NewTicker(spendFlushEvery)
 	defer t.Stop()
 	for {
 		select {
-		case <-s.renewStop:
-			s.flushSpend()
+		case <-sp.stop:
+			sp.flush()
 			return
 		case <-t.C:
-			s.flushSpend()
+			sp.flush()
 		}
 	}
 }
 
-// flushSpend writes the queued costs in one round trip (in Cluster mode,
-// one per total).
-func (s *Store) flushSpend() {
-	b := &s.spend
-	b.mu.Lock()
-	adds := b.adds
-	b.adds = nil
-	b.mu.Unlock()
+// close ends the loop, once it has written what is left.
+func (sp *Spend) close() {
+	close(sp.stop)
+	sp.mu.Lock()
+	done := sp.done
+	sp.mu.Unlock()
+	if done != nil {
+		<-done
+	}
+}
+
+// flush writes the queued costs in one round trip (in Cluster mode, one
+// per total).
+func (sp *Spend) flush() {
+	sp.mu.Lock()
+	adds := sp.adds
+	sp.adds = nil
+	sp.mu.Unlock()
 	if len(adds) == 0 {
 		return
 	}
@@ -120,7 +138,7 @@ func (s *Store) flushSpend() {
 		all = append(all, k)
 	}
 	groups := [][]string{all}
-	if s.perSlot {
+	if sp.c.perSlot {
 		groups = groups[:0]
 		for _, k := range all {
 			groups = append(groups, []string{k})
@@ -128,8 +146,8 @@ func (s *Store) flushSpend() {
 	}
 	var failed []string
 	for _, keys := range groups {
-		if err := s.flushSpendGroup(keys, adds); err != nil {
-			s.log.Debug("shared state: spend not written; tried again", zap.Error(s.fail("add spend", err)))
+		if err := sp.flushGroup(keys, adds); err != nil {
+			sp.c.log.Debug("shared state: spend not written; tried again", zap.Error(sp.c.fail("add spend", err)))
 			failed = append(failed, keys...)
 		}
 	}
@@ -137,35 +155,35 @@ func (s *Store) flushSpend() {
 		return
 	}
 	// Put back what was not written, before what came since.
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if b.adds == nil {
-		b.adds = map[string]*spendAdd{}
+	sp.mu.Lock()
+	defer sp.mu.Unlock()
+	if sp.adds == nil {
+		sp.adds = map[string]*spendAdd{}
 	}
 	for _, k := range failed {
 		a := adds[k]
-		if cur := b.adds[k]; cur != nil {
+		if cur := sp.adds[k]; cur != nil {
 			cur.cost += a.cost
 			if cur.notify == nil {
 				cur.notify = a.notify
 			}
 		} else {
-			b.adds[k] = a
+			sp.adds[k] = a
 		}
 	}
 }
 
-// flushSpendGroup adds the pending costs of keys (one slot group) and
-// tells each total's notify.
-func (s *Store) flushSpendGroup(keys []string, adds map[string]*spendAdd) error {
+// flushGroup adds the pending costs of keys (one slot group) and tells
+// each total's notify.
+func (sp *Spend) flushGroup(keys []string, adds map[string]*spendAdd) error {
 	args := make([]any, 0, 2*len(keys))
 	for _, k := range keys {
 		a := adds[k]
 		args = append(args, strconv.FormatFloat(a.cost, 'g', -1, 64), a.expire)
 	}
-	ctx, cancel := s.ctx(context.Background())
+	ctx, cancel := sp.c.ctx(context.Background())
 	defer cancel()
-	vals, err := spendScript.Run(ctx, s.rdb, keys, args...).StringSlice()
+	vals, err := spendScript.Run(ctx, sp.c.rdb, keys, args...).StringSlice()
 	if err == nil && len(vals) != len(keys) {
 		err = fmt.Errorf("unexpected reply %v", vals)
 	}
@@ -174,7 +192,7 @@ func (s *Store) flushSpendGroup(keys []string, adds map[string]*spendAdd) error 
 	}
 	for i, k := range keys {
 		a := adds[k]
-		total, ok := s.spendTotal(k, vals[i])
+		total, ok := sp.total(k, vals[i])
 		if !ok {
 			// Not counted in a total anyone can read: the cost stays
 			// this node's own in its book (no notify).
@@ -187,17 +205,17 @@ func (s *Store) flushSpendGroup(keys []string, adds map[string]*spendAdd) error 
 	return nil
 }
 
-// spendTotal reads the total v of key: a cost total is a finite number,
-// not negative. Another value (a foreign or corrupted one: text, NaN, an
+// total reads the total v of key: a cost total is a finite number, not
+// negative. Another value (a foreign or corrupted one: text, NaN, an
 // infinity, a negative) is unreadable; the first one of each key is
 // logged.
-func (s *Store) spendTotal(key, v string) (float64, bool) {
+func (sp *Spend) total(key, v string) (float64, bool) {
 	total, err := strconv.ParseFloat(v, 64)
 	if err == nil && !math.IsNaN(total) && !math.IsInf(total, 0) && total >= 0 {
 		return total, true
 	}
-	if _, seen := s.badSpend.LoadOrStore(key, true); !seen {
-		s.log.Warn("shared state: a spend total in Redis is not a cost total; it is left unread",
+	if _, seen := sp.bad.LoadOrStore(key, true); !seen {
+		sp.c.log.Warn("shared state: a spend total in Redis is not a cost total; it is left unread",
 			zap.String("key", key), zap.Int("length", len(v)))
 	}
 	return 0, false
@@ -212,27 +230,27 @@ type SpendWindow struct {
 
 // ReadSpend reads the totals of windows in one round trip, in their
 // order (0 for a window nothing was added to, and for one whose value is
-// not a cost total: see spendTotal; a book never lowers the figure it
+// not a cost total: see total; a book never lowers the figure it
 // holds for a window). In Cluster mode the reads are pipelined, one batch
 // per node.
-func (s *Store) ReadSpend(ctx context.Context, windows []SpendWindow) ([]float64, error) {
+func (sp *Spend) ReadSpend(ctx context.Context, windows []SpendWindow) ([]float64, error) {
 	if len(windows) == 0 {
 		return nil, nil
 	}
-	ctx, cancel := s.ctx(ctx)
+	ctx, cancel := sp.c.ctx(ctx)
 	defer cancel()
 	keys := make([]string, len(windows))
 	for i, w := range windows {
-		keys[i] = s.spendKey(w.Scope, w.Start)
+		keys[i] = sp.key(w.Scope, w.Start)
 	}
-	vals, err := s.readMany(ctx, keys)
+	vals, err := sp.readMany(ctx, keys)
 	if err != nil {
-		return nil, s.fail("read spend totals", err)
+		return nil, sp.c.fail("read spend totals", err)
 	}
 	out := make([]float64, len(windows))
 	for i, v := range vals {
 		if str, ok := v.(string); ok {
-			out[i], _ = s.spendTotal(keys[i], str)
+			out[i], _ = sp.total(keys[i], str)
 		}
 	}
 	return out, nil
@@ -240,11 +258,11 @@ func (s *Store) ReadSpend(ctx context.Context, windows []SpendWindow) ([]float64
 
 // readMany reads keys: one MGET, or in Cluster mode (where an MGET must
 // stay in one slot) a pipeline of GETs. A missing key reads as nil.
-func (s *Store) readMany(ctx context.Context, keys []string) ([]any, error) {
-	if !s.perSlot {
-		return s.rdb.MGet(ctx, keys...).Result()
+func (sp *Spend) readMany(ctx context.Context, keys []string) ([]any, error) {
+	if !sp.c.perSlot {
+		return sp.c.rdb.MGet(ctx, keys...).Result()
 	}
-	pipe := s.rdb.Pipeline()
+	pipe := sp.c.rdb.Pipeline()
 	cmds := make([]*redis.StringCmd, len(keys))
 	for i, k := range keys {
 		cmds[i] = pipe.Get(ctx, k)

@@ -27,13 +27,13 @@ func TestSpendUnreadableTotals(t *testing.T) {
 	c := redis.NewClient(&redis.Options{Addr: r.Addr()})
 	defer c.Close()
 	for i, v := range map[int]string{1: "not a number", 2: "nan", 3: "-5"} {
-		if err := c.Set(ctx, s.spendKey(windows[i].Scope, start), v, 0).Err(); err != nil {
+		if err := c.Set(ctx, s.Spend().key(windows[i].Scope, start), v, 0).Err(); err != nil {
 			t.Fatal(err)
 		}
 	}
 	var mu sync.Mutex
 	told := map[int][]float64{}
-	s.QueueSpend(windows, 1.5, func(i int, total, added float64) {
+	s.Spend().QueueSpend(windows, 1.5, func(i int, total, added float64) {
 		mu.Lock()
 		told[i] = append(told[i], total)
 		mu.Unlock()
@@ -41,9 +41,9 @@ func TestSpendUnreadableTotals(t *testing.T) {
 	// Every write there is to make (a put-back one included), in
 	// whatever order the keys come.
 	for range 20 {
-		s.flushSpend()
+		s.Spend().flush()
 	}
-	got, err := s.ReadSpend(ctx, windows)
+	got, err := s.Spend().ReadSpend(ctx, windows)
 	if err != nil {
 		t.Fatal(err)
 	}

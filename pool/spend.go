@@ -326,7 +326,7 @@ func addShared(store *cluster.Shared, cost float64, books []*spend.Book, scopes 
 		st := b.Read()
 		windows[i] = cluster.SpendWindow{Scope: scopes[i], Start: st.WindowStart, End: st.WindowEnd}
 	}
-	store.Store().QueueSpend(windows, cost, func(i int, total, added float64) {
+	store.Store().Spend().QueueSpend(windows, cost, func(i int, total, added float64) {
 		books[i].SetShared(windows[i].Start, total, added)
 	})
 }
