@@ -457,7 +457,7 @@ func TestExamplesListenOnLoopback(t *testing.T) {
 func TestCaddyfileSyntaxDoc(t *testing.T) {
 	fset := token.NewFileSet()
 	var decls []ast.Decl
-	for _, name := range []string{"caddyfile.go", "healthcheck.go"} {
+	for _, name := range []string{"caddyfile.go", "caddyfile_health.go"} {
 		file, err := parser.ParseFile(fset, name, nil, parser.ParseComments)
 		if err != nil {
 			t.Fatal(err)
