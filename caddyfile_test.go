@@ -470,27 +470,43 @@ func TestCaddyfileSyntaxDoc(t *testing.T) {
 		"parseQueue": "queue", "parseSession": "session", "parseState": "state", "parseWebhook": "webhook",
 		"parseHealthCheck": "health_check",
 	}
-	parsed := map[string][]string{}
+	// Options several blocks share, read by one function that their
+	// readers call.
+	shared := map[string]bool{"readTLS": true}
+	cases := map[string][]string{} // function -> the options it reads
+	calls := map[string][]string{} // reader -> the shared readers it calls
 	var doc string
 	for _, decl := range decls {
 		fd, ok := decl.(*ast.FuncDecl)
-		if !ok || readers[fd.Name.Name] == "" {
+		if !ok || (readers[fd.Name.Name] == "" && !shared[fd.Name.Name]) {
 			continue
 		}
 		if fd.Name.Name == "UnmarshalCaddyfile" {
 			doc = fd.Doc.Text()
 		}
 		ast.Inspect(fd.Body, func(n ast.Node) bool {
-			if cc, ok := n.(*ast.CaseClause); ok {
-				for _, e := range cc.List {
+			switch n := n.(type) {
+			case *ast.CaseClause:
+				for _, e := range n.List {
 					if lit, ok := e.(*ast.BasicLit); ok && lit.Kind == token.STRING {
 						s, _ := strconv.Unquote(lit.Value)
-						parsed[readers[fd.Name.Name]] = append(parsed[readers[fd.Name.Name]], s)
+						cases[fd.Name.Name] = append(cases[fd.Name.Name], s)
 					}
+				}
+			case *ast.CallExpr:
+				if id, ok := n.Fun.(*ast.Ident); ok && shared[id.Name] {
+					calls[fd.Name.Name] = append(calls[fd.Name.Name], id.Name)
 				}
 			}
 			return true
 		})
+	}
+	parsed := map[string][]string{}
+	for fn, block := range readers {
+		parsed[block] = slices.Clone(cases[fn])
+		for _, s := range calls[fn] {
+			parsed[block] = append(parsed[block], cases[s]...)
+		}
 	}
 	documented := map[string][]string{}
 	var open []string

@@ -10,6 +10,7 @@ import (
 	"github.com/coder/websocket"
 
 	"github.com/browserfailover/caddy-browser-failover/cluster"
+	"github.com/browserfailover/caddy-browser-failover/internal/conf"
 	"github.com/browserfailover/caddy-browser-failover/internal/fakes"
 	"github.com/browserfailover/caddy-browser-failover/internal/testgw"
 	"github.com/browserfailover/caddy-browser-failover/internal/testredis"
@@ -22,7 +23,7 @@ import (
 // store the gateway could not reach would refuse the session.
 func TestSharedStateTLS(t *testing.T) {
 	rs := testredis.StartTLS(t)
-	tlsOpts := &cluster.TLS{TrustedCACertFiles: []string{rs.CAFile}}
+	tlsOpts := &conf.TLS{TrustedCACertFiles: []string{rs.CAFile}}
 	other, err := cluster.Open(cluster.Config{Address: rs.TLSAddr, TLS: tlsOpts, KeyPrefix: "sh-tls:",
 		LeaseTTL: caddy.Duration(5 * time.Second), Timeout: caddy.Duration(2 * time.Second)}, "gw-other")
 	if err != nil {

@@ -7,6 +7,7 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 
+	"github.com/browserfailover/caddy-browser-failover/internal/conf"
 	"github.com/browserfailover/caddy-browser-failover/internal/testredis"
 )
 
@@ -20,14 +21,14 @@ func TestTLSToRedis(t *testing.T) {
 	ca := []string{r.CAFile}
 	for _, tc := range []struct {
 		name string
-		tls  *TLS
+		tls  *conf.TLS
 		ok   bool
 	}{
-		{"trusted CA, the address's host", &TLS{TrustedCACertFiles: ca}, true},
-		{"trusted CA, a server name", &TLS{TrustedCACertFiles: ca, ServerName: testredis.ServerName}, true},
-		{"trusted CA, a wrong server name", &TLS{TrustedCACertFiles: ca, ServerName: "other.test"}, false},
-		{"the system's roots", &TLS{}, false},
-		{"insecure_skip_verify", &TLS{InsecureSkipVerify: true}, true},
+		{"trusted CA, the address's host", &conf.TLS{TrustedCACertFiles: ca}, true},
+		{"trusted CA, a server name", &conf.TLS{TrustedCACertFiles: ca, ServerName: testredis.ServerName}, true},
+		{"trusted CA, a wrong server name", &conf.TLS{TrustedCACertFiles: ca, ServerName: "other.test"}, false},
+		{"the system's roots", &conf.TLS{}, false},
+		{"insecure_skip_verify", &conf.TLS{InsecureSkipVerify: true}, true},
 		{"plain TCP", nil, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
