@@ -56,6 +56,8 @@ func TestCaddyfileErrors(t *testing.T) {
 		{"bad scheme", "browser_failover {\n provider a ftp://h:1\n}", `provider "a": URL scheme "ftp" is not one of ws, wss, http, https`, 2},
 		{"no scheme", "browser_failover {\n provider a h:1\n}", `provider "a": URL must start with ws://`, 2},
 		{"placeholder scheme", "browser_failover {\n provider a {env.SCHEME}://h:1\n}", `provider "a": URL must start with ws://`, 2},
+		{"no host", "browser_failover {\n provider a ws:///path\n}", `provider "a": URL has no host`, 2},
+		{"fragment", "browser_failover {\n provider a ws://h:1/#frag\n}", `provider "a": URL must not have a fragment`, 2},
 		{"no name", "browser_failover {\n provider \"\" ws://h:1\n}", "provider has no name", 2},
 		{"duplicate name", "browser_failover {\n provider a ws://h:1\n provider b ws://h:2\n provider a ws://h:3 {\n  priority 2\n }\n}", `duplicate provider name "a"`, 4},
 		{"negative max_concurrent", "browser_failover {\n provider a ws://h:1 {\n  max_concurrent -1\n }\n}", `provider "a": max_concurrent must not be negative`, 3},
