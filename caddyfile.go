@@ -13,6 +13,7 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
 	"github.com/browserfailover/caddy-browser-failover/cluster"
+	"github.com/browserfailover/caddy-browser-failover/internal/conf"
 	"github.com/browserfailover/caddy-browser-failover/observe"
 	"github.com/browserfailover/caddy-browser-failover/spend"
 	"github.com/browserfailover/caddy-browser-failover/upstreams"
@@ -288,16 +289,6 @@ func (r *reader) parseProvider() (*ProviderConfig, *block, error) {
 			var on bool
 			on, err = onOff(d, false)
 			p.Discover = &on
-		case "tls_insecure_skip_verify":
-			err = noArgs(d)
-			tlsOf(&p.TLS).InsecureSkipVerify = true
-		case "tls_server_name":
-			tlsOf(&p.TLS).ServerName, err = oneArg(d)
-		case "tls_trusted_ca_certs":
-			var files []string
-			files, err = someArgs(d)
-			t := tlsOf(&p.TLS)
-			t.TrustedCACertFiles = append(t.TrustedCACertFiles, files...)
 		case "cooldown":
 			p.Cooldown, cooldownBlock, err = r.parseCooldown(what + ": cooldown: ")
 		case "protocol":
@@ -311,7 +302,7 @@ func (r *reader) parseProvider() (*ProviderConfig, *block, error) {
 		case "session_api":
 			p.SessionAPI, err = r.parseSessionAPI(what + ": ")
 		default:
-			return errUnknownOption
+			return readTLS(d, opt, &p.TLS)
 		}
 		return err
 	})
@@ -321,13 +312,28 @@ func (r *reader) parseProvider() (*ProviderConfig, *block, error) {
 	return p, cooldownBlock, nil
 }
 
-// tlsOf returns *t, creating it when nil (a provider's TLS settings, or
-// the Redis store's).
-func tlsOf[T any](t **T) *T {
-	if *t == nil {
-		*t = new(T)
+// readTLS reads the TLS option opt, of a provider or of the Redis store,
+// into *t (made when nil); errUnknownOption when opt is none.
+func readTLS(d *caddyfile.Dispenser, opt string, t **conf.TLS) (err error) {
+	var o conf.TLS
+	if *t != nil {
+		o = **t
 	}
-	return *t
+	switch opt {
+	case "tls_insecure_skip_verify":
+		err = noArgs(d)
+		o.InsecureSkipVerify = true
+	case "tls_server_name":
+		o.ServerName, err = oneArg(d)
+	case "tls_trusted_ca_certs":
+		var files []string
+		files, err = someArgs(d)
+		o.TrustedCACertFiles = append(o.TrustedCACertFiles, files...)
+	default:
+		return errUnknownOption
+	}
+	*t = &o
+	return err
 }
 
 // parseHeaderUp reads `header_up [+|-]<field> [<value>]`.
@@ -534,18 +540,11 @@ func (r *reader) parseState() (*StateConfig, error) {
 		case "key_prefix":
 			rc.KeyPrefix, err = oneArg(d)
 		case "tls":
+			// TLS with the defaults, unless tls_* options say more.
 			err = noArgs(d)
-			tlsOf(&rc.TLS)
-		case "tls_server_name":
-			tlsOf(&rc.TLS).ServerName, err = oneArg(d)
-		case "tls_insecure_skip_verify":
-			err = noArgs(d)
-			tlsOf(&rc.TLS).InsecureSkipVerify = true
-		case "tls_trusted_ca_certs":
-			var files []string
-			files, err = someArgs(d)
-			t := tlsOf(&rc.TLS)
-			t.TrustedCACertFiles = append(t.TrustedCACertFiles, files...)
+			if rc.TLS == nil {
+				rc.TLS = &conf.TLS{}
+			}
 		case "lease_ttl":
 			rc.LeaseTTL, err = durationArg(d)
 		case "timeout":
@@ -555,7 +554,7 @@ func (r *reader) parseState() (*StateConfig, error) {
 		case "on_unavailable":
 			st.OnUnavailable, err = oneArg(d)
 		default:
-			return errUnknownOption
+			return readTLS(d, opt, &rc.TLS)
 		}
 		return err
 	})

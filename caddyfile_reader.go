@@ -7,6 +7,8 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+
+	"github.com/browserfailover/caddy-browser-failover/internal/conf"
 )
 
 // reader reads one browser_failover directive and keeps where each option
@@ -74,12 +76,12 @@ func (b *block) note(opts ...string) {
 // to come, and those judged on the whole block.
 func (b *block) check(err error, opts ...string) error {
 	for _, e := range problems(err) {
-		var oe *optionError
-		if !errors.As(e, &oe) || oe.whole {
+		var p *conf.Problem
+		if !errors.As(e, &p) || p.Whole {
 			continue
 		}
 		for _, o := range opts {
-			if slices.Contains(oe.opts, o) {
+			if slices.Contains(p.Options, o) {
 				return errAt(b.at[o].tok, e)
 			}
 		}
@@ -127,9 +129,9 @@ func (b *block) finish(err error) error {
 	var at mark
 	for _, e := range problems(err) {
 		m := b.start
-		var oe *optionError
-		if errors.As(e, &oe) {
-			for _, o := range oe.opts {
+		var p *conf.Problem
+		if errors.As(e, &p) {
+			for _, o := range p.Options {
 				if g, ok := b.at[o]; ok && g.seq > m.seq {
 					m = g
 				}

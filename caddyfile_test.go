@@ -56,6 +56,8 @@ func TestCaddyfileErrors(t *testing.T) {
 		{"bad scheme", "browser_failover {\n provider a ftp://h:1\n}", `provider "a": URL scheme "ftp" is not one of ws, wss, http, https`, 2},
 		{"no scheme", "browser_failover {\n provider a h:1\n}", `provider "a": URL must start with ws://`, 2},
 		{"placeholder scheme", "browser_failover {\n provider a {env.SCHEME}://h:1\n}", `provider "a": URL must start with ws://`, 2},
+		{"no host", "browser_failover {\n provider a ws:///path\n}", `provider "a": URL has no host`, 2},
+		{"fragment", "browser_failover {\n provider a ws://h:1/#frag\n}", `provider "a": URL must not have a fragment`, 2},
 		{"no name", "browser_failover {\n provider \"\" ws://h:1\n}", "provider has no name", 2},
 		{"duplicate name", "browser_failover {\n provider a ws://h:1\n provider b ws://h:2\n provider a ws://h:3 {\n  priority 2\n }\n}", `duplicate provider name "a"`, 4},
 		{"negative max_concurrent", "browser_failover {\n provider a ws://h:1 {\n  max_concurrent -1\n }\n}", `provider "a": max_concurrent must not be negative`, 3},
@@ -457,7 +459,7 @@ func TestExamplesListenOnLoopback(t *testing.T) {
 func TestCaddyfileSyntaxDoc(t *testing.T) {
 	fset := token.NewFileSet()
 	var decls []ast.Decl
-	for _, name := range []string{"caddyfile.go", "healthcheck.go"} {
+	for _, name := range []string{"caddyfile.go", "caddyfile_health.go"} {
 		file, err := parser.ParseFile(fset, name, nil, parser.ParseComments)
 		if err != nil {
 			t.Fatal(err)
@@ -470,27 +472,43 @@ func TestCaddyfileSyntaxDoc(t *testing.T) {
 		"parseQueue": "queue", "parseSession": "session", "parseState": "state", "parseWebhook": "webhook",
 		"parseHealthCheck": "health_check",
 	}
-	parsed := map[string][]string{}
+	// Options several blocks share, read by one function that their
+	// readers call.
+	shared := map[string]bool{"readTLS": true}
+	cases := map[string][]string{} // function -> the options it reads
+	calls := map[string][]string{} // reader -> the shared readers it calls
 	var doc string
 	for _, decl := range decls {
 		fd, ok := decl.(*ast.FuncDecl)
-		if !ok || readers[fd.Name.Name] == "" {
+		if !ok || (readers[fd.Name.Name] == "" && !shared[fd.Name.Name]) {
 			continue
 		}
 		if fd.Name.Name == "UnmarshalCaddyfile" {
 			doc = fd.Doc.Text()
 		}
 		ast.Inspect(fd.Body, func(n ast.Node) bool {
-			if cc, ok := n.(*ast.CaseClause); ok {
-				for _, e := range cc.List {
+			switch n := n.(type) {
+			case *ast.CaseClause:
+				for _, e := range n.List {
 					if lit, ok := e.(*ast.BasicLit); ok && lit.Kind == token.STRING {
 						s, _ := strconv.Unquote(lit.Value)
-						parsed[readers[fd.Name.Name]] = append(parsed[readers[fd.Name.Name]], s)
+						cases[fd.Name.Name] = append(cases[fd.Name.Name], s)
 					}
+				}
+			case *ast.CallExpr:
+				if id, ok := n.Fun.(*ast.Ident); ok && shared[id.Name] {
+					calls[fd.Name.Name] = append(calls[fd.Name.Name], id.Name)
 				}
 			}
 			return true
 		})
+	}
+	parsed := map[string][]string{}
+	for fn, block := range readers {
+		parsed[block] = slices.Clone(cases[fn])
+		for _, s := range calls[fn] {
+			parsed[block] = append(parsed[block], cases[s]...)
+		}
 	}
 	documented := map[string][]string{}
 	var open []string

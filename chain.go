@@ -325,7 +325,7 @@ func (c *connect) order(advance bool) []int {
 	var rest []int
 	for _, i := range order {
 		m := h.members[i]
-		if upstreams.Prefers(m.proto, m.pwVersion, c.cls.proto, c.cls.pwVersion) {
+		if upstreams.Prefers(m.up.Protocol(), m.up.PlaywrightVersion(), c.cls.proto, c.cls.pwVersion) {
 			exact = append(exact, i)
 		} else {
 			rest = append(rest, i)

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"reflect"
 	"slices"
 	"strings"
 	"time"
@@ -14,6 +15,7 @@ import (
 
 	"github.com/browserfailover/caddy-browser-failover/cluster"
 	"github.com/browserfailover/caddy-browser-failover/cooldown"
+	"github.com/browserfailover/caddy-browser-failover/internal/conf"
 	"github.com/browserfailover/caddy-browser-failover/observe"
 	"github.com/browserfailover/caddy-browser-failover/spend"
 	"github.com/browserfailover/caddy-browser-failover/upstreams"
@@ -127,8 +129,8 @@ type Handler struct {
 	// refused.
 	AllowedOrigins []string `json:"allowed_origins,omitempty"`
 
-	// given holds the options stated explicitly (see explicit).
-	given explicit
+	// stated holds the options stated explicitly.
+	stated
 
 	// handlerRuntime is what Provision builds; nothing of it is config.
 	handlerRuntime
@@ -137,7 +139,8 @@ type Handler struct {
 // ProviderConfig is one remote-browser provider (JSON key "providers"):
 // how to reach it and whom it serves (upstreams.Config: name, URL,
 // priority, weight, connect_timeout, headers_up, pass_query, discover,
-// tls, session_api, protocol), and what the handler does with it.
+// tls, session_api, protocol, playwright_version), and what the handler
+// does with it.
 type ProviderConfig struct {
 	upstreams.Config
 	// MaxConcurrent is the most live sessions the provider takes; a full
@@ -159,16 +162,12 @@ type ProviderConfig struct {
 	// Cooldown overrides any of the handler's cooldown settings for this
 	// provider. Default: the handler's.
 	Cooldown *CooldownConfig `json:"cooldown,omitempty"`
-	// PlaywrightVersion is the <major>.<minor> Playwright version of a
-	// "playwright" provider; it then serves only clients of that version.
-	// Default: empty, any version.
-	PlaywrightVersion string `json:"playwright_version,omitempty"`
 	// HealthCheck overrides the handler's health check, setting by
 	// setting; {"off":true} turns it off for this provider. Default: the
 	// handler's.
 	HealthCheck *HealthCheckConfig `json:"health_check,omitempty"`
 
-	given explicit
+	stated
 }
 
 // ClientLimitConfig caps the live sessions of each client key (JSON key
@@ -200,10 +199,10 @@ func (cb *ClientBudgetConfig) validate() error {
 	}
 	var errs []error
 	if !strings.Contains(cb.Key, "{") {
-		errs = append(errs, badOpt("client_budget", "client_budget key %q: want a placeholder such as {http.auth.user.id}", cb.Key))
+		errs = append(errs, conf.Problemf("client_budget", "client_budget key %q: want a placeholder such as {http.auth.user.id}", cb.Key))
 	}
 	if err := cb.Budget.Validate(); err != nil {
-		errs = append(errs, badOpt("client_budget", "client_%v", err))
+		errs = append(errs, conf.Problemf("client_budget", "client_%v", err))
 	}
 	return errors.Join(errs...)
 }
@@ -268,44 +267,26 @@ type StateConfig struct {
 type RedisConfig struct {
 	cluster.Config
 
-	given explicit
+	stated
 }
 
 // CooldownConfig is when a failing provider is set aside, and for how long
-// (JSON key "cooldown", at handler level and per provider). A field left
-// out takes the handler's value, then the default.
+// (JSON key "cooldown", at handler level and per provider): the settings
+// of cooldown.Config (duration, max_duration, window, failure_threshold,
+// min_requests), which the provider's health machine runs with. A field
+// left out takes the handler's value, then the default.
 type CooldownConfig struct {
-	// Duration is the first cooldown, and the skip after a 408/429 without
-	// Retry-After; must be positive. Default: 30s.
-	Duration caddy.Duration `json:"duration,omitempty"`
-	// MaxDuration caps the cooldown, which doubles for each one that
-	// follows the last without a success in between; must be positive and
-	// not shorter than Duration. Default: 5m.
-	MaxDuration caddy.Duration `json:"max_duration,omitempty"`
-	// Window is the sliding window over which the failure ratio is taken;
-	// must be positive. Default: 60s.
-	Window caddy.Duration `json:"window,omitempty"`
-	// FailureThreshold: a provider cools down when failures/attempts in
-	// the window is greater than this ratio, in (0,1]. Default: 0.5.
-	FailureThreshold float64 `json:"failure_threshold,omitempty"`
-	// MinRequests is how many attempts the window must hold before the
-	// ratio is judged; not negative, and 0 means the default. Default: 3.
-	MinRequests int `json:"min_requests,omitempty"`
+	cooldown.Config
 
-	given explicit
+	stated
 }
 
-func (c *CooldownConfig) toConfig() cooldown.Config {
+// settings are the block's settings (none for a nil block).
+func (c *CooldownConfig) settings() cooldown.Config {
 	if c == nil {
 		return cooldown.Config{}
 	}
-	return cooldown.Config{
-		Duration:         time.Duration(c.Duration),
-		MaxDuration:      time.Duration(c.MaxDuration),
-		Window:           time.Duration(c.Window),
-		FailureThreshold: c.FailureThreshold,
-		MinRequests:      c.MinRequests,
-	}
+	return c.Config
 }
 
 // QueueConfig is the wait queue (JSON key "queue"): clients that no
@@ -318,7 +299,7 @@ type QueueConfig struct {
 	// 30s.
 	Timeout caddy.Duration `json:"timeout,omitempty"`
 
-	given explicit
+	stated
 }
 
 // SessionConfig bounds relayed sessions (JSON key "session").
@@ -352,10 +333,10 @@ const (
 // explicit is the set of options a config object states, by JSON key.
 //
 // For a number whose 0 is not a valid setting, JSON alone cannot tell
-// "weight": 0 from a weight left out. UnmarshalJSON (from the keys present)
-// and the Caddyfile parser (from the options read) both record what was
-// stated, so validate rejects a stated 0 the same way in both, where a
-// left-out option takes its default.
+// "weight": 0 from a weight left out. The JSON decoder (from the keys
+// present) and the Caddyfile parser (from the options read) both record
+// what was stated, so validate rejects a stated 0 the same way in both,
+// where a left-out option takes its default.
 type explicit map[string]bool
 
 // has tells whether key was stated.
@@ -368,53 +349,91 @@ func (e *explicit) add(key string) {
 	(*e)[key] = true
 }
 
-// stated decodes the JSON object b into v, a plain copy of the type
-// named typ, strictly (an unknown field is an error, as Caddy decodes
-// module configs) and returns the keys b states with a value other than
-// null.
-func stated(b []byte, v any, typ string) (explicit, error) {
-	if err := caddy.StrictUnmarshalJSON(b, v); err != nil {
-		var te *json.UnmarshalTypeError
-		if errors.As(err, &te) {
-			te.Struct = typ // not the plain copy's name
-		}
-		return nil, err
-	}
-	var fields map[string]json.RawMessage
-	if err := json.Unmarshal(b, &fields); err != nil {
-		return nil, err
-	}
-	var e explicit
-	for k, raw := range fields {
-		if !bytes.Equal(bytes.TrimSpace(raw), []byte("null")) {
-			// Field names match case-insensitively, as encoding/json does.
-			e.add(strings.ToLower(k))
-		}
-	}
-	return e, nil
+// stated is embedded in each config type whose validation tells a stated
+// option from a left-out one: the handler's UnmarshalJSON fills it in
+// every such part of the config (noteStated).
+type stated struct {
+	given explicit
 }
 
-// UnmarshalJSON decodes the handler's config, noting which options it
-// states.
+func (s *stated) setGiven(e explicit) { s.given = e }
+
+// UnmarshalJSON decodes the handler's config strictly (an unknown field is
+// an error, as Caddy decodes module configs), then notes the options each
+// of its parts states.
 func (h *Handler) UnmarshalJSON(b []byte) error {
 	type plain Handler
-	given, err := stated(b, (*plain)(h), "Handler")
-	h.given = given
-	return err
+	if err := caddy.StrictUnmarshalJSON(b, (*plain)(h)); err != nil {
+		var te *json.UnmarshalTypeError
+		if errors.As(err, &te) {
+			te.Struct = "Handler" // not the plain copy's name
+		}
+		return err
+	}
+	noteStated(b, reflect.ValueOf(h).Elem())
+	return nil
 }
 
-// UnmarshalJSON decodes a provider, noting which options it states.
-func (p *ProviderConfig) UnmarshalJSON(b []byte) error {
-	type plain ProviderConfig
-	given, err := stated(b, (*plain)(p), "ProviderConfig")
-	p.given = given
-	return err
+// noteStated walks the JSON value b beside v, what it was decoded into:
+// each struct that embeds stated gets the keys its object states with a
+// value other than null (lowercased: encoding/json matches field names
+// case-insensitively), and the walk goes on through its exported fields,
+// slices and pointers.
+func noteStated(b []byte, v reflect.Value) {
+	switch v.Kind() {
+	case reflect.Pointer:
+		if !v.IsNil() {
+			noteStated(b, v.Elem())
+		}
+	case reflect.Slice:
+		var items []json.RawMessage
+		if json.Unmarshal(b, &items) == nil {
+			for i := range min(len(items), v.Len()) {
+				noteStated(items[i], v.Index(i))
+			}
+		}
+	case reflect.Struct:
+		var fields map[string]json.RawMessage
+		if json.Unmarshal(b, &fields) != nil {
+			return
+		}
+		keys := make(map[string]json.RawMessage, len(fields))
+		var e explicit
+		for k, raw := range fields {
+			if !bytes.Equal(bytes.TrimSpace(raw), []byte("null")) {
+				k = strings.ToLower(k)
+				keys[k] = raw
+				e.add(k)
+			}
+		}
+		if s, ok := v.Addr().Interface().(interface{ setGiven(explicit) }); ok {
+			s.setGiven(e)
+		}
+		t := v.Type()
+		for i := range t.NumField() {
+			f := t.Field(i)
+			name, _, _ := strings.Cut(f.Tag.Get("json"), ",")
+			switch {
+			case !f.IsExported() || name == "-":
+			case f.Anonymous && name == "":
+				// Its fields are the object's own.
+				noteStated(b, v.Field(i))
+			default:
+				if name == "" {
+					name = f.Name
+				}
+				if raw, ok := keys[strings.ToLower(name)]; ok {
+					noteStated(raw, v.Field(i))
+				}
+			}
+		}
+	}
 }
 
-// MarshalJSON encodes a provider as UnmarshalJSON reads it back: a
-// max_concurrent stated as 0 (unlimited) stays in the output, since left
-// out it would take a bidi provider's default of 1 (the Caddyfile is
-// adapted to JSON through this).
+// MarshalJSON encodes a provider as the handler's UnmarshalJSON reads it
+// back: a max_concurrent stated as 0 (unlimited) stays in the output,
+// since left out it would take a bidi provider's default of 1 (the
+// Caddyfile is adapted to JSON through this).
 func (p *ProviderConfig) MarshalJSON() ([]byte, error) {
 	type plain ProviderConfig
 	b, err := json.Marshal((*plain)(p))
@@ -439,55 +458,6 @@ func (p *ProviderConfig) maxConcurrent() int {
 	return p.MaxConcurrent.Limit
 }
 
-// UnmarshalJSON decodes a cooldown block, noting which options it states.
-func (c *CooldownConfig) UnmarshalJSON(b []byte) error {
-	type plain CooldownConfig
-	given, err := stated(b, (*plain)(c), "CooldownConfig")
-	c.given = given
-	return err
-}
-
-// UnmarshalJSON decodes the queue block, noting which options it states.
-func (q *QueueConfig) UnmarshalJSON(b []byte) error {
-	type plain QueueConfig
-	given, err := stated(b, (*plain)(q), "QueueConfig")
-	q.given = given
-	return err
-}
-
-// UnmarshalJSON decodes the Redis settings, noting which options they
-// state.
-func (r *RedisConfig) UnmarshalJSON(b []byte) error {
-	type plain RedisConfig
-	given, err := stated(b, (*plain)(r), "RedisConfig")
-	r.given = given
-	return err
-}
-
-// optionError is a configuration problem and the options at fault, named
-// as the Caddyfile spells them. A JSON config gets the message; the
-// Caddyfile parser also reports it at the line of the option at fault (the
-// last given of them, when several are).
-type optionError struct {
-	msg  string
-	opts []string
-	// whole: the rule is judged on the whole block, since an option given
-	// later may still satisfy it; the parser checks it at the block's end.
-	whole bool
-}
-
-func (e *optionError) Error() string { return e.msg }
-
-// bad is a problem with the options opts (usually one).
-func bad(opts []string, format string, args ...any) *optionError {
-	return &optionError{msg: fmt.Sprintf(format, args...), opts: opts}
-}
-
-// badOpt is a problem with the option opt.
-func badOpt(opt, format string, args ...any) *optionError {
-	return bad([]string{opt}, format, args...)
-}
-
 // problems flattens err into its single problems (errors.Join nests).
 func problems(err error) []error {
 	if err == nil {
@@ -508,9 +478,9 @@ func problems(err error) []error {
 func within(prefix string, err error) error {
 	var out []error
 	for _, e := range problems(err) {
-		if oe, ok := e.(*optionError); ok {
-			c := *oe
-			c.msg = prefix + c.msg
+		if p, ok := e.(*conf.Problem); ok {
+			c := *p
+			c.Msg = prefix + c.Msg
 			out = append(out, &c)
 		} else {
 			out = append(out, fmt.Errorf("%s%w", prefix, e))
@@ -523,7 +493,7 @@ func within(prefix string, err error) error {
 // is always an error, and 0 is one when the option was stated.
 func positive(given explicit, key string, v caddy.Duration, what string) error {
 	if v < 0 || (v == 0 && given[key]) {
-		return badOpt(key, "%s must be positive, got %v", what, time.Duration(v))
+		return conf.Problemf(key, "%s must be positive, got %v", what, time.Duration(v))
 	}
 	return nil
 }
@@ -531,7 +501,7 @@ func positive(given explicit, key string, v caddy.Duration, what string) error {
 // notNegative checks a duration whose 0 means off.
 func notNegative(key string, v caddy.Duration, what string) error {
 	if v < 0 {
-		return badOpt(key, "%s must not be negative, got %v", what, time.Duration(v))
+		return conf.Problemf(key, "%s must not be negative, got %v", what, time.Duration(v))
 	}
 	return nil
 }
@@ -574,7 +544,7 @@ func (h *Handler) check() error {
 func (h *Handler) validateOwn() error {
 	var errs []error
 	if h.Strategy != "" && !slices.Contains(upstreams.StrategyNames, h.Strategy) {
-		errs = append(errs, badOpt("strategy", "unknown strategy %q (want one of %s)",
+		errs = append(errs, conf.Problemf("strategy", "unknown strategy %q (want one of %s)",
 			h.Strategy, strings.Join(upstreams.StrategyNames, ", ")))
 	}
 	errs = append(errs,
@@ -586,23 +556,23 @@ func (h *Handler) validateOwn() error {
 	)
 	if h.ExpectedDuration != 0 && h.Strategy != upstreams.StrategyCheapest {
 		// Judged on the whole block: strategy may come after it.
-		errs = append(errs, &optionError{msg: "expected_duration is for strategy cheapest", opts: []string{"expected_duration"}, whole: true})
+		errs = append(errs, &conf.Problem{Msg: "expected_duration is for strategy cheapest", Options: []string{"expected_duration"}, Whole: true})
 	}
 	if h.MaxAttempts < 0 {
-		errs = append(errs, badOpt("max_attempts", "max_attempts must not be negative, got %d", h.MaxAttempts))
+		errs = append(errs, conf.Problemf("max_attempts", "max_attempts must not be negative, got %d", h.MaxAttempts))
 	}
 	if (h.HedgeMax != 0 || h.given["hedge_max"]) && h.HedgeMax < 2 {
-		errs = append(errs, badOpt("hedge_max", "hedge_max must be at least 2 (attempts in flight at once), got %d", h.HedgeMax))
+		errs = append(errs, conf.Problemf("hedge_max", "hedge_max must be at least 2 (attempts in flight at once), got %d", h.HedgeMax))
 	}
 	if err := upstreams.CheckForwardHeaders(h.ForwardHeaders); err != nil {
-		errs = append(errs, badOpt("forward_headers", "%v", err))
+		errs = append(errs, conf.Problemf("forward_headers", "%v", err))
 	}
 	if err := validateOrigins(h.AllowedOrigins); err != nil {
-		errs = append(errs, badOpt("allowed_origins", "%v", err))
+		errs = append(errs, conf.Problemf("allowed_origins", "%v", err))
 	}
 	errs = append(errs, h.Resume.validate(), h.validateResumeKey())
 	if len(h.Providers) == 0 {
-		errs = append(errs, &optionError{msg: "no providers: declare at least one provider", whole: true})
+		errs = append(errs, &conf.Problem{Msg: "no providers: declare at least one provider", Whole: true})
 	}
 	seen := map[string]bool{}
 	for _, p := range h.Providers {
@@ -610,7 +580,7 @@ func (h *Handler) validateOwn() error {
 			continue
 		}
 		if seen[p.Name] {
-			errs = append(errs, badOpt("provider", "duplicate provider name %q", p.Name))
+			errs = append(errs, conf.Problemf("provider", "duplicate provider name %q", p.Name))
 		}
 		seen[p.Name] = true
 	}
@@ -621,57 +591,24 @@ func (h *Handler) validateOwn() error {
 // provider's name.
 func (p *ProviderConfig) validate() error {
 	if p.Name == "" {
-		return badOpt("name", "provider has no name")
+		return conf.Problemf("name", "provider has no name")
 	}
-	errs := []error{fromProblems(p.Config.Validate(p.given.has))}
+	errs := []error{p.Config.Validate(p.given.has)}
 	if p.MaxConcurrent.Limit < 0 {
-		errs = append(errs, badOpt("max_concurrent", "max_concurrent must not be negative, got %d", p.MaxConcurrent.Limit))
+		errs = append(errs, conf.Problemf("max_concurrent", "max_concurrent must not be negative, got %d", p.MaxConcurrent.Limit))
 	}
 	if err := p.Cost.Validate(); err != nil {
-		errs = append(errs, badOpt("cost", "%v", err))
+		errs = append(errs, conf.Problemf("cost", "%v", err))
 	}
 	if err := p.Budget.Validate(); err != nil {
-		errs = append(errs, badOpt("budget", "%v", err))
+		errs = append(errs, conf.Problemf("budget", "%v", err))
 	} else if p.Budget != nil && p.Cost == nil {
 		// A cost given after it settles it.
-		e := badOpt("budget", "budget needs cost: without a price the provider's sessions cost nothing")
-		e.whole = true
-		errs = append(errs, e)
-	}
-	// (upstreams.Config's Validate checks the protocol option.)
-	proto, protoErr := upstreams.ParseProtocol(p.Protocol)
-	if p.PlaywrightVersion != "" {
-		if _, err := upstreams.ParsePlaywrightVersion(p.PlaywrightVersion); err != nil {
-			errs = append(errs, badOpt("playwright_version", "%v", err))
-		} else if protoErr == nil && proto != upstreams.ProtocolPlaywright {
-			// A protocol option given after it may still settle it.
-			e := badOpt("playwright_version", "playwright_version needs protocol playwright")
-			e.whole = true
-			errs = append(errs, e)
-		}
+		errs = append(errs, &conf.Problem{Options: []string{"budget"}, Whole: true,
+			Msg: "budget needs cost: without a price the provider's sessions cost nothing"})
 	}
 	errs = append(errs, within("cooldown: ", p.Cooldown.validate()))
 	return within(fmt.Sprintf("provider %q: ", p.Name), errors.Join(errs...))
-}
-
-// fromProblems turns the problems upstreams and cluster name
-// (*upstreams.Problem, *cluster.Problem) into the handler's, which the Caddyfile parser reports at the line of
-// the option at fault.
-func fromProblems(err error) error {
-	var out []error
-	for _, e := range problems(err) {
-		var up *upstreams.Problem
-		var cp *cluster.Problem
-		switch {
-		case errors.As(e, &up):
-			out = append(out, &optionError{msg: up.Msg, opts: up.Options, whole: up.Whole})
-		case errors.As(e, &cp):
-			out = append(out, &optionError{msg: cp.Msg, opts: cp.Options, whole: cp.Whole})
-		default:
-			out = append(out, e)
-		}
-	}
-	return errors.Join(out...)
 }
 
 // clash checks a provider's cooldown override against the handler's
@@ -735,14 +672,14 @@ func (c *CooldownConfig) validate() error {
 	}
 	// The negated test also catches NaN.
 	if (c.FailureThreshold != 0 || c.given["failure_threshold"]) && !(c.FailureThreshold > 0 && c.FailureThreshold <= 1) {
-		errs = append(errs, badOpt("failure_threshold", "failure_threshold must be in (0,1], got %v", c.FailureThreshold))
+		errs = append(errs, conf.Problemf("failure_threshold", "failure_threshold must be in (0,1], got %v", c.FailureThreshold))
 	}
 	if c.MinRequests < 0 {
-		errs = append(errs, badOpt("min_requests", "min_requests must not be negative, got %d", c.MinRequests))
+		errs = append(errs, conf.Problemf("min_requests", "min_requests must not be negative, got %d", c.MinRequests))
 	}
 	if c.Duration > 0 && c.MaxDuration > 0 && c.MaxDuration < c.Duration {
-		errs = append(errs, bad([]string{"duration", "max_duration"}, "max_duration (%v) is shorter than duration (%v)",
-			time.Duration(c.MaxDuration), time.Duration(c.Duration)))
+		errs = append(errs, &conf.Problem{Options: []string{"duration", "max_duration"},
+			Msg: fmt.Sprintf("max_duration (%v) is shorter than duration (%v)", time.Duration(c.MaxDuration), time.Duration(c.Duration))})
 	}
 	return errors.Join(errs...)
 }
@@ -754,7 +691,7 @@ func (q *QueueConfig) validate() error {
 	}
 	var errs []error
 	if q.Size != nil && *q.Size < 0 {
-		errs = append(errs, badOpt("size", "queue size must not be negative, got %d", *q.Size))
+		errs = append(errs, conf.Problemf("size", "queue size must not be negative, got %d", *q.Size))
 	}
 	errs = append(errs, positive(q.given, "timeout", q.Timeout, "queue timeout"))
 	return errors.Join(errs...)
@@ -780,10 +717,10 @@ func (a *AffinityConfig) validate() error {
 	switch a.Source {
 	case "header", "query", "cookie":
 	default:
-		errs = append(errs, badOpt("affinity", "affinity source %q: want header, query or cookie", a.Source))
+		errs = append(errs, conf.Problemf("affinity", "affinity source %q: want header, query or cookie", a.Source))
 	}
 	if a.Name == "" {
-		errs = append(errs, badOpt("affinity", "affinity needs a name"))
+		errs = append(errs, conf.Problemf("affinity", "affinity needs a name"))
 	}
 	return errors.Join(errs...)
 }
@@ -795,10 +732,10 @@ func (cl *ClientLimitConfig) validate() error {
 	}
 	var errs []error
 	if !strings.Contains(cl.Key, "{") {
-		errs = append(errs, badOpt("client_limit", "client_limit key %q: want a placeholder such as {http.auth.user.id}", cl.Key))
+		errs = append(errs, conf.Problemf("client_limit", "client_limit key %q: want a placeholder such as {http.auth.user.id}", cl.Key))
 	}
 	if cl.Limit < 1 {
-		errs = append(errs, badOpt("client_limit", "client_limit must be at least 1, got %d", cl.Limit))
+		errs = append(errs, conf.Problemf("client_limit", "client_limit must be at least 1, got %d", cl.Limit))
 	}
 	return errors.Join(errs...)
 }
@@ -810,12 +747,12 @@ func (st *StateConfig) validate() error {
 	}
 	var errs []error
 	if st.Redis == nil {
-		errs = append(errs, badOpt("state", "state needs a backend: redis"))
+		errs = append(errs, conf.Problemf("state", "state needs a backend: redis"))
 	}
 	switch st.OnUnavailable {
 	case "", "local", "reject":
 	default:
-		errs = append(errs, badOpt("on_unavailable", "state on_unavailable %q: want local or reject", st.OnUnavailable))
+		errs = append(errs, conf.Problemf("on_unavailable", "state on_unavailable %q: want local or reject", st.OnUnavailable))
 	}
 	errs = append(errs, within("state ", st.Redis.validate()))
 	return errors.Join(errs...)
@@ -826,7 +763,7 @@ func (r *RedisConfig) validate() error {
 	if r == nil {
 		return nil
 	}
-	return fromProblems(r.Config.Validate(r.given.has))
+	return r.Config.Validate(r.given.has)
 }
 
 // HealthCheckConfig is an active health check (JSON key "health_check"):
@@ -841,16 +778,7 @@ type HealthCheckConfig struct {
 	// at is the Caddyfile's health_check token, for errors found once the
 	// whole handler is read (nil for JSON).
 	at *caddyfile.Dispenser
-	// given holds the settings stated explicitly (see explicit).
-	given explicit
-}
-
-// UnmarshalJSON decodes a health check, noting which settings it states.
-func (c *HealthCheckConfig) UnmarshalJSON(b []byte) error {
-	type plain HealthCheckConfig
-	given, err := stated(b, (*plain)(c), "HealthCheckConfig")
-	c.given = given
-	return err
+	stated
 }
 
 // validate checks the block's own values, each problem naming its
@@ -861,11 +789,11 @@ func (c *HealthCheckConfig) validate() error {
 	}
 	if c.Off {
 		if c.ProbeOptions != (upstreams.ProbeOptions{}) || len(c.given) > 1 {
-			return &optionError{msg: "health_check off takes no other setting", whole: true}
+			return &conf.Problem{Msg: "health_check off takes no other setting", Whole: true}
 		}
 		return nil
 	}
-	return fromProblems(c.ProbeOptions.Validate(c.given.has))
+	return c.ProbeOptions.Validate(c.given.has)
 }
 
 // effectiveHealthCheck merges a provider's health check over the
@@ -925,7 +853,7 @@ func checkProbeTarget(p *ProviderConfig, hc *HealthCheckConfig) error {
 		return nil
 	}
 	err := errors.Join(hc.ProbeOptions.Validate(nil), upstreams.CheckProbeTarget(p.URL, p.Protocol, hc.ProbeOptions))
-	return within(fmt.Sprintf("provider %q: ", p.Name), fromProblems(err))
+	return within(fmt.Sprintf("provider %q: ", p.Name), err)
 }
 
 // ResumeConfig makes sessions resumable (JSON key "resume").
@@ -944,7 +872,7 @@ func (rc *ResumeConfig) validate() error {
 		return nil
 	}
 	if rc.Window <= 0 {
-		return badOpt("resume", "resume needs a positive window, got %s", time.Duration(rc.Window))
+		return conf.Problemf("resume", "resume needs a positive window, got %s", time.Duration(rc.Window))
 	}
 	return nil
 }
@@ -956,10 +884,10 @@ func (h *Handler) validateResumeKey() error {
 	}
 	if h.Resume == nil {
 		// Judged on the whole block: resume may come after it.
-		return &optionError{msg: "resume_key binds resumable sessions to a key: it needs resume", opts: []string{"resume_key"}, whole: true}
+		return &conf.Problem{Msg: "resume_key binds resumable sessions to a key: it needs resume", Options: []string{"resume_key"}, Whole: true}
 	}
 	if !strings.Contains(h.ResumeKey, "{") {
-		return badOpt("resume_key", "resume_key must hold a placeholder (e.g. {http.auth.user.id}), got a constant")
+		return conf.Problemf("resume_key", "resume_key must hold a placeholder (e.g. {http.auth.user.id}), got a constant")
 	}
 	return nil
 }

@@ -172,7 +172,7 @@ func (h *Handler) poolFor(cl *class) *poolOf {
 	}
 	p := &poolOf{}
 	for i, m := range h.members {
-		if !h.routed || upstreams.Serves(m.proto, m.pwVersion, cl.proto, cl.pwVersion) {
+		if !h.routed || upstreams.Serves(m.up.Protocol(), m.up.PlaywrightVersion(), cl.proto, cl.pwVersion) {
 			p.members = append(p.members, i)
 		}
 	}

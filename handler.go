@@ -41,13 +41,11 @@ type handlerRuntime struct {
 	origins originSet
 }
 
-// member is one provider of this handler: its dialer and its process-wide
-// state.
+// member is one provider of this handler: its dialer (which also tells
+// whom it serves) and its process-wide state.
 type member struct {
-	up        *upstreams.Provider
-	state     *pool.Provider
-	proto     upstreams.Protocol
-	pwVersion string
+	up    *upstreams.Provider
+	state *pool.Provider
 	// expectedCost is what a session of expected_duration costs there,
 	// for the cheapest strategy.
 	expectedCost float64

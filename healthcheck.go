@@ -3,7 +3,6 @@ package browserfailover
 import (
 	"time"
 
-	"github.com/caddyserver/caddy/v2"
 	"go.uber.org/zap"
 
 	"github.com/browserfailover/caddy-browser-failover/pool"
@@ -20,8 +19,7 @@ import (
 
 // provisionProbes registers the health check of every probed provider with
 // its probe loop. It runs last in Provision.
-func (h *Handler) provisionProbes() error {
-	repl := caddy.NewReplacer()
+func (h *Handler) provisionProbes(known func(string) string) error {
 	for i, pc := range h.Providers {
 		hc := effectiveHealthCheck(h.HealthCheck, pc.HealthCheck)
 		if hc == nil {
@@ -29,7 +27,7 @@ func (h *Handler) provisionProbes() error {
 		}
 		m := h.members[i]
 		o := hc.ProbeOptions
-		o.URI = repl.ReplaceKnown(o.URI, "")
+		o.URI = known(o.URI)
 		pr, err := m.up.NewProber(o)
 		if err != nil {
 			return err

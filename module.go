@@ -63,44 +63,39 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	// The config load's identity: one metrics registry per load.
 	h.gen = ctx.GetMetricsRegistry()
 	repl := caddy.NewReplacer()
-	base := h.Cooldown.toConfig()
 	known := func(s string) string { return repl.ReplaceKnown(s, "") }
-	defaults := upstreams.Defaults{ConnectTimeout: time.Duration(h.ConnectTimeout), ForwardHeaders: h.ForwardHeaders}
+	expected := defaultExpectedDuration
+	if h.ExpectedDuration > 0 {
+		expected = time.Duration(h.ExpectedDuration)
+	}
+	defaults := upstreams.Defaults{ConnectTimeout: time.Duration(h.ConnectTimeout), ForwardHeaders: h.ForwardHeaders,
+		Releaser: h.reg.Releaser(), APITransport: h.reg.APITransport()}
 	for _, pc := range h.Providers {
-		defaults.Books, defaults.Releaser = nil, h.reg.Releaser()
+		d := defaults
 		if pc.SessionAPI != nil {
 			// Its counts outlive the config load, as its sessions do.
-			defaults.Books = h.reg.Books(pc.Name)
+			d.Books = h.reg.Books(pc.Name)
 		}
-		up, err := upstreams.New(pc.Config, defaults, known)
+		up, err := upstreams.New(pc.Config, d, known)
 		if err != nil {
 			return err
 		}
 		// Each block was checked by its validator, and the two merged by
 		// the handler's (clash).
-		cfg := base.Merge(pc.Cooldown.toConfig())
+		cfg := h.Cooldown.settings().Merge(pc.Cooldown.settings())
 		state, err := h.reg.Claim(pc.Name, up.Key(), up.Redacted(), h.gen, cfg, single, pc.maxConcurrent())
 		if err != nil {
 			return err
 		}
 		h.claimed = append(h.claimed, pc.Name)
-		state.SetPricing(pool.Pricing{Cost: pc.Cost, Budget: pc.Budget, Auto: pc.MaxConcurrent.Auto, Interval: cfg.WithDefaults().Duration})
-		expected := defaultExpectedDuration
-		if h.ExpectedDuration > 0 {
-			expected = time.Duration(h.ExpectedDuration)
-		}
-		m := &member{up: up, state: state, expectedCost: pc.Cost.Of(expected)}
-		m.proto, _ = upstreams.ParseProtocol(pc.Protocol)
-		if pc.PlaywrightVersion != "" {
-			m.pwVersion, _ = upstreams.ParsePlaywrightVersion(pc.PlaywrightVersion)
-		}
-		if m.proto != upstreams.ProtocolAny {
+		state.SetPricing(pool.Pricing{Cost: pc.Cost, Budget: pc.Budget, Auto: pc.MaxConcurrent.Auto, Interval: time.Duration(cfg.WithDefaults().Duration)})
+		if up.Protocol() != upstreams.ProtocolAny {
 			h.routed = true
 		}
 		state.OnReset(h, func() { h.resetRecovered(state) })
-		h.members = append(h.members, m)
+		h.members = append(h.members, &member{up: up, state: state, expectedCost: pc.Cost.Of(expected)})
 	}
-	if err := h.provisionShared(); err != nil {
+	if err := h.provisionShared(known); err != nil {
 		return err
 	}
 	h.provisionLedger(ctx, known)
@@ -132,7 +127,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 			m.state.WakeAt(u)
 		}
 	}
-	return h.provisionProbes()
+	return h.provisionProbes(known)
 }
 
 // Validate checks the configuration (JSON configs never pass through the

@@ -190,9 +190,9 @@ func (h *Handler) noProviderServes(cl *class) string {
 		if i > 0 {
 			kinds += ", "
 		}
-		k := string(m.proto)
-		if m.pwVersion != "" {
-			k += " " + m.pwVersion
+		k := string(m.up.Protocol())
+		if v := m.up.PlaywrightVersion(); v != "" {
+			k += " " + v
 		}
 		kinds += m.up.Name + " (" + k + ")"
 	}

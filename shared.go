@@ -6,7 +6,6 @@ import (
 	"slices"
 	"time"
 
-	"github.com/caddyserver/caddy/v2"
 	"go.uber.org/zap"
 
 	"github.com/browserfailover/caddy-browser-failover/cluster"
@@ -42,9 +41,9 @@ func sharedHooks(reg *pool.Registry) cluster.Hooks {
 // the shared state could not be reached (on_unavailable reject).
 const WordStateUnavailable = "state_unavailable"
 
-// provisionShared opens the handler's shared state and subscribes to the
-// other nodes' news.
-func (h *Handler) provisionShared() error {
+// provisionShared opens the handler's shared state, its placeholders
+// resolved by known, and subscribes to the other nodes' news.
+func (h *Handler) provisionShared(known func(string) string) error {
 	st := h.State
 	if st == nil {
 		for _, m := range h.members {
@@ -52,28 +51,8 @@ func (h *Handler) provisionShared() error {
 		}
 		return nil
 	}
-	repl := caddy.NewReplacer()
-	cfg := st.Redis.Config
-	cfg.Address = repl.ReplaceKnown(cfg.Address, "")
-	cfg.Username = repl.ReplaceKnown(cfg.Username, "")
-	cfg.Password = repl.ReplaceKnown(cfg.Password, "")
-	cfg.SentinelUsername = repl.ReplaceKnown(cfg.SentinelUsername, "")
-	cfg.SentinelPassword = repl.ReplaceKnown(cfg.SentinelPassword, "")
-	if sn := cfg.Sentinel; sn != nil {
-		resolved := &cluster.Sentinel{Master: repl.ReplaceKnown(sn.Master, "")}
-		for _, a := range sn.Addresses {
-			resolved.Addresses = append(resolved.Addresses, repl.ReplaceKnown(a, ""))
-		}
-		cfg.Sentinel = resolved
-	}
-	if len(cfg.Cluster) > 0 {
-		seeds := make([]string, len(cfg.Cluster))
-		for i, a := range cfg.Cluster {
-			seeds[i] = repl.ReplaceKnown(a, "")
-		}
-		cfg.Cluster = seeds
-	}
-	node := repl.ReplaceKnown(st.Node, "")
+	cfg := st.Redis.Config.Resolved(known)
+	node := known(st.Node)
 	if node == "" {
 		node = cluster.DefaultNode()
 	}

@@ -21,6 +21,8 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest/observer"
+
+	"github.com/browserfailover/caddy-browser-failover/internal/conf"
 )
 
 // open opens a Store on r for node and closes it when the test ends.
@@ -925,7 +927,7 @@ func TestOpenValidates(t *testing.T) {
 		secret     string // never in the error
 	}{
 		{name: "ok", node: "a", cfg: Config{Address: "127.0.0.1:6379"}},
-		{name: "tls", node: "a", cfg: Config{Address: "redis.internal:6380", TLS: &TLS{TrustedCACertFiles: []string{ca}}}},
+		{name: "tls", node: "a", cfg: Config{Address: "redis.internal:6380", TLS: &conf.TLS{TrustedCACertFiles: []string{ca}}}},
 		{name: "no node", cfg: Config{Address: "127.0.0.1:6379"}, want: "node name"},
 		{name: "no address", node: "a", want: "redis needs one of address"},
 		{name: "url", node: "a", cfg: Config{Address: "redis://user:hunter22@host:6379"}, want: "not a URL", secret: "hunter22"},
@@ -935,8 +937,8 @@ func TestOpenValidates(t *testing.T) {
 		{name: "db", node: "a", cfg: Config{Address: "h:1", DB: -1}, want: "db"},
 		{name: "ttl", node: "a", cfg: Config{Address: "h:1", LeaseTTL: caddy.Duration(-time.Second)}, want: "lease_ttl"},
 		{name: "timeout", node: "a", cfg: Config{Address: "h:1", Timeout: caddy.Duration(-time.Second)}, want: "timeout"},
-		{name: "ca missing", node: "a", cfg: Config{Address: "h:1", TLS: &TLS{TrustedCACertFiles: []string{filepath.Join(dir, "none.pem")}}}, want: "none.pem"},
-		{name: "ca not pem", node: "a", cfg: Config{Address: "h:1", TLS: &TLS{TrustedCACertFiles: []string{notPEM}}}, want: "no PEM"},
+		{name: "ca missing", node: "a", cfg: Config{Address: "h:1", TLS: &conf.TLS{TrustedCACertFiles: []string{filepath.Join(dir, "none.pem")}}}, want: "none.pem"},
+		{name: "ca not pem", node: "a", cfg: Config{Address: "h:1", TLS: &conf.TLS{TrustedCACertFiles: []string{notPEM}}}, want: "no PEM"},
 		{name: "password", node: "a", cfg: Config{Address: "h", Password: "hunter22"}, want: "host:port", secret: "hunter22"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

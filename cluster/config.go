@@ -3,12 +3,9 @@ package cluster
 import (
 	"context"
 	"crypto/tls"
-	"crypto/x509"
 	"errors"
 	"fmt"
 	"net"
-	"os"
-	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -17,6 +14,8 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/redis/go-redis/v9/maintnotifications"
 	"go.uber.org/zap"
+
+	"github.com/browserfailover/caddy-browser-failover/internal/conf"
 )
 
 // Defaults applied by Open to zero fields of Config.
@@ -25,21 +24,6 @@ const (
 	DefaultLeaseTTL  = 15 * time.Second
 	DefaultTimeout   = 500 * time.Millisecond
 )
-
-// TLS configures a TLS connection to Redis (JSON key "tls" of the
-// gateway's Redis settings).
-type TLS struct {
-	// InsecureSkipVerify disables verification of the server's
-	// certificate (tls_insecure_skip_verify). For tests only.
-	InsecureSkipVerify bool `json:"insecure_skip_verify,omitempty"`
-	// ServerName is the name verified in the server's certificate
-	// (tls_server_name). Default: the host of Config.Address.
-	ServerName string `json:"server_name,omitempty"`
-	// TrustedCACertFiles are PEM files of the CAs trusted for the
-	// server's certificate (tls_trusted_ca_certs). Default: the system's
-	// roots.
-	TrustedCACertFiles []string `json:"trusted_ca_certs,omitempty"`
-}
 
 // Config is how a Store reaches Redis and how long its leases live. Its
 // settings are also the JSON form of the gateway's Redis block (JSON key
@@ -73,9 +57,11 @@ type Config struct {
 	// KeyPrefix goes before every key and the pub/sub channel; nodes
 	// sharing state must use the same. Default: DefaultKeyPrefix.
 	KeyPrefix string `json:"key_prefix,omitempty"`
-	// TLS connects with TLS when set (empty: with the system's roots).
-	// Default: plain TCP.
-	TLS *TLS `json:"tls,omitempty"`
+	// TLS connects with TLS when set (empty: with the system's roots),
+	// verifying the host of Address, or with Sentinel or Cluster the host
+	// each server is dialed at, unless it names a server. Default: plain
+	// TCP.
+	TLS *conf.TLS `json:"tls,omitempty"`
 	// LeaseTTL is how long a lease lives without renewal: a dead node's
 	// slots are free again within one LeaseTTL; at least 30ms. Default:
 	// DefaultLeaseTTL.
@@ -154,29 +140,13 @@ func (cfg Config) withDefaults() Config {
 // minLeaseTTL keeps the renewal period (LeaseTTL/3) meaningful.
 const minLeaseTTL = 30 * time.Millisecond
 
-// Problem is one problem with the settings and the options at fault, named
-// as the Caddyfile names them, so that a config parser can report it at
-// their line.
-type Problem struct {
-	Options []string
-	Msg     string
-	// Whole: the problem is judged on the whole block (an option given
-	// later may still solve it).
-	Whole bool
-}
-
-func (e *Problem) Error() string { return e.Msg }
-
-func problemf(options []string, format string, args ...any) *Problem {
-	return &Problem{Options: options, Msg: fmt.Sprintf(format, args...)}
-}
-
 // Validate checks the settings as configured, their placeholders not yet
 // resolved (an address holding one is checked by Open, resolved); stated
 // tells whether an option was written at all, since a stated zero
 // duration is an error where one left out takes its default (nil: none
-// stated). Its error joins *Problem values; it never repeats the address,
-// which could hold credentials when mistyped as a URL, nor the password.
+// stated). Its error joins *conf.Problem values; it never repeats the
+// address, which could hold credentials when mistyped as a URL, nor the
+// password.
 func (cfg Config) Validate(stated func(option string) bool) error {
 	return cfg.validate(stated, false)
 }
@@ -187,12 +157,12 @@ func (cfg Config) validate(stated func(option string) bool, resolved bool) error
 	checkAddr := func(option, what, addr string) {
 		switch {
 		case addr == "":
-			errs = append(errs, problemf([]string{option}, "redis %s: empty address", what))
+			errs = append(errs, conf.Problemf(option, "redis %s: empty address", what))
 		case !resolved && strings.Contains(addr, "{"):
 			// A placeholder: its value is checked once resolved.
 		default:
 			if err := checkAddress(addr); err != "" {
-				errs = append(errs, problemf([]string{option}, "redis %s %s", what, err))
+				errs = append(errs, conf.Problemf(option, "redis %s %s", what, err))
 			}
 		}
 	}
@@ -204,10 +174,10 @@ func (cfg Config) validate(stated func(option string) bool, resolved bool) error
 	if sn := cfg.Sentinel; sn != nil {
 		modes = append(modes, "sentinel")
 		if sn.Master == "" {
-			errs = append(errs, problemf([]string{"sentinel"}, "redis sentinel needs the master's name then at least one sentinel address"))
+			errs = append(errs, conf.Problemf("sentinel", "redis sentinel needs the master's name then at least one sentinel address"))
 		}
 		if len(sn.Addresses) == 0 {
-			errs = append(errs, problemf([]string{"sentinel"}, "redis sentinel needs at least one sentinel address (host:port)"))
+			errs = append(errs, conf.Problemf("sentinel", "redis sentinel needs at least one sentinel address (host:port)"))
 		}
 		for _, a := range sn.Addresses {
 			checkAddr("sentinel", "sentinel address", a)
@@ -216,48 +186,48 @@ func (cfg Config) validate(stated func(option string) bool, resolved bool) error
 	if len(cfg.Cluster) > 0 || given("cluster") {
 		modes = append(modes, "cluster")
 		if len(cfg.Cluster) == 0 {
-			errs = append(errs, problemf([]string{"cluster"}, "redis cluster needs at least one seed address (host:port)"))
+			errs = append(errs, conf.Problemf("cluster", "redis cluster needs at least one seed address (host:port)"))
 		}
 		for _, a := range cfg.Cluster {
 			checkAddr("cluster", "cluster address", a)
 		}
 		if cfg.DB != 0 {
-			errs = append(errs, problemf([]string{"db", "cluster"}, "redis db must be 0 with cluster (Redis Cluster has one database), got %d", cfg.DB))
+			errs = append(errs, &conf.Problem{Options: []string{"db", "cluster"},
+				Msg: fmt.Sprintf("redis db must be 0 with cluster (Redis Cluster has one database), got %d", cfg.DB)})
 		}
 	}
 	switch {
 	case len(modes) == 0:
-		errs = append(errs, &Problem{Options: []string{"address", "sentinel", "cluster"}, Whole: true,
+		errs = append(errs, &conf.Problem{Options: []string{"address", "sentinel", "cluster"}, Whole: true,
 			Msg: "redis needs one of address (host:port), sentinel <master> <host:port>... or cluster <host:port>..."})
 	case len(modes) > 1:
-		errs = append(errs, problemf(modes, "redis takes exactly one of address, sentinel and cluster, got %s", strings.Join(modes, " and ")))
+		errs = append(errs, &conf.Problem{Options: modes,
+			Msg: "redis takes exactly one of address, sentinel and cluster, got " + strings.Join(modes, " and ")})
 	}
 	if cfg.Sentinel == nil {
 		for o, v := range map[string]string{"sentinel_username": cfg.SentinelUsername, "sentinel_password": cfg.SentinelPassword} {
 			if v != "" {
-				errs = append(errs, problemf([]string{o}, "redis %s applies to sentinel only", o))
+				errs = append(errs, conf.Problemf(o, "redis %s applies to sentinel only", o))
 			}
 		}
 	}
 	if cfg.DB < 0 {
-		errs = append(errs, problemf([]string{"db"}, "redis db must not be negative, got %d", cfg.DB))
+		errs = append(errs, conf.Problemf("db", "redis db must not be negative, got %d", cfg.DB))
 	}
 	switch ttl := time.Duration(cfg.LeaseTTL); {
 	case ttl < 0 || (ttl == 0 && given("lease_ttl")):
-		errs = append(errs, problemf([]string{"lease_ttl"}, "redis lease_ttl must be positive, got %v", ttl))
+		errs = append(errs, conf.Problemf("lease_ttl", "redis lease_ttl must be positive, got %v", ttl))
 	case ttl > 0 && ttl < minLeaseTTL:
-		errs = append(errs, problemf([]string{"lease_ttl"}, "redis lease_ttl must be at least %v, got %v", minLeaseTTL, ttl))
+		errs = append(errs, conf.Problemf("lease_ttl", "redis lease_ttl must be at least %v, got %v", minLeaseTTL, ttl))
 	}
 	if t := time.Duration(cfg.Timeout); t < 0 || (t == 0 && given("timeout")) {
-		errs = append(errs, problemf([]string{"timeout"}, "redis timeout must be positive, got %v", t))
+		errs = append(errs, conf.Problemf("timeout", "redis timeout must be positive, got %v", t))
 	}
 	if cfg.LeaseTTL > 0 && cfg.Timeout > 0 && cfg.Timeout >= cfg.LeaseTTL {
-		errs = append(errs, problemf([]string{"lease_ttl", "timeout"}, "redis timeout must be shorter than lease_ttl, got %v and %v",
-			time.Duration(cfg.Timeout), time.Duration(cfg.LeaseTTL)))
+		errs = append(errs, &conf.Problem{Options: []string{"lease_ttl", "timeout"},
+			Msg: fmt.Sprintf("redis timeout must be shorter than lease_ttl, got %v and %v", time.Duration(cfg.Timeout), time.Duration(cfg.LeaseTTL))})
 	}
-	if cfg.TLS != nil && slices.Contains(cfg.TLS.TrustedCACertFiles, "") {
-		errs = append(errs, problemf([]string{"tls_trusted_ca_certs"}, "tls_trusted_ca_certs: empty file name"))
-	}
+	errs = append(errs, cfg.TLS.Validate())
 	return errors.Join(errs...)
 }
 
@@ -276,38 +246,45 @@ func checkAddress(addr string) string {
 	return ""
 }
 
-// tlsConfig builds the TLS configuration, reading the CA files.
+// tlsConfig builds the TLS configuration (nil: plain TCP), reading the CA
+// files.
 func (cfg Config) tlsConfig() (*tls.Config, error) {
 	if cfg.TLS == nil {
 		return nil, nil
 	}
-	tc := &tls.Config{
-		MinVersion:         tls.VersionTLS12,
-		ServerName:         cfg.TLS.ServerName,
-		InsecureSkipVerify: cfg.TLS.InsecureSkipVerify, //nolint:gosec // explicit opt-in
-	}
 	// The host of a single server; with Sentinel or Cluster the servers
 	// are learnt, and each is verified by the name it is dialled at
 	// unless a name is given.
-	if tc.ServerName == "" && cfg.Address != "" {
-		if host, _, err := net.SplitHostPort(cfg.Address); err == nil {
-			tc.ServerName = host
-		}
+	host := ""
+	if cfg.Address != "" {
+		host, _, _ = net.SplitHostPort(cfg.Address)
 	}
-	if len(cfg.TLS.TrustedCACertFiles) > 0 {
-		roots := x509.NewCertPool()
-		for _, f := range cfg.TLS.TrustedCACertFiles {
-			pem, err := os.ReadFile(f)
-			if err != nil {
-				return nil, fmt.Errorf("tls ca file: %w", err)
-			}
-			if !roots.AppendCertsFromPEM(pem) {
-				return nil, fmt.Errorf("tls ca file %s: no PEM certificate found", f)
-			}
-		}
-		tc.RootCAs = roots
+	return cfg.TLS.Config(host)
+}
+
+// Resolved returns a copy of cfg whose addresses, master name, user names
+// and passwords have the placeholders known when the config loads (a
+// gateway's {env.X}) resolved by known: what the gateway opens its store
+// with.
+func (cfg Config) Resolved(known func(string) string) Config {
+	cfg.Address = known(cfg.Address)
+	cfg.Username, cfg.Password = known(cfg.Username), known(cfg.Password)
+	cfg.SentinelUsername, cfg.SentinelPassword = known(cfg.SentinelUsername), known(cfg.SentinelPassword)
+	if sn := cfg.Sentinel; sn != nil {
+		cfg.Sentinel = &Sentinel{Master: known(sn.Master), Addresses: resolvedAll(sn.Addresses, known)}
 	}
-	return tc, nil
+	cfg.Cluster = resolvedAll(cfg.Cluster, known)
+	return cfg
+}
+
+// resolvedAll is a copy of list with known applied to each item (nil for
+// none).
+func resolvedAll(list []string, known func(string) string) []string {
+	var out []string
+	for _, s := range list {
+		out = append(out, known(s))
+	}
+	return out
 }
 
 // The go-redis settings common to the three modes: every call bounded by

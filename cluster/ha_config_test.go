@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
+
+	"github.com/browserfailover/caddy-browser-failover/internal/conf"
 )
 
 // TestModeSecretsHidden: the sentinels' password is in no pool key and no
@@ -73,7 +75,7 @@ func TestValidateModes(t *testing.T) {
 			}
 			continue
 		}
-		var p *Problem
+		var p *conf.Problem
 		if !errors.As(err, &p) || strings.Join(p.Options, ",") != strings.Join(tc.opts, ",") {
 			t.Errorf("%s: %v (%+v), want a problem with %v", tc.name, err, p, tc.opts)
 		}

@@ -76,6 +76,8 @@ import (
 	"math"
 	"sync"
 	"time"
+
+	"github.com/caddyserver/caddy/v2"
 )
 
 // Default values used by DefaultConfig and WithDefaults.
@@ -96,27 +98,34 @@ const (
 	WindowBuckets = 60
 )
 
-// Config is the cooldown configuration of a provider. It is set at handler
-// level and may be overridden per provider (see Merge). A zero field means
-// "unset": WithDefaults fills it from DefaultConfig. In particular a
-// MinRequests of 0 means the default (3), not "judge from the first attempt";
-// use 1 for that.
+// Config is when a failing provider is set aside, and for how long: the
+// JSON form of a "cooldown" block (at handler level, and per provider to
+// override some of the handler's; see Merge), and what the machine runs
+// with. A zero field means "unset": WithDefaults fills it from
+// DefaultConfig. In particular a MinRequests of 0 means the default (3),
+// not "judge from the first attempt"; use 1 for that. Nothing here checks
+// the values: the gateway's config does, where it can tell a stated zero
+// from a left-out option.
 type Config struct {
-	// Duration is the length of the first failure cooldown, and of a
-	// capacity skip without retry-after. Default 30s.
-	Duration time.Duration `json:"duration,omitempty"`
-	// MaxDuration caps the doubling of back-to-back cooldowns and the
-	// retry-after of capacity skips. Default 5m.
-	MaxDuration time.Duration `json:"max_duration,omitempty"`
-	// Window is the length of the sliding failure-rate window. Default 60s.
-	Window time.Duration `json:"window,omitempty"`
-	// FailureThreshold is the failures/attempts ratio in the window that,
-	// when strictly exceeded, starts a cooldown. In (0,1]; default 0.5. With
-	// 1 the ratio can never exceed it, so failure cooldowns never start
+	// Duration is the first failure cooldown, and the skip after a
+	// 408/429 without Retry-After; must be positive. Default: 30s.
+	Duration caddy.Duration `json:"duration,omitempty"`
+	// MaxDuration caps the cooldown, which doubles for each one that
+	// follows the last without a success in between, and the Retry-After
+	// of capacity skips; must be positive and not shorter than Duration.
+	// Default: 5m.
+	MaxDuration caddy.Duration `json:"max_duration,omitempty"`
+	// Window is the sliding window over which the failure ratio is taken;
+	// must be positive. Default: 60s.
+	Window caddy.Duration `json:"window,omitempty"`
+	// FailureThreshold: a provider cools down when failures/attempts in
+	// the window is strictly greater than this ratio, in (0,1]. With 1
+	// the ratio can never exceed it, so failure cooldowns never start
 	// (except through single provider protection, which ignores it).
+	// Default: 0.5.
 	FailureThreshold float64 `json:"failure_threshold,omitempty"`
-	// MinRequests is the number of attempts the window must hold before the
-	// ratio is judged. Default 3.
+	// MinRequests is how many attempts the window must hold before the
+	// ratio is judged; not negative, and 0 means the default. Default: 3.
 	MinRequests int `json:"min_requests,omitempty"`
 }
 
@@ -124,9 +133,9 @@ type Config struct {
 // 5m, window 60s, failure_threshold 0.5, min_requests 3.
 func DefaultConfig() Config {
 	return Config{
-		Duration:         DefaultDuration,
-		MaxDuration:      DefaultMaxDuration,
-		Window:           DefaultWindow,
+		Duration:         caddy.Duration(DefaultDuration),
+		MaxDuration:      caddy.Duration(DefaultMaxDuration),
+		Window:           caddy.Duration(DefaultWindow),
 		FailureThreshold: DefaultFailureThreshold,
 		MinRequests:      DefaultMinRequests,
 	}
@@ -160,10 +169,7 @@ func (c Config) WithDefaults() Config {
 // maxDuration is the effective cap: MaxDuration, but never less than
 // Duration (possible when only one of them was set and the other defaulted).
 func (c Config) maxDuration() time.Duration {
-	if c.MaxDuration < c.Duration {
-		return c.Duration
-	}
-	return c.MaxDuration
+	return time.Duration(max(c.MaxDuration, c.Duration))
 }
 
 // Result is how an attempt ended, as reported to Done.
@@ -336,7 +342,7 @@ func New(cfg Config, clock Clock) *Health {
 	return &Health{
 		now:      now,
 		cfg:      cfg,
-		win:      newWindow(cfg.Window),
+		win:      newWindow(time.Duration(cfg.Window)),
 		gen:      1,
 		resetGen: 1,
 	}
@@ -351,7 +357,7 @@ func (h *Health) Configure(cfg Config, single bool) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if cfg.Window != h.cfg.Window {
-		h.win = newWindow(cfg.Window)
+		h.win = newWindow(time.Duration(cfg.Window))
 	}
 	h.cfg = cfg
 	h.single = single
@@ -502,7 +508,7 @@ func (h *Health) Done(p Permit, r Result, retryAfter time.Duration) Change {
 		}
 		d := retryAfter
 		if d <= 0 {
-			d = h.cfg.Duration
+			d = time.Duration(h.cfg.Duration)
 		}
 		if limit := h.cfg.maxDuration(); d > limit {
 			d = limit
@@ -546,7 +552,7 @@ func (h *Health) shouldTripLocked(now time.Time) bool {
 // (streak >= 1): duration doubled streak-1 times, capped.
 func (h *Health) cooldownLength(streak int) time.Duration {
 	limit := h.cfg.maxDuration()
-	d := h.cfg.Duration
+	d := time.Duration(h.cfg.Duration)
 	for i := 1; i < streak && d < limit; i++ {
 		if d > math.MaxInt64/2 {
 			d = limit

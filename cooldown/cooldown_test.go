@@ -6,6 +6,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/caddyserver/caddy/v2"
 )
 
 // fakeClock is a manually advanced, goroutine-safe clock.
@@ -312,7 +314,7 @@ func TestDoublingCapped(t *testing.T) {
 }
 
 func TestDoublingCustomConfig(t *testing.T) {
-	h, c := newHealth(t, Config{Duration: 10 * time.Second, MaxDuration: 25 * time.Second})
+	h, c := newHealth(t, Config{Duration: caddy.Duration(10 * time.Second), MaxDuration: caddy.Duration(25 * time.Second)})
 	trip(t, h)
 	for i, d := range []time.Duration{10 * time.Second, 20 * time.Second, 25 * time.Second, 25 * time.Second} {
 		if got := h.Until().Sub(c.now()); got != d {
@@ -448,7 +450,7 @@ func TestSingleProvider(t *testing.T) {
 		if got := run(t, h, "FFF"); got != 3 {
 			t.Fatalf("tripped at %d, want 3 (5th failure overall)", got)
 		}
-		h.Configure(Config{Duration: time.Second}, false)
+		h.Configure(Config{Duration: caddy.Duration(time.Second)}, false)
 		if s := h.Snapshot(); s.Healthy || s.Until.Sub(c.now()) != DefaultDuration {
 			t.Fatalf("cooldown in progress changed by Configure: %+v", s)
 		}
@@ -464,9 +466,9 @@ func TestCapacity(t *testing.T) {
 	}{
 		{"retry-after honoured", Config{}, 10 * time.Second, 10 * time.Second},
 		{"retry-after capped at max_duration", Config{}, time.Hour, 5 * time.Minute},
-		{"retry-after capped at custom max", Config{MaxDuration: time.Minute}, 2 * time.Minute, time.Minute},
+		{"retry-after capped at custom max", Config{MaxDuration: caddy.Duration(time.Minute)}, 2 * time.Minute, time.Minute},
 		{"zero means duration", Config{}, 0, 30 * time.Second},
-		{"zero means custom duration", Config{Duration: 7 * time.Second}, 0, 7 * time.Second},
+		{"zero means custom duration", Config{Duration: caddy.Duration(7 * time.Second)}, 0, 7 * time.Second},
 		{"negative means duration", Config{}, -time.Second, 30 * time.Second},
 	}
 	for _, tt := range tests {
@@ -742,7 +744,7 @@ func TestReset(t *testing.T) {
 func TestConfigureWindowChange(t *testing.T) {
 	h, c := newHealth(t, Config{})
 	run(t, h, "FF")
-	h.Configure(Config{Window: 10 * time.Second}, false)
+	h.Configure(Config{Window: caddy.Duration(10 * time.Second)}, false)
 	if s := h.Snapshot(); s.WindowAttempts != 0 {
 		t.Fatalf("window kept across a window length change: %+v", s)
 	}
@@ -751,14 +753,14 @@ func TestConfigureWindowChange(t *testing.T) {
 	if s := h.Snapshot(); s.WindowAttempts != 0 {
 		t.Fatalf("10s window did not slide: %+v", s)
 	}
-	if got := h.Config(); got.Window != 10*time.Second || got.Duration != DefaultDuration {
+	if got := h.Config(); time.Duration(got.Window) != 10*time.Second || time.Duration(got.Duration) != DefaultDuration {
 		t.Fatalf("Config() = %+v", got)
 	}
 }
 
 func TestConfig(t *testing.T) {
 	def := DefaultConfig()
-	if def != (Config{Duration: 30 * time.Second, MaxDuration: 5 * time.Minute, Window: time.Minute, FailureThreshold: 0.5, MinRequests: 3}) {
+	if def != (Config{Duration: caddy.Duration(30 * time.Second), MaxDuration: caddy.Duration(5 * time.Minute), Window: caddy.Duration(time.Minute), FailureThreshold: 0.5, MinRequests: 3}) {
 		t.Fatalf("DefaultConfig = %+v", def)
 	}
 
@@ -769,8 +771,8 @@ func TestConfig(t *testing.T) {
 	}{
 		{"empty override", def, Config{}, def},
 		{"all fields", def, Config{Duration: 1, MaxDuration: 2, Window: 3, FailureThreshold: 0.9, MinRequests: 9}, Config{Duration: 1, MaxDuration: 2, Window: 3, FailureThreshold: 0.9, MinRequests: 9}},
-		{"one field", def, Config{MinRequests: 10}, Config{Duration: 30 * time.Second, MaxDuration: 5 * time.Minute, Window: time.Minute, FailureThreshold: 0.5, MinRequests: 10}},
-		{"onto empty", Config{}, Config{Window: time.Second}, Config{Window: time.Second}},
+		{"one field", def, Config{MinRequests: 10}, Config{Duration: caddy.Duration(30 * time.Second), MaxDuration: caddy.Duration(5 * time.Minute), Window: caddy.Duration(time.Minute), FailureThreshold: 0.5, MinRequests: 10}},
+		{"onto empty", Config{}, Config{Window: caddy.Duration(time.Second)}, Config{Window: caddy.Duration(time.Second)}},
 	}
 	for _, tt := range mergeTests {
 		t.Run("Merge "+tt.name, func(t *testing.T) {
@@ -786,7 +788,7 @@ func TestConfig(t *testing.T) {
 		want Config
 	}{
 		{"zero", Config{}, def},
-		{"partial", Config{Duration: time.Second, FailureThreshold: 0.7}, Config{Duration: time.Second, MaxDuration: 5 * time.Minute, Window: time.Minute, FailureThreshold: 0.7, MinRequests: 3}},
+		{"partial", Config{Duration: caddy.Duration(time.Second), FailureThreshold: 0.7}, Config{Duration: caddy.Duration(time.Second), MaxDuration: caddy.Duration(5 * time.Minute), Window: caddy.Duration(time.Minute), FailureThreshold: 0.7, MinRequests: 3}},
 		{"full", Config{Duration: 1, MaxDuration: 2, Window: 3, FailureThreshold: 1, MinRequests: 4}, Config{Duration: 1, MaxDuration: 2, Window: 3, FailureThreshold: 1, MinRequests: 4}},
 	}
 	for _, tt := range defTests {
@@ -801,7 +803,7 @@ func TestConfig(t *testing.T) {
 func TestDurationAboveDefaultMax(t *testing.T) {
 	// Only duration set, above the default max_duration: the cap is raised
 	// to duration rather than shortening the cooldown.
-	h, c := newHealth(t, Config{Duration: 10 * time.Minute})
+	h, c := newHealth(t, Config{Duration: caddy.Duration(10 * time.Minute)})
 	trip(t, h)
 	if got := h.Until().Sub(c.now()); got != 10*time.Minute {
 		t.Fatalf("cooldown = %v", got)
@@ -819,7 +821,7 @@ func TestStrings(t *testing.T) {
 
 func TestConcurrent(t *testing.T) {
 	c := newClock()
-	h := New(Config{Duration: time.Millisecond, MaxDuration: 4 * time.Millisecond, Window: 10 * time.Millisecond, MinRequests: 10}, c)
+	h := New(Config{Duration: caddy.Duration(time.Millisecond), MaxDuration: caddy.Duration(4 * time.Millisecond), Window: caddy.Duration(10 * time.Millisecond), MinRequests: 10}, c)
 	const workers, iterations = 32, 2000
 	var successes, failures, granted, trials atomic.Int64
 	var wg sync.WaitGroup
@@ -899,7 +901,7 @@ func TestConcurrent(t *testing.T) {
 // until its end, then a single trial; its streak carries into the next
 // local cooldown's doubling; an earlier or past end changes nothing.
 func TestAdopt(t *testing.T) {
-	h, c := newHealth(t, Config{Duration: 10 * time.Second, MaxDuration: 5 * time.Minute, MinRequests: 1})
+	h, c := newHealth(t, Config{Duration: caddy.Duration(10 * time.Second), MaxDuration: caddy.Duration(5 * time.Minute), MinRequests: 1})
 	p, _ := h.Acquire() // an attempt in flight when the news arrives
 	if h.Adopt(start.Add(-time.Second), 1) {
 		t.Fatal("adopted a cooldown that already ended")
@@ -947,7 +949,7 @@ func TestAdopt(t *testing.T) {
 // gate), the doubling and the failure window untouched, permits out
 // before it still counting, and a later single failure no cooldown.
 func TestAdoptSkip(t *testing.T) {
-	h, c := newHealth(t, Config{Duration: 10 * time.Second, MaxDuration: 5 * time.Minute, MinRequests: 3, FailureThreshold: 0.5})
+	h, c := newHealth(t, Config{Duration: caddy.Duration(10 * time.Second), MaxDuration: caddy.Duration(5 * time.Minute), MinRequests: 3, FailureThreshold: 0.5})
 	inFlight, _ := h.Acquire()
 	if h.AdoptSkip(c.now().Add(-time.Second)) {
 		t.Fatal("adopted a skip that already ended")
@@ -992,7 +994,7 @@ func TestAdoptSkip(t *testing.T) {
 		t.Fatalf("after the adopted skip: %+v", s)
 	}
 	// A skip never shortens a cooldown; Ends tells them apart.
-	h2, c2 := newHealth(t, Config{Duration: 10 * time.Second})
+	h2, c2 := newHealth(t, Config{Duration: caddy.Duration(10 * time.Second)})
 	h2.Adopt(c2.now().Add(10*time.Second), 1)
 	if h2.AdoptSkip(c2.now().Add(5 * time.Second)) {
 		t.Fatal("a skip inside a cooldown reported a longer block")
@@ -1011,7 +1013,7 @@ func TestAdoptSkip(t *testing.T) {
 // passing one ends the doubling. Turning probes off hands the trial back to
 // clients.
 func TestProbeTrials(t *testing.T) {
-	h, c := newHealth(t, Config{Duration: 10 * time.Second, MaxDuration: time.Minute, MinRequests: 2})
+	h, c := newHealth(t, Config{Duration: caddy.Duration(10 * time.Second), MaxDuration: caddy.Duration(time.Minute), MinRequests: 2})
 	h.SetProbeTrials(true)
 	// Probes feed the window like client attempts.
 	for range 2 {

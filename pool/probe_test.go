@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/caddyserver/caddy/v2"
+
 	"github.com/browserfailover/caddy-browser-failover/cooldown"
 	"github.com/browserfailover/caddy-browser-failover/queue"
 	"github.com/browserfailover/caddy-browser-failover/upstreams"
@@ -215,7 +217,7 @@ func claimProbed(t *testing.T, r *Registry, name string, cfg cooldown.Config, ma
 // probe ends the cooldown and its doubling.
 func TestProbeFailuresTripCooldown(t *testing.T) {
 	r, c := fakeRegistry(t, true)
-	p := claimProbed(t, r, "probe-trip", cooldown.Config{Duration: 10 * time.Second, MaxDuration: time.Minute, MinRequests: 2}, 0)
+	p := claimProbed(t, r, "probe-trip", cooldown.Config{Duration: caddy.Duration(10 * time.Second), MaxDuration: caddy.Duration(time.Minute), MinRequests: 2}, 0)
 	fp := &fakeProber{}
 	fp.set(failing(upstreams.WordRefused))
 	var rs reports
@@ -475,7 +477,7 @@ func TestProbeCapacity(t *testing.T) {
 // probe, brings that probe forward: it is the trial.
 func TestProbeBy(t *testing.T) {
 	r, c := fakeRegistry(t, true)
-	p := claimProbed(t, r, "probe-by", cooldown.Config{Duration: time.Second, MinRequests: 1, FailureThreshold: 0.4}, 0)
+	p := claimProbed(t, r, "probe-by", cooldown.Config{Duration: caddy.Duration(time.Second), MinRequests: 1, FailureThreshold: 0.4}, 0)
 	fp := &fakeProber{}
 	fp.set(passing())
 	owner := new(int)

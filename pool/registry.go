@@ -3,6 +3,7 @@ package pool
 import (
 	"crypto/rand"
 	mrand "math/rand/v2"
+	"net/http"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -18,8 +19,9 @@ import (
 // Registry is the gateway's state that outlives a config load: every
 // provider's entry (slots, health, counters, drain flag, probe loop), the
 // wait queue, the client_limit counts, the live and the parked sessions,
-// the session API books, the secret client keys and resume tokens are
-// hashed with, the metrics' counters, and the clock all of it runs on. It is one value: the
+// the session API books and the transport of their calls, the secret
+// client keys and resume tokens are hashed with, the metrics' counters,
+// and the clock all of it runs on. It is one value: the
 // process's is kept in a caddy.UsagePool entry that every handler takes on
 // Provision and gives back on Cleanup (Acquire, Release), so it lives as
 // long as some config uses the gateway, reloads included; a test builds a
@@ -65,6 +67,9 @@ type Registry struct {
 	books   map[string]*upstreams.Books
 	// releaser releases the provider sessions created over session APIs.
 	releaser *upstreams.Releaser
+	// apiTransport carries the session API calls of every provider
+	// without TLS options of its own.
+	apiTransport *http.Transport
 
 	// metrics are the counters and histograms the gateway adds to Caddy's
 	// metrics.
@@ -101,6 +106,7 @@ func NewRegistry(clock queue.Clock) *Registry {
 		sessionTokens: map[string]*LiveSession{},
 		books:         map[string]*upstreams.Books{},
 		releaser:      upstreams.NewReleaser(),
+		apiTransport:  upstreams.NewAPITransport(),
 		metrics:       observe.NewMetrics(),
 	}
 	r.Waiting = queue.New(clock)
@@ -120,6 +126,11 @@ func (r *Registry) Now() time.Time { return r.clock.Now() }
 // Releaser releases the provider sessions created over session APIs; a
 // process exit waits for it.
 func (r *Registry) Releaser() *upstreams.Releaser { return r.releaser }
+
+// APITransport carries the session API calls of the providers whose TLS
+// options ask for no transport of their own (upstreams.Defaults), so that
+// they share its connections across config loads.
+func (r *Registry) APITransport() *http.Transport { return r.apiTransport }
 
 // Metrics are the registry's counters and histograms.
 func (r *Registry) Metrics() *observe.Metrics { return r.metrics }
@@ -169,6 +180,7 @@ func (r *Registry) LookupBooks(name string) (*upstreams.Books, bool) {
 func (r *Registry) Destruct() error {
 	r.ExpireAll()
 	r.closeLedger()
+	r.apiTransport.CloseIdleConnections()
 	return nil
 }
 

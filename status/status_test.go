@@ -59,7 +59,7 @@ func TestAdminRoutes(t *testing.T) {
 	now := time.Now()
 	reg := pool.NewRegistry(stoppedClock{now})
 
-	cfg := cooldown.Config{Duration: time.Minute, MinRequests: 1}
+	cfg := cooldown.Config{Duration: caddy.Duration(time.Minute), MinRequests: 1}
 	p, err := reg.Claim("status-unit-a", "ws://u:pw@h/?k=secret", "ws://REDACTED@h/?k=REDACTED", t, cfg, false, 4)
 	if err != nil {
 		t.Fatal(err)

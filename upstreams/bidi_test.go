@@ -4,6 +4,8 @@ import (
 	"errors"
 	"strings"
 	"testing"
+
+	"github.com/browserfailover/caddy-browser-failover/internal/conf"
 )
 
 // TestBiDiProviderURLs: a bidi provider given as http(s)://host:port[/path]
@@ -55,7 +57,7 @@ func TestBiDiConfigProblems(t *testing.T) {
 		{Config{Name: "ff", URL: "http://h:1", Protocol: "firefox"}, "protocol"},
 	} {
 		err := tc.c.Validate(nil)
-		var pr *Problem
+		var pr *conf.Problem
 		if !errors.As(err, &pr) || len(pr.Options) != 1 || pr.Options[0] != tc.opt {
 			t.Errorf("%+v: %v, want a problem of %s", tc.c, err, tc.opt)
 		}

@@ -3,12 +3,14 @@ package upstreams
 import (
 	"errors"
 	"fmt"
+	"net/http"
 	"net/url"
-	"slices"
 	"strings"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
+
+	"github.com/browserfailover/caddy-browser-failover/internal/conf"
 )
 
 // Config is one provider as configured: its part of a provider's JSON
@@ -44,9 +46,10 @@ type Config struct {
 	// webSocketDebuggerUrl it gives; false dials an http(s) URL as ws(s).
 	// Only for http:// and https:// URLs. Default: true for http(s) URLs.
 	Discover *bool `json:"discover,omitempty"`
-	// TLS options for a wss:// or https:// URL. Default: the system's
-	// roots, the URL's host as server name.
-	TLS *TLSOptions `json:"tls,omitempty"`
+	// TLS options for a wss:// or https:// URL, which also apply to the
+	// provider's session API calls and health checks. Default: the
+	// system's roots, the URL's host as server name.
+	TLS *conf.TLS `json:"tls,omitempty"`
 	// SessionAPI creates each browser over the provider's REST API before
 	// connecting, and releases it when done. Default: none, the URL is
 	// dialed as it is.
@@ -57,20 +60,10 @@ type Config struct {
 	// given as http(s)://host:port[/path] is dialed at
 	// ws(s)://host:port[/path]/session, never discovered. Default: "any".
 	Protocol string `json:"protocol,omitempty"`
-}
-
-// TLSOptions are the TLS settings of a provider (or of another TLS
-// client of the gateway's, such as its Redis connection).
-type TLSOptions struct {
-	// InsecureSkipVerify accepts any certificate
-	// (tls_insecure_skip_verify). Default: false.
-	InsecureSkipVerify bool `json:"insecure_skip_verify,omitempty"`
-	// ServerName is sent in SNI and verified against the certificate
-	// (tls_server_name). Default: the URL's host.
-	ServerName string `json:"server_name,omitempty"`
-	// TrustedCACertFiles are PEM files of the CAs to trust
-	// (tls_trusted_ca_certs). Default: the system's roots.
-	TrustedCACertFiles []string `json:"trusted_ca_certs,omitempty"`
+	// PlaywrightVersion is the <major>.<minor> Playwright version of a
+	// "playwright" provider; it then serves only clients of that version.
+	// Default: empty, any version.
+	PlaywrightVersion string `json:"playwright_version,omitempty"`
 }
 
 // HeaderOp is one change to the handshake sent to a provider (the
@@ -103,77 +96,75 @@ type Defaults struct {
 	// of its own); the caller keeps it across config loads, and waits for
 	// it at exit.
 	Releaser *Releaser
-}
-
-// Problem is one problem with a provider's settings and the options at
-// fault, named as the Caddyfile names them, so that the parser reports it
-// at their line.
-type Problem struct {
-	Options []string
-	Msg     string
-	// Whole: the problem is judged on the whole block (an option missing,
-	// or two that clash, either of which may come later).
-	Whole bool
-}
-
-func (e *Problem) Error() string { return e.Msg }
-
-// problemf is a Problem of one option.
-func problemf(option string, format string, args ...any) *Problem {
-	return &Problem{Options: []string{option}, Msg: fmt.Sprintf(format, args...)}
+	// APITransport carries its session API calls when its TLS options do
+	// not ask for a transport of its own (nil: a new one, see
+	// NewAPITransport); the caller keeps it across config loads, so that
+	// every provider's calls share its connections.
+	APITransport *http.Transport
 }
 
 // Validate checks the configuration's form; stated tells whether an
 // option was written at all (a stated 0 can be an error where one left out
 // takes its default; nil: none stated). A URL that is a placeholder as a
-// whole is checked by New, once resolved. Its error joins *Problem values,
-// without the provider's name and never showing a secret.
+// whole is checked by New, once resolved. Its error joins *conf.Problem
+// values, without the provider's name and never showing a secret.
 func (c *Config) Validate(stated func(option string) bool) error {
 	if stated == nil {
 		stated = func(string) bool { return false }
 	}
-	errs := []error{c.validateURL(c.URL)}
+	_, err := c.validateURL(c.URL, false)
+	errs := []error{err}
 	if c.Weight < 0 || (c.Weight == 0 && stated("weight")) {
-		errs = append(errs, problemf("weight", "weight must be at least 1, got %d", c.Weight))
+		errs = append(errs, conf.Problemf("weight", "weight must be at least 1, got %d", c.Weight))
 	}
 	if c.ConnectTimeout < 0 || (c.ConnectTimeout == 0 && stated("connect_timeout")) {
-		errs = append(errs, problemf("connect_timeout", "connect_timeout must be positive, got %v", time.Duration(c.ConnectTimeout)))
+		errs = append(errs, conf.Problemf("connect_timeout", "connect_timeout must be positive, got %v", time.Duration(c.ConnectTimeout)))
 	}
 	for _, op := range c.HeadersUp {
 		errs = append(errs, op.Validate())
 	}
 	errs = append(errs, c.TLS.Validate())
-	proto, err := ParseProtocol(c.Protocol)
-	if err != nil {
-		errs = append(errs, problemf("protocol", "%v", err))
+	proto, protoErr := ParseProtocol(c.Protocol)
+	if protoErr != nil {
+		errs = append(errs, conf.Problemf("protocol", "%v", protoErr))
+	}
+	if c.PlaywrightVersion != "" {
+		if _, err := ParsePlaywrightVersion(c.PlaywrightVersion); err != nil {
+			errs = append(errs, conf.Problemf("playwright_version", "%v", err))
+		} else if protoErr == nil && proto != ProtocolPlaywright {
+			// A protocol option given after it may still settle it.
+			errs = append(errs, &conf.Problem{Options: []string{"playwright_version"}, Whole: true,
+				Msg: "playwright_version needs protocol playwright"})
+		}
 	}
 	if proto == ProtocolBiDi && c.Discover != nil && *c.Discover {
-		errs = append(errs, &Problem{Options: []string{"discover"}, Whole: true,
+		errs = append(errs, &conf.Problem{Options: []string{"discover"}, Whole: true,
 			Msg: "discover on does not apply to a bidi provider (WebDriver BiDi has no /json/version: an http(s) URL is dialed at <url>/session)"})
 	}
 	if c.SessionAPI != nil {
 		errs = append(errs, ValidateSessionAPI(*c.SessionAPI))
 		if c.Discover != nil && *c.Discover {
-			errs = append(errs, &Problem{Options: []string{"discover"}, Whole: true,
+			errs = append(errs, &conf.Problem{Options: []string{"discover"}, Whole: true,
 				Msg: "discover on does not apply to a provider with session_api (it dials the URL each create answer gives)"})
 		}
 	}
 	return errors.Join(errs...)
 }
 
-// validateURL checks the form of raw as the provider's URL, without
-// resolving its placeholders (one that is a placeholder as a whole is
-// left for New).
-func (c *Config) validateURL(raw string) error {
+// validateURL checks the form of raw as the provider's URL and returns it
+// parsed. Before its placeholders are resolved (resolved false), one that
+// is a placeholder as a whole is left for New, and one that holds some is
+// checked as far as its form is known, and not returned.
+func (c *Config) validateURL(raw string, resolved bool) (*url.URL, error) {
 	if raw == "" {
-		return problemf("url", "no URL")
+		return nil, conf.Problemf("url", "no URL")
 	}
-	if WholePlaceholder(raw) {
-		return nil
+	if !resolved && WholePlaceholder(raw) {
+		return nil, nil
 	}
 	scheme, _, ok := strings.Cut(raw, "://")
 	if !ok || !isScheme(scheme) {
-		return problemf("url", "URL must start with ws://, wss://, http:// or https://")
+		return nil, conf.Problemf("url", "URL must start with ws://, wss://, http:// or https://")
 	}
 	var ws, secure bool
 	switch strings.ToLower(scheme) {
@@ -185,21 +176,31 @@ func (c *Config) validateURL(raw string) error {
 	case "https":
 		secure = true
 	default:
-		return problemf("url", "URL scheme %q is not one of ws, wss, http, https", scheme)
+		return nil, conf.Problemf("url", "URL scheme %q is not one of ws, wss, http, https", scheme)
 	}
 	var errs []error
 	if d := c.Discover; d != nil && *d && ws {
-		errs = append(errs, problemf("discover", "discover on needs an http:// or https:// URL"))
+		errs = append(errs, conf.Problemf("discover", "discover on needs an http:// or https:// URL"))
 	}
-	if !strings.Contains(raw, "{") {
-		if _, err := url.Parse(raw); err != nil {
-			errs = append(errs, problemf("url", "invalid URL"))
+	var u *url.URL
+	if resolved || !strings.Contains(raw, "{") {
+		var err error
+		switch u, err = url.Parse(raw); {
+		case err != nil:
+			errs = append(errs, conf.Problemf("url", "invalid URL"))
+		case u.Hostname() == "":
+			errs = append(errs, conf.Problemf("url", "URL has no host"))
+		case u.Fragment != "":
+			errs = append(errs, conf.Problemf("url", "URL must not have a fragment"))
 		}
 	}
-	if opts := c.TLS.Options(); len(opts) > 0 && !secure {
-		errs = append(errs, &Problem{Options: opts, Msg: "TLS options need a wss:// or https:// URL"})
+	if opts := c.TLS.Given(); len(opts) > 0 && !secure {
+		errs = append(errs, &conf.Problem{Options: opts, Msg: "TLS options need a wss:// or https:// URL"})
 	}
-	return errors.Join(errs...)
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+	return u, nil
 }
 
 // WholePlaceholder reports whether s is one placeholder and nothing else,
@@ -231,17 +232,17 @@ func (op HeaderOp) Validate() error {
 	switch op.Op {
 	case "set", "add", "delete":
 	default:
-		return problemf("header_up", "header_up op %q: want set, add or delete", op.Op)
+		return conf.Problemf("header_up", "header_up op %q: want set, add or delete", op.Op)
 	}
 	if err := CheckFieldName(op.Field); err != nil {
-		return problemf("header_up", "header_up: %v", err)
+		return conf.Problemf("header_up", "header_up: %v", err)
 	}
 	if strings.ContainsAny(op.Value, "\r\n") {
 		// The value may be a secret: never shown.
-		return problemf("header_up", "header_up %s: the value must not hold a line break", op.Field)
+		return conf.Problemf("header_up", "header_up %s: the value must not hold a line break", op.Field)
 	}
 	if op.Op == "delete" && op.Value != "" {
-		return problemf("header_up", "header_up -%s takes no value", op.Field)
+		return conf.Problemf("header_up", "header_up -%s takes no value", op.Field)
 	}
 	return nil
 }
@@ -253,33 +254,4 @@ func CheckFieldName(f string) error {
 		return fmt.Errorf("invalid field name %q", f)
 	}
 	return nil
-}
-
-// Validate checks the TLS settings (nil: none).
-func (t *TLSOptions) Validate() error {
-	if t == nil {
-		return nil
-	}
-	if slices.Contains(t.TrustedCACertFiles, "") {
-		return problemf("tls_trusted_ca_certs", "tls_trusted_ca_certs: empty file name")
-	}
-	return nil
-}
-
-// Options names the settings given, as the Caddyfile spells them.
-func (t *TLSOptions) Options() []string {
-	if t == nil {
-		return nil
-	}
-	var opts []string
-	if t.InsecureSkipVerify {
-		opts = append(opts, "tls_insecure_skip_verify")
-	}
-	if t.ServerName != "" {
-		opts = append(opts, "tls_server_name")
-	}
-	if len(t.TrustedCACertFiles) > 0 {
-		opts = append(opts, "tls_trusted_ca_certs")
-	}
-	return opts
 }

@@ -18,6 +18,8 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
+
+	"github.com/browserfailover/caddy-browser-failover/internal/conf"
 )
 
 // Active health checks: a probe is one HTTP GET to the provider (or to a
@@ -72,7 +74,7 @@ type ProbeOptions struct {
 // written at all (a stated zero is no interval, timeout or status, while
 // one left out takes its default; nil: none stated). A uri holding a
 // placeholder is checked again by NewProber, resolved. Its error joins
-// *Problem values.
+// *conf.Problem values.
 func (o *ProbeOptions) Validate(stated func(option string) bool) error {
 	given := func(opt string) bool { return stated != nil && stated(opt) }
 	var errs []error
@@ -81,23 +83,23 @@ func (o *ProbeOptions) Validate(stated func(option string) bool) error {
 		v   caddy.Duration
 	}{{"interval", o.Interval}, {"timeout", o.Timeout}} {
 		if d.v < 0 || (d.v == 0 && given(d.opt)) {
-			errs = append(errs, problemf(d.opt, "health_check %s must be positive, got %v", d.opt, time.Duration(d.v)))
+			errs = append(errs, conf.Problemf(d.opt, "health_check %s must be positive, got %v", d.opt, time.Duration(d.v)))
 		}
 	}
 	if o.Interval > 0 && o.Timeout > o.Interval {
-		errs = append(errs, &Problem{Options: []string{"timeout", "interval"},
+		errs = append(errs, &conf.Problem{Options: []string{"timeout", "interval"},
 			Msg: fmt.Sprintf("health_check timeout (%v) must not exceed its interval (%v)", time.Duration(o.Timeout), time.Duration(o.Interval))})
 	}
 	if (o.ExpectStatus != 0 || given("expect_status")) && (o.ExpectStatus < 100 || o.ExpectStatus > 599) {
-		errs = append(errs, problemf("expect_status", "health_check expect_status %d is not an HTTP status", o.ExpectStatus))
+		errs = append(errs, conf.Problemf("expect_status", "health_check expect_status %d is not an HTTP status", o.ExpectStatus))
 	}
 	switch o.Capacity {
 	case "", CapacityBrowserless:
 	default:
-		errs = append(errs, problemf("capacity", "health_check capacity %q: want browserless", o.Capacity))
+		errs = append(errs, conf.Problemf("capacity", "health_check capacity %q: want browserless", o.Capacity))
 	}
 	if err := CheckProbeURI(o.URI); err != nil {
-		errs = append(errs, problemf("uri", "%v", err))
+		errs = append(errs, conf.Problemf("uri", "%v", err))
 	}
 	return errors.Join(errs...)
 }
@@ -154,7 +156,7 @@ func CheckProbeTarget(providerURL, protocol string, o ProbeOptions) error {
 	}
 	scheme, _, _ := strings.Cut(providerURL, "://")
 	if strings.EqualFold(scheme, "ws") || strings.EqualFold(scheme, "wss") {
-		return problemf("uri", "health_check needs a uri for a ws:// or wss:// provider (a path on its host, such as /json/version, or a full http(s) URL), or health_check off")
+		return conf.Problemf("uri", "health_check needs a uri for a ws:// or wss:// provider (a path on its host, such as /json/version, or a full http(s) URL), or health_check off")
 	}
 	return nil
 }
@@ -313,7 +315,7 @@ func (p *Provider) NewProber(o ProbeOptions) (*Prober, error) {
 		pr.target = &url.URL{Scheme: p.httpScheme, Host: p.host, Path: u.Path, RawPath: u.RawPath, RawQuery: q}
 		own, tlsConfig = true, p.tlsConfig
 		if p.httpScheme == "https" && tlsConfig == nil {
-			if tlsConfig, err = p.tlsOpts.build(hostOnly(p.host)); err != nil {
+			if tlsConfig, err = p.dialTLS(hostOnly(p.host)); err != nil {
 				return nil, fmt.Errorf("provider %q: %w", p.Name, err)
 			}
 		}
@@ -331,7 +333,7 @@ func (p *Provider) NewProber(o ProbeOptions) (*Prober, error) {
 		// The provider's credentials go only to the provider's own host.
 		own = strings.EqualFold(u.Host, p.host) && scheme == p.httpScheme
 		if scheme == "https" {
-			if tlsConfig, err = p.tlsOpts.build(u.Hostname()); err != nil {
+			if tlsConfig, err = p.dialTLS(u.Hostname()); err != nil {
 				return nil, fmt.Errorf("provider %q: %w", p.Name, err)
 			}
 		}

@@ -17,6 +17,8 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
+
+	"github.com/browserfailover/caddy-browser-failover/internal/conf"
 )
 
 func probedProvider(t *testing.T, o Config) *Provider {
@@ -506,7 +508,7 @@ func TestProbeTLS(t *testing.T) {
 		t.Fatal(err)
 	}
 	u := "wss" + strings.TrimPrefix(ts.URL, "https") + "/"
-	trusted, _ := probedProvider(t, Config{URL: u, TLS: &TLSOptions{TrustedCACertFiles: []string{caFile}}}).NewProber(ProbeOptions{URI: "/json/version"})
+	trusted, _ := probedProvider(t, Config{URL: u, TLS: &conf.TLS{TrustedCACertFiles: []string{caFile}}}).NewProber(ProbeOptions{URI: "/json/version"})
 	defer trusted.Close()
 	if r := probeOnce(t, trusted); r.Outcome.Kind != Success {
 		t.Fatalf("trusted CA: %+v", r)

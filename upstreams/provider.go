@@ -9,14 +9,15 @@ package upstreams
 
 import (
 	"crypto/tls"
-	"crypto/x509"
 	"encoding/base64"
+	"errors"
 	"fmt"
 	"net"
 	"net/url"
-	"os"
 	"strings"
 	"time"
+
+	"github.com/browserfailover/caddy-browser-failover/internal/conf"
 )
 
 // DefaultConnectTimeout bounds one attempt when nothing else is configured.
@@ -34,6 +35,7 @@ type Provider struct {
 	Discover bool
 
 	proto     Protocol // what it serves
+	pwVersion string   // its Playwright version, canonical; "" for any
 	headerOps []HeaderOp
 	setsAuth  bool
 	forward   *forwardRule // nil: the default fields only
@@ -48,8 +50,8 @@ type Provider struct {
 	rawQuery   string
 	basicAuth  string // "Basic …" from user info, or ""
 	tlsConfig  *tls.Config
-	tlsOpts    TLSOptions
-	key        string // the resolved URL
+	tls        *conf.TLS // its TLS settings (nil: the defaults)
+	key        string    // the resolved URL
 	redacted   string
 
 	api *sessionAPI // nil without a session API
@@ -61,7 +63,8 @@ type Provider struct {
 
 // New checks c (with Validate) and builds the provider: its placeholders
 // known when the config loads ({env.X}) are resolved with known (nil:
-// none), request placeholders in header values stay for each attempt; d
+// none), and what they gave checked as Validate checks a value given as
+// it is; request placeholders in header values stay for each attempt. d
 // gives what the handler sets for all its providers. Errors name the
 // provider and the problem, never the URL's secrets.
 func New(c Config, d Defaults, known func(string) string) (*Provider, error) {
@@ -71,40 +74,47 @@ func New(c Config, d Defaults, known func(string) string) (*Provider, error) {
 	if c.Name == "" {
 		return nil, fmt.Errorf("provider without a name")
 	}
+	fail := func(err error) (*Provider, error) { return nil, fmt.Errorf("provider %q: %w", c.Name, err) }
 	if err := c.Validate(nil); err != nil {
-		return nil, fmt.Errorf("provider %q: %w", c.Name, err)
+		return fail(err)
 	}
 	raw := strings.TrimSpace(known(c.URL))
 	switch {
 	case raw == "":
 		// Typically a placeholder whose variable is unset.
-		return nil, fmt.Errorf("provider %q: the URL is empty once its placeholders are resolved (is the environment variable set?)", c.Name)
+		return fail(errors.New("the URL is empty once its placeholders are resolved (is the environment variable set?)"))
 	case WholePlaceholder(raw):
-		return nil, fmt.Errorf("provider %q: the URL's placeholder is not known when the config loads (use {env.X})", c.Name)
+		return fail(errors.New("the URL's placeholder is not known when the config loads (use {env.X})"))
 	}
-	if err := c.validateURL(raw); err != nil {
-		return nil, fmt.Errorf("provider %q: %w", c.Name, err)
-	}
-	u, err := url.Parse(raw)
+	u, err := c.validateURL(raw, true)
 	if err != nil {
-		return nil, fmt.Errorf("provider %q: invalid URL (%s)", c.Name, urlErrorCause(err))
+		return fail(err)
 	}
-	var tlsOpts TLSOptions
-	if c.TLS != nil {
-		tlsOpts = *c.TLS
+	var api *SessionAPI
+	if c.SessionAPI != nil {
+		a, err := c.SessionAPI.resolved(known)
+		if err != nil {
+			return nil, fmt.Errorf("provider %q: session_api: %w", c.Name, err)
+		}
+		api = &a
 	}
 	ops := make([]HeaderOp, len(c.HeadersUp))
 	for i, op := range c.HeadersUp {
-		op.Value = known(op.Value)
+		if v := known(op.Value); v != op.Value {
+			op.Value = v
+			if err := op.Validate(); err != nil {
+				return fail(err)
+			}
+		}
 		ops[i] = op
 	}
 	p := &Provider{
 		Name:           c.Name,
 		Priority:       1,
-		Weight:         c.Weight,
+		Weight:         max(c.Weight, 1),
 		ConnectTimeout: time.Duration(c.ConnectTimeout),
 		headerOps:      ops,
-		tlsOpts:        tlsOpts,
+		tls:            c.TLS,
 		key:            raw,
 		redacted:       Redact(u),
 		conf:           c,
@@ -115,52 +125,18 @@ func New(c Config, d Defaults, known func(string) string) (*Provider, error) {
 	if p.ConnectTimeout <= 0 {
 		p.ConnectTimeout = d.ConnectTimeout
 	}
-	var api *SessionAPI
-	if c.SessionAPI != nil {
-		a, err := c.SessionAPI.resolved(known)
-		if err != nil {
-			return nil, fmt.Errorf("provider %q: session_api: %w", c.Name, err)
-		}
-		api = &a
-	}
-	if p.forward, err = parseForward(d.ForwardHeaders); err != nil {
-		return nil, fmt.Errorf("provider %q: %w", c.Name, err)
-	}
-	if p.Weight == 0 {
-		p.Weight = 1
-	}
 	if p.ConnectTimeout <= 0 {
 		p.ConnectTimeout = DefaultConnectTimeout
 	}
-	switch strings.ToLower(u.Scheme) {
-	case "ws":
-		p.scheme, p.httpScheme = "ws", "http"
-	case "wss":
+	if p.forward, err = parseForward(d.ForwardHeaders); err != nil {
+		return fail(err)
+	}
+	p.scheme, p.httpScheme = "ws", "http"
+	if strings.EqualFold(u.Scheme, "wss") || strings.EqualFold(u.Scheme, "https") {
 		p.scheme, p.httpScheme = "wss", "https"
-	case "http":
-		p.scheme, p.httpScheme, p.Discover, p.httpURL = "ws", "http", true, true
-	case "https":
-		p.scheme, p.httpScheme, p.Discover, p.httpURL = "wss", "https", true, true
-	default:
-		// The "scheme" of a value like user:pass@host is the user name:
-		// it is not repeated.
-		return nil, fmt.Errorf("provider %q: URL must start with ws://, wss://, http:// or https://", c.Name)
 	}
-	if c.Discover != nil {
-		if *c.Discover && (p.scheme == "ws" || p.scheme == "wss") && (u.Scheme == "ws" || u.Scheme == "wss") {
-			return nil, fmt.Errorf("provider %q: discover on needs an http:// or https:// URL", c.Name)
-		}
-		p.Discover = *c.Discover
-	}
-	if u.Host == "" || u.Hostname() == "" {
-		return nil, fmt.Errorf("provider %q: URL has no host", c.Name)
-	}
-	if u.Opaque != "" {
-		return nil, fmt.Errorf("provider %q: URL must be absolute, like ws://host:port/path", c.Name)
-	}
-	if u.Fragment != "" {
-		return nil, fmt.Errorf("provider %q: URL must not have a fragment", c.Name)
-	}
+	p.httpURL = strings.HasPrefix(strings.ToLower(u.Scheme), "http")
+	p.Discover = p.httpURL && (c.Discover == nil || *c.Discover)
 	p.host = u.Host
 	port := u.Port()
 	if port == "" {
@@ -171,7 +147,12 @@ func New(c Config, d Defaults, known func(string) string) (*Provider, error) {
 	}
 	p.address = net.JoinHostPort(u.Hostname(), port)
 	p.path = u.EscapedPath()
-	if p.proto, _ = ParseProtocol(c.Protocol); p.proto == ProtocolBiDi && p.httpURL {
+	// Both checked by Validate.
+	p.proto, _ = ParseProtocol(c.Protocol)
+	if c.PlaywrightVersion != "" {
+		p.pwVersion, _ = ParsePlaywrightVersion(c.PlaywrightVersion)
+	}
+	if p.proto == ProtocolBiDi && p.httpURL {
 		// WebDriver BiDi's endpoint is <base>/session; there is nothing
 		// to discover.
 		p.path, p.Discover = strings.TrimSuffix(p.path, "/")+"/session", false
@@ -186,10 +167,6 @@ func New(c Config, d Defaults, known func(string) string) (*Provider, error) {
 		p.basicAuth = "Basic " + base64.StdEncoding.EncodeToString([]byte(u.User.Username()+":"+pw))
 	}
 	for _, op := range ops {
-		if strings.ContainsAny(op.Value, "\r\n") {
-			// A value known only now ({env.X}): never shown.
-			return nil, fmt.Errorf("provider %q: header_up %s: the value must not hold a line break", c.Name, op.Field)
-		}
 		if op.Op != "delete" && strings.EqualFold(op.Field, "Authorization") {
 			p.setsAuth = true
 		}
@@ -197,22 +174,24 @@ func New(c Config, d Defaults, known func(string) string) (*Provider, error) {
 	if api != nil {
 		// The gateway dials the URL each create answer gives.
 		p.Discover = false
-		if p.api, err = newSessionAPI(p, *api, tlsOpts, d.Books, d.Releaser); err != nil {
+		if p.api, err = newSessionAPI(p, *api, d); err != nil {
 			return nil, fmt.Errorf("provider %q: session_api: %w", c.Name, err)
 		}
 	}
 	if p.scheme == "wss" {
-		cfg, err := tlsOpts.build(u.Hostname())
-		if err != nil {
-			return nil, fmt.Errorf("provider %q: %w", c.Name, err)
+		if p.tlsConfig, err = p.dialTLS(u.Hostname()); err != nil {
+			return fail(err)
 		}
-		p.tlsConfig = cfg
 	}
 	return p, nil
 }
 
 // Protocol is what the provider serves (ProtocolAny when not set).
 func (p *Provider) Protocol() Protocol { return p.proto }
+
+// PlaywrightVersion is the major.minor Playwright version a playwright
+// provider serves, in canonical form ("": any version).
+func (p *Provider) PlaywrightVersion() string { return p.pwVersion }
 
 // Books are the provider's session API counts, nil without a session API.
 func (p *Provider) Books() *Books {
@@ -226,30 +205,15 @@ func (p *Provider) Books() *Books {
 // same when their keys are. Never shown (it may hold secrets).
 func (p *Provider) Key() string { return p.key }
 
-func (t TLSOptions) build(hostname string) (*tls.Config, error) {
-	cfg := &tls.Config{
-		ServerName:         hostname,
-		InsecureSkipVerify: t.InsecureSkipVerify,
-		MinVersion:         tls.VersionTLS12,
-		// The upstream side always speaks HTTP/1.1 for the upgrade.
-		NextProtos: []string{"http/1.1"},
+// dialTLS is the TLS configuration of a connection to host with the
+// provider's TLS settings, for an upgrade or a probe: the upstream side
+// always speaks HTTP/1.1.
+func (p *Provider) dialTLS(host string) (*tls.Config, error) {
+	cfg, err := p.tls.Config(host)
+	if err != nil {
+		return nil, err
 	}
-	if t.ServerName != "" {
-		cfg.ServerName = t.ServerName
-	}
-	if len(t.TrustedCACertFiles) > 0 {
-		pool := x509.NewCertPool()
-		for _, f := range t.TrustedCACertFiles {
-			pem, err := os.ReadFile(f)
-			if err != nil {
-				return nil, fmt.Errorf("tls_trusted_ca_certs: %w", err)
-			}
-			if !pool.AppendCertsFromPEM(pem) {
-				return nil, fmt.Errorf("tls_trusted_ca_certs: no PEM certificate in %s", f)
-			}
-		}
-		cfg.RootCAs = pool
-	}
+	cfg.NextProtos = []string{"http/1.1"}
 	return cfg, nil
 }
 

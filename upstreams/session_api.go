@@ -18,6 +18,8 @@ import (
 	"time"
 
 	"golang.org/x/net/publicsuffix"
+
+	"github.com/browserfailover/caddy-browser-failover/internal/conf"
 )
 
 // Outcome words of a provider session API's create call.
@@ -214,11 +216,11 @@ func (b *Books) Unreleased() int64 { return b.Created.Load() - b.Released.Load()
 // ValidateSessionAPI checks a session API's settings (the options create,
 // header, body, connect_url, session_id, release, release_body and
 // connect_hosts); JSON and the Caddyfile share it. Its error joins
-// *Problem values, each message starting with "session_api: ".
+// *conf.Problem values, each message starting with "session_api: ".
 func ValidateSessionAPI(a SessionAPI) error {
 	var errs []error
 	add := func(opt string, missing bool, format string, args ...any) {
-		errs = append(errs, &Problem{Options: []string{opt}, Msg: "session_api: " + fmt.Sprintf(format, args...), Whole: missing})
+		errs = append(errs, &conf.Problem{Options: []string{opt}, Msg: "session_api: " + fmt.Sprintf(format, args...), Whole: missing})
 	}
 	if a.CreateMethod == "" && a.CreateURL == "" {
 		add("create", true, "no create call (create <METHOD> <URL>)")
@@ -322,13 +324,15 @@ func checkCallURL(s string) error {
 	return nil
 }
 
-// newSessionAPI readies a for provider p (its URL resolves relative call
-// URLs; its TLS options apply to the calls), counting in books (nil: its
-// own).
-func newSessionAPI(p *Provider, a SessionAPI, o TLSOptions, books *Books, rel *Releaser) (*sessionAPI, error) {
+// newSessionAPI readies a, its placeholders resolved, for provider p (its
+// URL resolves relative call URLs; its TLS options apply to the calls),
+// counting in d.Books and releasing with d.Releaser (nil: its own).
+func newSessionAPI(p *Provider, a SessionAPI, d Defaults) (*sessionAPI, error) {
+	// Checked as given by Validate; what the placeholders gave, now.
 	if err := ValidateSessionAPI(a); err != nil {
 		return nil, err
 	}
+	books, rel := d.Books, d.Releaser
 	if books == nil {
 		books = &Books{}
 	}
@@ -360,15 +364,16 @@ func newSessionAPI(p *Provider, a SessionAPI, o TLSOptions, books *Books, rel *R
 		s.hasRelBody = true
 		json.Unmarshal([]byte(a.ReleaseBody), &s.relBody)
 	}
-	tr := sharedAPITransport
-	if s.createURL.Scheme == "https" && (o.InsecureSkipVerify || len(o.TrustedCACertFiles) > 0) {
-		cfg, err := o.build(s.createURL.Hostname())
+	tr := d.APITransport
+	if o := p.tls; s.createURL.Scheme == "https" && o != nil && (o.InsecureSkipVerify || len(o.TrustedCACertFiles) > 0) {
+		cfg, err := o.Config(s.createURL.Hostname())
 		if err != nil {
 			return nil, err
 		}
-		cfg.NextProtos = nil
-		tr = newAPITransport()
+		tr = NewAPITransport()
 		tr.TLSClientConfig = cfg
+	} else if tr == nil {
+		tr = NewAPITransport()
 	}
 	s.client = &http.Client{Transport: tr, CheckRedirect: func(*http.Request, []*http.Request) error {
 		// A redirect could carry the API key elsewhere.
@@ -377,14 +382,10 @@ func newSessionAPI(p *Provider, a SessionAPI, o TLSOptions, books *Books, rel *R
 	return s, nil
 }
 
-// sharedAPITransport carries the session API calls of every provider
-// without TLS options of its own, across reloads.
-var sharedAPITransport = newAPITransport()
-
-// newAPITransport is a transport for session API calls: no proxy from the
+// NewAPITransport is a transport for session API calls: no proxy from the
 // environment, and idle connections kept only briefly (a create comes per
 // attempt, a release per session).
-func newAPITransport() *http.Transport {
+func NewAPITransport() *http.Transport {
 	tr := http.DefaultTransport.(*http.Transport).Clone()
 	tr.Proxy = nil
 	tr.MaxIdleConnsPerHost = 16
@@ -1015,7 +1016,7 @@ func (p *Provider) retarget(raw string) (*Provider, error) {
 		t.basicAuth = "Basic " + base64.StdEncoding.EncodeToString([]byte(u.User.Username()+":"+pw))
 	}
 	if t.scheme == "wss" {
-		if t.tlsConfig, err = p.tlsOpts.build(u.Hostname()); err != nil {
+		if t.tlsConfig, err = p.dialTLS(u.Hostname()); err != nil {
 			return nil, err
 		}
 	}

@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/browserfailover/caddy-browser-failover/internal/conf"
 	"github.com/browserfailover/caddy-browser-failover/internal/fakes"
 )
 
@@ -149,7 +150,7 @@ func TestValidateConnectHost(t *testing.T) {
 	// ValidateSessionAPI names the option.
 	a := SessionAPI{CreateMethod: "POST", CreateURL: "/s", ConnectURL: "/u", SessionID: "/id",
 		ReleaseMethod: "DELETE", ReleaseURL: "/s/{session_id}", ConnectHosts: []string{"ok.example.com", "bad host"}}
-	var ap *Problem
+	var ap *conf.Problem
 	if err := ValidateSessionAPI(a); !errors.As(err, &ap) || ap.Options[0] != "connect_hosts" || !strings.Contains(ap.Msg, `connect_hosts: "bad host"`) {
 		t.Fatalf("%v (%+v)", err, ap)
 	}
@@ -432,7 +433,7 @@ func TestConnectDowngradeRefused(t *testing.T) {
 		t.Helper()
 		p, err := New(Config{
 			Name: name, URL: f.URL(), ConnectTimeout: caddy.Duration(3 * time.Second),
-			TLS:       &TLSOptions{InsecureSkipVerify: true},
+			TLS:       &conf.TLS{InsecureSkipVerify: true},
 			HeadersUp: []HeaderOp{{Op: "set", Field: "X-Api-Key", Value: testAPIKey}},
 			SessionAPI: &SessionAPI{
 				CreateMethod: "POST", CreateURL: "/v1/sessions",
