@@ -398,7 +398,7 @@ func TestFrameTrackerFollowsUTF8(t *testing.T) {
 func TestHeaderRest(t *testing.T) {
 	for _, tc := range []struct {
 		fin    bool
-		length int
+		length int64
 		cut    int
 		want   int64
 	}{
@@ -423,7 +423,7 @@ func TestHeaderRest(t *testing.T) {
 		if tc.length > 1<<32 {
 			full = append(binary.BigEndian.AppendUint64([]byte{0x81, 0xff}, uint64(tc.length)), 1, 2, 3, 4)
 		} else {
-			full = mkFrame(tc.fin, 0x1, make([]byte, tc.length), true, 0)
+			full = mkFrame(tc.fin, 0x1, make([]byte, int(tc.length)), true, 0)
 		}
 		var tr frameTracker
 		tr.advance(full[:tc.cut], false)
