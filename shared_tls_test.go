@@ -42,12 +42,12 @@ func TestSharedStateTLS(t *testing.T) {
 	echoOnce(t, c, []byte("x"))
 	ctx := context.Background()
 	testgw.Eventually(t, 10*time.Second, "the gateway's lease read over TLS", func() bool {
-		sh, err := other.Snapshot(ctx, []string{"sht-echo"})
+		sh, err := other.Leases().Snapshot(ctx, []string{"sht-echo"})
 		return err == nil && sh["sht-echo"].Nodes["gw-here"] == 1
 	})
 	c.Close(websocket.StatusNormalClosure, "")
 	testgw.Eventually(t, 10*time.Second, "the gateway's lease given back", func() bool {
-		sh, err := other.Snapshot(ctx, []string{"sht-echo"})
+		sh, err := other.Leases().Snapshot(ctx, []string{"sht-echo"})
 		return err == nil && sh["sht-echo"].Active == 0
 	})
 }

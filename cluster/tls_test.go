@@ -49,7 +49,7 @@ func TestTLSToRedis(t *testing.T) {
 			if err != nil {
 				t.Fatalf("Ping: %v", err)
 			}
-			g, err := s.Acquire(ctx, "p", 1)
+			g, err := s.Leases().Acquire(ctx, "p", 1)
 			if err != nil || g.Lease == nil {
 				t.Fatalf("Acquire over TLS: %+v, %v", g, err)
 			}
