@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net/http"
+	"slices"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -48,24 +49,11 @@ const WordQueued = "queued"
 
 // chain runs the whole chain for one upgrade.
 func (h *Handler) chain(w http.ResponseWriter, r *http.Request, hs *upstreams.Handshake) {
-	c := &connect{h: h, w: w, r: r, hs: hs, start: time.Now(), id: newSessionID(), ticket: h.reg.NewTicket()}
+	c := h.newConnect(w, r, hs)
 	// What the client still holds when its way ends (a session took it
 	// otherwise).
 	defer func() { c.ticket.Release() }()
-	if repl := replacerOf(r); repl != nil {
-		c.repl = repl
-		c.replace = func(s string) string { return repl.ReplaceKnown(s, "") }
-		repl.Set(PlaceholderSessionID, c.id)
-	}
-	// 0. Check: a web page may drive the browsers only from an origin
-	// the operator allowed (origins.go); an exiting process serves no
-	// one.
-	if !h.origins.allows(r.Header.Values("Origin")) {
-		c.finish(c.refuseOrigin())
-		return
-	}
-	if caddy.Exiting() {
-		c.finish(c.shuttingDown())
+	if !c.check() {
 		return
 	}
 	// A client taking back a session it left goes to that session's
@@ -76,6 +64,40 @@ func (h *Handler) chain(w http.ResponseWriter, r *http.Request, hs *upstreams.Ha
 		return
 	}
 	c.token = token
+	c.run()
+}
+
+// newConnect starts one client's way: its session ID, set as a
+// placeholder at once, and its ticket.
+func (h *Handler) newConnect(w http.ResponseWriter, r *http.Request, hs *upstreams.Handshake) *connect {
+	c := &connect{h: h, w: w, r: r, hs: hs, start: time.Now(), id: newSessionID(), ticket: h.reg.NewTicket()}
+	if repl := replacerOf(r); repl != nil {
+		c.repl = repl
+		c.replace = func(s string) string { return repl.ReplaceKnown(s, "") }
+		repl.Set(PlaceholderSessionID, c.id)
+	}
+	return c
+}
+
+// 0. Check: a web page may drive the browsers only from an origin the
+// operator allowed (origins.go); an exiting process serves no one. It
+// reports false when the client got its answer.
+func (c *connect) check() bool {
+	if !c.h.origins.allows(c.r.Header.Values("Origin")) {
+		c.finish(c.refuseOrigin())
+		return false
+	}
+	if caddy.Exiting() {
+		c.finish(c.shuttingDown())
+		return false
+	}
+	return true
+}
+
+// run walks the chain from the join to a session or an answer: a new
+// upgrade's way, and a WebDriver create's (webdriver.go).
+func (c *connect) run() {
+	h, r := c.h, c.r
 	// 1. Join. The mark comes before the client's first look for room; a
 	// client that never joins the queue gives it back.
 	c.mark = h.reg.Waiting.Mark()
@@ -133,10 +155,17 @@ func (h *Handler) chain(w http.ResponseWriter, r *http.Request, hs *upstreams.Ha
 func (c *connect) join() bool {
 	h := c.h
 	proto, version := upstreams.ClientProtocol(c.r.Header, c.r.URL.Path)
+	if c.wd != nil {
+		proto, version = upstreams.ProtocolWebDriver, ""
+	}
 	c.cls = &class{proto: proto, pwVersion: version, affinity: h.affinityKey(c.r)}
 	c.pool = h.poolFor(c.cls)
 	if len(c.pool.members) == 0 {
 		c.finish(c.unservable(h.noProviderServes(c.cls)))
+		return false
+	}
+	if c.wd != nil && !c.anyAccepts() {
+		c.finish(c.unservable(c.noProviderStarts()))
 		return false
 	}
 	if !c.prepareResume() {
@@ -275,7 +304,7 @@ func (c *connect) pass(first bool) (end passEnd, couldWait, retry bool) {
 		defer cancel()
 	}
 	// 4. Attempt.
-	if h.HedgeAfter > 0 {
+	if h.HedgeAfter > 0 && c.wd == nil {
 		end = c.attemptHedged(ctx, ps)
 	} else {
 		end = c.attemptInTurn(ctx, ps)
@@ -317,6 +346,10 @@ func (c *connect) order(advance bool) []int {
 			})
 		}
 		order = c.pool.strategy.Order(cands, advance, make([]int, 0, len(cands)))
+	}
+	if c.wd != nil {
+		// Only providers that can start the browser asked for.
+		order = slices.DeleteFunc(order, func(i int) bool { return !h.members[i].up.Accepts(c.wd.req) })
 	}
 	if !h.routed || c.cls.proto != upstreams.ProtocolPlaywright {
 		return order
@@ -366,11 +399,14 @@ func (c *connect) attemptInTurn(ctx context.Context, ps *passState) passEnd {
 		if failed != nil {
 			c.h.reg.Metrics().Failover(failed.up.Name)
 		}
-		res := m.up.Connect(ctx, c.hs, c.replace)
+		res := c.attempt(ctx, m)
 		c.record(m, res.Outcome)
 		switch c.h.conclude(ps, m, t, res, false) {
 		case verdictSuccess:
 			c.won(t)
+			if res.WebDriver != nil {
+				return c.establishWebDriver(m, res.WebDriver)
+			}
 			return c.establish(m, res.Conn)
 		case verdictRelay:
 			c.finish(c.relayed(res))

@@ -62,6 +62,8 @@ type connect struct {
 	ticket *pool.Ticket
 	// resuming: the client takes back a parked session (resume.go).
 	resuming bool
+	// wd is a WebDriver create's part (webdriver.go); nil for upgrades.
+	wd *wdCreate
 
 	// allIncompatible: the last pass found every provider it could use
 	// answering 428 (a Playwright server of another version).

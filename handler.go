@@ -30,6 +30,9 @@ type handlerRuntime struct {
 	obs       *observe.Observer // metrics, events, webhooks
 	// routed: some provider declares a protocol, so clients are matched.
 	routed bool
+	// webdriver: some provider is a WebDriver one, so WebDriver's HTTP
+	// requests are served (webdriver.go).
+	webdriver bool
 	// pools holds, per class of client, the members that can serve it
 	// and their own strategy (poolOf).
 	pools  *sync.Map

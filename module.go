@@ -92,6 +92,9 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		if up.Protocol() != upstreams.ProtocolAny {
 			h.routed = true
 		}
+		if up.Protocol() == upstreams.ProtocolWebDriver {
+			h.webdriver = true
+		}
 		state.OnReset(h, func() { h.resetRecovered(state) })
 		h.members = append(h.members, &member{up: up, state: state, expectedCost: pc.Cost.Of(expected)})
 	}
@@ -185,6 +188,17 @@ func (h *Handler) Cleanup() error {
 // ServeHTTP checks the request and runs the failover chain for an upgrade;
 // it answers discovery requests itself and anything else with 426.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, _ caddyhttp.Handler) error {
+	if h.webdriver {
+		if wr, ok := parseWebDriverPath(r.URL.Path); ok {
+			if !upstreams.IsUpgrade(r) {
+				h.serveWebDriver(w, r, wr)
+				return nil
+			}
+			if h.serveWebDriverSocket(w, r, wr) {
+				return nil
+			}
+		}
+	}
 	if !upstreams.IsUpgrade(r) {
 		if h.discovery && isDiscoveryPath(r) {
 			return serveDiscovery(w, r)
@@ -247,6 +261,7 @@ func closeOnExit(ctx caddy.Context, h *Handler) {
 // closeAllSessions ends every live session of the process with 1001 and
 // waits (a bounded time) until they have ended.
 func closeAllSessions(reg *pool.Registry) {
+	reg.Sockets.CloseAll(upstreams.CloseGoingAway, upstreams.EndShutdown)
 	reg.CloseAll(upstreams.CloseGoingAway, upstreams.EndShutdown, time.Now().Add(2*upstreams.CloseWait))
 }
 

@@ -53,7 +53,11 @@ func (c *connect) finish(rp *reply) {
 	}
 	c.learnt(rp.provider)
 	c.w.Header().Set(SessionHeader, c.id)
-	rp.write(c.w, c.r)
+	if c.wd != nil {
+		webDriverAnswer(c.w, c.r, rp)
+	} else {
+		rp.write(c.w, c.r)
+	}
 	c.h.obs.Rejected(rp.status, rp.reason, len(c.attempts))
 	c.h.logger.Info("rejected",
 		zap.String("session_id", c.id),
@@ -160,11 +164,16 @@ func (c *connect) unservable(why string) *reply {
 // relayed passes a provider's 4xx answer to the client as it is: status,
 // headers and up to 64 KiB of body.
 func (c *connect) relayed(res upstreams.Result) *reply {
+	return c.relayedTo(c.attempts[len(c.attempts)-1].Provider, res)
+}
+
+// relayedTo is relayed, for a provider named apart.
+func (c *connect) relayedTo(provider string, res upstreams.Result) *reply {
 	status := res.Answer.Status
 	return &reply{
 		status:   status,
 		reason:   observe.ReasonRelayed,
-		provider: c.attempts[len(c.attempts)-1].Provider,
+		provider: provider,
 		write: func(w http.ResponseWriter, r *http.Request) {
 			hd := w.Header()
 			for k, vs := range res.Answer.Header {

@@ -281,7 +281,11 @@ const leavingStart = 150 * time.Millisecond
 // live: after leavingStart the resume finds nothing to take.
 func (c *connect) awaitLeaving(token string) {
 	ls, ok := c.h.reg.SessionByResumeToken(token)
-	if !ok || ls.Session.Parked() {
+	if !ok {
+		return
+	}
+	s, relayed := ls.Session.(*upstreams.Session)
+	if !relayed || s.Parked() {
 		return
 	}
 	start := time.Now()
@@ -291,10 +295,10 @@ func (c *connect) awaitLeaving(token string) {
 	defer tick.Stop()
 	for {
 		select {
-		case <-ls.Session.Done():
+		case <-s.Done():
 			return
 		case <-tick.C:
-			if ls.Session.Parked() || (!ls.Session.Ending() && time.Since(start) > leavingStart) {
+			if s.Parked() || (!s.Ending() && time.Since(start) > leavingStart) {
 				return
 			}
 		case <-t.C:

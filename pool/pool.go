@@ -323,7 +323,7 @@ func (p *Provider) establish(e *LiveSession) {
 // end frees a live session's slot. The live count drops before the slot
 // is given back, so a session that takes the slot at once is never
 // counted beside the one that left it (live never exceeds the limit).
-func (p *Provider) end(s *upstreams.Session) {
+func (p *Provider) end(s Live) {
 	p.reg.untrack(s)
 	p.live.Add(-1)
 	p.giveBack()
@@ -336,7 +336,7 @@ func (p *Provider) end(s *upstreams.Session) {
 // slot stays taken, so the parked session still counts against
 // max_concurrent. The slot is given back with unreserve when the window
 // ends, or taken over by the resume (establish, as after tryReserve).
-func (p *Provider) park(s *upstreams.Session) {
+func (p *Provider) park(s Live) {
 	p.reg.untrack(s)
 	p.live.Add(-1)
 }

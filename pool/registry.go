@@ -34,6 +34,9 @@ type Registry struct {
 	// Providers offer it their slots, cooldown ends and undrains; quotas
 	// offer it their keys.
 	Waiting *queue.Queue
+	// Sockets are the WebDriver sockets served here for other nodes'
+	// sessions.
+	Sockets Sockets
 
 	// providers holds the configured providers' entries, claimed by the
 	// handlers that use them (Claim, ReleaseClaim).
@@ -58,7 +61,7 @@ type Registry struct {
 	byToken  map[string]*Parked // by token hash
 
 	sessionsMu    sync.Mutex
-	sessions      map[*upstreams.Session]*LiveSession
+	sessions      map[Live]*LiveSession
 	sessionIDs    map[string]*LiveSession
 	sessionTokens map[string]*LiveSession
 	sessionSeq    uint64
@@ -101,7 +104,7 @@ func NewRegistry(clock queue.Clock) *Registry {
 		quotas:        map[string]*quotaEntry{},
 		parked:        map[string]*Parked{},
 		byToken:       map[string]*Parked{},
-		sessions:      map[*upstreams.Session]*LiveSession{},
+		sessions:      map[Live]*LiveSession{},
 		sessionIDs:    map[string]*LiveSession{},
 		sessionTokens: map[string]*LiveSession{},
 		books:         map[string]*upstreams.Books{},

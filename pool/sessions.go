@@ -3,6 +3,7 @@ package pool
 import (
 	"cmp"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/browserfailover/caddy-browser-failover/spend"
@@ -42,12 +43,24 @@ type SessionInfo struct {
 	Meter *spend.Meter
 }
 
+// Live is what the registry knows a live session by: a relayed
+// WebSocket session (upstreams.Session), or a WebDriver session whose
+// commands come over HTTP. Its Start, byte counters and Done are read
+// live; Close ends it with a close code and reason, at frame boundaries
+// for a relayed one.
+type Live interface {
+	Start() time.Time
+	BytesUp() int64
+	BytesDown() int64
+	Done() <-chan struct{}
+	Close(code int, reason string)
+}
+
 // LiveSession is one entry of the registry.
 type LiveSession struct {
 	SessionInfo
-	// Session is the relay; its Start, byte counters and Done are read
-	// live.
-	Session *upstreams.Session
+	// Session is the live session.
+	Session Live
 	seq     uint64
 }
 
@@ -66,7 +79,7 @@ func (r *Registry) track(e *LiveSession) {
 	r.sessionsMu.Unlock()
 }
 
-func (r *Registry) untrack(s *upstreams.Session) {
+func (r *Registry) untrack(s Live) {
 	r.sessionsMu.Lock()
 	if e, ok := r.sessions[s]; ok {
 		delete(r.sessions, s)
@@ -151,7 +164,7 @@ func (r *Registry) EndSession(id string, wait time.Duration) (LiveSession, bool,
 // waits until they have ended or the deadline passes.
 func (r *Registry) CloseAll(code int, reason string, deadline time.Time) {
 	r.sessionsMu.Lock()
-	all := make([]*upstreams.Session, 0, len(r.sessions))
+	all := make([]Live, 0, len(r.sessions))
 	for s := range r.sessions {
 		all = append(all, s)
 	}
@@ -172,7 +185,7 @@ func (r *Registry) CloseAll(code int, reason string, deadline time.Time) {
 
 // RenameSession gives the live session s a new ID and client address (a
 // held session joined by a resuming client).
-func (r *Registry) RenameSession(s *upstreams.Session, id, remoteIP string) {
+func (r *Registry) RenameSession(s Live, id, remoteIP string) {
 	r.sessionsMu.Lock()
 	defer r.sessionsMu.Unlock()
 	e, ok := r.sessions[s]
@@ -184,4 +197,68 @@ func (r *Registry) RenameSession(s *upstreams.Session, id, remoteIP string) {
 	}
 	e.ID, e.RemoteIP = id, remoteIP
 	r.sessionIDs[id] = e
+}
+
+// Sockets are the relays of WebDriver sockets this node serves for
+// sessions another node owns (under shared state): they take no slot,
+// and close when their session's owner ends it, or at shutdown.
+type Sockets struct {
+	mu   sync.Mutex
+	byID map[string]map[*upstreams.Session]struct{}
+	of   map[*upstreams.Session]string
+}
+
+// Add counts relay s as a socket of session id.
+func (k *Sockets) Add(id string, s *upstreams.Session) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.byID == nil {
+		k.byID, k.of = map[string]map[*upstreams.Session]struct{}{}, map[*upstreams.Session]string{}
+	}
+	if k.byID[id] == nil {
+		k.byID[id] = map[*upstreams.Session]struct{}{}
+	}
+	k.byID[id][s] = struct{}{}
+	k.of[s] = id
+}
+
+// Remove forgets relay s (it ended).
+func (k *Sockets) Remove(s *upstreams.Session) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	id, ok := k.of[s]
+	if !ok {
+		return
+	}
+	delete(k.of, s)
+	delete(k.byID[id], s)
+	if len(k.byID[id]) == 0 {
+		delete(k.byID, id)
+	}
+}
+
+// CloseSession closes the sockets of session id with code and reason.
+func (k *Sockets) CloseSession(id string, code int, reason string) {
+	k.mu.Lock()
+	all := make([]*upstreams.Session, 0, len(k.byID[id]))
+	for s := range k.byID[id] {
+		all = append(all, s)
+	}
+	k.mu.Unlock()
+	for _, s := range all {
+		s.Close(code, reason)
+	}
+}
+
+// CloseAll closes every one of them.
+func (k *Sockets) CloseAll(code int, reason string) {
+	k.mu.Lock()
+	all := make([]*upstreams.Session, 0, len(k.of))
+	for s := range k.of {
+		all = append(all, s)
+	}
+	k.mu.Unlock()
+	for _, s := range all {
+		s.Close(code, reason)
+	}
 }

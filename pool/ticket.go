@@ -182,7 +182,7 @@ func (t *Ticket) Join(client *Ticket) {
 // starts: the admission's hold becomes its meter (a resumed session that
 // kept its provider session goes on with the meter it had). It returns the
 // meter.
-func (t *Ticket) Establish(s *upstreams.Session, info SessionInfo, remote *upstreams.Remote) *spend.Meter {
+func (t *Ticket) Establish(s Live, info SessionInfo, remote *upstreams.Remote) *spend.Meter {
 	t.mu.Lock()
 	meter := t.live.Meter
 	if meter == nil {

@@ -1,0 +1,556 @@
+package browserfailover
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"go.uber.org/zap"
+
+	"github.com/browserfailover/caddy-browser-failover/cluster"
+	"github.com/browserfailover/caddy-browser-failover/observe"
+	"github.com/browserfailover/caddy-browser-failover/pool"
+	"github.com/browserfailover/caddy-browser-failover/upstreams"
+)
+
+// WebDriver sessions over HTTP (Selenium, WebdriverIO). A client creates
+// a browser with POST <base>/session and sends each command as its own
+// HTTP request to <base>/session/<id>/…; with BiDi on it also opens the
+// WebSocket its create answer names. With a webdriver provider in the
+// handler, a request whose path has a segment "session" is WebDriver:
+//
+//   - POST <base>/session is a create: the chain's own way (join, order,
+//     admission, attempts one after the other — hedging does not apply —,
+//     the queue), each attempt a create call at a webdriver provider
+//     that can start the browser asked for. The session that results
+//     holds the client's ticket (webdriver_session.go), and the client
+//     gets the provider's answer rewritten: the gateway's session ID, and
+//     socket URLs on the gateway's host.
+//   - <base>/session/<id>[/…] is a command, forwarded to the session's
+//     provider session; DELETE <base>/session/<id> ends it.
+//   - an upgrade to <base>/session/<id> or <base>/session/<id>/se/cdp of
+//     a live WebDriver session is its BiDi or CDP socket, relayed to the
+//     provider's own; every other upgrade goes the chain's way (a BiDi
+//     client's /session path among them).
+//   - GET <base>/status is answered by the gateway.
+//
+// Every WebDriver request follows the Origin rule of upgrades (a web page
+// must not drive a browser through fetch either). Under shared state each
+// session's route is in Redis, so any node serves its commands and
+// sockets; the node that created it owns its slot and its end.
+
+// The default idle timeout of a WebDriver session: its client sends
+// commands, so one that sent none for this long (with no socket open) has
+// gone.
+const defaultWebDriverIdle = 5 * time.Minute
+
+// wdCreate is a WebDriver create's part of a client's way.
+type wdCreate struct {
+	req *upstreams.CreateRequest
+	// base is the client's base path ("" for the root, "/wd/hub" …).
+	base string
+}
+
+// wdRequest is where a WebDriver request goes.
+type wdRequest struct {
+	base string
+	// id is the session a command or socket is for ("" for a create).
+	id string
+	// rest is what follows /session/<id> ("" or "/…").
+	rest   string
+	status bool // GET <base>/status
+}
+
+// parseWebDriverPath reads a WebDriver request's path: ok is false when
+// the path has no segment "session" and does not end in "/status".
+func parseWebDriverPath(p string) (wdRequest, bool) {
+	segs := strings.Split(strings.TrimPrefix(p, "/"), "/")
+	for i, s := range segs {
+		if s != "session" {
+			continue
+		}
+		wr := wdRequest{base: joinSegments(segs[:i])}
+		if i+1 < len(segs) {
+			wr.id = segs[i+1]
+			if i+2 < len(segs) {
+				wr.rest = "/" + strings.Join(segs[i+2:], "/")
+			}
+		}
+		return wr, true
+	}
+	if len(segs) > 0 && segs[len(segs)-1] == "status" {
+		return wdRequest{base: joinSegments(segs[:len(segs)-1]), status: true}, true
+	}
+	return wdRequest{}, false
+}
+
+func joinSegments(segs []string) string {
+	if len(segs) == 0 || (len(segs) == 1 && segs[0] == "") {
+		return ""
+	}
+	return "/" + strings.Join(segs, "/")
+}
+
+// serveWebDriver answers a WebDriver request that is not an upgrade.
+func (h *Handler) serveWebDriver(w http.ResponseWriter, r *http.Request, wr wdRequest) {
+	if !h.origins.allows(r.Header.Values("Origin")) {
+		h.obs.Rejected(http.StatusForbidden, observe.ReasonOrigin, 0)
+		w.Header().Set("Content-Type", "application/json; charset=utf-8")
+		writeWebDriverError(w, http.StatusForbidden, "unknown error", "refused: this request carries an Origin header, so a web page sent it, "+
+			"and this gateway accepts web pages only from the origins its allowed_origins option names (automation clients send no Origin)")
+		return
+	}
+	switch {
+	case wr.status:
+		if r.Method != http.MethodGet && r.Method != http.MethodHead {
+			upstreams.WriteWebDriverError(w, "unknown method", "the gateway's status is read with GET")
+			return
+		}
+		h.webDriverStatus(w)
+	case wr.id == "":
+		if r.Method != http.MethodPost {
+			upstreams.WriteWebDriverError(w, "unknown method", "a new session is created with POST "+wr.base+"/session")
+			return
+		}
+		h.webDriverCreate(w, r, wr)
+	default:
+		h.webDriverCommand(w, r, wr)
+	}
+}
+
+// writeWebDriverError writes a WebDriver error with a status of the
+// gateway's own (403 for a foreign Origin), not the code's.
+func writeWebDriverError(w http.ResponseWriter, status int, code, msg string) {
+	b, _ := json.Marshal(map[string]any{"value": map[string]string{"error": code, "message": msg, "stacktrace": ""}})
+	w.Header().Set("Content-Type", "application/json; charset=utf-8")
+	w.Header().Set("Content-Length", strconv.Itoa(len(b)))
+	w.WriteHeader(status)
+	w.Write(b)
+}
+
+// webDriverStatus answers GET <base>/status: ready while some webdriver
+// provider admits a session now.
+func (h *Handler) webDriverStatus(w http.ResponseWriter) {
+	ready := false
+	for _, m := range h.members {
+		if m.up.Protocol() == upstreams.ProtocolWebDriver && m.state.HasRoom() {
+			if over, _ := m.state.OverBudget(); !over {
+				ready = true
+				break
+			}
+		}
+	}
+	msg := "no WebDriver provider takes a new session now"
+	if ready {
+		msg = "a WebDriver provider takes new sessions"
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"value": map[string]any{"ready": ready, "message": msg}}, nil)
+}
+
+// webDriverCreate serves POST <base>/session through the chain.
+func (h *Handler) webDriverCreate(w http.ResponseWriter, r *http.Request, wr wdRequest) {
+	body, err := io.ReadAll(io.LimitReader(r.Body, upstreams.MaxWebDriverCreate+1))
+	if err != nil {
+		return // the client went away
+	}
+	if len(body) > upstreams.MaxWebDriverCreate {
+		upstreams.WriteWebDriverError(w, "invalid argument", "the new session's body is over "+strconv.Itoa(upstreams.MaxWebDriverCreate>>20)+" MiB")
+		return
+	}
+	req, err := upstreams.ParseCreateRequest(body)
+	if err != nil {
+		upstreams.WriteWebDriverError(w, "invalid argument", err.Error())
+		return
+	}
+	c := h.newConnect(w, r, nil)
+	c.wd = &wdCreate{req: req, base: wr.base}
+	defer func() { c.ticket.Release() }()
+	if !c.check() {
+		return
+	}
+	c.run()
+}
+
+// attempt is one attempt of the client's at m: a create call for a
+// WebDriver client, an upgrade for the others.
+func (c *connect) attempt(ctx context.Context, m *member) upstreams.Result {
+	if c.wd != nil {
+		return m.up.CreateWebDriver(ctx, c.wd.req, c.replace)
+	}
+	return m.up.Connect(ctx, c.hs, c.replace)
+}
+
+// anyAccepts reports whether some provider of the client's pool can start
+// the browser its create asks for.
+func (c *connect) anyAccepts() bool {
+	for _, i := range c.pool.members {
+		if c.h.members[i].up.Accepts(c.wd.req) {
+			return true
+		}
+	}
+	return false
+}
+
+// noProviderStarts is the answer's message when none can.
+func (c *connect) noProviderStarts() string {
+	b := c.wd.req.Browser()
+	if b == "" {
+		b = "the browser asked for"
+	}
+	return "no WebDriver provider here starts " + b
+}
+
+// wsBase is where the client reaches the gateway's WebDriver sockets:
+// ws(s)://<the Host it used><its base>.
+func (c *connect) wsBase() string {
+	scheme := "ws"
+	if c.r.TLS != nil {
+		scheme = "wss"
+	}
+	return scheme + "://" + c.r.Host + c.wd.base
+}
+
+// 6. Establish, for a WebDriver create: the session (its client's ticket)
+// is registered, its route shared, and the client gets the provider's
+// answer rewritten.
+func (c *connect) establishWebDriver(m *member, ps *upstreams.WebDriverSession) passEnd {
+	if caddy.Exiting() {
+		ps.Remote.Release()
+		c.finish(c.shuttingDown())
+		return passAnswered
+	}
+	answer, err := ps.Answer(c.id, c.wsBase())
+	if err != nil {
+		ps.Remote.Release()
+		c.h.logger.Error("WebDriver create answer not usable", zap.String("provider", m.up.Name), zap.Error(err))
+		c.finish(c.unavailable("bad create answer"))
+		return passAnswered
+	}
+	c.served(m)
+	s := c.newWebDriverSession(m, ps)
+	c.learnt(m.up.Name)
+	hd := c.w.Header()
+	hd.Set("Content-Type", "application/json; charset=utf-8")
+	hd.Set("Content-Length", strconv.Itoa(len(answer)))
+	hd.Set(SessionHeader, c.id)
+	hd.Set("Cache-Control", "no-cache")
+	c.w.WriteHeader(http.StatusOK)
+	c.w.Write(answer)
+	s.run()
+	return passEstablished
+}
+
+// webDriverTarget is the session a command or socket is for: this node's,
+// or under shared state another node's (a route).
+type webDriverTarget struct {
+	local *wdSession
+	// remote: another node's session.
+	up       *upstreams.Provider
+	ps       *upstreams.WebDriverSession
+	provider string
+	id       string
+}
+
+// webDriverTargetOf finds the session id; ok is false when it is not a
+// live WebDriver session of this gateway.
+func (h *Handler) webDriverTargetOf(ctx context.Context, id string) (webDriverTarget, bool) {
+	if ls, ok := h.reg.SessionByID(id); ok {
+		if s, ok := ls.Session.(*wdSession); ok {
+			return webDriverTarget{local: s, up: s.upNow(), ps: s.ps, provider: s.provider, id: id}, true
+		}
+		return webDriverTarget{}, false
+	}
+	sh := h.shared
+	if sh == nil || !validSessionID(id) || !sh.s.Usable() {
+		return webDriverTarget{}, false
+	}
+	rt, ok, err := sh.s.Store().Routes().Get(ctx, id)
+	if err != nil {
+		h.logger.Warn("WebDriver route from the shared state not read", zap.String("cause", err.Error()))
+		return webDriverTarget{}, false
+	}
+	if !ok {
+		return webDriverTarget{}, false
+	}
+	m := h.memberByName(rt.Provider)
+	if m == nil || m.up.Protocol() != upstreams.ProtocolWebDriver {
+		return webDriverTarget{}, false
+	}
+	ps, err := m.up.WebDriverSessionOf(rt.ProviderID, rt.SocketURL, rt.CDPURL)
+	if err != nil {
+		h.logger.Warn("WebDriver route from the shared state refused", zap.String("provider", rt.Provider), zap.String("cause", err.Error()))
+		return webDriverTarget{}, false
+	}
+	return webDriverTarget{up: m.up, ps: ps, provider: rt.Provider, id: id}, true
+}
+
+// memberByName is the handler's member called name, nil when none.
+func (h *Handler) memberByName(name string) *member {
+	for _, m := range h.members {
+		if m.up.Name == name {
+			return m
+		}
+	}
+	return nil
+}
+
+// active notes a command or a socket's activity for the session's idle
+// timeout, here or (another node's) in the shared state.
+func (h *Handler) active(t webDriverTarget) {
+	if t.local != nil {
+		t.local.touch()
+	}
+	if sh := h.shared; sh != nil && sh.s.Usable() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		if err := sh.s.Store().Routes().Touch(ctx, t.id, h.webDriverRouteTTL()); err != nil {
+			sh.s.Failed("touch route", err)
+		}
+		cancel()
+	}
+}
+
+// ended tells the session's owner that its provider session ended here
+// (the client's DELETE, or the provider's invalid session id): this
+// node's own session ends now; another node's hears it from the shared
+// state.
+func (h *Handler) ended(t webDriverTarget, reason string) {
+	if t.local != nil {
+		t.local.end(reason, false)
+		return
+	}
+	sh := h.shared
+	if sh == nil || !sh.s.Usable() {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	if err := sh.s.Store().News().AnnounceWebDriverEnd(ctx, t.id); err != nil {
+		sh.s.Failed("announce end", err)
+	}
+}
+
+// webDriverCommand forwards a command to its session's provider session.
+func (h *Handler) webDriverCommand(w http.ResponseWriter, r *http.Request, wr wdRequest) {
+	t, ok := h.webDriverTargetOf(r.Context(), wr.id)
+	if !ok {
+		upstreams.WriteWebDriverError(w, "invalid session id", "no live session "+strconv.Quote(wr.id)+" on this gateway")
+		return
+	}
+	if repl := replacerOf(r); repl != nil {
+		repl.Set(PlaceholderSessionID, wr.id)
+		repl.Set(PlaceholderProvider, t.provider)
+	}
+	h.active(t)
+	body := http.MaxBytesReader(w, r.Body, upstreams.MaxWebDriverCommand)
+	resp, err := t.up.WebDriverCommand(r.Context(), t.ps, r.Method, wr.rest, r.URL.RawQuery, body)
+	h.reg.Metrics().WebDriverCommand(t.provider)
+	if t.local != nil {
+		t.local.command(r)
+	}
+	if err != nil {
+		if r.Context().Err() != nil {
+			return // the client went away
+		}
+		var tooBig *http.MaxBytesError
+		if errors.As(err, &tooBig) {
+			upstreams.WriteWebDriverError(w, "invalid argument", "the command's body is over "+strconv.Itoa(upstreams.MaxWebDriverCommand>>20)+" MiB")
+			return
+		}
+		upstreams.WriteWebDriverError(w, "unknown error", "the session's provider "+t.provider+" cannot be reached: "+err.Error())
+		return
+	}
+	defer resp.Body.Close()
+	// The provider's own end of the session shows in its answer's first
+	// bytes; the answer is relayed as it is all the same.
+	head := make([]byte, 512)
+	n, _ := io.ReadFull(resp.Body, head)
+	head = head[:n]
+	gone := upstreams.IsInvalidSessionAnswer(resp.StatusCode, head)
+	if ct := resp.Header.Get("Content-Type"); ct != "" {
+		w.Header().Set("Content-Type", ct)
+	}
+	if cl := resp.Header.Get("Content-Length"); cl != "" {
+		w.Header().Set("Content-Length", cl)
+	}
+	w.Header().Set("Cache-Control", "no-cache")
+	w.WriteHeader(resp.StatusCode)
+	up, _ := w.Write(head)
+	rest, _ := io.Copy(w, resp.Body)
+	if t.local != nil {
+		t.local.counted(r.ContentLength, int64(up)+rest)
+	}
+	switch {
+	case r.Method == http.MethodDelete && wr.rest == "":
+		h.ended(t, EndClientDelete)
+	case gone:
+		h.ended(t, EndProviderGone)
+	}
+}
+
+// End reasons of WebDriver sessions that are their own.
+const (
+	EndClientDelete = "client deleted the session"
+	EndProviderGone = "provider ended the session"
+)
+
+// serveWebDriverSocket relays the BiDi or CDP socket of a live WebDriver
+// session; it reports false when the upgrade is not one (it then goes the
+// chain's way).
+func (h *Handler) serveWebDriverSocket(w http.ResponseWriter, r *http.Request, wr wdRequest) bool {
+	if wr.id == "" || (wr.rest != "" && wr.rest != "/se/cdp") {
+		return false
+	}
+	t, ok := h.webDriverTargetOf(r.Context(), wr.id)
+	if !ok {
+		return false
+	}
+	hs, err := upstreams.Check(r)
+	if err != nil {
+		var ce *upstreams.CheckError
+		errors.As(err, &ce)
+		writeJSON(w, ce.Status, map[string]string{"error": ce.Msg}, nil)
+		return true
+	}
+	c := h.newConnect(w, r, hs)
+	c.id = wr.id
+	if !h.origins.allows(r.Header.Values("Origin")) {
+		h.obs.Rejected(http.StatusForbidden, observe.ReasonOrigin, 0)
+		c.refuseOrigin().write(w, r)
+		return true
+	}
+	cdp := wr.rest == "/se/cdp"
+	res := t.up.WebDriverSocket(r.Context(), hs, t.ps, cdp, c.replace)
+	if res.Outcome.Kind != upstreams.Success {
+		if res.Outcome.Kind == upstreams.Relay {
+			c.relayedTo(t.provider, res).write(w, r)
+			return true
+		}
+		writeJSON(w, http.StatusBadGateway, map[string]string{
+			"error": "the session's provider " + t.provider + " did not open its socket (" + res.Outcome.Word + ")",
+		}, nil)
+		return true
+	}
+	up := res.Conn
+	fields := []upstreams.HeaderField{{Name: SessionHeader, Value: wr.id}}
+	for _, k := range []string{"Sec-Websocket-Protocol", "Sec-Websocket-Extensions"} {
+		for _, v := range up.Answer.Header.Values(k) {
+			fields = append(fields, upstreams.HeaderField{Name: k, Value: v})
+		}
+	}
+	ho, err := c.handOver(up.Answer.RawWithHeaders(upstreams.HeaderField{Name: SessionHeader, Value: wr.id}), fields)
+	if err != nil {
+		up.Close()
+		return true
+	}
+	up.Answer = nil
+	h.active(t)
+	opts := upstreams.SessionOptions{
+		ClientPending: ho.pending,
+		Keepalive:     time.Duration(h.Keepalive),
+	}
+	if t.local != nil {
+		local := t.local
+		opts.OnEnd = func(s *upstreams.Session) { local.socketEnded(s) }
+	} else {
+		reg := h.reg
+		opts.OnEnd = func(s *upstreams.Session) { reg.Sockets.Remove(s) }
+	}
+	s := upstreams.NewSession(ho.conn, up, opts)
+	if t.local != nil {
+		if !t.local.addSocket(s) {
+			s.Close(upstreams.CloseNormal, "session ended")
+		}
+	} else {
+		h.reg.Sockets.Add(wr.id, s)
+	}
+	if ho.greet != nil {
+		if err := ho.greet(); err != nil {
+			s.Close(upstreams.CloseGoingAway, upstreams.EndClientError)
+		}
+	}
+	s.Run()
+	ho.await(s, nil)
+	return true
+}
+
+// webDriverRouteTTL is how long a session's route stays in the shared
+// state without activity: past its idle timeout, the owner has ended it.
+func (h *Handler) webDriverRouteTTL() time.Duration {
+	return 2*h.webDriverIdle() + time.Minute
+}
+
+// webDriverIdle is the idle timeout of the handler's WebDriver sessions.
+func (h *Handler) webDriverIdle() time.Duration {
+	if s := h.Session; s != nil && s.IdleTimeout > 0 {
+		return time.Duration(s.IdleTimeout)
+	}
+	return defaultWebDriverIdle
+}
+
+// shareRoute puts a new session's route in the shared state.
+func (h *Handler) shareRoute(s *wdSession) bool {
+	sh := h.shared
+	if sh == nil || !sh.s.Usable() {
+		return false
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	rt := cluster.Route{Provider: s.provider, ProviderID: s.ps.ID, SocketURL: s.ps.SocketURL(), CDPURL: s.ps.CDPURL(), Node: sh.s.Store().Node()}
+	if err := sh.s.Store().Routes().Put(ctx, s.id, rt, h.webDriverRouteTTL()); err != nil {
+		sh.s.Failed("put route", err)
+		return false
+	}
+	sh.s.Worked()
+	return true
+}
+
+// webDriverAnswer writes a reply the chain gives a WebDriver create as a
+// WebDriver error: session not created, with the reply's message and its
+// Retry-After; a provider's own answer (relayed) goes as it is.
+func webDriverAnswer(w http.ResponseWriter, r *http.Request, rp *reply) {
+	if rp.reason == observe.ReasonRelayed {
+		rp.write(w, r)
+		return
+	}
+	rec := &recorder{header: http.Header{}}
+	rp.write(rec, r)
+	var b struct {
+		Error    string    `json:"error"`
+		Attempts []attempt `json:"attempts"`
+	}
+	json.Unmarshal(rec.body.Bytes(), &b)
+	msg := b.Error
+	if len(b.Attempts) > 0 {
+		var tried []string
+		for _, a := range b.Attempts {
+			tried = append(tried, a.Provider+": "+a.Outcome)
+		}
+		msg += " (" + strings.Join(tried, ", ") + ")"
+	}
+	if ra := rec.header.Get("Retry-After"); ra != "" {
+		w.Header().Set("Retry-After", ra)
+	}
+	code := "session not created"
+	status := http.StatusInternalServerError
+	if rp.reason == observe.ReasonOrigin {
+		code, status = "unknown error", http.StatusForbidden
+	}
+	writeWebDriverError(w, status, code, msg)
+}
+
+// recorder keeps what a reply writes.
+type recorder struct {
+	header http.Header
+	body   bytes.Buffer
+}
+
+func (r *recorder) Header() http.Header         { return r.header }
+func (r *recorder) Write(b []byte) (int, error) { return r.body.Write(b) }
+func (r *recorder) WriteHeader(int)             {}
