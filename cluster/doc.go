@@ -52,6 +52,13 @@
 //   - LedgerStore (Store.Ledger, ledger.go, ledger_legacy.go): the
 //     storage of the ledger of created sessions, its locks, and the reader
 //     of the layout of older versions.
+//   - Routes (Store.Routes, webdriver.go): where each WebDriver session
+//     lives (its provider, the provider's session ID and socket URLs,
+//     its owner node; never a credential), so that any node serves its
+//     commands and sockets, and its last activity, written at most once
+//     a second per session and read back as how long it has been idle;
+//     with the announcements of a WebDriver session's end (to its owner,
+//     and by its owner).
 //
 // Close stops taking leases and ends the renewals, waits for the last
 // spend write, gives the held leases back, waits for the calls in flight,
@@ -75,6 +82,11 @@
 //     nothing.
 //   - <prefix>secret:<name> holds a secret every node uses alike (the
 //     client key secret), hex encoded, set once by the first node.
+//   - <prefix>wd:{<id>} is a hash {route, at} of the WebDriver session
+//     id (the gateway's ID, the key's hash tag): its Route as JSON (at
+//     most 8 KiB, checked again when read) and its last activity in Unix
+//     milliseconds of Redis' clock. The key expires one ttl after the
+//     last write.
 //   - <prefix>events is the pub/sub channel of Event notifications, as JSON.
 //
 // # Clocks
@@ -83,8 +95,9 @@
 // scripts). A node never sends a time of its own clock: it sends how long
 // a cooldown or skip lasts from now, and reads back how long is left,
 // which it adds to its own clock (Config.Clock). Events carry the length
-// too. So nodes whose clocks disagree keep the same lengths, and nothing
-// is dropped as already past.
+// too, and a WebDriver session's activity is read back as how long it has
+// been idle. So nodes whose clocks disagree keep the same lengths, and
+// nothing is dropped as already past.
 //
 // Every decision is taken by one Lua script in one round trip, so there is
 // no read-then-write race between nodes. A script may touch the keys of

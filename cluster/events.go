@@ -26,13 +26,22 @@ const (
 	// EventWanted: a node found the provider full; nodes keeping spare
 	// slots of it (see Lease.Release) give them back at once.
 	EventWanted = "wanted"
+	// EventWebDriverEnd: a node that does not own the WebDriver session
+	// named by Event.Session (its gateway session ID) saw it end (the
+	// client's DELETE, or the provider's "invalid session id"); the
+	// owner (Route.Node) ends it. Event.Provider is empty.
+	EventWebDriverEnd = "webdriver_end"
+	// EventWebDriverEnded: the owner of the WebDriver session named by
+	// Event.Session ended it; the nodes serving its sockets close them.
+	// Event.Provider is empty.
+	EventWebDriverEnded = "webdriver_ended"
 )
 
 // Event is a change of the shared state, as announced by a node.
 type Event struct {
-	// Kind is EventReleased, EventCooldown, EventSkip or EventRecovered.
+	// Kind is one of the Event kinds above.
 	Kind string
-	// Provider is the provider's name.
+	// Provider is the provider's name; empty for the WebDriver kinds.
 	Provider string
 	// Until is the end of the cooldown or skip on the receiving node's
 	// clock; zero for other kinds.
@@ -42,7 +51,8 @@ type Event struct {
 	// Node is the node that published the event.
 	Node string
 	// Session names the parked session of an EventResumed, as the
-	// caller keyed it in ParkResume.
+	// caller keyed it in ParkResume, or the WebDriver session of an
+	// EventWebDriverEnd or EventWebDriverEnded.
 	Session string
 }
 
@@ -62,8 +72,19 @@ type wireEvent struct {
 // node's clock).
 func decodeEvent(payload string, now time.Time) (Event, bool) {
 	var w wireEvent
-	if err := json.Unmarshal([]byte(payload), &w); err != nil || w.Kind == "" || w.Provider == "" {
+	if err := json.Unmarshal([]byte(payload), &w); err != nil || w.Kind == "" {
 		return Event{}, false
+	}
+	switch w.Kind {
+	case EventWebDriverEnd, EventWebDriverEnded:
+		// Of a session, not of a provider.
+		if checkRouteID(w.Session) != nil {
+			return Event{}, false
+		}
+	default:
+		if w.Provider == "" {
+			return Event{}, false
+		}
 	}
 	ev := Event{Kind: w.Kind, Provider: w.Provider, Node: w.Node, Streak: w.Streak, Session: w.Session}
 	if w.ForMS > 0 {

@@ -277,6 +277,36 @@ func TestClusterMode(t *testing.T) {
 	if known, err := reaper.Known(ctx, "cloud"); err != nil || len(known) != 0 {
 		t.Fatalf("ledger Known after the reap: %v, %v", known, err)
 	}
+	// WebDriver routes, in several slots: a puts, b reads, touches and
+	// drops, a reads the activity.
+	wdSlots := map[string]bool{}
+	for i := range 5 {
+		id := fmt.Sprintf("wd%d", i)
+		wdSlots[strings.TrimSpace(testredis.Cmd(t, c.Addrs()[0], "CLUSTER", "KEYSLOT", a.c.routeKey(id)))] = true
+		rt := Route{Provider: "alpha", ProviderID: "p" + id, SocketURL: "ws://127.0.0.1:1/session/p" + id}
+		if err := a.Routes().Put(ctx, id, rt, time.Minute); err != nil {
+			t.Fatalf("Routes.Put(%s): %v", id, err)
+		}
+		rt.Node = "a"
+		if got, ok, err := b.Routes().Get(ctx, id); err != nil || !ok || got != rt {
+			t.Fatalf("Routes.Get(%s) on b: %+v, %v, %v", id, got, ok, err)
+		}
+		if err := b.Routes().Touch(ctx, id, time.Minute); err != nil {
+			t.Fatalf("Routes.Touch(%s) on b: %v", id, err)
+		}
+		if idle, ok, err := a.Routes().Idle(ctx, id); err != nil || !ok || idle > time.Minute {
+			t.Fatalf("Routes.Idle(%s) on a: %v, %v, %v", id, idle, ok, err)
+		}
+		if err := b.Routes().Drop(ctx, id); err != nil {
+			t.Fatalf("Routes.Drop(%s) on b: %v", id, err)
+		}
+		if _, ok, err := a.Routes().Get(ctx, id); err != nil || ok {
+			t.Fatalf("Routes.Get(%s) after Drop: %v, %v", id, ok, err)
+		}
+	}
+	if len(wdSlots) < 3 {
+		t.Fatalf("routes in %d slots only", len(wdSlots))
+	}
 	// Events cross the cluster's nodes.
 	rec := subscribe(t, b)
 	if err := a.News().ClearCooldown(ctx, "bravo"); err != nil {
@@ -284,6 +314,13 @@ func TestClusterMode(t *testing.T) {
 	}
 	testredis.WaitFor(t, 10*time.Second, "b hearing a's recovered event", func() bool {
 		_, ok := rec.find(func(ev Event) bool { return ev.Kind == EventRecovered && ev.Provider == "bravo" && ev.Node == "a" })
+		return ok
+	})
+	if err := a.News().AnnounceWebDriverEnd(ctx, "wd0"); err != nil {
+		t.Fatalf("AnnounceWebDriverEnd: %v", err)
+	}
+	testredis.WaitFor(t, 10*time.Second, "b hearing a's WebDriver end", func() bool {
+		_, ok := rec.find(func(ev Event) bool { return ev.Kind == EventWebDriverEnd && ev.Session == "wd0" && ev.Node == "a" })
 		return ok
 	})
 	for _, n := range c.Nodes {

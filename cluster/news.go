@@ -48,6 +48,22 @@ func (n *News) event(kind, provider string, d time.Duration, streak int) string 
 	return string(b)
 }
 
+// publish publishes w on the events channel now, within ctx; op names
+// the call in its error, which wraps ErrUnavailable.
+func (n *News) publish(ctx context.Context, op string, w wireEvent) error {
+	c := n.c
+	if c.closed.Load() {
+		return c.fail(op, errClosed)
+	}
+	ctx, cancel := c.ctx(ctx)
+	defer cancel()
+	b, _ := json.Marshal(w)
+	if err := c.rdb.Publish(ctx, c.channel(), string(b)).Err(); err != nil {
+		return c.fail(op, err)
+	}
+	return nil
+}
+
 // providerNews are the events of a provider that carry nothing but its
 // name and this node's: encoded once, not on every connect.
 type providerNews struct{ released, wanted string }

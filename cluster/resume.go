@@ -2,7 +2,6 @@ package cluster
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"time"
 
@@ -79,18 +78,7 @@ func (s *Store) ClaimResume(ctx context.Context, id, key string) (value []byte, 
 // id of provider was taken back or ended here (EventResumed), so that the
 // node that parked it forgets it. Errors wrap ErrUnavailable.
 func (n *News) AnnounceResumed(ctx context.Context, provider, id string) error {
-	const op = "announce a resumed session"
-	c := n.c
-	if c.closed.Load() {
-		return c.fail(op, errClosed)
-	}
-	ctx, cancel := c.ctx(ctx)
-	defer cancel()
-	b, _ := json.Marshal(wireEvent{Kind: EventResumed, Provider: provider, Node: c.node, Session: id})
-	if err := c.rdb.Publish(ctx, c.channel(), string(b)).Err(); err != nil {
-		return c.fail(op, err)
-	}
-	return nil
+	return n.publish(ctx, "announce a resumed session", wireEvent{Kind: EventResumed, Provider: provider, Node: n.c.node, Session: id})
 }
 
 // DropResume deletes the entry of id under key, if any (resumed or ended

@@ -10,17 +10,19 @@ import (
 // Store is one node's handle on the shared state, made of parts that each
 // keep their own state and locks: the connection to Redis (conn.go), this
 // node's slot leases (Leases), the news the nodes tell each other and the
-// providers' shared holds (News), the spend totals (Spend) and the ledger
-// storage (LedgerStore). The Store opens and closes them in order and
-// gives access to them; what needs nothing but the connection (the
-// resumable sessions, the shared secret) is its own. It is safe for
-// concurrent use. Open it once per node and Close it when the node stops.
+// providers' shared holds (News), the spend totals (Spend), the ledger
+// storage (LedgerStore) and the WebDriver sessions' routes (Routes). The
+// Store opens and closes them in order and gives access to them; what
+// needs nothing but the connection (the resumable sessions, the shared
+// secret) is its own. It is safe for concurrent use. Open it once per
+// node and Close it when the node stops.
 type Store struct {
 	c      *conn
 	leases *Leases
 	news   *News
 	spend  *Spend
 	ledger *LedgerStore
+	routes *Routes
 }
 
 // Open validates cfg and returns a Store for node, the name this gateway
@@ -56,7 +58,7 @@ func openStore(cfg Config, node string, onFailover func()) (*Store, error) {
 	leases := newLeases(c, news, watched)
 	// Another node waiting for a slot is news that frees the spares.
 	news.onWanted = leases.noteWanted
-	s := &Store{c: c, leases: leases, news: news, spend: newSpend(c), ledger: &LedgerStore{c: c}}
+	s := &Store{c: c, leases: leases, news: news, spend: newSpend(c), ledger: &LedgerStore{c: c}, routes: newRoutes(c)}
 	go leases.r.loop()
 	return s, nil
 }
@@ -74,6 +76,9 @@ func (s *Store) Spend() *Spend { return s.spend }
 
 // Ledger returns the store's ledger storage.
 func (s *Store) Ledger() *LedgerStore { return s.ledger }
+
+// Routes returns the WebDriver sessions' routes and their last activity.
+func (s *Store) Routes() *Routes { return s.routes }
 
 // Mode tells how the store reaches Redis: ModeStandalone, ModeSentinel or
 // ModeCluster.
