@@ -4,8 +4,9 @@
 # tests) from apt, Node.js when missing, and the npm
 # packages of this folder (puppeteer-core, playwright-core, an older
 # playwright-core under the alias playwright-core-old for the version
-# mismatch test, and browserless, run as a provider on that Chromium; none
-# downloads a browser). Idempotent and quiet: a second run does nothing.
+# mismatch test, browserless, run as a provider on that Chromium, and the
+# WebDriver clients WebdriverIO and selenium-webdriver, with Debian's
+# chromium-driver; none downloads a browser or a driver). Idempotent and quiet: a second run does nothing.
 set -eu
 
 cd "$(dirname "$0")"
@@ -29,6 +30,11 @@ if [ ! -x /usr/bin/chromium ]; then
 	apt_install chromium
 fi
 
+if [ ! -x /usr/bin/chromedriver ]; then
+	echo "e2e setup: installing chromium-driver"
+	apt_install chromium-driver
+fi
+
 if [ ! -x /usr/bin/firefox-esr ]; then
 	echo "e2e setup: installing firefox-esr"
 	apt_install firefox-esr
@@ -46,7 +52,7 @@ fi
 # Never let an npm package fetch a browser: the suite uses /usr/bin/chromium.
 export PUPPETEER_SKIP_DOWNLOAD=1 PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1
 missing=""
-for m in puppeteer-core playwright-core playwright-core-old @browserless.io/browserless; do
+for m in puppeteer-core playwright-core playwright-core-old @browserless.io/browserless webdriverio selenium-webdriver; do
 	[ -f "node_modules/$m/package.json" ] || missing=1
 done
 if [ -n "$missing" ] || [ ! -f node_modules/.package-lock.json ] ||
