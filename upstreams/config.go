@@ -1,6 +1,7 @@
 package upstreams
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
@@ -55,15 +56,34 @@ type Config struct {
 	// dialed as it is.
 	SessionAPI *SessionAPI `json:"session_api,omitempty"`
 	// Protocol is which clients the provider serves: "cdp", "playwright",
-	// "bidi" (WebDriver BiDi, such as Firefox) or "any"; a client is
-	// offered only providers that serve what it speaks. A bidi provider
-	// given as http(s)://host:port[/path] is dialed at
-	// ws(s)://host:port[/path]/session, never discovered. Default: "any".
+	// "bidi" (WebDriver BiDi, such as Firefox), "webdriver" (WebDriver
+	// over HTTP: chromedriver, geckodriver, Selenium Grid, cloud hubs) or
+	// "any"; a client is offered only providers that serve what it
+	// speaks, and "any" serves every client but WebDriver ones. A bidi
+	// provider given as http(s)://host:port[/path] is dialed at
+	// ws(s)://host:port[/path]/session, never discovered. A webdriver
+	// provider is given as http(s)://host[:port][/base] (such as
+	// https://user:key@hub.example.com/wd/hub: the user info becomes
+	// Basic auth), never discovered and without a session API. Default:
+	// "any".
 	Protocol string `json:"protocol,omitempty"`
 	// PlaywrightVersion is the <major>.<minor> Playwright version of a
 	// "playwright" provider; it then serves only clients of that version.
 	// Default: empty, any version.
 	PlaywrightVersion string `json:"playwright_version,omitempty"`
+	// Browsers are the browserName values a webdriver provider can start
+	// (ASCII case ignored): a create that asks for another browser in
+	// every one of its alternatives is not sent to it. Only for protocol
+	// webdriver. Default: any browser.
+	Browsers []string `json:"browsers,omitempty"`
+	// Capabilities is a JSON object merged into the alwaysMatch
+	// capabilities of every session a webdriver provider creates (its
+	// keys win over the client's): where a cloud hub's user name and key
+	// go, so that clients never hold them. Placeholders in its strings
+	// are resolved ({env.X} when the config loads, request placeholders
+	// at each create). It is a secret, like a header value: never shown.
+	// Only for protocol webdriver. Default: none.
+	Capabilities json.RawMessage `json:"capabilities,omitempty"`
 }
 
 // HeaderOp is one change to the handshake sent to a provider (the
@@ -141,6 +161,7 @@ func (c *Config) Validate(stated func(option string) bool) error {
 		errs = append(errs, &conf.Problem{Options: []string{"discover"}, Whole: true,
 			Msg: "discover on does not apply to a bidi provider (WebDriver BiDi has no /json/version: an http(s) URL is dialed at <url>/session)"})
 	}
+	errs = append(errs, c.validateWebDriver(proto, protoErr == nil))
 	if c.SessionAPI != nil {
 		errs = append(errs, ValidateSessionAPI(*c.SessionAPI))
 		if c.Discover != nil && *c.Discover {
@@ -149,6 +170,65 @@ func (c *Config) Validate(stated func(option string) bool) error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// validateWebDriver checks the options of protocol webdriver, and that
+// they are given for it only (known: the protocol option could be read).
+func (c *Config) validateWebDriver(proto Protocol, known bool) error {
+	var errs []error
+	wd := proto == ProtocolWebDriver
+	// A protocol option given after these may still settle it: judged on
+	// the whole block.
+	only := func(opt string) {
+		if known && !wd {
+			errs = append(errs, &conf.Problem{Options: []string{opt}, Whole: true, Msg: opt + " needs protocol webdriver"})
+		}
+	}
+	if len(c.Browsers) > 0 {
+		only("browsers")
+		for _, b := range c.Browsers {
+			if b == "" || strings.IndexFunc(b, func(r rune) bool { return r < ' ' || r == 0x7f }) >= 0 {
+				errs = append(errs, conf.Problemf("browsers", "browsers: %q is not a browserName", b))
+			}
+		}
+	}
+	if hasCapabilities(c.Capabilities) {
+		only("capabilities")
+		var m map[string]json.RawMessage
+		if err := json.Unmarshal(c.Capabilities, &m); err != nil || m == nil {
+			// Not shown: it may hold a secret.
+			errs = append(errs, conf.Problemf("capabilities", "capabilities must be a JSON object"))
+		}
+		for k := range m {
+			if strings.HasPrefix(k, ExtensionPrefix) {
+				errs = append(errs, conf.Problemf("capabilities", "capabilities: names starting with %q are the gateway's own, never sent to a provider", ExtensionPrefix))
+				break
+			}
+		}
+	}
+	if !wd {
+		return errors.Join(errs...)
+	}
+	if scheme, _, ok := strings.Cut(c.URL, "://"); ok && !WholePlaceholder(c.URL) && !strings.EqualFold(scheme, "http") && !strings.EqualFold(scheme, "https") {
+		errs = append(errs, &conf.Problem{Options: []string{"url"}, Whole: true,
+			Msg: "protocol webdriver needs an http:// or https:// URL (the WebDriver server's base, such as http://127.0.0.1:9515 or https://hub.example.com/wd/hub)"})
+	}
+	if c.Discover != nil && *c.Discover {
+		errs = append(errs, &conf.Problem{Options: []string{"discover"}, Whole: true,
+			Msg: "discover on does not apply to a webdriver provider (sessions are created with POST <url>/session)"})
+	}
+	if c.SessionAPI != nil {
+		errs = append(errs, &conf.Problem{Options: []string{"session_api"}, Whole: true,
+			Msg: "session_api does not apply to a webdriver provider (WebDriver creates and ends its sessions itself)"})
+	}
+	return errors.Join(errs...)
+}
+
+// hasCapabilities reports whether a capabilities option was given (JSON
+// null is none).
+func hasCapabilities(raw json.RawMessage) bool {
+	s := strings.TrimSpace(string(raw))
+	return s != "" && s != "null"
 }
 
 // validateURL checks the form of raw as the provider's URL and returns it

@@ -68,6 +68,8 @@ type Result struct {
 	// Answer and Body are set for Relay: the provider's answer to pass on.
 	Answer *Answer
 	Body   []byte
+	// WebDriver is set on Success of CreateWebDriver (Conn is nil then).
+	WebDriver *WebDriverSession
 }
 
 var readerPool = sync.Pool{New: func() any { return bufio.NewReaderSize(nil, 4096) }}

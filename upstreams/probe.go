@@ -35,6 +35,9 @@ const (
 	DefaultProbeStatus   = http.StatusOK
 	// CapacityBrowserless reads browserless's /pressure answer.
 	CapacityBrowserless = "browserless"
+	// CapacityWebDriver reads a WebDriver /status answer: value.ready
+	// false is full. The default of a webdriver provider.
+	CapacityWebDriver = "webdriver"
 	// probeUserAgent names the gateway's probes in the provider's logs.
 	probeUserAgent = "Caddy-browser_failover-health-check"
 	// maxProbeBody bounds the part of a probe's answer body that is read;
@@ -54,8 +57,9 @@ type ProbeOptions struct {
 	// a full http:// or https:// URL, used as it is. Default: the
 	// provider's path followed by /json/version for an http(s)://
 	// provider, /pressure with capacity browserless, the base of the
-	// /session endpoint (/ for Firefox) for a bidi provider; another
-	// ws(s):// provider needs one. May hold {env.X} placeholders.
+	// /session endpoint (/ for Firefox) for a bidi provider, <base>/status
+	// for a webdriver provider; another ws(s):// provider needs one. May
+	// hold {env.X} placeholders.
 	URI string `json:"uri,omitempty"`
 	// Interval is the time between two probes' starts. Default: 10s (the
 	// timeout, when longer).
@@ -66,7 +70,9 @@ type ProbeOptions struct {
 	// ExpectStatus is the status of a passing probe. Default: 200.
 	ExpectStatus int `json:"expect_status,omitempty"`
 	// Capacity "browserless" reads the answer as browserless's /pressure
-	// JSON: the provider is skipped as full while it says so.
+	// JSON, "webdriver" as a WebDriver /status answer (value.ready): the
+	// provider is skipped as full while it says so. Default: "webdriver"
+	// for a webdriver provider, none otherwise.
 	Capacity string `json:"capacity,omitempty"`
 }
 
@@ -94,9 +100,9 @@ func (o *ProbeOptions) Validate(stated func(option string) bool) error {
 		errs = append(errs, conf.Problemf("expect_status", "health_check expect_status %d is not an HTTP status", o.ExpectStatus))
 	}
 	switch o.Capacity {
-	case "", CapacityBrowserless:
+	case "", CapacityBrowserless, CapacityWebDriver:
 	default:
-		errs = append(errs, conf.Problemf("capacity", "health_check capacity %q: want browserless", o.Capacity))
+		errs = append(errs, conf.Problemf("capacity", "health_check capacity %q: want browserless or webdriver", o.Capacity))
 	}
 	if err := CheckProbeURI(o.URI); err != nil {
 		errs = append(errs, conf.Problemf("uri", "%v", err))
@@ -185,7 +191,9 @@ func CheckProbeURI(uri string) error {
 	return errors.New("health_check uri: want a path starting with / or an http:// or https:// URL")
 }
 
-// Pressure is what a browserless /pressure answer says of its capacity.
+// Pressure is what a browserless /pressure answer says of its capacity,
+// or a WebDriver /status answer (IsAvailable is its value.ready; the
+// counts are zero: it gives none).
 type Pressure struct {
 	Running       int  `json:"running"`
 	MaxConcurrent int  `json:"maxConcurrent"`
@@ -237,7 +245,7 @@ type ProbeResult struct {
 	// context ended) and says nothing of the provider.
 	Outcome Outcome
 	// Pressure is the capacity read from a passing probe's answer, with
-	// CapacityBrowserless; nil otherwise.
+	// CapacityBrowserless or CapacityWebDriver; nil otherwise.
 	Pressure *Pressure
 	// CapacityErr tells why a passing probe's answer could not be read for
 	// capacity.
@@ -276,12 +284,17 @@ func (p *Provider) NewProber(o ProbeOptions) (*Prober, error) {
 	if err != nil {
 		return nil, fmt.Errorf("provider %q: %w", p.Name, err)
 	}
+	if o.Capacity == "" && p.proto == ProtocolWebDriver {
+		o.Capacity = CapacityWebDriver
+	}
 	uri := o.URI
 	if uri == "" {
 		uri = strings.TrimSuffix(p.path, "/") + "/json/version"
 		switch {
 		case o.Capacity == CapacityBrowserless:
 			uri = "/pressure"
+		case p.proto == ProtocolWebDriver, o.Capacity == CapacityWebDriver:
+			uri = strings.TrimSuffix(p.path, "/") + "/status"
 		case p.proto == ProtocolBiDi:
 			// WebDriver BiDi has no /json/version: the base of its
 			// /session endpoint (Firefox answers / with 200).
@@ -409,6 +422,11 @@ func (pr *Prober) dialer(cfg *tls.Config) func(ctx context.Context, network, add
 	}
 }
 
+// ReadsCapacity reports whether the probes read the provider's capacity
+// (its option capacity, or a webdriver provider's default): status shows
+// it (pool.ProbeConfig.ReadsCapacity).
+func (pr *Prober) ReadsCapacity() bool { return pr.opts.Capacity != "" }
+
 // Target is the URL the probes GET, redacted.
 func (pr *Prober) Target() string { return pr.shown }
 
@@ -487,15 +505,45 @@ func (pr *Prober) result(ctx, pctx context.Context, status int, body []byte, err
 		}
 		return ProbeResult{Outcome: Outcome{Word: word, Kind: kind, Err: err}}
 	}
+	if pr.opts.Capacity == CapacityWebDriver && status != pr.opts.ExpectStatus {
+		// Some servers say "not ready" with 503 too: full, not failing.
+		if ready, ok := webDriverReady(body); ok && !ready && status == http.StatusServiceUnavailable {
+			return ProbeResult{Outcome: Outcome{Word: WordOK, Kind: Success}, Pressure: &Pressure{}}
+		}
+	}
 	if status != pr.opts.ExpectStatus {
 		return ProbeResult{Outcome: Outcome{Word: StatusWord(status), Kind: Failure,
 			Err: fmt.Errorf("health check answered %d, want %d", status, pr.opts.ExpectStatus)}}
 	}
 	res = ProbeResult{Outcome: Outcome{Word: WordOK, Kind: Success}}
-	if pr.opts.Capacity == CapacityBrowserless {
+	switch pr.opts.Capacity {
+	case CapacityBrowserless:
 		res.Pressure, res.CapacityErr = parsePressure(body)
+	case CapacityWebDriver:
+		if ready, ok := webDriverReady(body); ok {
+			// Only the flag is known: no counts.
+			res.Pressure = &Pressure{IsAvailable: ready}
+		} else {
+			res.CapacityErr = errNoReady
+		}
 	}
 	return res
+}
+
+// errNoReady marks a capacity answer that is not a WebDriver status.
+var errNoReady = errors.New(`answer is not a WebDriver status ({"value":{"ready":…}})`)
+
+// webDriverReady reads value.ready of a WebDriver /status answer.
+func webDriverReady(body []byte) (ready, ok bool) {
+	var doc struct {
+		Value *struct {
+			Ready *bool `json:"ready"`
+		} `json:"value"`
+	}
+	if json.Unmarshal(body, &doc) != nil || doc.Value == nil || doc.Value.Ready == nil {
+		return false, false
+	}
+	return *doc.Value.Ready, true
 }
 
 // Close closes the connections kept for the next probe, once a probe in

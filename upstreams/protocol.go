@@ -23,6 +23,12 @@ const (
 	// ProtocolBiDi is WebDriver BiDi: Firefox's remote agent, Puppeteer's
 	// protocol 'webDriverBiDi', WebdriverIO, Selenium's BiDi.
 	ProtocolBiDi Protocol = "bidi"
+	// ProtocolWebDriver is classic WebDriver over HTTP (Selenium,
+	// WebdriverIO): a session created with POST <base>/session, commands
+	// sent to <base>/session/<id>/…, and the BiDi or CDP socket its create
+	// answer names. Its providers are chromedriver, geckodriver, Selenium
+	// Grid and cloud hubs.
+	ProtocolWebDriver Protocol = "webdriver"
 )
 
 // ParseProtocol reads a provider's protocol option ("" is any).
@@ -30,10 +36,10 @@ func ParseProtocol(s string) (Protocol, error) {
 	switch p := Protocol(strings.ToLower(strings.TrimSpace(s))); p {
 	case "":
 		return ProtocolAny, nil
-	case ProtocolAny, ProtocolCDP, ProtocolPlaywright, ProtocolBiDi:
+	case ProtocolAny, ProtocolCDP, ProtocolPlaywright, ProtocolBiDi, ProtocolWebDriver:
 		return p, nil
 	}
-	return "", fmt.Errorf("protocol %q: want cdp, playwright, bidi or any", s)
+	return "", fmt.Errorf("protocol %q: want cdp, playwright, bidi, webdriver or any", s)
 }
 
 // Resumable reports whether a session of a client speaking p may be
@@ -132,11 +138,15 @@ func playwrightUAVersion(ua string) string {
 
 // Serves tells whether a provider of protocol p (and, for playwright, of
 // version pv, "" for any version) can ever serve a client speaking cp at
-// version cv.
+// version cv. WebDriver clients are served by webdriver providers only,
+// and those serve no other client: an "any" provider speaks WebSocket
+// protocols, not WebDriver's HTTP.
 func Serves(p Protocol, pv string, cp Protocol, cv string) bool {
 	switch p {
 	case ProtocolAny, "":
-		return true
+		return cp != ProtocolWebDriver
+	case ProtocolWebDriver:
+		return cp == ProtocolWebDriver
 	case ProtocolCDP:
 		return cp == ProtocolCDP
 	case ProtocolBiDi:

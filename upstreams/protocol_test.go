@@ -123,12 +123,12 @@ func TestServesAndPrefers(t *testing.T) {
 }
 
 func TestParseProtocolOptions(t *testing.T) {
-	for in, want := range map[string]Protocol{"": ProtocolAny, "any": ProtocolAny, "CDP": ProtocolCDP, "playwright": ProtocolPlaywright, "bidi": ProtocolBiDi, "BiDi": ProtocolBiDi} {
+	for in, want := range map[string]Protocol{"": ProtocolAny, "any": ProtocolAny, "CDP": ProtocolCDP, "playwright": ProtocolPlaywright, "bidi": ProtocolBiDi, "BiDi": ProtocolBiDi, "webdriver": ProtocolWebDriver} {
 		if got, err := ParseProtocol(in); err != nil || got != want {
 			t.Errorf("ParseProtocol(%q) = %s, %v", in, got, err)
 		}
 	}
-	for _, bad := range []string{"webdriver", "firefox", "webDriverBiDi"} {
+	for _, bad := range []string{"selenium", "firefox", "webDriverBiDi"} {
 		if _, err := ParseProtocol(bad); err == nil {
 			t.Errorf("protocol %q accepted", bad)
 		}

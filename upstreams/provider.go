@@ -2,7 +2,8 @@
 // to one: the provider model and its redacted form, the upstream handshake
 // request, one connection attempt inside its deadline (TCP, TLS, discovery,
 // upgrade answer), the classification of what came back into an outcome word,
-// the strategies that order candidates, and the byte relay after 101.
+// the strategies that order candidates, the byte relay after 101, and
+// WebDriver over HTTP (create, commands, the session's sockets).
 //
 // It knows nothing of cooldowns or queues.
 package upstreams
@@ -55,6 +56,7 @@ type Provider struct {
 	redacted   string
 
 	api *sessionAPI // nil without a session API
+	wd  *webDriver  // nil but for protocol webdriver
 
 	// conf is the configuration it was built from: an option that needs
 	// no preparing is read from here where it is used.
@@ -152,6 +154,16 @@ func New(c Config, d Defaults, known func(string) string) (*Provider, error) {
 	if c.PlaywrightVersion != "" {
 		p.pwVersion, _ = ParsePlaywrightVersion(c.PlaywrightVersion)
 	}
+	if p.proto == ProtocolWebDriver {
+		if !p.httpURL {
+			// Checked by Validate unless the URL was a placeholder.
+			return fail(errors.New("protocol webdriver needs an http:// or https:// URL"))
+		}
+		p.Discover = false
+		if p.wd, err = newWebDriver(p, u, c, d, known); err != nil {
+			return fail(err)
+		}
+	}
 	if p.proto == ProtocolBiDi && p.httpURL {
 		// WebDriver BiDi's endpoint is <base>/session; there is nothing
 		// to discover.
@@ -193,13 +205,23 @@ func (p *Provider) Protocol() Protocol { return p.proto }
 // provider serves, in canonical form ("": any version).
 func (p *Provider) PlaywrightVersion() string { return p.pwVersion }
 
-// Books are the provider's session API counts, nil without a session API.
+// Books are the counts of the sessions the provider creates: over its
+// session API, or as a webdriver provider; nil for other providers.
 func (p *Provider) Books() *Books {
-	if p.api == nil {
-		return nil
+	switch {
+	case p.api != nil:
+		return p.api.books
+	case p.wd != nil:
+		return p.wd.api.books
 	}
-	return p.api.books
+	return nil
 }
+
+// CreatesSessions reports whether the provider creates sessions that the
+// gateway must end itself (a session API's, or a webdriver provider's):
+// they go through the releaser and its ledger, and Adopt takes back those
+// a gone process left.
+func (p *Provider) CreatesSessions() bool { return p.api != nil || p.wd != nil }
 
 // Key is the provider's resolved URL: two providers of one name are the
 // same when their keys are. Never shown (it may hold secrets).

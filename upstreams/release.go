@@ -180,12 +180,7 @@ func (s *Remote) run() {
 			return
 		}
 		if ok {
-			if s.from == "" {
-				b.Released.Add(1)
-			} else {
-				b.Reaped.Add(1)
-			}
-			s.released()
+			s.confirm()
 			return
 		}
 		b.ReleaseFailures.Add(1)
@@ -203,6 +198,16 @@ func (s *Remote) run() {
 // doubling, at most 5 minutes.
 func roundWait(n int) time.Duration {
 	return min(10*time.Second<<min(n-1, 5), 5*time.Minute)
+}
+
+// confirm books a confirmed release: in the books, and with the ledger.
+func (s *Remote) confirm() {
+	if s.from == "" {
+		s.api.books.Released.Add(1)
+	} else {
+		s.api.books.Reaped.Add(1)
+	}
+	s.released()
 }
 
 // released books a confirmed release with the ledger.

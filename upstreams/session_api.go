@@ -569,8 +569,13 @@ func (p *Provider) ListSessions(ctx context.Context, known func(string) string) 
 // this provider and left behind (from names that process; its ledger entry
 // is now this one's). The release call's headers are resolved with known,
 // without a request: a header that needs the request's placeholders is sent
-// without their values. Nil when the provider has no session API.
+// without their values. A webdriver provider's is released with DELETE
+// <base>/session/<id>. Nil when the provider creates no sessions.
 func (p *Provider) Adopt(id, from string, known func(string) string) *Remote {
+	if p.wd != nil {
+		// Its header_up values were resolved when the config loaded.
+		return &Remote{api: p.wd.api, id: id, headers: headerList(p.wdHeader(nil)), recorded: true, from: from}
+	}
 	if p.api == nil {
 		return nil
 	}
@@ -585,6 +590,25 @@ func (r *Remote) Release() {
 		return
 	}
 	r.api.rel.submit(r)
+}
+
+// Confirmed books the session as released without a release call, at
+// most once and only if Release was not called (a nil Remote is a no-op):
+// the provider already confirmed its end, as when a WebDriver client's own
+// DELETE, sent on, was answered 2xx, 404 or 410. Its ledger entry is
+// removed off the request path; it never blocks.
+func (r *Remote) Confirmed() {
+	if r == nil || !r.once.do() {
+		return
+	}
+	rel := r.api.rel
+	rel.mu.Lock()
+	rel.pending++
+	rel.mu.Unlock()
+	go func() {
+		defer rel.finished()
+		r.confirm()
+	}()
 }
 
 // created is the result of a create call.
