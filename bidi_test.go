@@ -54,7 +54,11 @@ func landedAt(t *testing.T, g *testgw.Gateway, contacts *fakes.Contacts, path st
 // refusedAt dials path and returns the status of the refusal.
 func refusedAt(t *testing.T, g *testgw.Gateway, path string) int {
 	t.Helper()
-	c, resp, err := dial(t, g.WS(path), nil)
+	// A fresh connection: a refused upgrade's connection may be kept
+	// alive, and one kept from before a reload is served by the old
+	// config's handler.
+	noReuse := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}
+	c, resp, err := dial(t, g.WS(path), &websocket.DialOptions{HTTPClient: noReuse})
 	if err == nil {
 		c.CloseNow()
 		t.Fatalf("dial %s: got a session, want a refusal", path)
