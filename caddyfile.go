@@ -55,8 +55,10 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //			tls_server_name <name>
 //			tls_trusted_ca_certs <pem_file...>
 //			cooldown { ... }
-//			protocol        cdp|playwright|bidi|any
+//			protocol        cdp|playwright|bidi|webdriver|any
 //			playwright_version <major.minor>
+//			browsers        <browserName...>        # webdriver: what it starts
+//			capabilities    <json object>           # webdriver: merged into alwaysMatch
 //			health_check { ... } | health_check off
 //			session_api { ... }   # see parseSessionAPI
 //		}
@@ -297,6 +299,14 @@ func (r *reader) parseProvider() (*ProviderConfig, *block, error) {
 			p.Protocol = strings.ToLower(v)
 		case "playwright_version":
 			p.PlaywrightVersion, err = oneArg(d)
+		case "browsers":
+			if p.Browsers = d.RemainingArgs(); len(p.Browsers) == 0 {
+				err = d.ArgErr()
+			}
+		case "capabilities":
+			var v string
+			v, err = oneArg(d)
+			p.Capabilities = json.RawMessage(v)
 		case "health_check":
 			p.HealthCheck, err = parseHealthCheck(d)
 		case "session_api":

@@ -85,7 +85,19 @@ var parityCases = []parityCase{
 	{scope: "provider", cf: `protocol ""`, js: `"protocol":""`, ok: true}, // any, in both
 	{scope: "provider", cf: "protocol bidi", js: `"protocol":"bidi"`, ok: true},
 	{scope: "provider", cf: "protocol BiDi", js: `"protocol":"bidi"`, ok: true},
-	{scope: "provider", cf: "protocol webdriver", js: `"protocol":"webdriver"`},
+	{scope: "provider", cf: "protocol webdriver", js: `"protocol":"webdriver"`}, // a ws:// URL
+	{scope: "provider", url: "http://h:1/wd/hub", cf: "protocol webdriver", js: `"protocol":"webdriver"`, ok: true},
+	{scope: "provider", url: "https://u:k@hub.example.com/wd/hub", cf: "protocol webdriver", js: `"protocol":"webdriver"`, ok: true},
+	{scope: "provider", url: "http://h:1", cf: "protocol webdriver\ndiscover on", js: `"protocol":"webdriver","discover":true`},
+	{scope: "provider", url: "http://h:1", cf: "protocol webdriver\nbrowsers chrome firefox", js: `"protocol":"webdriver","browsers":["chrome","firefox"]`, ok: true},
+	{scope: "provider", url: "http://h:1", cf: "protocol webdriver\nbrowsers \"internet explorer\"", js: `"protocol":"webdriver","browsers":["internet explorer"]`, ok: true},
+	{scope: "provider", url: "http://h:1", cf: "protocol webdriver\nbrowsers \"\"", js: `"protocol":"webdriver","browsers":[""]`},
+	{scope: "provider", url: "http://h:1", cf: "browsers chrome", js: `"browsers":["chrome"]`}, // not a webdriver provider
+	{scope: "provider", url: "http://h:1", cf: "protocol webdriver\ncapabilities `{\"bstack:options\":{\"userName\":\"{env.BS_USER}\"}}`", js: `"protocol":"webdriver","capabilities":{"bstack:options":{"userName":"{env.BS_USER}"}}`, ok: true},
+	{scope: "provider", url: "http://h:1", cf: "protocol webdriver\ncapabilities `[1]`", js: `"protocol":"webdriver","capabilities":[1]`},
+	{scope: "provider", url: "http://h:1", cf: "protocol webdriver\ncapabilities `{\"bf:options\":{}}`", js: `"protocol":"webdriver","capabilities":{"bf:options":{}}`},
+	{scope: "provider", url: "http://h:1", cf: "protocol webdriver\ncapabilities `{`", js: `"protocol":"webdriver","capabilities":"{"`},
+	{scope: "provider", url: "http://h:1", cf: "capabilities `{}`", js: `"capabilities":{}`},
 	{scope: "provider", url: "http://h:1", cf: "protocol bidi", js: `"protocol":"bidi"`, ok: true},
 	{scope: "provider", url: "http://h:1", cf: "protocol bidi\ndiscover off", js: `"protocol":"bidi","discover":false`, ok: true},
 	{scope: "provider", url: "http://h:1", cf: "protocol bidi\ndiscover on", js: `"protocol":"bidi","discover":true`},

@@ -34,7 +34,7 @@ func (h *Handler) provisionProbes(known func(string) string) error {
 		}
 		pw := &probeWatch{h: h, st: m.state, count: h.reg.Metrics().ProbeCounter(pc.Name)}
 		m.state.Probe(h, pool.ProbeConfig{Prober: pr, Interval: time.Duration(hc.Interval),
-			ReadsCapacity: hc.Capacity != "", Report: pw.report})
+			ReadsCapacity: pr.ReadsCapacity(), Report: pw.report})
 		h.probes = append(h.probes, m.state)
 		h.logger.Debug("health check", zap.String("provider", pc.Name), zap.String("target", pr.Target()),
 			zap.Duration("interval", time.Duration(hc.Interval)), zap.String("capacity", hc.Capacity))

@@ -81,7 +81,7 @@ func TestMisconfigRuntimeLoadRejected(t *testing.T) {
 		{"no providers", `{"handler":"browser_failover"}`, `no providers`},
 		{"discover on ws", one("", p("rt-a", "ws://h:1/", `"discover":true`)), `discover on needs an http:// or https:// URL`},
 		{"discover on bidi", one("", p("rt-a", "http://h:1/?k="+secret, `"protocol":"bidi","discover":true`)), `provider "rt-a": discover on does not apply to a bidi provider`},
-		{"unknown protocol", one("", p("rt-a", echo.URL(), `"protocol":"webdriver"`)), `provider "rt-a": protocol "webdriver": want cdp, playwright, bidi or any`},
+		{"unknown protocol", one("", p("rt-a", echo.URL(), `"protocol":"selenium"`)), `provider "rt-a": protocol "selenium": want cdp, playwright, bidi, webdriver or any`},
 		{"bad header_up op", one("", p("rt-a", echo.URL(), `"headers_up":[{"op":"append","field":"X-A","value":"`+secret+`"}]`)), `header_up op "append"`},
 		{"bad webhook URL", one(`"webhooks":[{"url":"ftp://hooks.example.com/in?token=`+secret+`"}]`, p("rt-a", echo.URL(), "")), `webhook URL scheme "ftp" is not http or https`},
 		{"unknown webhook event", one(fmt.Sprintf(`"webhooks":[{"url":%q,"events":["exploded"]}]`, hook.URL), p("rt-a", echo.URL(), "")), `unknown event "exploded"`},

@@ -72,7 +72,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		Releaser: h.reg.Releaser(), APITransport: h.reg.APITransport()}
 	for _, pc := range h.Providers {
 		d := defaults
-		if pc.SessionAPI != nil {
+		if pc.SessionAPI != nil || pc.Protocol == string(upstreams.ProtocolWebDriver) {
 			// Its counts outlive the config load, as its sessions do.
 			d.Books = h.reg.Books(pc.Name)
 		}

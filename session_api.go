@@ -65,7 +65,7 @@ func setupRegistry(reg *pool.Registry) {
 func (h *Handler) provisionLedger(ctx caddy.Context, known func(string) string) {
 	var apis []*member
 	for _, m := range h.members {
-		if m.up.HasSessionAPI() {
+		if m.up.CreatesSessions() {
 			apis = append(apis, m)
 		}
 	}

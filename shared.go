@@ -81,6 +81,23 @@ func (h *Handler) provisionShared(known func(string) string) error {
 		go h.syncSpend()
 	}
 	h.shared.cancel = s.Store().News().Subscribe(func(e cluster.Event) {
+		switch e.Kind {
+		case cluster.EventWebDriverEnd:
+			// Another node saw this node's WebDriver session end (its
+			// client's DELETE, its provider's end): its ticket goes.
+			if e.Node != s.Store().Node() {
+				if ls, ok := h.reg.SessionByID(e.Session); ok {
+					if wd, ok := ls.Session.(*wdSession); ok {
+						wd.end(EndElsewhere, false)
+					}
+				}
+			}
+			return
+		case cluster.EventWebDriverEnded:
+			// Its owner ended it: its sockets here close.
+			h.reg.Sockets.CloseSession(e.Session, upstreams.CloseNormal, "session ended")
+			return
+		}
 		if e.Kind == cluster.EventResumed {
 			// Taken back through another node: this node's entry of it
 			// is stale.

@@ -16,7 +16,6 @@ import (
 
 	"github.com/browserfailover/caddy-browser-failover/cluster"
 	"github.com/browserfailover/caddy-browser-failover/observe"
-	"github.com/browserfailover/caddy-browser-failover/pool"
 	"github.com/browserfailover/caddy-browser-failover/upstreams"
 )
 
@@ -316,13 +315,14 @@ func (h *Handler) active(t webDriverTarget) {
 	}
 }
 
-// ended tells the session's owner that its provider session ended here
-// (the client's DELETE, or the provider's invalid session id): this
-// node's own session ends now; another node's hears it from the shared
+// ended tells the session's owner that it ended here (the client's
+// DELETE, or the provider's invalid session id): this node's own session
+// ends now, its provider session known gone when gone is set (else the
+// gateway sends DELETE itself); another node's hears it from the shared
 // state.
-func (h *Handler) ended(t webDriverTarget, reason string) {
+func (h *Handler) ended(t webDriverTarget, reason string, gone bool) {
 	if t.local != nil {
-		t.local.end(reason, false)
+		t.local.end(reason, !gone)
 		return
 	}
 	sh := h.shared
@@ -348,22 +348,25 @@ func (h *Handler) webDriverCommand(w http.ResponseWriter, r *http.Request, wr wd
 		repl.Set(PlaceholderProvider, t.provider)
 	}
 	h.active(t)
-	body := http.MaxBytesReader(w, r.Body, upstreams.MaxWebDriverCommand)
-	resp, err := t.up.WebDriverCommand(r.Context(), t.ps, r.Method, wr.rest, r.URL.RawQuery, body)
+	resp, err := t.up.WebDriverCommand(r.Context(), t.ps, r.Method, wr.rest, r.URL.RawQuery, upstreams.CommandBody(r.Body, r.ContentLength))
 	h.reg.Metrics().WebDriverCommand(t.provider)
 	if t.local != nil {
 		t.local.command(r)
 	}
 	if err != nil {
-		if r.Context().Err() != nil {
+		switch {
+		case r.Context().Err() != nil:
 			return // the client went away
+		case errors.Is(err, upstreams.ErrCommandTooLarge), errors.Is(err, upstreams.ErrCommandPath):
+			upstreams.WriteWebDriverError(w, "invalid argument", err.Error())
+		default:
+			// Its text names the provider, never its address.
+			var ce *upstreams.CommandError
+			if errors.As(err, &ce) {
+				h.logger.Debug("WebDriver command not sent", zap.String("provider", t.provider), zap.String("cause", ce.Unwrap().Error()))
+			}
+			upstreams.WriteWebDriverError(w, "unknown error", "the session's "+err.Error())
 		}
-		var tooBig *http.MaxBytesError
-		if errors.As(err, &tooBig) {
-			upstreams.WriteWebDriverError(w, "invalid argument", "the command's body is over "+strconv.Itoa(upstreams.MaxWebDriverCommand>>20)+" MiB")
-			return
-		}
-		upstreams.WriteWebDriverError(w, "unknown error", "the session's provider "+t.provider+" cannot be reached: "+err.Error())
 		return
 	}
 	defer resp.Body.Close()
@@ -388,9 +391,12 @@ func (h *Handler) webDriverCommand(w http.ResponseWriter, r *http.Request, wr wd
 	}
 	switch {
 	case r.Method == http.MethodDelete && wr.rest == "":
-		h.ended(t, EndClientDelete)
+		// Ended whatever the provider answers; known gone when it says
+		// so (else the gateway sends DELETE again, with retries).
+		st := resp.StatusCode
+		h.ended(t, EndClientDelete, st/100 == 2 || st == http.StatusNotFound || st == http.StatusGone)
 	case gone:
-		h.ended(t, EndProviderGone)
+		h.ended(t, EndProviderGone, true)
 	}
 }
 
@@ -398,6 +404,9 @@ func (h *Handler) webDriverCommand(w http.ResponseWriter, r *http.Request, wr wd
 const (
 	EndClientDelete = "client deleted the session"
 	EndProviderGone = "provider ended the session"
+	// EndElsewhere: another node served its end (the client's DELETE,
+	// the provider's invalid session id).
+	EndElsewhere = "ended through another node"
 )
 
 // serveWebDriverSocket relays the BiDi or CDP socket of a live WebDriver

@@ -37,7 +37,7 @@ type wdSession struct {
 	started  time.Time
 	idleFor  time.Duration
 	maxAge   time.Duration
-	end      *sessionEnd
+	log      *sessionEnd
 	// shared: its route is in the shared state.
 	shared bool
 
@@ -64,7 +64,7 @@ func (c *connect) newWebDriverSession(m *member, ps *upstreams.WebDriverSession)
 	s := &wdSession{
 		h: h, id: c.id, provider: m.up.Name, browser: c.wd.req.Browser(), m: m, ps: ps,
 		started: now, idleFor: h.webDriverIdle(), done: make(chan struct{}),
-		end: &sessionEnd{
+		log: &sessionEnd{
 			metrics:  h.reg.Metrics(),
 			logger:   h.logger,
 			attempts: c.attempts,
@@ -135,7 +135,7 @@ func (s *wdSession) sharedIdle() (time.Duration, bool) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
-	age, ok, err := sh.s.Store().Routes().LastActivity(ctx, s.id)
+	age, ok, err := sh.s.Store().Routes().Idle(ctx, s.id)
 	if err != nil {
 		sh.s.Failed("read route", err)
 		return 0, false
@@ -228,7 +228,8 @@ func (s *wdSession) endByGateway(reason string) {
 }
 
 // end ends it; byGateway tells whether the provider is to get DELETE (not
-// when the client deleted it, nor when the provider ended it itself).
+// when the client deleted it, nor when the provider ended it itself: its
+// provider session is then known gone).
 func (s *wdSession) end(reason string, byGateway bool) {
 	s.endWith(upstreams.CloseNormal, reason, byGateway)
 }
@@ -255,7 +256,7 @@ func (s *wdSession) endWith(code int, reason string, byGateway bool) {
 	if !byGateway {
 		// Its provider session is gone already: no DELETE, and its
 		// ledger entry goes.
-		s.ps.Remote.Gone()
+		s.ps.Remote.Confirmed()
 	}
 	meter := s.t.Meter()
 	s.t.Release()
@@ -264,7 +265,7 @@ func (s *wdSession) endWith(code int, reason string, byGateway bool) {
 	}
 	close(s.done)
 	n, _ := s.Commands()
-	s.end.logWebDriver(s, reason, n, meter.Accrued())
+	s.log.logWebDriver(s, reason, n, meter.Accrued())
 }
 
 // dropRoute takes a session's route out of the shared state and tells the
@@ -279,7 +280,7 @@ func (h *Handler) dropRoute(id string) {
 	if err := sh.s.Store().Routes().Drop(ctx, id); err != nil {
 		sh.s.Failed("drop route", err)
 	}
-	if err := sh.s.Store().News().AnnounceWebDriverEnd(ctx, id); err != nil {
+	if err := sh.s.Store().News().AnnounceWebDriverEnded(ctx, id); err != nil {
 		sh.s.Failed("announce end", err)
 	}
 }

@@ -42,6 +42,7 @@ type Metrics struct {
 	webhookDeliveries *prometheus.CounterVec
 	resumes           *prometheus.CounterVec
 	spent             *prometheus.CounterVec
+	webdriverCommands *prometheus.CounterVec
 	sharedFailovers   prometheus.Counter
 
 	// The shared state's gauge: shown only while some handler uses a
@@ -57,9 +58,10 @@ func counterVec(name, help string, labels ...string) *prometheus.CounterVec {
 // NewMetrics makes a registry's metrics, every count at zero.
 func NewMetrics() *Metrics {
 	return &Metrics{
-		attempts:   counterVec("attempts_total", "Connection attempts to providers, by provider and outcome word.", "provider", "outcome"),
-		failovers:  counterVec("failovers_total", "Failovers: a client's attempt failed (failure, 408/429, 428) and its next attempt went straight to another provider, by the provider that failed.", "provider"),
-		rejections: counterVec("rejections_total", "Clients that got no session, by reason: queue_full, queue_timeout, no_provider, relayed (a provider's 4xx passed on), client_limit, client_budget, and the others the reference lists.", "reason"),
+		attempts:          counterVec("attempts_total", "Connection attempts to providers, by provider and outcome word.", "provider", "outcome"),
+		webdriverCommands: counterVec("webdriver_commands_total", "WebDriver commands forwarded to providers (HTTP requests to a session), by provider.", "provider"),
+		failovers:         counterVec("failovers_total", "Failovers: a client's attempt failed (failure, 408/429, 428) and its next attempt went straight to another provider, by the provider that failed.", "provider"),
+		rejections:        counterVec("rejections_total", "Clients that got no session, by reason: queue_full, queue_timeout, no_provider, relayed (a provider's 4xx passed on), client_limit, client_budget, and the others the reference lists.", "reason"),
 		queueWait: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Namespace: Namespace, Subsystem: Subsystem,
 			Name:    "queue_wait_seconds",
@@ -120,7 +122,7 @@ func (m *Metrics) Collect(ch chan<- prometheus.Metric) {
 
 func (m *Metrics) counters() []prometheus.Collector {
 	return []prometheus.Collector{
-		m.attempts, m.failovers, m.rejections, m.queueWait, m.handshake, m.sessionDuration,
+		m.attempts, m.failovers, m.rejections, m.webdriverCommands, m.queueWait, m.handshake, m.sessionDuration,
 		m.eventDrops, m.webhookDeliveries, m.hedgesStarted, m.hedgesWon, m.hedgesWasted, m.sharedErrors, m.probes, m.resumes, m.spent,
 		m.sharedFailovers,
 	}
@@ -153,6 +155,11 @@ func (m *Metrics) Attempt(provider string, o upstreams.Outcome) {
 	if o.Kind == upstreams.Success {
 		m.handshake.WithLabelValues(provider).Observe(o.Elapsed.Seconds())
 	}
+}
+
+// WebDriverCommand counts one WebDriver command forwarded to provider.
+func (m *Metrics) WebDriverCommand(provider string) {
+	m.webdriverCommands.WithLabelValues(provider).Inc()
 }
 
 // Failover counts a failover from provider: its attempt failed and the

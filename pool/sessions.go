@@ -56,6 +56,17 @@ type Live interface {
 	Close(code int, reason string)
 }
 
+// Commanded is a Live that takes commands over HTTP (a WebDriver
+// session): what the sessions list shows of it besides.
+type Commanded interface {
+	Live
+	// Browser is the browser its create asked for ("" when any).
+	Browser() string
+	// Commands counts its commands, and tells when the last one came
+	// (zero before the first).
+	Commands() (int64, time.Time)
+}
+
 // LiveSession is one entry of the registry.
 type LiveSession struct {
 	SessionInfo

@@ -22,8 +22,15 @@ type Session struct {
 	// header and the session_id of its log entries.
 	ID       string `json:"id"`
 	Provider string `json:"provider"`
-	// Protocol is what the client speaks: cdp, playwright or bidi.
+	// Protocol is what the client speaks: cdp, playwright, bidi or
+	// webdriver (a WebDriver session over HTTP).
 	Protocol string `json:"protocol"`
+	// Browser, Commands and LastCommand are a WebDriver session's: the
+	// browser its create asked for ("" when any), the commands it sent,
+	// and when the last one came (UTC; null before the first).
+	Browser     *string    `json:"browser,omitempty"`
+	Commands    *int64     `json:"commands,omitempty"`
+	LastCommand *time.Time `json:"last_command,omitempty"`
 	// Started is when the session was established (UTC).
 	Started    time.Time `json:"started"`
 	DurationMS int64     `json:"duration_ms"`
@@ -68,6 +75,15 @@ func sessionOf(reg *pool.Registry, e pool.LiveSession) Session {
 	if e.Client != "" {
 		c := e.Client
 		out.Client = &c
+	}
+	if wd, ok := e.Session.(pool.Commanded); ok {
+		b := wd.Browser()
+		n, at := wd.Commands()
+		out.Browser, out.Commands = &b, &n
+		if !at.IsZero() {
+			at = at.UTC()
+			out.LastCommand = &at
+		}
 	}
 	if p, ok := reg.ParkedByID(e.ID); ok && p.Held == e.Session {
 		out.Parked = true

@@ -109,6 +109,14 @@ func (f *WebDriver) Plant(id string) {
 	f.mu.Unlock()
 }
 
+// Forget ends session id on the provider's side (its browser crashed):
+// later commands get invalid session id.
+func (f *WebDriver) Forget(id string) {
+	f.mu.Lock()
+	delete(f.live, id)
+	f.mu.Unlock()
+}
+
 // WriteError answers a WebDriver error.
 func WriteError(w http.ResponseWriter, status int, code, message string) {
 	w.Header().Set("Content-Type", "application/json; charset=utf-8")
