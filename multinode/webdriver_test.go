@@ -1,0 +1,192 @@
+package multinode_test
+
+// WebDriver sessions across gateway processes, against a real
+// chromedriver: a gateway killed with kill -9 leaves its sessions'
+// browsers open only until it starts again (the ledger has them, and the
+// reaper sends DELETE); two nodes sharing a real redis-server serve one
+// session's commands, its BiDi socket and its DELETE from either node,
+// while the creating node keeps its slot; without Redis, the other node
+// knows no such session.
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/coder/websocket"
+
+	"github.com/browserfailover/caddy-browser-failover/e2e"
+	"github.com/browserfailover/caddy-browser-failover/internal/testredis"
+)
+
+// wdHandler is a handler whose one provider is the chromedriver cd, with
+// the capabilities that start Debian's chromium under profiles.
+func wdHandler(cd *e2e.Chromedriver, profiles string) map[string]any {
+	return map[string]any{
+		"handler": "browser_failover",
+		"providers": []map[string]any{{
+			"name": "chromedriver", "url": cd.URL(), "protocol": "webdriver", "connect_timeout": "30s",
+			"capabilities": json.RawMessage(e2e.ChromeCapabilities(profiles)),
+		}},
+	}
+}
+
+// wdDo sends one WebDriver request to a node and decodes its value.
+func wdDo(t *testing.T, method, url string, body string) (int, map[string]any) {
+	t.Helper()
+	var rd io.Reader
+	if body != "" {
+		rd = strings.NewReader(body)
+	}
+	req, _ := http.NewRequest(method, url, rd)
+	req.Header.Set("Content-Type", "application/json")
+	ctx, cancel := context.WithTimeout(context.Background(), 40*time.Second)
+	defer cancel()
+	resp, err := http.DefaultClient.Do(req.WithContext(ctx))
+	if err != nil {
+		t.Fatalf("%s %s: %v", method, url, err)
+	}
+	defer resp.Body.Close()
+	raw, _ := io.ReadAll(resp.Body)
+	var v struct {
+		Value any `json:"value"`
+	}
+	if err := json.Unmarshal(raw, &v); err != nil {
+		t.Fatalf("%s %s: %d %s", method, url, resp.StatusCode, raw)
+	}
+	m, _ := v.Value.(map[string]any)
+	if m == nil {
+		m = map[string]any{"value": v.Value}
+	}
+	return resp.StatusCode, m
+}
+
+// createdAt creates a session through n, and counts the browsers then
+// open under profiles.
+func createdAt(t *testing.T, n *node, profiles string) (id string, browsers int) {
+	t.Helper()
+	code, v := wdDo(t, http.MethodPost, "http://"+n.Addr+"/session", `{"capabilities":{"alwaysMatch":{"browserName":"chrome","webSocketUrl":true}}}`)
+	if code != 200 {
+		t.Fatalf("create through %s: %d %v", n.Name, code, v)
+	}
+	return v["sessionId"].(string), e2e.BrowsersUnder(profiles)
+}
+
+// TestWebDriverReapedAfterKill: a gateway holding a chromedriver session
+// is killed with kill -9; chromedriver keeps the browser open; the
+// restarted gateway (same storage) sends DELETE for it, and the browser is
+// gone.
+func TestWebDriverReapedAfterKill(t *testing.T) {
+	e2e.RequireChromedriver(t)
+	cd := e2e.StartChromedriver(t)
+	profiles := t.TempDir() + "/wd-profile"
+	storage := t.TempDir()
+	gw := startNodeOn(t, "gw-1", wdHandler(cd, profiles), storage)
+	id, browsers := createdAt(t, gw, profiles)
+	if browsers == 0 {
+		t.Fatal("no browser started")
+	}
+	if code, v := wdDo(t, http.MethodPost, "http://"+gw.Addr+"/session/"+id+"/url", `{"url":"about:blank"}`); code != 200 {
+		t.Fatalf("a command: %d %v", code, v)
+	}
+	gw.Kill()
+	time.Sleep(500 * time.Millisecond)
+	if e2e.BrowsersUnder(profiles) == 0 {
+		t.Fatal("the browser closed with the gateway: nothing to reap")
+	}
+	gw2 := startNodeOn(t, "gw-1", wdHandler(cd, profiles), storage)
+	waitUntil(t, 30*time.Second, "the browser deleted after the restart", func() bool { return e2e.BrowsersUnder(profiles) == 0 })
+	waitUntil(t, 10*time.Second, "the reap in the log", func() bool {
+		logs, _ := os.ReadFile(gw2.LogPath)
+		return bytes.Contains(logs, []byte(`"msg":"session reaped"`))
+	})
+	raw, err := gw2.get("/browser_failover/status")
+	if err != nil || !strings.Contains(string(raw), `"ledger":{"pending":0,"reaped":1}`) {
+		t.Fatalf("status %s %v", raw, err)
+	}
+}
+
+// TestWebDriverTwoNodes: a session created through one node is served by
+// the other (commands, its BiDi socket, its DELETE) through a shared
+// redis-server; the creating node's slot is freed by the DELETE sent to
+// the other node. Without Redis the other node answers invalid session id.
+func TestWebDriverTwoNodes(t *testing.T) {
+	e2e.RequireChromedriver(t)
+	r := testredis.Start(t)
+	cd := e2e.StartChromedriver(t)
+	profiles := t.TempDir() + "/wd-profile"
+	cc := clusterConfig{}
+	var nodes []*node
+	for _, name := range []string{"gw-1", "gw-2"} {
+		h := wdHandler(cd, profiles)
+		h["state"] = cc.handler(t, r, name)["state"]
+		nodes = append(nodes, startNode(t, name, h))
+	}
+	a, b := nodes[0], nodes[1]
+	id, _ := createdAt(t, a, profiles)
+	other := "http://" + b.Addr + "/session/" + id
+	if code, v := wdDo(t, http.MethodPost, other+"/url", `{"url":"data:text/html,<title>two nodes</title>"}`); code != 200 {
+		t.Fatalf("navigate through the other node: %d %v", code, v)
+	}
+	if code, v := wdDo(t, http.MethodGet, other+"/title", ""); code != 200 || v["value"] != "two nodes" {
+		t.Fatalf("title through the other node: %d %v", code, v)
+	}
+	// The BiDi socket through the other node.
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	ws, _, err := websocket.Dial(ctx, "ws://"+b.Addr+"/session/"+id, nil)
+	if err != nil {
+		t.Fatalf("BiDi socket through the other node: %v", err)
+	}
+	if err := ws.Write(ctx, websocket.MessageText, []byte(`{"id":1,"method":"browsingContext.getTree","params":{}}`)); err != nil {
+		t.Fatal(err)
+	}
+	for {
+		_, msg, err := ws.Read(ctx)
+		if err != nil {
+			t.Fatalf("BiDi answer: %v", err)
+		}
+		if bytes.Contains(msg, []byte(`"id":1`)) {
+			if !bytes.Contains(msg, []byte(`"contexts"`)) {
+				t.Fatalf("BiDi answer %s", msg)
+			}
+			break
+		}
+	}
+	ws.Close(websocket.StatusNormalClosure, "")
+	// The slot is the creating node's.
+	if st, err := a.Status(); err != nil || st.Providers[0].Active != 1 {
+		t.Fatalf("creating node's status %+v %v", st, err)
+	}
+	if code, _ := wdDo(t, http.MethodDelete, other, ""); code != 200 {
+		t.Fatalf("delete through the other node: %d", code)
+	}
+	eventually(t, 10*time.Second, "the creating node's slot freed", func() (bool, string) {
+		st, err := a.Status()
+		if err != nil {
+			return false, err.Error()
+		}
+		return st.Providers[0].Active == 0, "active " + strings.Repeat("1", int(st.Providers[0].Active))
+	})
+	waitUntil(t, 15*time.Second, "the browser closed", func() bool { return e2e.BrowsersUnder(profiles) == 0 })
+	if code, v := wdDo(t, http.MethodGet, "http://"+a.Addr+"/session/"+id+"/title", ""); code != 404 || v["error"] != "invalid session id" {
+		t.Fatalf("after the delete: %d %v", code, v)
+	}
+
+	// Without shared state the other node does not know the session.
+	c := startNode(t, "gw-3", wdHandler(cd, profiles))
+	d := startNode(t, "gw-4", wdHandler(cd, profiles))
+	id, _ = createdAt(t, c, profiles)
+	if code, v := wdDo(t, http.MethodGet, "http://"+d.Addr+"/session/"+id+"/title", ""); code != 404 || v["error"] != "invalid session id" {
+		t.Fatalf("another node without shared state: %d %v", code, v)
+	}
+	if code, _ := wdDo(t, http.MethodDelete, "http://"+c.Addr+"/session/"+id, ""); code != 200 {
+		t.Fatalf("delete: %d", code)
+	}
+}
