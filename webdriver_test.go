@@ -100,7 +100,7 @@ func sessionsList(t *testing.T, g *testgw.Gateway) []status.Session {
 func TestWebDriverSession(t *testing.T) {
 	f := fakes.NewWebDriver("/wd/hub")
 	defer f.Close()
-	g := testgw.Start(t, handler("", wdProvider("wd-a", "http://u:s3cret-key@"+f.Addr+"/wd/hub", `"max_concurrent":2`)))
+	g := testgw.Start(t, handler("", wdProvider("wd-a", "http://u:s3cret-key@"+f.Addr+"/wd/hub", `"max_concurrent":2,"cost":{"amount":0.5,"per":"session"}`)))
 	base := g.HTTP("/wd/hub")
 
 	code, v, hdr := wdCall(t, http.MethodPost, base+"/session", newSession("chrome", true), nil)
@@ -165,11 +165,18 @@ func TestWebDriverSession(t *testing.T) {
 		t.Fatalf("the provider got %d DELETEs", n)
 	}
 	e := endedEntry(t, g, id)
-	if e["close_reason"] != "client deleted the session" || e["commands"].(float64) != 3 || e["protocol"] != "webdriver" {
+	if e["close_reason"] != "client deleted the session" || e["commands"].(float64) != 3 || e["protocol"] != "webdriver" || e["cost"] != 0.5 {
 		t.Fatalf("session ended entry %v", e)
 	}
 	if strings.Contains(g.Logs(), "s3cret-key") {
 		t.Fatal("a provider credential is in the logs")
+	}
+	if p := providerStatus(t, g, "wd-a"); !nearly(p.Spend.Spent, 0.5) {
+		t.Fatalf("spend %+v", p.Spend)
+	}
+	code, metrics := opAdmin(t, g, http.MethodGet, "/metrics")
+	if code != 200 || !strings.Contains(string(metrics), `caddy_browser_failover_webdriver_commands_total{provider="wd-a"} 3`) {
+		t.Fatalf("no webdriver_commands_total of 3 in /metrics")
 	}
 }
 
