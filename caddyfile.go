@@ -95,7 +95,7 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //			interval      <duration>
 //			timeout       <duration>
 //			expect_status <code>
-//			capacity      browserless
+//			capacity      browserless|webdriver
 //		}
 //
 //		state redis [<host:port>] {

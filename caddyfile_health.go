@@ -12,7 +12,7 @@ import (
 //		interval      <duration>
 //		timeout       <duration>
 //		expect_status <code>
-//		capacity      browserless
+//		capacity      browserless|webdriver
 //	}
 //
 // Each setting appears at most once; an error names its line.

@@ -190,3 +190,23 @@ func TestWebDriverTwoNodes(t *testing.T) {
 		t.Fatalf("delete: %d", code)
 	}
 }
+
+// TestWebDriverShutdownDeletes: a gateway that stops (an operator's
+// /stop) sends DELETE for its live WebDriver sessions before it exits:
+// the browser is gone without a restart, and the ledger is empty.
+func TestWebDriverShutdownDeletes(t *testing.T) {
+	e2e.RequireChromedriver(t)
+	cd := e2e.StartChromedriver(t)
+	profiles := t.TempDir() + "/wd-profile"
+	storage := t.TempDir()
+	gw := startNodeOn(t, "gw-1", wdHandler(cd, profiles), storage)
+	if _, browsers := createdAt(t, gw, profiles); browsers == 0 {
+		t.Fatal("no browser started")
+	}
+	waitUntil(t, 5*time.Second, "the session in the ledger", func() bool { return len(ledgerEntries(t, storage)) == 1 })
+	gw.Stop()
+	waitUntil(t, 15*time.Second, "the browser deleted at shutdown", func() bool { return e2e.BrowsersUnder(profiles) == 0 })
+	if n := len(ledgerEntries(t, storage)); n != 0 {
+		t.Fatalf("%d ledger entries left after a clean stop", n)
+	}
+}

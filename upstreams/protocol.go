@@ -20,8 +20,9 @@ const (
 	// ProtocolPlaywright is Playwright's own protocol: chromium.connect()
 	// to a launchServer / run-server endpoint.
 	ProtocolPlaywright Protocol = "playwright"
-	// ProtocolBiDi is WebDriver BiDi: Firefox's remote agent, Puppeteer's
-	// protocol 'webDriverBiDi', WebdriverIO, Selenium's BiDi.
+	// ProtocolBiDi is WebDriver BiDi over a socket of its own: Firefox's
+	// remote agent, Puppeteer's protocol 'webDriverBiDi'. (WebdriverIO and
+	// Selenium create their session over HTTP first: ProtocolWebDriver.)
 	ProtocolBiDi Protocol = "bidi"
 	// ProtocolWebDriver is classic WebDriver over HTTP (Selenium,
 	// WebdriverIO): a session created with POST <base>/session, commands
