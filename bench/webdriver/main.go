@@ -77,37 +77,54 @@ func main() {
 	}
 
 	// Small commands, one straight and one through the gateway in turn.
-	caps := capabilities(filepath.Join(tmp, "profile"))
-	direct, err := create("http://"+cdAddr, caps)
+	direct, err := create("http://"+cdAddr, capabilities(filepath.Join(tmp, "profile-direct")))
 	if err != nil {
 		fail(fmt.Errorf("create at chromedriver: %w", err))
 	}
-	viaGW, err := create("http://"+gwAddr, caps)
+	viaGW, err := create("http://"+gwAddr, capabilities(filepath.Join(tmp, "profile-gateway")))
 	if err != nil {
 		fail(fmt.Errorf("create through the gateway: %w", err))
 	}
-	var dTimes, gTimes []float64
-	for i := 0; i < *commands; i++ {
-		for _, s := range []struct {
-			base, id string
-			to       *[]float64
-		}{{"http://" + cdAddr, direct, &dTimes}, {"http://" + gwAddr, viaGW, &gTimes}} {
-			d, err := command(s.base, s.id)
-			if err != nil {
-				fail(err)
-			}
-			*s.to = append(*s.to, d)
-		}
-	}
+	commandTimes("chromedriver", "http://"+cdAddr, direct, "http://"+gwAddr, viaGW)
 	del("http://"+cdAddr, direct)
 	del("http://"+gwAddr, viaGW)
-	dp50, dp99 := percentiles(dTimes)
-	gp50, gp99 := percentiles(gTimes)
-	fmt.Printf("GET /session/<id>/title, %d each, interleaved (ms)\n", *commands)
-	fmt.Printf("%-22s %8s %8s\n", "", "p50", "p99")
-	fmt.Printf("%-22s %8.3f %8.3f\n", "chromedriver", dp50, dp99)
-	fmt.Printf("%-22s %8.3f %8.3f\n", "through the gateway", gp50, gp99)
-	fmt.Printf("%-22s %+8.3f %+8.3f\n", "added", gp50-dp50, gp99-dp99)
+
+	// The same against a fake WebDriver server that answers at once: what
+	// the gateway itself adds, without the browser's own time.
+	fake := fakes.NewWebDriver("")
+	fakeGW := caddybin.FreeAddr()
+	fg, err := startGateway(bin, tmp, "fake", fakeGW, fake.URL())
+	if err != nil {
+		fail(err)
+	}
+	if err := caddybin.WaitListening(fakeGW); err != nil {
+		fail(err)
+	}
+	fd, err := create(fake.URL(), `{"capabilities":{}}`)
+	if err != nil {
+		fail(err)
+	}
+	fgid, err := create("http://"+fakeGW, `{"capabilities":{}}`)
+	if err != nil {
+		fail(err)
+	}
+	commandTimes("an instant fake", fake.URL(), fd, "http://"+fakeGW, fgid)
+	// Caddy's own reverse_proxy in front of the same fake: the least a
+	// Caddy handler adds per HTTP request on this machine.
+	rpAddr := caddybin.FreeAddr()
+	rp, err := startProxy(bin, tmp, rpAddr, strings.TrimPrefix(fake.URL(), "http://"))
+	if err != nil {
+		fail(err)
+	}
+	if err := caddybin.WaitListening(rpAddr); err != nil {
+		fail(err)
+	}
+	commandTimes("the fake, reverse_proxy beside the gateway", "http://"+rpAddr, fd, "http://"+fakeGW, fgid)
+	rp.Process.Kill()
+	rp.Wait()
+	fg.Process.Kill()
+	fg.Wait()
+	fake.Close()
 
 	if *flows > 0 {
 		root, _ := os.Getwd()
@@ -165,7 +182,7 @@ func memory(bin, tmp string) {
 	time.Sleep(2 * time.Second)
 	after := rss(gw.Process.Pid)
 	fmt.Printf("memory per idle WebDriver session (%d held, the gateway's RSS after − before): %.2f KiB\n",
-		*held, float64(after-before)/float64(*held))
+		*held, float64(after-before)/1024/float64(*held))
 }
 
 // startGateway runs bin serving addr with one webdriver provider at url.
@@ -205,6 +222,22 @@ http://%s {
 	return cmd, cmd.Start()
 }
 
+// startProxy runs bin as Caddy's reverse_proxy to upstream on addr.
+func startProxy(bin, tmp, addr, upstream string) (*exec.Cmd, error) {
+	dir := filepath.Join(tmp, "rp")
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, err
+	}
+	cfg := fmt.Sprintf("{\n\tadmin off\n}\nhttp://%s {\n\tbind 127.0.0.1\n\treverse_proxy %s\n}\n", addr, upstream)
+	path := filepath.Join(dir, "Caddyfile")
+	if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {
+		return nil, err
+	}
+	cmd := exec.Command(bin, "run", "--config", path, "--adapter", "caddyfile")
+	cmd.Env = append(os.Environ(), "XDG_DATA_HOME="+dir, "XDG_CONFIG_HOME="+dir)
+	return cmd, cmd.Start()
+}
+
 // capabilities is a create's body that starts chromium headless.
 func capabilities(profile string) string {
 	b, _ := json.Marshal(map[string]any{"capabilities": map[string]any{"alwaysMatch": map[string]any{
@@ -234,6 +267,31 @@ func create(base, body string) (string, error) {
 		return "", fmt.Errorf("create: %d %s", resp.StatusCode, raw)
 	}
 	return v.Value.SessionID, nil
+}
+
+// commandTimes sends *commands small commands to session id at base and
+// to gid through the gateway at gw, one after the other in turn, and
+// prints their p50 and p99.
+func commandTimes(name, base, id, gw, gid string) {
+	var dTimes, gTimes []float64
+	for i := 0; i < *commands; i++ {
+		d, err := command(base, id)
+		if err != nil {
+			fail(err)
+		}
+		g, err := command(gw, gid)
+		if err != nil {
+			fail(err)
+		}
+		dTimes, gTimes = append(dTimes, d), append(gTimes, g)
+	}
+	dp50, dp99 := percentiles(dTimes)
+	gp50, gp99 := percentiles(gTimes)
+	fmt.Printf("GET /session/<id>/title at %s, %d each, interleaved (ms)\n", name, *commands)
+	fmt.Printf("%-22s %8s %8s\n", "", "p50", "p99")
+	fmt.Printf("%-22s %8.3f %8.3f\n", "straight", dp50, dp99)
+	fmt.Printf("%-22s %8.3f %8.3f\n", "through the gateway", gp50, gp99)
+	fmt.Printf("%-22s %+8.3f %+8.3f\n", "added", gp50-dp50, gp99-dp99)
 }
 
 // command sends one small command and returns its time in ms.
