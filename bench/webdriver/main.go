@@ -85,7 +85,7 @@ func main() {
 	if err != nil {
 		fail(fmt.Errorf("create through the gateway: %w", err))
 	}
-	commandTimes("chromedriver", "http://"+cdAddr, direct, "http://"+gwAddr, viaGW)
+	commandTimes("chromedriver", "straight", "http://"+cdAddr, direct, "http://"+gwAddr, viaGW)
 	del("http://"+cdAddr, direct)
 	del("http://"+gwAddr, viaGW)
 
@@ -108,7 +108,7 @@ func main() {
 	if err != nil {
 		fail(err)
 	}
-	commandTimes("an instant fake", fake.URL(), fd, "http://"+fakeGW, fgid)
+	commandTimes("an instant fake", "straight", fake.URL(), fd, "http://"+fakeGW, fgid)
 	// Caddy's own reverse_proxy in front of the same fake: the least a
 	// Caddy handler adds per HTTP request on this machine.
 	rpAddr := caddybin.FreeAddr()
@@ -119,7 +119,7 @@ func main() {
 	if err := caddybin.WaitListening(rpAddr); err != nil {
 		fail(err)
 	}
-	commandTimes("the fake, reverse_proxy beside the gateway", "http://"+rpAddr, fd, "http://"+fakeGW, fgid)
+	commandTimes("the fake, reverse_proxy beside the gateway", "reverse_proxy", "http://"+rpAddr, fd, "http://"+fakeGW, fgid)
 	rp.Process.Kill()
 	rp.Wait()
 	fg.Process.Kill()
@@ -271,8 +271,8 @@ func create(base, body string) (string, error) {
 
 // commandTimes sends *commands small commands to session id at base and
 // to gid through the gateway at gw, one after the other in turn, and
-// prints their p50 and p99.
-func commandTimes(name, base, id, gw, gid string) {
+// prints their p50 and p99; label names the baseline at base.
+func commandTimes(name, label, base, id, gw, gid string) {
 	var dTimes, gTimes []float64
 	for i := 0; i < *commands; i++ {
 		d, err := command(base, id)
@@ -289,7 +289,7 @@ func commandTimes(name, base, id, gw, gid string) {
 	gp50, gp99 := percentiles(gTimes)
 	fmt.Printf("GET /session/<id>/title at %s, %d each, interleaved (ms)\n", name, *commands)
 	fmt.Printf("%-22s %8s %8s\n", "", "p50", "p99")
-	fmt.Printf("%-22s %8.3f %8.3f\n", "straight", dp50, dp99)
+	fmt.Printf("%-22s %8.3f %8.3f\n", label, dp50, dp99)
 	fmt.Printf("%-22s %8.3f %8.3f\n", "through the gateway", gp50, gp99)
 	fmt.Printf("%-22s %+8.3f %+8.3f\n", "added", gp50-dp50, gp99-dp99)
 }
