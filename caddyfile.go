@@ -59,6 +59,9 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //			playwright_version <major.minor>
 //			browsers        <browserName...>        # webdriver: what it starts
 //			capabilities    <json object>           # webdriver: merged into alwaysMatch
+//			region          <name...>               # where it runs (clients' bf_region)
+//			supports        <option...>             # session options it honours
+//			option_map      <option> <ours>=<theirs>...
 //			health_check { ... } | health_check off
 //			session_api { ... }   # see parseSessionAPI
 //		}
@@ -248,7 +251,7 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 // provider and the block of its cooldown override (nil when none).
 func (r *reader) parseProvider() (*ProviderConfig, *block, error) {
 	d := r.d
-	b := r.open("header_up", "tls_trusted_ca_certs")
+	b := r.open("header_up", "tls_trusted_ca_certs", "option_map")
 	args := d.RemainingArgs()
 	if len(args) != 2 {
 		return nil, nil, d.Errf("provider takes a name and a URL")
@@ -311,6 +314,16 @@ func (r *reader) parseProvider() (*ProviderConfig, *block, error) {
 			p.HealthCheck, err = parseHealthCheck(d)
 		case "session_api":
 			p.SessionAPI, err = r.parseSessionAPI(what + ": ")
+		case "region":
+			if p.Region = d.RemainingArgs(); len(p.Region) == 0 {
+				err = d.ArgErr()
+			}
+		case "supports":
+			if p.Supports = d.RemainingArgs(); len(p.Supports) == 0 {
+				err = d.ArgErr()
+			}
+		case "option_map":
+			err = parseOptionMap(d, &p.OptionMap)
 		default:
 			return readTLS(d, opt, &p.TLS)
 		}
@@ -594,4 +607,33 @@ func parseResume(d *caddyfile.Dispenser) (*ResumeConfig, error) {
 		rc.Hold = true
 	}
 	return rc, nil
+}
+
+// parseOptionMap reads `option_map <option> <ours>=<theirs>...` into *m;
+// an option may be mapped once.
+func parseOptionMap(d *caddyfile.Dispenser, m *map[string]map[string]string) error {
+	args := d.RemainingArgs()
+	if len(args) < 2 {
+		return d.Errf("option_map takes a session option and one <ours>=<theirs> pair or more")
+	}
+	name := args[0]
+	if _, dup := (*m)[name]; dup {
+		return d.Errf("option_map %s is given twice", name)
+	}
+	vals := map[string]string{}
+	for _, a := range args[1:] {
+		ours, theirs, ok := strings.Cut(a, "=")
+		if !ok {
+			return d.Errf("option_map %s: %q is not <ours>=<theirs>", name, a)
+		}
+		if _, dup := vals[ours]; dup {
+			return d.Errf("option_map %s: %q is mapped twice", name, ours)
+		}
+		vals[ours] = theirs
+	}
+	if *m == nil {
+		*m = map[string]map[string]string{}
+	}
+	(*m)[name] = vals
+	return nil
 }

@@ -91,7 +91,7 @@ func (c *connect) check() bool {
 		c.finish(c.shuttingDown())
 		return false
 	}
-	return true
+	return c.readOptions()
 }
 
 // run walks the chain from the join to a session or an answer: a new
@@ -166,6 +166,9 @@ func (c *connect) join() bool {
 	}
 	if c.wd != nil && !c.anyAccepts() {
 		c.finish(c.unservable(c.noProviderStarts()))
+		return false
+	}
+	if !c.anyHonours() {
 		return false
 	}
 	if !c.prepareResume() {
@@ -352,7 +355,7 @@ func (c *connect) order(advance bool) []int {
 		order = slices.DeleteFunc(order, func(i int) bool { return !h.members[i].up.Accepts(c.wd.req) })
 	}
 	if !h.routed || c.cls.proto != upstreams.ProtocolPlaywright {
-		return order
+		return c.byOptions(order)
 	}
 	exact := order[:0:0]
 	var rest []int
@@ -364,7 +367,7 @@ func (c *connect) order(advance bool) []int {
 			rest = append(rest, i)
 		}
 	}
-	return append(exact, rest...)
+	return c.byOptions(append(exact, rest...))
 }
 
 // 3. Skip: pick returns the next candidate to attempt, admitted with its
@@ -467,7 +470,7 @@ func (c *connect) attemptHedged(ctx context.Context, ps *passState) passEnd {
 			c.hedgesStarted++
 			c.h.reg.Metrics().HedgeStarted(m.up.Name)
 		}
-		go func() { results <- landing{f: f, res: f.m.up.Connect(actx, c.hs, c.replace)} }()
+		go func() { results <- landing{f: f, res: f.m.up.Connect(actx, c.hs, c.replaceAt(f.m))} }()
 		// hedge_after counts from the newest attempt.
 		timer.Reset(time.Duration(h.HedgeAfter))
 		return true

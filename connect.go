@@ -10,6 +10,7 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 
+	"github.com/browserfailover/caddy-browser-failover/options"
 	"github.com/browserfailover/caddy-browser-failover/pool"
 	"github.com/browserfailover/caddy-browser-failover/queue"
 	"github.com/browserfailover/caddy-browser-failover/spend"
@@ -64,6 +65,12 @@ type connect struct {
 	resuming bool
 	// wd is a WebDriver create's part (webdriver.go); nil for upgrades.
 	wd *wdCreate
+	// opts are the session options the client stated
+	// (session_options.go).
+	opts options.Set
+	// unsupported are the providers its options rule out (the last
+	// pass's), shown in 503 and 502 bodies.
+	unsupported []unsupported
 
 	// allIncompatible: the last pass found every provider it could use
 	// answering 428 (a Playwright server of another version).

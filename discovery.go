@@ -6,6 +6,8 @@ import (
 	"strings"
 
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+
+	"github.com/browserfailover/caddy-browser-failover/options"
 )
 
 // discoveryBrowser is the Browser field of the gateway's /json/version.
@@ -56,6 +58,12 @@ func serveDiscovery(w http.ResponseWriter, r *http.Request) error {
 	if r.Method != http.MethodGet && r.Method != http.MethodHead {
 		w.Header().Set("Allow", "GET, HEAD")
 		return writeJSON(w, http.StatusMethodNotAllowed, map[string]string{"error": "discovery answers GET and HEAD only"}, nil)
+	}
+	// Session options in the query go on to the upgrade with the URL;
+	// bad ones are refused here already.
+	if _, _, err := options.FromRequest(r.URL.RawQuery, r.Header, ResumeQuery, ResumeTokenQuery); err != nil {
+		badOptions(err).write(w, r)
+		return nil
 	}
 	body := map[string]string{
 		"Browser":              discoveryBrowser,

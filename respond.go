@@ -87,6 +87,9 @@ type rejectBody struct {
 	Error       string    `json:"error"`
 	Attempts    []attempt `json:"attempts"`
 	RetryAfterS int       `json:"retry_after_s"`
+	// Unsupported are the providers the client's session options ruled
+	// out.
+	Unsupported []unsupported `json:"unsupported,omitempty"`
 }
 
 // unavailable is the 503 of a client no provider could take.
@@ -101,7 +104,7 @@ func (c *connect) unavailable(why string) *reply {
 		}
 	}
 	c.attempts = shown
-	body := rejectBody{Error: "no browser provider available", Attempts: shown, RetryAfterS: retry}
+	body := rejectBody{Error: "no browser provider available", Attempts: shown, RetryAfterS: retry, Unsupported: c.unsupported}
 	return &reply{status: http.StatusServiceUnavailable, reason: why, write: func(w http.ResponseWriter, _ *http.Request) {
 		writeJSON(w, http.StatusServiceUnavailable, body, func(hd http.Header) {
 			hd.Set("Retry-After", strconv.Itoa(retry))
@@ -156,8 +159,12 @@ func (c *connect) overOrUnavailable(why string) *reply {
 
 // unservable is the 502 of a client no provider here could ever serve.
 func (c *connect) unservable(why string) *reply {
+	body := map[string]any{"error": why}
+	if len(c.unsupported) > 0 {
+		body["unsupported"] = c.unsupported
+	}
 	return &reply{status: http.StatusBadGateway, reason: observe.ReasonUnservable, write: func(w http.ResponseWriter, _ *http.Request) {
-		writeJSON(w, http.StatusBadGateway, map[string]string{"error": why}, nil)
+		writeJSON(w, http.StatusBadGateway, body, nil)
 	}}
 }
 
@@ -239,6 +246,8 @@ type sessionEnd struct {
 	wasted   int32
 	// keepalive: the session pinged its sides (keepalive on).
 	keepalive bool
+	// options are the session options the client stated (nil: none).
+	options map[string]any
 }
 
 // log writes the end entry of session id at provider; cost is what it
@@ -248,6 +257,9 @@ func (e *sessionEnd) log(s *upstreams.Session, id, provider string, cost float64
 	var pings []zap.Field
 	if e.keepalive {
 		pings = append(pings, zap.Int64("keepalive_pings", s.KeepalivePings()))
+	}
+	if e.options != nil {
+		pings = append(pings, zap.Any("options", e.options))
 	}
 	e.logger.Info("session ended", append([]zap.Field{
 		zap.String("session_id", id),

@@ -185,8 +185,9 @@ func (c *connect) resume(presented string) {
 		return
 	}
 	// The resumed session parks again, if its client leaves, under the
-	// same token.
+	// same token, and keeps the options it was made with.
 	c.token = presented
+	c.opts = parkedOptions(e.Options)
 	if e.Held != nil {
 		c.joinHeld(e)
 		return
@@ -250,7 +251,7 @@ func (c *connect) claim(token string) (e *pool.Parked, ok, unreachable bool) {
 	}
 	now := c.h.reg.Now()
 	return &pool.Parked{ID: sp.ID, Token: token, Provider: sp.Provider, Protocol: string(upstreams.ProtocolCDP), Point: rp,
-		Key: key, Started: sp.Started, Parked: now, Until: now.Add(left), Shared: true, Data: sp.Point}, true, false
+		Key: key, Started: sp.Started, Parked: now, Until: now.Add(left), Shared: true, Options: sp.Options, Data: sp.Point}, true, false
 }
 
 // memberNamed is the member of the client's pool called name, nil when
@@ -328,7 +329,7 @@ func (c *connect) giveBack(e *pool.Parked) {
 		return
 	}
 	left := e.Until.Sub(c.h.reg.Now())
-	v, _ := json.Marshal(sharedParked{ID: e.ID, Provider: e.Provider, Point: sp, Started: e.Started})
+	v, _ := json.Marshal(sharedParked{ID: e.ID, Provider: e.Provider, Point: sp, Started: e.Started, Options: e.Options})
 	if err := sh.s.Store().ParkResume(context.WithoutCancel(c.r.Context()), e.Token, e.Key, v, left); err != nil {
 		sh.s.Failed("park resume", err)
 	}
@@ -392,7 +393,7 @@ func (c *connect) redial(e *pool.Parked) {
 		})
 		return
 	}
-	res := m.up.Reconnect(c.r.Context(), c.hs, e.Point, c.replace)
+	res := m.up.Reconnect(c.r.Context(), c.hs, e.Point, c.replaceAt(m))
 	c.record(m, res.Outcome)
 	if res.Outcome.Kind == upstreams.Failure && strings.HasPrefix(res.Outcome.Word, "status_") {
 		// The provider answered: that browser is gone (Chrome answers a

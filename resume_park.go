@@ -51,6 +51,7 @@ type parking struct {
 	bytesDn  int64
 	remoteIP string
 	meter    *spend.Meter // the session's cost
+	options  string       // its session options as bf_ query items
 
 	mu sync.Mutex
 	id string // the session's current ID
@@ -84,6 +85,7 @@ func (c *connect) newParking(m *member, up *upstreams.Conn, t *pool.Ticket) *par
 		answer:   up.Answer,
 		started:  time.Now(),
 		remoteIP: remoteIP(c.r),
+		options:  c.opts.Query(),
 		id:       c.id,
 		joined:   make(chan struct{}),
 	}
@@ -208,6 +210,7 @@ func (pk *parking) park(held *upstreams.Session, code int) {
 		Meter:     pk.meter,
 		CloseCode: code,
 		Held:      held,
+		Options:   pk.options,
 		Data:      pk,
 	}
 	if pk.hold && held == nil {
@@ -224,7 +227,7 @@ func (pk *parking) park(held *upstreams.Session, code int) {
 	// shared store keeps holds no secret of the provider's.
 	if pk.store != nil && held == nil && pk.keeps() == nil && e.Refuse == "" && pk.store.Usable() {
 		if sp, ok := pk.up.Share(pk.point); ok {
-			v, _ := json.Marshal(sharedParked{ID: e.ID, Provider: pk.provider, Point: sp, Started: pk.started})
+			v, _ := json.Marshal(sharedParked{ID: e.ID, Provider: pk.provider, Point: sp, Started: pk.started, Options: pk.options})
 			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 			if err := pk.store.Store().ParkResume(ctx, pk.token, pk.key, v, pk.window); err != nil {
 				pk.store.Failed("park resume", err)
@@ -323,6 +326,7 @@ type sharedParked struct {
 	Provider string                `json:"provider"`
 	Point    upstreams.SharedPoint `json:"point"`
 	Started  time.Time             `json:"started"`
+	Options  string                `json:"options,omitempty"`
 }
 
 // decodeSharedParked reads an entry of the shared registry, refusing one

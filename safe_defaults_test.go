@@ -28,6 +28,13 @@ func handlerOf(t *testing.T, block string) string {
 	if err != nil {
 		t.Fatalf("adapt: %v", err)
 	}
+	return handlerIn(t, out)
+}
+
+// handlerIn is the first browser_failover handler's JSON in an adapted
+// config.
+func handlerIn(t *testing.T, out []byte) string {
+	t.Helper()
 	var doc any
 	if err := json.Unmarshal(out, &doc); err != nil {
 		t.Fatal(err)

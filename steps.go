@@ -416,6 +416,7 @@ func (c *connect) relay(m *member, client netConn, up *upstreams.Conn, pending [
 		hedges:    int32(c.hedgesStarted),
 		wasted:    int32(c.hedgesWasted),
 		keepalive: c.h.Keepalive > 0,
+		options:   c.opts.Map(),
 	}
 	// The session holds the client's ticket from here.
 	t := c.ticket
@@ -471,7 +472,7 @@ func (c *connect) relay(m *member, client netConn, up *upstreams.Conn, pending [
 		end.log(s, id, t.Provider().Name(), meter.Accrued())
 	}
 	s := upstreams.NewSession(client, up, opts)
-	info := pool.SessionInfo{ID: c.id, Protocol: string(c.cls.proto), RemoteIP: remoteIP(c.r), Attempts: c.tries}
+	info := pool.SessionInfo{ID: c.id, Protocol: string(c.cls.proto), RemoteIP: remoteIP(c.r), Attempts: c.tries, Options: end.options}
 	if pk != nil {
 		info.ResumeToken = pk.token
 	}

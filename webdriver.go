@@ -181,9 +181,9 @@ func (h *Handler) webDriverCreate(w http.ResponseWriter, r *http.Request, wr wdR
 // WebDriver client, an upgrade for the others.
 func (c *connect) attempt(ctx context.Context, m *member) upstreams.Result {
 	if c.wd != nil {
-		return m.up.CreateWebDriver(ctx, c.wd.req, c.replace)
+		return m.up.CreateWebDriver(ctx, c.wd.req, c.replaceAt(m))
 	}
-	return m.up.Connect(ctx, c.hs, c.replace)
+	return m.up.Connect(ctx, c.hs, c.replaceAt(m))
 }
 
 // anyAccepts reports whether some provider of the client's pool can start
@@ -548,8 +548,11 @@ func webDriverAnswer(w http.ResponseWriter, r *http.Request, rp *reply) {
 	}
 	code := "session not created"
 	status := http.StatusInternalServerError
-	if rp.reason == observe.ReasonOrigin {
+	switch rp.reason {
+	case observe.ReasonOrigin:
 		code, status = "unknown error", http.StatusForbidden
+	case observe.ReasonBadOptions:
+		code, status = "invalid argument", http.StatusBadRequest
 	}
 	writeWebDriverError(w, status, code, msg)
 }

@@ -69,6 +69,7 @@ func (c *connect) newWebDriverSession(m *member, ps *upstreams.WebDriverSession)
 			logger:   h.logger,
 			attempts: c.attempts,
 			waited:   c.waited,
+			options:  c.opts.Map(),
 		},
 	}
 	if cfg := h.Session; cfg != nil {
@@ -76,7 +77,7 @@ func (c *connect) newWebDriverSession(m *member, ps *upstreams.WebDriverSession)
 	}
 	s.last.Store(now.UnixNano())
 	s.t, c.ticket = c.ticket, nil
-	info := pool.SessionInfo{ID: c.id, Protocol: string(upstreams.ProtocolWebDriver), RemoteIP: remoteIP(c.r), Attempts: c.tries}
+	info := pool.SessionInfo{ID: c.id, Protocol: string(upstreams.ProtocolWebDriver), RemoteIP: remoteIP(c.r), Attempts: c.tries, Options: s.log.options}
 	s.t.Establish(s, info, ps.Remote)
 	s.shared = h.shareRoute(s)
 	return s
@@ -288,7 +289,11 @@ func (h *Handler) dropRoute(id string) {
 // logWebDriver writes a WebDriver session's end entry.
 func (e *sessionEnd) logWebDriver(s *wdSession, reason string, commands int64, cost float64) {
 	e.metrics.SessionEnded(s.provider, time.Since(s.started))
-	e.logger.Info("session ended",
+	var opts []zap.Field
+	if e.options != nil {
+		opts = append(opts, zap.Any("options", e.options))
+	}
+	e.logger.Info("session ended", append([]zap.Field{
 		zap.String("session_id", s.id),
 		zap.String("provider", s.provider),
 		zap.String("protocol", string(upstreams.ProtocolWebDriver)),
@@ -300,5 +305,5 @@ func (e *sessionEnd) logWebDriver(s *wdSession, reason string, commands int64, c
 		zap.String("close_reason", reason),
 		zap.Int64("commands", commands),
 		zap.Float64("cost", roundCost(cost)),
-	)
+	}, opts...)...)
 }

@@ -367,23 +367,43 @@ func nodeCmd(ctx context.Context, t testing.TB, script string, args ...string) *
 // everything the script wrote.
 func RunNode(t testing.TB, script string, args ...string) string {
 	t.Helper()
+	stdout, stderr, err := runNode(t, script, args...)
+	if err != nil {
+		t.Fatalf("node %s %s: %v\nstdout:\n%s\nstderr:\n%s", script, strings.Join(args, " "), err, stdout, stderr)
+	}
+	return stdout
+}
+
+// RunNodeFail runs node e2e/js/<script> with args, which must fail (a
+// non-zero exit within nodeTimeout), and returns everything it wrote.
+func RunNodeFail(t testing.TB, script string, args ...string) string {
+	t.Helper()
+	stdout, stderr, err := runNode(t, script, args...)
+	if err == nil {
+		t.Fatalf("node %s %s succeeded, want a failure\n%s", script, strings.Join(args, " "), stdout)
+	}
+	return stdout + stderr
+}
+
+// runNode runs node e2e/js/<script> args…, killing it and its children
+// after nodeTimeout (which fails the test), and returns what it wrote and
+// how it exited.
+func runNode(t testing.TB, script string, args ...string) (stdout, stderr string, err error) {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), nodeTimeout)
 	defer cancel()
 	cmd := nodeCmd(ctx, t, script, args...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
-	var stdout, stderr bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	var out, errOut bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errOut
 	start := time.Now()
-	err := cmd.Run()
-	t.Logf("node %s %s: %v\n%s", script, strings.Join(args, " "), time.Since(start).Round(time.Millisecond), strings.TrimSpace(stdout.String()))
+	err = cmd.Run()
+	t.Logf("node %s %s: %v\n%s", script, strings.Join(args, " "), time.Since(start).Round(time.Millisecond), strings.TrimSpace(out.String()))
 	if ctx.Err() != nil {
-		t.Fatalf("node %s timed out after %v\nstdout:\n%s\nstderr:\n%s", script, nodeTimeout, stdout.String(), stderr.String())
+		t.Fatalf("node %s timed out after %v\nstdout:\n%s\nstderr:\n%s", script, nodeTimeout, out.String(), errOut.String())
 	}
-	if err != nil {
-		t.Fatalf("node %s %s: %v\nstdout:\n%s\nstderr:\n%s", script, strings.Join(args, " "), err, stdout.String(), stderr.String())
-	}
-	return stdout.String()
+	return out.String(), errOut.String(), err
 }
 
 // NodeProc is a long-running node script whose stdout is read line by line.

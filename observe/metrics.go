@@ -291,7 +291,10 @@ const (
 	ReasonOrigin = "origin"
 	// ReasonShutdown: the process is exiting (503).
 	ReasonShutdown = "shutdown"
-	reasonOther    = "other"
+	// ReasonBadOptions: the client's session options could not be read
+	// (400).
+	ReasonBadOptions = "bad_options"
+	reasonOther      = "other"
 )
 
 // ReasonWord maps why a client was rejected, as the handler words it in its
@@ -305,7 +308,7 @@ func ReasonWord(why string) string {
 		return ReasonQueueTimeout
 	case "no provider available", ReasonNoProvider:
 		return ReasonNoProvider
-	case ReasonRelayed, ReasonUnservable, ReasonClientLimit, ReasonClientBudget, ReasonOrigin, ReasonShutdown:
+	case ReasonRelayed, ReasonUnservable, ReasonClientLimit, ReasonClientBudget, ReasonOrigin, ReasonShutdown, ReasonBadOptions:
 		return why
 	}
 	if strings.HasPrefix(why, ReasonResume) {

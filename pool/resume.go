@@ -61,6 +61,9 @@ type Parked struct {
 	Held *upstreams.Session
 	// Shared tells that the entry is also in the shared store.
 	Shared bool
+	// Options are the session options it was made with, as bf_ query
+	// items ("" when none): a resume keeps them.
+	Options string
 	// Refuse, when set, is why a resume of it is answered 409 (it cannot
 	// be joined).
 	Refuse string

@@ -41,6 +41,8 @@ type SessionInfo struct {
 	ResumeToken string
 	// Meter is the session's cost so far (nil: none metered).
 	Meter *spend.Meter
+	// Options are the session options the client stated (nil: none).
+	Options map[string]any
 }
 
 // Live is what the registry knows a live session by: a relayed

@@ -6,6 +6,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/browserfailover/caddy-browser-failover/options"
 	"github.com/browserfailover/caddy-browser-failover/pool"
 	"github.com/browserfailover/caddy-browser-failover/upstreams"
 )
@@ -54,6 +55,9 @@ type Session struct {
 	// Cost is what the session has cost so far (0 when its provider
 	// states no cost).
 	Cost float64 `json:"cost"`
+	// Options are the session options its client stated (absent when
+	// none): region a list, booleans booleans, timeout a duration.
+	Options map[string]any `json:"options,omitempty"`
 }
 
 // sessionOf builds a registry entry's Session object, its duration and
@@ -71,6 +75,7 @@ func sessionOf(reg *pool.Registry, e pool.LiveSession) Session {
 		RemoteIP:   e.RemoteIP,
 		Attempts:   e.Attempts,
 		Cost:       roundCost(e.Meter.Accrued()),
+		Options:    e.Options,
 	}
 	if e.Client != "" {
 		c := e.Client
@@ -109,6 +114,10 @@ func parkedOf(p pool.Parked) Session {
 		Parked:         true,
 		ResumableUntil: &until,
 		Cost:           roundCost(p.Meter.Accrued()),
+	}
+	if p.Options != "" {
+		s, _, _ := options.FromRequest(p.Options, nil)
+		out.Options = s.Map()
 	}
 	if p.Client != "" {
 		c := p.Client

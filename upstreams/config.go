@@ -12,6 +12,7 @@ import (
 	"github.com/caddyserver/caddy/v2"
 
 	"github.com/browserfailover/caddy-browser-failover/internal/conf"
+	"github.com/browserfailover/caddy-browser-failover/options"
 )
 
 // Config is one provider as configured: its part of a provider's JSON
@@ -84,6 +85,26 @@ type Config struct {
 	// at each create). It is a secret, like a header value: never shown.
 	// Only for protocol webdriver. Default: none.
 	Capabilities json.RawMessage `json:"capabilities,omitempty"`
+	// Region names where the provider runs, or the regions its session
+	// API can create in (the operator's own names, such as eu-central): a
+	// client asking for regions is offered it only when one of them is
+	// on its list, its first listed first. Default: none.
+	Region []string `json:"region,omitempty"`
+	// Supports names the other session options the provider honours
+	// (proxy_country, stealth, solve_captchas, record, timeout): a client
+	// asking for one is offered it only when it is named. Default: none.
+	Supports []string `json:"supports,omitempty"`
+	// OptionMap translates a session option's value into the provider's
+	// own word when it is rendered by a {bf.option.<name>} placeholder:
+	// option → ours → theirs, such as region eu-central → eu-central-1. A
+	// value without an entry is rendered as it is. Default: none.
+	OptionMap map[string]map[string]string `json:"option_map,omitempty"`
+}
+
+// Honours is what the provider honours of the clients' session options,
+// and how it words them.
+func (c *Config) Honours() options.Provider {
+	return options.Provider{Regions: c.Region, Supports: c.Supports, Map: c.OptionMap}
 }
 
 // HeaderOp is one change to the handshake sent to a provider (the
@@ -162,11 +183,72 @@ func (c *Config) Validate(stated func(option string) bool) error {
 			Msg: "discover on does not apply to a bidi provider (WebDriver BiDi has no /json/version: an http(s) URL is dialed at <url>/session)"})
 	}
 	errs = append(errs, c.validateWebDriver(proto, protoErr == nil))
+	errs = append(errs, c.validateOptions())
 	if c.SessionAPI != nil {
 		errs = append(errs, ValidateSessionAPI(*c.SessionAPI))
 		if c.Discover != nil && *c.Discover {
 			errs = append(errs, &conf.Problem{Options: []string{"discover"}, Whole: true,
 				Msg: "discover on does not apply to a provider with session_api (it dials the URL each create answer gives)"})
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// usesOptions reports whether some template of c holds an option
+// placeholder.
+func (c *Config) usesOptions() bool {
+	if options.Has(c.URL) || options.Has(string(c.Capabilities)) {
+		return true
+	}
+	for _, op := range c.HeadersUp {
+		if options.Has(op.Value) {
+			return true
+		}
+	}
+	if a := c.SessionAPI; a != nil {
+		if options.Has(a.CreateURL) || options.Has(a.Body) {
+			return true
+		}
+		for _, h := range a.Headers {
+			if options.Has(h.Value) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// validateOptions checks region, supports and option_map, and that every
+// {bf.option.<name>} placeholder names a session option.
+func (c *Config) validateOptions() error {
+	var errs []error
+	for _, o := range []struct {
+		opt string
+		err error
+	}{
+		{"region", options.CheckRegions(c.Region)},
+		{"supports", options.CheckSupports(c.Supports)},
+		{"option_map", options.CheckMap(c.OptionMap)},
+	} {
+		if o.err != nil {
+			errs = append(errs, conf.Problemf(o.opt, "%v", o.err))
+		}
+	}
+	check := func(opt, text string) {
+		if err := options.CheckPlaceholders(text); err != nil {
+			errs = append(errs, conf.Problemf(opt, "%s: %v", opt, err))
+		}
+	}
+	check("url", c.URL)
+	for _, op := range c.HeadersUp {
+		check("header_up", op.Value)
+	}
+	check("capabilities", string(c.Capabilities))
+	if a := c.SessionAPI; a != nil {
+		check("session_api", a.CreateURL)
+		check("session_api", a.Body)
+		for _, h := range a.Headers {
+			check("session_api", h.Value)
 		}
 	}
 	return errors.Join(errs...)

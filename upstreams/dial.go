@@ -103,8 +103,11 @@ func (p *Provider) attempt(ctx, actx context.Context, deadline time.Time, hs *Ha
 	}
 
 	path, query, rawQuery, host := p.path, p.query, p.rawQuery, p.host
+	if p.optQuery {
+		query, rawQuery = renderQuery(query, replace), ""
+	}
 	if p.Discover {
-		dpath, dquery, dhost, r := p.discover(actx, deadline, replace)
+		dpath, dquery, dhost, r := p.discover(actx, deadline, query, rawQuery, replace)
 		if r != nil {
 			if r.Outcome.Kind == 0 {
 				return fail(r.Outcome.Err)
@@ -273,10 +276,10 @@ type discoveryAnswer struct {
 // (the upgrade must use it too: Chrome applies the same Host check to the
 // WebSocket upgrade as to /json/*). A nil *Result means success; a Result
 // with a zero Kind carries a transport error to classify.
-func (p *Provider) discover(ctx context.Context, deadline time.Time, replace func(string) string) (string, url.Values, string, *Result) {
+func (p *Provider) discover(ctx context.Context, deadline time.Time, query url.Values, rawQuery string, replace func(string) string) (string, url.Values, string, *Result) {
 	host := p.host
 	for try := 0; try < 2; try++ {
-		status, ans, body, remote, err := p.discoveryGET(ctx, deadline, host, replace)
+		status, ans, body, remote, err := p.discoveryGET(ctx, deadline, host, query, rawQuery, replace)
 		if err != nil {
 			return "", nil, "", &Result{Outcome: Outcome{Err: err}}
 		}
@@ -292,7 +295,7 @@ func (p *Provider) discover(ctx context.Context, deadline time.Time, replace fun
 					Err: fmt.Errorf("%w: unusable webSocketDebuggerUrl", errBadDiscovery)}}
 			}
 			q := wu.Query()
-			for k, v := range p.query {
+			for k, v := range query {
 				if _, ok := q[k]; !ok {
 					q[k] = v
 				}
@@ -320,7 +323,7 @@ func (p *Provider) discover(ctx context.Context, deadline time.Time, replace fun
 
 // discoveryGET performs GET <path>/json/version with the given Host header.
 // remote is the dialed address, usable as a Host header Chrome accepts.
-func (p *Provider) discoveryGET(ctx context.Context, deadline time.Time, host string, replace func(string) string) (status int, ans *Answer, body []byte, remote string, err error) {
+func (p *Provider) discoveryGET(ctx context.Context, deadline time.Time, host string, query url.Values, rawQuery string, replace func(string) string) (status int, ans *Answer, body []byte, remote string, err error) {
 	conn, err := p.dial(ctx)
 	if err != nil {
 		return 0, nil, nil, "", err
@@ -333,8 +336,11 @@ func (p *Provider) discoveryGET(ctx context.Context, deadline time.Time, host st
 		remote = ra.String()
 	}
 	path := strings.TrimSuffix(p.path, "/") + "/json/version"
-	if p.rawQuery != "" {
-		path += "?" + p.rawQuery
+	switch {
+	case rawQuery != "":
+		path += "?" + rawQuery
+	case len(query) > 0:
+		path += "?" + query.Encode()
 	}
 	var b bytes.Buffer
 	b.WriteString("GET " + path + " HTTP/1.1\r\nHost: " + host + "\r\nAccept: application/json\r\nConnection: close\r\n")
@@ -345,11 +351,9 @@ func (p *Provider) discoveryGET(ctx context.Context, deadline time.Time, host st
 		if op.Op == "delete" || strings.EqualFold(op.Field, "Host") {
 			continue
 		}
-		v := op.Value
-		if replace != nil {
-			v = replace(v)
+		if v, send := headerValue(op.Value, replace); send {
+			b.Write(appendField(nil, op.Field, v))
 		}
-		b.Write(appendField(nil, op.Field, v))
 	}
 	b.WriteString("\r\n")
 	if _, err := conn.Write(b.Bytes()); err != nil {

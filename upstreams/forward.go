@@ -49,6 +49,8 @@ var neverForwarded = map[string]bool{
 	"Sec-Websocket-Version": true,
 	// Pseudo header of HTTP/2 extended CONNECT.
 	":protocol": true,
+	// The client's session options, for the gateway only.
+	"Browser-Failover-Options": true,
 }
 
 // namedOnly are fields a prefix pattern (such as a bare "*") never
@@ -97,7 +99,7 @@ func parseForward(fields []string) (*forwardRule, error) {
 		}
 		k := textproto.CanonicalMIMEHeaderKey(name)
 		if neverForwarded[k] {
-			errs = append(errs, fmt.Errorf("forward_headers: %s is never forwarded (hop-by-hop, or written by the gateway itself)", k))
+			errs = append(errs, fmt.Errorf("forward_headers: %s is never forwarded (hop-by-hop, written or read by the gateway itself)", k))
 			continue
 		}
 		r.exact[k] = true

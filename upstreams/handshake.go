@@ -228,9 +228,9 @@ func (p *Provider) appendRequest(buf []byte, hs *Handshake, t target, replace fu
 		h["Authorization"] = []string{p.basicAuth}
 	}
 	for _, op := range p.headerOps {
-		v := op.Value
-		if replace != nil {
-			v = replace(v)
+		v, send := headerValue(op.Value, replace)
+		if !send && op.Op != "delete" {
+			continue
 		}
 		k := textproto.CanonicalMIMEHeaderKey(op.Field)
 		switch op.Op {

@@ -312,12 +312,17 @@ func (p *Provider) NewProber(o ProbeOptions) (*Prober, error) {
 		if err != nil {
 			return nil, fmt.Errorf("provider %q: health_check uri: not a valid path", p.Name)
 		}
-		q := p.rawQuery
+		q, base := p.rawQuery, p.query
+		if p.optQuery {
+			// A probe states no session option: their items are left out.
+			base = renderQuery(p.query, unstated)
+			q = base.Encode()
+		}
 		if u.RawQuery != "" {
 			// The uri's own keys are added to the provider's (its value
 			// wins for a key both have).
 			merged := url.Values{}
-			for k, v := range p.query {
+			for k, v := range base {
 				merged[k] = v
 			}
 			for k, v := range u.Query() {

@@ -54,6 +54,8 @@ func TestProbeTargets(t *testing.T) {
 		{name: "ws path", url: "ws://h:3000/pw", uri: "/health", get: "http://h:3000/health", shown: "http://h:3000/health", own: true},
 		{name: "ws path with queries", url: "ws://u:pw@h:3000/pw?token=a", uri: "/health?x=1", get: "http://h:3000/health?token=a&x=1", shown: "http://REDACTED@h:3000/health?token=REDACTED&x=REDACTED", own: true},
 		{name: "escaped path", url: "ws://h:3000/", uri: "/a%2Fb/health", get: "http://h:3000/a%2Fb/health", shown: "http://h:3000/a%2Fb/health", own: true},
+		{name: "session options in the query", url: "ws://h:3000/?token=a&stealth={bf.option.stealth}", uri: "/pressure", get: "http://h:3000/pressure?token=a", shown: "http://h:3000/pressure?token=REDACTED", own: true},
+		{name: "session options and the uri's query", url: "ws://h:3000/?r={bf.option.region}&token=a", uri: "/pressure?x=1", get: "http://h:3000/pressure?token=a&x=1", shown: "http://h:3000/pressure?token=REDACTED&x=REDACTED", own: true},
 		{name: "ws without uri", url: "ws://h:3000/pw", err: "needs a uri for a ws:// or wss:// provider"},
 		{name: "full URL elsewhere", url: "wss://h/?apiKey=k", uri: "https://status.example.com/ok?key=s3cr3t",
 			get: "https://status.example.com/ok?key=s3cr3t", shown: "https://status.example.com/ok?key=REDACTED", tls: true},

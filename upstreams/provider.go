@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/browserfailover/caddy-browser-failover/internal/conf"
+	"github.com/browserfailover/caddy-browser-failover/options"
 )
 
 // DefaultConnectTimeout bounds one attempt when nothing else is configured.
@@ -55,6 +56,13 @@ type Provider struct {
 	key        string    // the resolved URL
 	redacted   string
 
+	// honours is what it honours of the session options; optQuery: its
+	// URL's query holds {bf.option.<name>} placeholders, rendered at each
+	// attempt.
+	honours  options.Provider
+	optQuery bool
+	usesOpts bool // anything it sends holds an option placeholder
+
 	api *sessionAPI // nil without a session API
 	wd  *webDriver  // nil but for protocol webdriver
 
@@ -62,6 +70,14 @@ type Provider struct {
 	// no preparing is read from here where it is used.
 	conf Config
 }
+
+// Honours is what the provider honours of the clients' session options,
+// and how it words them.
+func (p *Provider) Honours() *options.Provider { return &p.honours }
+
+// UsesOptions reports whether anything the provider sends holds a
+// {bf.option.<name>} placeholder.
+func (p *Provider) UsesOptions() bool { return p.usesOpts }
 
 // New checks c (with Validate) and builds the provider: its placeholders
 // known when the config loads ({env.X}) are resolved with known (nil:
@@ -174,6 +190,9 @@ func New(c Config, d Defaults, known func(string) string) (*Provider, error) {
 	}
 	p.rawQuery = u.RawQuery
 	p.query = u.Query()
+	p.optQuery = queryHasOptions(p.query)
+	p.honours = c.Honours()
+	p.usesOpts = c.usesOptions()
 	if u.User != nil {
 		pw, _ := u.User.Password()
 		p.basicAuth = "Basic " + base64.StdEncoding.EncodeToString([]byte(u.User.Username()+":"+pw))

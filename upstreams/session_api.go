@@ -173,6 +173,7 @@ func (a SessionAPI) resolved(known func(string) string) (SessionAPI, error) {
 type sessionAPI struct {
 	SessionAPI
 	createURL  *url.URL
+	optQuery   bool     // createURL's query holds option placeholders
 	listURL    *url.URL // nil without a list call
 	body       any      // parsed template, nil for none
 	hasBody    bool
@@ -346,6 +347,7 @@ func newSessionAPI(p *Provider, a SessionAPI, d Defaults) (*sessionAPI, error) {
 		return nil, fmt.Errorf("create: %w", err)
 	}
 	s.hosts = newHostRule(s.createURL.Hostname(), a.ConnectHosts)
+	s.optQuery = queryHasOptions(s.createURL.Query())
 	relPath, _, _ := strings.Cut(a.ReleaseURL, "?")
 	s.idInPath = strings.Contains(relPath, SessionIDPlaceholder)
 	if _, err := resolveCall(base, strings.ReplaceAll(a.ReleaseURL, SessionIDPlaceholder, "x")); err != nil {
@@ -412,7 +414,7 @@ func fill(t any, replace func(string) string) []byte {
 	walk = func(v any) any {
 		switch x := v.(type) {
 		case string:
-			return replace(x)
+			return fillString(x, replace)
 		case []any:
 			out := make([]any, len(x))
 			for i, e := range x {
@@ -624,9 +626,11 @@ func (a *sessionAPI) prepare(replace func(string) string) ([]Header, []byte) {
 	if replace == nil {
 		replace = func(s string) string { return s }
 	}
-	headers := make([]Header, len(a.Headers))
-	for i, h := range a.Headers {
-		headers[i] = Header{Field: h.Field, Value: replace(h.Value)}
+	headers := make([]Header, 0, len(a.Headers))
+	for _, h := range a.Headers {
+		if v, ok := headerValue(h.Value, replace); ok {
+			headers = append(headers, Header{Field: h.Field, Value: v})
+		}
 	}
 	var body []byte
 	if a.hasBody {
@@ -635,16 +639,28 @@ func (a *sessionAPI) prepare(replace func(string) string) ([]Header, []byte) {
 	return headers, body
 }
 
+// createTarget is the create call's URL for one attempt: session options
+// in its query rendered by replace (an item that renders empty is left
+// out).
+func (a *sessionAPI) createTarget(replace func(string) string) string {
+	if !a.optQuery {
+		return a.createURL.String()
+	}
+	u := *a.createURL
+	u.RawQuery = renderQuery(u.Query(), replace).Encode()
+	return u.String()
+}
+
 // create makes the create call within ctx. A session the provider created
 // is never lost: when the answer cannot be used but names a session ID, the
 // session is released at once; when a 2xx answer names none the gateway
 // can read, it is counted as an orphan.
-func (a *sessionAPI) create(ctx context.Context, headers []Header, payload []byte) created {
+func (a *sessionAPI) create(ctx context.Context, target string, headers []Header, payload []byte) created {
 	var body io.Reader
 	if a.hasBody {
 		body = bytes.NewReader(payload)
 	}
-	req, err := http.NewRequestWithContext(ctx, a.CreateMethod, a.createURL.String(), body)
+	req, err := http.NewRequestWithContext(ctx, a.CreateMethod, target, body)
 	if err != nil {
 		return created{res: &Result{Outcome: Outcome{Err: fmt.Errorf("create: %w", err)}}}
 	}
@@ -939,13 +955,14 @@ func (p *Provider) connectAPI(ctx, actx context.Context, deadline time.Time, hs 
 		}
 	}()
 	headers, body := p.api.prepare(replace)
+	target := p.api.createTarget(replace)
 	// The call is not cut when the attempt ends: a session created after
 	// that is still learnt and released.
 	cctx, ccancel := context.WithDeadline(context.WithoutCancel(ctx), deadline.Add(p.api.rel.CreateGrace))
 	answer := make(chan created, 1)
 	go func() {
 		defer ccancel()
-		answer <- p.api.create(cctx, headers, body)
+		answer <- p.api.create(cctx, target, headers, body)
 	}()
 	var c created
 	select {
@@ -1006,7 +1023,7 @@ func (p *Provider) retarget(raw string) (*Provider, error) {
 		return nil, fmt.Errorf("%w: host %q is neither the create call's host, under its domain, nor in connect_hosts", errBadConnectURL, u.Hostname())
 	}
 	t := *p
-	t.api, t.Discover, t.tlsConfig = nil, false, nil
+	t.api, t.Discover, t.tlsConfig, t.optQuery = nil, false, nil, false
 	switch strings.ToLower(u.Scheme) {
 	case "ws", "http":
 		t.scheme, t.httpScheme = "ws", "http"

@@ -19,6 +19,8 @@ import (
 	"net/url"
 	"strings"
 	"time"
+
+	"github.com/browserfailover/caddy-browser-failover/options"
 )
 
 // webDriver is what a webdriver provider has besides the common parts.
@@ -140,13 +142,11 @@ func (p *Provider) wdHeader(replace func(string) string) http.Header {
 		h.Set("Authorization", p.basicAuth)
 	}
 	for _, op := range p.headerOps {
-		v := op.Value
-		if replace != nil {
-			v = replace(v)
-		} else if strings.Contains(v, "{") {
+		if replace == nil && strings.Contains(op.Value, "{") {
 			continue
 		}
-		if strings.ContainsAny(v, "\r\n") {
+		v, send := headerValue(op.Value, replace)
+		if (!send && op.Op != "delete") || strings.ContainsAny(v, "\r\n") {
 			continue
 		}
 		switch op.Op {
@@ -200,7 +200,11 @@ func (w *webDriver) capsFor(replace func(string) string) (map[string]json.RawMes
 	walk = func(v any) {
 		switch x := v.(type) {
 		case string:
-			secrets = append(secrets, replace(x))
+			if _, opt := options.Whole(x); !opt {
+				// (A session option is what the client asked for, not
+				// a secret.)
+				secrets = append(secrets, replace(x))
+			}
 		case []any:
 			for _, e := range x {
 				walk(e)

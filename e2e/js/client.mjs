@@ -136,7 +136,9 @@ try {
       process.exit(2);
   }
 } catch (err) {
-  console.error(`${mode} ${url}: ${err && err.stack ? err.stack : err}`);
+  // Puppeteer rejects a refused upgrade with the socket's error event,
+  // which has a message and no stack.
+  console.error(`${mode} ${url}: ${err && err.stack ? err.stack : (err && err.message) || err}`);
   process.exit(1);
 }
 clearTimeout(guard);

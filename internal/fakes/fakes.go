@@ -56,7 +56,15 @@ type Server struct {
 	Hits atomic.Int64
 	// LastHeader is the header of the last upgrade request it saw.
 	lastHeader atomic.Value
+	lastURI    atomic.Value
 	closeFn    func()
+}
+
+// LastURI returns the request URI (path and query) of the last request
+// it saw.
+func (s *Server) LastURI() string {
+	u, _ := s.lastURI.Load().(string)
+	return u
 }
 
 // URL is the provider's ws:// URL.
@@ -86,6 +94,7 @@ func serveHTTP(name string, contacts *Contacts, h func(s *Server, w http.Respons
 	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		s.Hits.Add(1)
 		s.lastHeader.Store(r.Header.Clone())
+		s.lastURI.Store(r.RequestURI)
 		contacts.Add(name)
 		h(s, w, r)
 	})}

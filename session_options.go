@@ -1,0 +1,139 @@
+package browserfailover
+
+import (
+	"errors"
+	"net/http"
+	"slices"
+	"strings"
+
+	"github.com/browserfailover/caddy-browser-failover/observe"
+	"github.com/browserfailover/caddy-browser-failover/options"
+)
+
+// Session options: what a client asks of its browser once for every
+// provider (a region in order of preference, a proxy country, stealth,
+// captcha solving, recording, a timeout). They are read when the client
+// is checked, choose and order its candidates, and reach each provider
+// only through {bf.option.<name>} placeholders in that provider's own
+// words (options.Provider).
+
+// readOptions reads the client's session options (step 0, check): its bf_
+// query items, its Browser-Failover-Options header and, on a WebDriver
+// create, its bf:options capability. A bad one is answered 400 before any
+// provider is asked; the query items are taken out of what pass_query
+// passes on (the header is never forwarded, the capability never sent).
+func (c *connect) readOptions() bool {
+	raw := c.r.URL.RawQuery
+	if c.hs != nil {
+		raw = c.hs.RawQuery
+	}
+	s, rest, err := options.FromRequest(raw, c.r.Header, ResumeQuery, ResumeTokenQuery)
+	if err == nil && c.wd != nil {
+		if capRaw := c.wd.req.Extension(options.Capability); capRaw != nil {
+			var o options.Set
+			if o, err = options.FromCapability(capRaw); err == nil {
+				s, err = s.Merge(o, options.Capability)
+			}
+		}
+	}
+	if err != nil {
+		c.finish(badOptions(err))
+		return false
+	}
+	if c.hs != nil {
+		c.hs.RawQuery = rest
+	}
+	c.opts = s
+	return true
+}
+
+// badOptions is the 400 of a client whose options cannot be read; the
+// body names the option.
+func badOptions(err error) *reply {
+	body := map[string]string{"error": err.Error()}
+	var e *options.Error
+	if errors.As(err, &e) && e.Option != "" {
+		body["option"] = e.Option
+	}
+	return &reply{status: http.StatusBadRequest, reason: observe.ReasonBadOptions, write: func(w http.ResponseWriter, _ *http.Request) {
+		writeJSON(w, http.StatusBadRequest, body, nil)
+	}}
+}
+
+// parkedOptions are the options a parked session was made with.
+func parkedOptions(q string) options.Set {
+	s, _, _ := options.FromRequest(q, nil)
+	return s
+}
+
+// unsupported is a provider the client's options rule out, and what of
+// them it cannot honour (the unsupported list of 503 and 502 bodies).
+type unsupported struct {
+	Provider string   `json:"provider"`
+	Lacks    []string `json:"lacks"`
+}
+
+// byOptions keeps of order the providers that honour the client's
+// options, those of its first region first, then its next region's
+// (order kept within), and lists the others in c.unsupported.
+func (c *connect) byOptions(order []int) []int {
+	if c.opts.Empty() {
+		return order
+	}
+	c.unsupported = c.unsupported[:0]
+	kept := order[:0:0]
+	for _, i := range order {
+		m := c.h.members[i]
+		if lacks := m.up.Honours().Lacks(c.opts); len(lacks) > 0 {
+			c.unsupported = append(c.unsupported, unsupported{Provider: m.up.Name, Lacks: lacks})
+			continue
+		}
+		kept = append(kept, i)
+	}
+	if len(c.opts.Regions()) > 1 {
+		slices.SortStableFunc(kept, func(a, b int) int {
+			return c.h.members[a].up.Honours().Rank(c.opts) - c.h.members[b].up.Honours().Rank(c.opts)
+		})
+	}
+	return kept
+}
+
+// anyHonours reports whether some provider of the client's pool can
+// honour its options; when none can, the client is answered 502 at once
+// naming them (false).
+func (c *connect) anyHonours() bool {
+	if c.opts.Empty() {
+		return true
+	}
+	c.byOptions(c.pool.members)
+	if len(c.unsupported) < len(c.pool.members) {
+		return true
+	}
+	var want []string
+	for _, u := range c.unsupported {
+		for _, o := range u.Lacks {
+			if !slices.Contains(want, o) {
+				want = append(want, o)
+			}
+		}
+	}
+	msg := "no provider here honours the session options asked for: " + strings.Join(want, ", ")
+	c.finish(c.unservable(msg))
+	return false
+}
+
+// replaceAt is the replace of an attempt at m: its session options
+// rendered in m's words, then the request's placeholders.
+func (c *connect) replaceAt(m *member) func(string) string {
+	if !m.up.UsesOptions() {
+		return c.replace
+	}
+	hon, opts, replace := m.up.Honours(), c.opts, c.replace
+	return func(s string) string {
+		s = hon.Replace(opts, s)
+		if replace != nil {
+			s = replace(s)
+		}
+		return s
+	}
+}
