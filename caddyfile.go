@@ -62,6 +62,8 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //			region          <name...>               # where it runs (clients' bf_region)
 //			supports        <option...>             # session options it honours
 //			option_map      <option> <ours>=<theirs>...
+//			warm            <n>                     # sessions opened ahead of demand
+//			warm_max_age    <duration>
 //			health_check { ... } | health_check off
 //			session_api { ... }   # see parseSessionAPI
 //		}
@@ -314,6 +316,10 @@ func (r *reader) parseProvider() (*ProviderConfig, *block, error) {
 			p.HealthCheck, err = parseHealthCheck(d)
 		case "session_api":
 			p.SessionAPI, err = r.parseSessionAPI(what + ": ")
+		case "warm":
+			p.Warm, err = intArg(d)
+		case "warm_max_age":
+			p.WarmMaxAge, err = durationArg(d)
 		case "region":
 			if p.Region = d.RemainingArgs(); len(p.Region) == 0 {
 				err = d.ArgErr()

@@ -300,6 +300,10 @@ func (c *connect) pass(first bool) (end passEnd, couldWait, retry bool) {
 	}
 	// 2. Order the candidates.
 	ps := &passState{order: c.order(first && c.waiter == nil), maxAttempts: h.MaxAttempts}
+	// A session opened ahead of demand goes at once (warm.go).
+	if end, ok := c.tryWarm(ps.order); ok {
+		return end, false, false
+	}
 	if h.TryDuration > 0 {
 		ps.deadline = time.Now().Add(time.Duration(h.TryDuration))
 		var cancel context.CancelFunc

@@ -166,6 +166,14 @@ type ProviderConfig struct {
 	// setting; {"off":true} turns it off for this provider. Default: the
 	// handler's.
 	HealthCheck *HealthCheckConfig `json:"health_check,omitempty"`
+	// Warm keeps up to this many sessions opened ahead of demand, each
+	// handed to a client at once (warm.go). They count as live sessions
+	// do: in max_concurrent, leases, the ledger, cost and budget. Not for
+	// playwright or webdriver providers. Default: 0, none.
+	Warm int `json:"warm,omitempty"`
+	// WarmMaxAge is how long a warm session waits for a client before it
+	// is closed, released and replaced. Default: 5m.
+	WarmMaxAge caddy.Duration `json:"warm_max_age,omitempty"`
 
 	stated
 }
@@ -608,6 +616,7 @@ func (p *ProviderConfig) validate() error {
 			Msg: "budget needs cost: without a price the provider's sessions cost nothing"})
 	}
 	errs = append(errs, within("cooldown: ", p.Cooldown.validate()))
+	errs = append(errs, p.validateWarm())
 	return within(fmt.Sprintf("provider %q: ", p.Name), errors.Join(errs...))
 }
 
@@ -890,4 +899,31 @@ func (h *Handler) validateResumeKey() error {
 		return conf.Problemf("resume_key", "resume_key must hold a placeholder (e.g. {http.auth.user.id}), got a constant")
 	}
 	return nil
+}
+
+// validateWarm checks warm and warm_max_age.
+func (p *ProviderConfig) validateWarm() error {
+	var errs []error
+	if p.Warm < 0 {
+		errs = append(errs, conf.Problemf("warm", "warm must not be negative, got %d", p.Warm))
+	}
+	if p.WarmMaxAge < 0 || (p.WarmMaxAge == 0 && p.given.has("warm_max_age")) {
+		errs = append(errs, conf.Problemf("warm_max_age", "warm_max_age must be positive, got %v", time.Duration(p.WarmMaxAge)))
+	}
+	if p.Warm <= 0 {
+		return errors.Join(errs...)
+	}
+	if proto, err := upstreams.ParseProtocol(p.Protocol); err == nil && (proto == upstreams.ProtocolPlaywright || proto == upstreams.ProtocolWebDriver) {
+		// A protocol option given after it settles it.
+		errs = append(errs, &conf.Problem{Options: []string{"warm"}, Whole: true,
+			Msg: "warm does not apply to a " + string(proto) + " provider (" + map[upstreams.Protocol]string{
+				upstreams.ProtocolPlaywright: "a Playwright client's version is in its own handshake",
+				upstreams.ProtocolWebDriver:  "WebDriver sessions are created by the client's own request",
+			}[proto] + ")"})
+	}
+	if m := p.MaxConcurrent.Limit; m > 0 && p.Warm > m {
+		errs = append(errs, &conf.Problem{Options: []string{"warm"}, Whole: true,
+			Msg: fmt.Sprintf("warm %d is more than max_concurrent %d: warm sessions count toward it", p.Warm, m)})
+	}
+	return errors.Join(errs...)
 }

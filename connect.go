@@ -71,6 +71,8 @@ type connect struct {
 	// unsupported are the providers its options rule out (the last
 	// pass's), shown in 503 and 502 bodies.
 	unsupported []unsupported
+	// warm: the client was handed a warm session (warm.go).
+	warm bool
 
 	// allIncompatible: the last pass found every provider it could use
 	// answering 428 (a Playwright server of another version).

@@ -2,6 +2,7 @@ package browserfailover
 
 import (
 	"sync"
+	"sync/atomic"
 
 	"go.uber.org/zap"
 
@@ -42,6 +43,10 @@ type handlerRuntime struct {
 	probes []*pool.Provider
 	// origins are the web-page origins whose upgrades are served.
 	origins originSet
+	// warmers are the warm sessions' keepers of its providers with warm
+	// (warm.go); cleaned is set once Cleanup began.
+	warmers []*warmer
+	cleaned *atomic.Bool
 }
 
 // member is one provider of this handler: its dialer (which also tells

@@ -13,6 +13,7 @@ import (
 	"errors"
 	"net/http"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -43,6 +44,7 @@ func (Handler) CaddyModule() caddy.ModuleInfo {
 // process-wide state and takes the handler's line in the wait queue.
 func (h *Handler) Provision(ctx caddy.Context) error {
 	h.logger = ctx.Logger()
+	h.cleaned = new(atomic.Bool)
 	if err := h.check(); err != nil {
 		return err
 	}
@@ -130,7 +132,11 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 			m.state.WakeAt(u)
 		}
 	}
-	return h.provisionProbes(known)
+	if err := h.provisionProbes(known); err != nil {
+		return err
+	}
+	h.provisionWarm()
+	return nil
 }
 
 // Validate checks the configuration (JSON configs never pass through the
@@ -148,6 +154,8 @@ func (h *Handler) Cleanup() error {
 		return nil // Provision stopped before it took anything
 	}
 	defer pool.Release()
+	h.cleaned.Store(true)
+	h.cleanupWarm()
 	for _, m := range h.members {
 		m.state.RemoveOnReset(h)
 	}

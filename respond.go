@@ -248,6 +248,8 @@ type sessionEnd struct {
 	keepalive bool
 	// options are the session options the client stated (nil: none).
 	options map[string]any
+	// warm: the session was opened ahead of demand (warm.go).
+	warm bool
 }
 
 // log writes the end entry of session id at provider; cost is what it
@@ -260,6 +262,9 @@ func (e *sessionEnd) log(s *upstreams.Session, id, provider string, cost float64
 	}
 	if e.options != nil {
 		pings = append(pings, zap.Any("options", e.options))
+	}
+	if e.warm {
+		pings = append(pings, zap.Bool("warm", true))
 	}
 	e.logger.Info("session ended", append([]zap.Field{
 		zap.String("session_id", id),

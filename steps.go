@@ -417,6 +417,7 @@ func (c *connect) relay(m *member, client netConn, up *upstreams.Conn, pending [
 		wasted:    int32(c.hedgesWasted),
 		keepalive: c.h.Keepalive > 0,
 		options:   c.opts.Map(),
+		warm:      c.warm,
 	}
 	// The session holds the client's ticket from here.
 	t := c.ticket

@@ -43,6 +43,7 @@ type Metrics struct {
 	resumes           *prometheus.CounterVec
 	spent             *prometheus.CounterVec
 	webdriverCommands *prometheus.CounterVec
+	warmHanded        *prometheus.CounterVec
 	sharedFailovers   prometheus.Counter
 
 	// The shared state's gauge: shown only while some handler uses a
@@ -60,6 +61,7 @@ func NewMetrics() *Metrics {
 	return &Metrics{
 		attempts:          counterVec("attempts_total", "Connection attempts to providers, by provider and outcome word.", "provider", "outcome"),
 		webdriverCommands: counterVec("webdriver_commands_total", "WebDriver commands forwarded to providers (HTTP requests to a session), by provider.", "provider"),
+		warmHanded:        counterVec("warm_handed_total", "Warm sessions (opened ahead of demand) handed to clients, by provider.", "provider"),
 		failovers:         counterVec("failovers_total", "Failovers: a client's attempt failed (failure, 408/429, 428) and its next attempt went straight to another provider, by the provider that failed.", "provider"),
 		rejections:        counterVec("rejections_total", "Clients that got no session, by reason: queue_full, queue_timeout, no_provider, relayed (a provider's 4xx passed on), client_limit, client_budget, and the others the reference lists.", "reason"),
 		queueWait: prometheus.NewHistogram(prometheus.HistogramOpts{
@@ -122,7 +124,7 @@ func (m *Metrics) Collect(ch chan<- prometheus.Metric) {
 
 func (m *Metrics) counters() []prometheus.Collector {
 	return []prometheus.Collector{
-		m.attempts, m.failovers, m.rejections, m.webdriverCommands, m.queueWait, m.handshake, m.sessionDuration,
+		m.attempts, m.failovers, m.rejections, m.webdriverCommands, m.warmHanded, m.queueWait, m.handshake, m.sessionDuration,
 		m.eventDrops, m.webhookDeliveries, m.hedgesStarted, m.hedgesWon, m.hedgesWasted, m.sharedErrors, m.probes, m.resumes, m.spent,
 		m.sharedFailovers,
 	}
@@ -155,6 +157,14 @@ func (m *Metrics) Attempt(provider string, o upstreams.Outcome) {
 	if o.Kind == upstreams.Success {
 		m.handshake.WithLabelValues(provider).Observe(o.Elapsed.Seconds())
 	}
+}
+
+// WarmHanded counts one warm session of provider handed to a client.
+func (m *Metrics) WarmHanded(provider string) {
+	if m == nil {
+		return
+	}
+	m.warmHanded.WithLabelValues(provider).Inc()
 }
 
 // WebDriverCommand counts one WebDriver command forwarded to provider.

@@ -37,6 +37,7 @@ var (
 	unreleasedDesc       = gaugeDesc("sessions_unreleased", "Provider sessions created and not released yet, by provider.", "provider")
 	sessionsReapedDesc   = gaugeDesc("sessions_reaped_total", "Provider sessions a gone process left behind (found in the ledger) that this process released, by provider.", "provider")
 	ledgerPendingDesc    = gaugeDesc("ledger_pending", "Ledger entries not confirmed released (live sessions included), by provider.", "provider")
+	warmDesc             = gaugeDesc("warm_sessions", "Warm sessions (opened ahead of demand) ready for a client, by provider.", "provider")
 	parkedDesc           = gaugeDesc("parked_sessions",
 		"Sessions ended by their client that may still be resumed; held: those whose provider connection is kept open.", "held")
 )
@@ -44,7 +45,7 @@ var (
 func (gauges) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{activeDesc, healthyDesc, overLimitDesc, waitingDesc, clientKeysDesc,
 		clientSessionsDesc, clientWaitingDesc, orphansDesc, sessionsCreatedDesc, sessionsReleasedDesc,
-		releaseFailuresDesc, unreleasedDesc, sessionsReapedDesc, ledgerPendingDesc, parkedDesc} {
+		releaseFailuresDesc, unreleasedDesc, sessionsReapedDesc, ledgerPendingDesc, parkedDesc, warmDesc} {
 		ch <- d
 	}
 }
@@ -63,6 +64,9 @@ func (g gauges) Collect(ch chan<- prometheus.Metric) {
 			healthy = 1
 		}
 		gauge(healthyDesc, healthy, p.Name())
+		if ready, target := p.Warm(); target > 0 || ready > 0 {
+			gauge(warmDesc, int(ready), p.Name())
+		}
 		if v := p.Cluster(); v != nil {
 			if live, ok := v.ClusterActive(p.Name()); ok {
 				gauge(overLimitDesc, cluster.OverLimit(live, p.MaxConcurrent()), p.Name())

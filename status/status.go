@@ -225,6 +225,15 @@ type Provider struct {
 	// Ledger is, for a provider with a session API once the ledger is
 	// open, what the ledger of created sessions holds for it.
 	Ledger *Ledger `json:"ledger,omitempty"`
+	// Warm is, for a provider with warm sessions, how many are ready for
+	// a client and how many are wanted; absent otherwise.
+	Warm *Warm `json:"warm,omitempty"`
+}
+
+// Warm is a provider's warm sessions: ready now, and the target.
+type Warm struct {
+	Ready  int64 `json:"ready"`
+	Target int64 `json:"target"`
 }
 
 // Spend is what a provider's (or a client key's) sessions cost in the
@@ -441,6 +450,9 @@ func local(p *pool.Provider, clusters map[string]cluster.ProviderState) Provider
 			c = &Capacity{Running: r.Running, Max: r.Max, Queued: r.Queued, Full: r.Full}
 		}
 		out.Capacity = c
+	}
+	if ready, target := p.Warm(); target > 0 || ready > 0 {
+		out.Warm = &Warm{Ready: ready, Target: target}
 	}
 	if b, ok := p.Books(); ok {
 		n := b.Unreleased()

@@ -246,6 +246,10 @@ func (p *Provider) CreatesSessions() bool { return p.api != nil || p.wd != nil }
 // same when their keys are. Never shown (it may hold secrets).
 func (p *Provider) Key() string { return p.key }
 
+// PassesQuery reports whether the client's query is merged into the
+// provider URL's (pass_query).
+func (p *Provider) PassesQuery() bool { return p.conf.PassQuery }
+
 // dialTLS is the TLS configuration of a connection to host with the
 // provider's TLS settings, for an upgrade or a probe: the upstream side
 // always speaks HTTP/1.1.

@@ -1,0 +1,282 @@
+package browserfailover_test
+
+// Warm sessions: opened ahead of demand, handed to a client at once with
+// the gateway's own 101, refilled in the background, counted where live
+// sessions count, replaced when the provider closes them or they age,
+// kept across a reload, closed by a drain.
+
+import (
+	"fmt"
+	"net"
+	"net/http"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/coder/websocket"
+
+	"github.com/browserfailover/caddy-browser-failover/internal/fakes"
+	"github.com/browserfailover/caddy-browser-failover/internal/testgw"
+	"github.com/browserfailover/caddy-browser-failover/pool"
+)
+
+// waitWarm waits until provider name has ready warm sessions ready.
+func waitWarm(t *testing.T, g *testgw.Gateway, name string, ready int64) {
+	t.Helper()
+	testgw.Eventually(t, 15*time.Second, fmt.Sprintf("%s: %d warm sessions ready", name, ready), func() bool {
+		st := providerStatus(t, g, name)
+		return st.Warm != nil && st.Warm.Ready == ready
+	})
+}
+
+func TestWarmSessions(t *testing.T) {
+	slow := fakes.Slow("warm-slow", nil, fakes.After(300*time.Millisecond))
+	defer slow.Close()
+	g := testgw.Start(t, handler(`"queue":{"size":0}`, provider("warm-slow", slow.URL(), `"warm":2,"max_concurrent":3`)))
+	waitWarm(t, g, "warm-slow", 2)
+	if st := providerStatus(t, g, "warm-slow"); st.Warm.Target != 2 || st.Active != 0 {
+		t.Fatalf("status %+v", st)
+	}
+
+	// Three clients: each handed a warm session (the gateway's 101, no
+	// provider round trip); live and warm together stay within
+	// max_concurrent, so the third leaves none to refill.
+	var conns []*websocket.Conn
+	for i := range 3 {
+		c, resp, err := dial(t, g.WS("/devtools/browser/x"), nil)
+		if err != nil {
+			t.Fatalf("client %d: %v", i, err)
+		}
+		if resp.Header.Get("Browser-Failover-Session") == "" {
+			t.Fatalf("client %d: no session header", i)
+		}
+		echoOnce(t, c, []byte(fmt.Sprintf("warm %d", i)))
+		conns = append(conns, c)
+		// Refilled while there is room: live 1 + warm 2, then live 2 +
+		// warm 1.
+		if i < 2 {
+			waitWarm(t, g, "warm-slow", int64(2-i))
+		}
+	}
+	testgw.Eventually(t, 10*time.Second, "no warm session left", func() bool {
+		st := providerStatus(t, g, "warm-slow")
+		return st.Active == 3 && st.Warm.Ready == 0
+	})
+	if n := slow.Answered.Load(); n != 3 {
+		t.Fatalf("%d upgrades at the provider, want 3 (warm + live within max_concurrent 3)", n)
+	}
+	// A fourth finds the provider full.
+	if code, body := upgradeAnswer(t, g, "/", nil); code != http.StatusServiceUnavailable || !strings.Contains(string(body), `"full"`) {
+		t.Fatalf("a fourth client: %d %s", code, body)
+	}
+	for _, c := range conns {
+		c.Close(websocket.StatusNormalClosure, "")
+	}
+	// Refilled once the sessions end.
+	waitWarm(t, g, "warm-slow", 2)
+	entries := g.LogEntries("session ended")
+	warm := 0
+	for _, e := range entries {
+		as, _ := e["attempts"].([]any)
+		if e["warm"] == true && len(as) == 1 && as[0].(map[string]any)["outcome"] == "warm" {
+			warm++
+		}
+	}
+	if warm != 3 {
+		t.Fatalf("%d session ended entries say warm, want 3: %v", warm, entries)
+	}
+	code, m, _ := g.AdminDo(http.MethodGet, "/metrics", nil)
+	if code != 200 || !strings.Contains(string(m), `caddy_browser_failover_warm_handed_total{provider="warm-slow"} 3`) ||
+		!strings.Contains(string(m), `caddy_browser_failover_warm_sessions{provider="warm-slow"} 2`) {
+		t.Fatalf("metrics: %d\n%s", code, grepLines(string(m), "warm"))
+	}
+}
+
+// grepLines keeps the lines of s that hold sub.
+func grepLines(s, sub string) string {
+	var out []string
+	for _, l := range strings.Split(s, "\n") {
+		if strings.Contains(l, sub) {
+			out = append(out, l)
+		}
+	}
+	return strings.Join(out, "\n")
+}
+
+// Clients a warm session does not fit get a new one: session options, a
+// subprotocol, a Playwright client.
+func TestWarmNotForEveryClient(t *testing.T) {
+	e := fakes.Echo("warm-fit", nil, "x-proto")
+	defer e.Close()
+	g := testgw.Start(t, handler(`"queue":{"size":0}`, provider("warm-fit", e.URL(), `"warm":1,"supports":["stealth"]`)))
+	waitWarm(t, g, "warm-fit", 1)
+	base := e.Hits.Load()
+	for _, tc := range []struct {
+		path string
+		opts *websocket.DialOptions
+	}{
+		{"/?bf_stealth=1", nil},
+		{"/", &websocket.DialOptions{Subprotocols: []string{"x-proto"}}},
+		{"/", &websocket.DialOptions{HTTPHeader: http.Header{"User-Agent": {"Playwright/1.50.0"}, "x-playwright-browser": {"chromium"}}}},
+	} {
+		c, _, err := dial(t, g.WS(tc.path), tc.opts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		echoOnce(t, c, []byte("new"))
+		c.Close(websocket.StatusNormalClosure, "")
+	}
+	if got := e.Hits.Load() - base; got != 3 {
+		t.Fatalf("%d new upgrades for three clients a warm session does not fit", got)
+	}
+	if st := providerStatus(t, g, "warm-fit"); st.Warm == nil || st.Warm.Ready != 1 {
+		t.Fatalf("the warm session went: %+v", st.Warm)
+	}
+}
+
+// A warm session its provider closes, or one older than warm_max_age, is
+// closed and replaced; never more than the target idle.
+func TestWarmReplaced(t *testing.T) {
+	var upgrades atomic.Int64
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		c, err := websocket.Accept(w, r, &websocket.AcceptOptions{InsecureSkipVerify: true})
+		if err != nil {
+			return
+		}
+		upgrades.Add(1)
+		time.Sleep(100 * time.Millisecond)
+		c.CloseNow() // a provider ending an idle session
+	})}
+	ln := listenLoopback(t)
+	go srv.Serve(ln)
+	defer srv.Close()
+	aging := fakes.Echo("warm-aging", nil)
+	defer aging.Close()
+	g := testgw.Start(t, handler("",
+		provider("warm-closing", "ws://"+ln.Addr().String()+"/", `"warm":1`),
+		provider("warm-aging", aging.URL(), `"priority":2,"warm":2,"warm_max_age":"200ms"`)))
+	testgw.Eventually(t, 15*time.Second, "closed warm sessions replaced", func() bool { return upgrades.Load() >= 4 })
+	testgw.Eventually(t, 15*time.Second, "aged warm sessions replaced", func() bool { return aging.Hits.Load() >= 6 })
+	for range 20 {
+		if st := providerStatus(t, g, "warm-aging"); st.Warm.Ready > 2 {
+			t.Fatalf("%d warm sessions idle, target 2", st.Warm.Ready)
+		}
+		if p, _ := pool.Current().Lookup("warm-aging"); p.Reserved() > 2 {
+			t.Fatalf("%d slots held, target 2", p.Reserved())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// A reload that keeps the provider keeps its warm sessions; a drain
+// closes them, an undrain brings them back; a reload without warm closes
+// them.
+func TestWarmReloadAndDrain(t *testing.T) {
+	e := fakes.Echo("warm-reload", nil)
+	defer e.Close()
+	cfg := handler("", provider("warm-reload", e.URL(), `"warm":2`))
+	g := testgw.Start(t, cfg)
+	waitWarm(t, g, "warm-reload", 2)
+	before := e.Hits.Load()
+	if err := g.Reload(strings.Replace(cfg, `"warm":2`, `"warm":2,"priority":1`, 1)); err != nil {
+		t.Fatal(err)
+	}
+	waitWarm(t, g, "warm-reload", 2)
+	time.Sleep(300 * time.Millisecond)
+	if got := e.Hits.Load(); got != before {
+		t.Fatalf("a reload that kept the provider made %d new warm sessions", got-before)
+	}
+	// The kept warm session still works.
+	c, _, err := dial(t, g.WS("/"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	echoOnce(t, c, []byte("after reload"))
+	c.Close(websocket.StatusNormalClosure, "")
+
+	if code, _, err := g.AdminDo(http.MethodPost, "/browser_failover/providers/warm-reload/drain", nil); err != nil || code != 200 {
+		t.Fatal(code, err)
+	}
+	waitWarm(t, g, "warm-reload", 0)
+	testgw.Eventually(t, 10*time.Second, "drained: no slot held", func() bool {
+		p, _ := pool.Current().Lookup("warm-reload")
+		return p.Reserved() == 0
+	})
+	g.AdminDo(http.MethodPost, "/browser_failover/providers/warm-reload/undrain", nil)
+	waitWarm(t, g, "warm-reload", 2)
+	if err := g.Reload(handler("", provider("warm-reload", e.URL(), ""))); err != nil {
+		t.Fatal(err)
+	}
+	testgw.Eventually(t, 10*time.Second, "no warm session without warm", func() bool {
+		p, _ := pool.Current().Lookup("warm-reload")
+		return p.Reserved() == 0
+	})
+	if st := providerStatus(t, g, "warm-reload"); st.Warm != nil {
+		t.Fatalf("status warm %+v without warm", st.Warm)
+	}
+}
+
+// Warm sessions are billed from their creation and held in the budget:
+// no warm session is made that the budget could not pay for.
+func TestWarmBudgetAndLedger(t *testing.T) {
+	f, _ := echoREST(t)
+	g := testgw.Start(t, handler("",
+		apiProvider("warm-api", f, `"warm":2,"cost":{"amount":1,"per":"session"},"budget":{"amount":1,"per":"day"}`)))
+	waitWarm(t, g, "warm-api", 1)
+	time.Sleep(500 * time.Millisecond)
+	if n := len(f.Books().Created); n != 1 {
+		t.Fatalf("%d sessions created for a budget that pays for one", n)
+	}
+	if st := providerStatus(t, g, "warm-api"); st.Warm.Ready != 1 || st.Unreleased == nil || *st.Unreleased != 1 {
+		t.Fatalf("status %+v (unreleased %v)", st.Warm, st.Unreleased)
+	}
+	// The warm session is in the ledger's books like a live one; a reload
+	// without warm releases it, and its cost counts.
+	if err := g.Reload(handler("", apiProvider("warm-api", f, `"cost":{"amount":1,"per":"session"},"budget":{"amount":1,"per":"day"}`))); err != nil {
+		t.Fatal(err)
+	}
+	waitBooks(t, f, "warm-api", 1)
+	testgw.Eventually(t, 10*time.Second, "the warm session's cost counted", func() bool {
+		return providerStatus(t, g, "warm-api").Spend.Spent == 1
+	})
+}
+
+func TestWarmConfigErrors(t *testing.T) {
+	for _, tc := range []struct{ cf, want string }{
+		{"protocol playwright\nwarm 1", "warm does not apply to a playwright provider"},
+		{"max_concurrent 1\nwarm 2", "warm 2 is more than max_concurrent 1"},
+		{"warm -1", "warm must not be negative"},
+		{"warm 1\nwarm_max_age 0s", "warm_max_age must be positive"},
+	} {
+		_, err := adapt(t, fmt.Sprintf(":80 {\n\tbrowser_failover {\n\t\tprovider p ws://127.0.0.1:1/ {\n\t\t\t%s\n\t\t}\n\t}\n}", strings.ReplaceAll(tc.cf, "\n", "\n\t\t\t")))
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%q: %v, want %q", tc.cf, err, tc.want)
+		}
+	}
+}
+
+// listenLoopback listens on a free loopback port for the test.
+func listenLoopback(t *testing.T) net.Listener {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	return ln
+}
+
+// A failed warm-up counts as a failed attempt: the provider cools down,
+// and no client sees it.
+func TestWarmUpFailureCoolsDown(t *testing.T) {
+	down := fakes.Refused("warm-down")
+	g := testgw.Start(t, handler(`"cooldown":{"failure_threshold":0.5,"min_requests":1}`, provider("warm-down", down.URL(), `"warm":1`)))
+	testgw.Eventually(t, 10*time.Second, "the provider cooling down after its warm-ups failed", func() bool {
+		st := providerStatus(t, g, "warm-down")
+		return st.CooldownUntil != nil && st.Failures > 0 && st.LastError == "refused"
+	})
+	if st := providerStatus(t, g, "warm-down"); st.Warm.Ready != 0 {
+		t.Fatalf("warm %+v", st.Warm)
+	}
+}
