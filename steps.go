@@ -140,7 +140,7 @@ func (c *connect) admit(ps *passState, m *member) (t *pool.Ticket, ok bool) {
 			ps.stateDown++
 			return nil, false
 		}
-		st.WakeAt(retryAt)
+		st.RateRefused(retryAt)
 		c.skip(m, upstreams.WordRate)
 		return nil, false
 	}

@@ -22,6 +22,9 @@ type starts struct {
 	rate     CreateRate
 	// at are the starts still in the window, oldest first.
 	at []time.Time
+	// refusedUntil is when the window admits a start again, as the last
+	// refusal said (RateRefused).
+	refusedUntil time.Time
 }
 
 // SetCreateRate sets the provider's create_rate for the config load that
@@ -76,6 +79,24 @@ func (p *Provider) RecordStart() {
 	now := p.reg.Now()
 	p.pruneStartsLocked(now)
 	p.at = append(p.at, now)
+}
+
+// RateRefused notes that a start was refused until at (by this node's
+// window or the shared one): the queue offers the provider then, and
+// clients answered meanwhile are told to come back then (RefusedUntil).
+func (p *Provider) RateRefused(at time.Time) {
+	p.startsMu.Lock()
+	p.refusedUntil = at
+	p.startsMu.Unlock()
+	p.WakeAt(at)
+}
+
+// RefusedUntil is when the provider's window admits a start again, as its
+// last refusal said; a time past (or zero) when none is refused now.
+func (p *Provider) RefusedUntil() time.Time {
+	p.startsMu.Lock()
+	defer p.startsMu.Unlock()
+	return p.refusedUntil
 }
 
 // StartsInWindow is the number of starts this node counted in the
