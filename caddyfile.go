@@ -47,6 +47,7 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //			max_concurrent  <n>|auto
 //			cost            <amount> per session|minute|hour [minimum <duration>]
 //			budget          <amount> per hour|day|month
+//			create_rate     <n> per second|minute
 //			connect_timeout <duration>
 //			header_up [+|-]<field> [<value>]
 //			pass_query      [on|off]
@@ -284,6 +285,8 @@ func (r *reader) parseProvider() (*ProviderConfig, *block, error) {
 			if b, err = parseBudget(d, "budget", d.RemainingArgs()); err == nil {
 				p.Budget = &b
 			}
+		case "create_rate":
+			p.CreateRate, err = parseCreateRate(d)
 		case "connect_timeout":
 			p.ConnectTimeout, err = durationArg(d)
 		case "header_up":

@@ -9,8 +9,9 @@ import (
 	"github.com/browserfailover/caddy-browser-failover/spend"
 )
 
-// The Caddyfile's spend options: a provider's cost, budget and
-// max_concurrent (a number or auto), and the handler's client_budget.
+// The Caddyfile's spend options: a provider's cost, budget,
+// max_concurrent (a number or auto) and create_rate, and the handler's
+// client_budget.
 // Their values are checked by the validators of config.go.
 
 // parseCost reads `cost <amount> per session|minute|hour [minimum <duration>]`.
@@ -74,4 +75,17 @@ func parseConcurrency(d *caddyfile.Dispenser) (Concurrency, error) {
 		return Concurrency{}, d.Errf("max_concurrent must be an integer or auto, got %q", v)
 	}
 	return Concurrency{Limit: n}, nil
+}
+
+// parseCreateRate reads `create_rate <n> per second|minute`.
+func parseCreateRate(d *caddyfile.Dispenser) (*CreateRateConfig, error) {
+	args := d.RemainingArgs()
+	if len(args) != 3 || args[1] != "per" {
+		return nil, d.Errf("create_rate takes a number of sessions and its window: create_rate <n> per second|minute")
+	}
+	n, err := strconv.Atoi(args[0])
+	if err != nil {
+		return nil, d.Errf("create_rate: the number of sessions must be an integer, got %q", args[0])
+	}
+	return &CreateRateConfig{N: n, Per: args[2]}, nil
 }

@@ -27,8 +27,8 @@ import (
 //  2. order      The strategy orders the providers this client can use,
 //                rotating per pool.
 //  3. skip       Providers drained, full, over budget, in cooldown, left to clients that
-//                wait longer, or without a cluster-wide slot are passed over
-//                without an attempt.
+//                wait longer, without a cluster-wide slot, or at their
+//                create_rate are passed over without an attempt.
 //  4. attempt    One candidate after the other, or hedged: the next one
 //                starts beside a slow one.
 //  5. settle     Each attempt's outcome goes to its provider's health the

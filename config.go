@@ -159,6 +159,13 @@ type ProviderConfig struct {
 	// window turns; live sessions are never cut. Needs Cost. Default:
 	// none.
 	Budget *spend.Budget `json:"budget,omitempty"`
+	// CreateRate caps how many sessions the gateway asks the provider to
+	// start in a sliding window (every attempt that would start one:
+	// a new client's, a hedge, a resume that dials again); over it the
+	// provider is skipped (word "rate", not a failure) and clients wait
+	// in the queue until the window admits one. Under state redis the
+	// window is over every node. Default: none.
+	CreateRate *CreateRateConfig `json:"create_rate,omitempty"`
 	// Cooldown overrides any of the handler's cooldown settings for this
 	// provider. Default: the handler's.
 	Cooldown *CooldownConfig `json:"cooldown,omitempty"`
@@ -176,6 +183,44 @@ type ProviderConfig struct {
 	WarmMaxAge caddy.Duration `json:"warm_max_age,omitempty"`
 
 	stated
+}
+
+// CreateRateConfig is a provider's create_rate (JSON key "create_rate"):
+// at most N sessions started per second or per minute, in a sliding
+// window.
+type CreateRateConfig struct {
+	// N is the most sessions started in one window; at least 1.
+	// Required.
+	N int `json:"n"`
+	// Per is the window: "second" or "minute". Required.
+	Per string `json:"per"`
+}
+
+// validate checks the rate's form.
+func (r *CreateRateConfig) validate() error {
+	if r == nil {
+		return nil
+	}
+	var errs []error
+	if r.N < 1 {
+		errs = append(errs, conf.Problemf("create_rate", "create_rate must allow at least 1 session per window, got %d", r.N))
+	}
+	if r.window() == 0 {
+		errs = append(errs, conf.Problemf("create_rate", "create_rate per %q: want second or minute", r.Per))
+	}
+	return errors.Join(errs...)
+}
+
+// window is the length of the rate's sliding window (0: an unknown
+// unit).
+func (r *CreateRateConfig) window() time.Duration {
+	switch r.Per {
+	case "second":
+		return time.Second
+	case "minute":
+		return time.Minute
+	}
+	return 0
 }
 
 // ClientLimitConfig caps the live sessions of each client key (JSON key
@@ -615,7 +660,7 @@ func (p *ProviderConfig) validate() error {
 		errs = append(errs, &conf.Problem{Options: []string{"budget"}, Whole: true,
 			Msg: "budget needs cost: without a price the provider's sessions cost nothing"})
 	}
-	errs = append(errs, within("cooldown: ", p.Cooldown.validate()))
+	errs = append(errs, p.CreateRate.validate(), within("cooldown: ", p.Cooldown.validate()))
 	errs = append(errs, p.validateWarm())
 	return within(fmt.Sprintf("provider %q: ", p.Name), errors.Join(errs...))
 }

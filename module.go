@@ -91,6 +91,11 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		}
 		h.claimed = append(h.claimed, pc.Name)
 		state.SetPricing(pool.Pricing{Cost: pc.Cost, Budget: pc.Budget, Auto: pc.MaxConcurrent.Auto, Interval: time.Duration(cfg.WithDefaults().Duration)})
+		var rate pool.CreateRate
+		if r := pc.CreateRate; r != nil {
+			rate = pool.CreateRate{N: r.N, Window: r.window()}
+		}
+		state.SetCreateRate(rate)
 		if up.Protocol() != upstreams.ProtocolAny {
 			h.routed = true
 		}

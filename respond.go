@@ -215,9 +215,9 @@ func (h *Handler) noProviderServes(cl *class) string {
 	return "no provider here serves " + cl.kind() + " clients; providers: " + kinds
 }
 
-// retryAfter is the seconds until the earliest cooldown of the handler's
-// providers ends, or the earliest budget window of theirs turns, at least
-// 1.
+// retryAfter is the seconds until the first of the handler's providers
+// may be tried again: its cooldown ended, or its budget window turned, and
+// its create_rate window admitting a start again; at least 1.
 func (h *Handler) retryAfter() int {
 	now := time.Now()
 	best := time.Duration(0)
@@ -225,6 +225,9 @@ func (h *Handler) retryAfter() int {
 		u := m.state.Health.Until()
 		if over, turn := m.state.OverBudget(); over {
 			u = turn
+		}
+		if r := m.state.RefusedUntil(); r.After(u) {
+			u = r
 		}
 		if u.After(now) {
 			if d := u.Sub(now); best == 0 || d < best {

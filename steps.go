@@ -29,10 +29,12 @@ import (
 // resume's: a new client took it as it joined); what the session will cost
 // held in its budgets (a new client's: a resume's session was admitted
 // before); a health permit (not in cooldown, no trial in flight); a slot;
-// and the cluster-wide slot under shared state. A resume of a parked
-// session that kept its provider session (the client's ticket holds its
-// slot, share, lease and meter) takes none of those again: its ticket is
-// the attempt's. Each refusal records its skip word and gives back what
+// the cluster-wide slot under shared state; and a start of its
+// create_rate window (create_rate.go), taken last so that only an attempt
+// that is made counts. A resume of a parked session that kept its
+// provider session (the client's ticket holds its slot, share, lease and
+// meter) takes none of those again, and starts nothing: its ticket is the
+// attempt's. Each refusal records its skip word and gives back what
 // was taken; ok is false, and ps says why when the pass ends here.
 func (c *connect) admit(ps *passState, m *member) (t *pool.Ticket, ok bool) {
 	st := m.state
@@ -121,6 +123,25 @@ func (c *connect) admit(ps *passState, m *member) (t *pool.Ticket, ok bool) {
 		c.h.settle(st, permit, cooldown.Neutral, 0)
 		t.Failed()
 		t.Release()
+		return nil, false
+	}
+	// Last, so that only an attempt made from here takes a start.
+	if ok, retryAt := c.h.takeRate(c.r.Context(), m); !ok {
+		// Nothing was asked of the provider: no failure, and no offer
+		// now (a trial permit goes back quietly, the slot as a failed
+		// one's), since the window admits no one before retryAt, when
+		// the queue offers the provider.
+		st.Health.Done(permit, cooldown.Neutral, 0)
+		t.Failed()
+		t.Release()
+		if retryAt.IsZero() {
+			// The shared state cannot be asked (on_unavailable reject).
+			c.skip(m, WordStateUnavailable)
+			ps.stateDown++
+			return nil, false
+		}
+		st.RateRefused(retryAt)
+		c.skip(m, upstreams.WordRate)
 		return nil, false
 	}
 	return t, true

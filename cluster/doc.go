@@ -59,6 +59,9 @@
 //     a second per session and read back as how long it has been idle;
 //     with the announcements of a WebDriver session's end (to its owner,
 //     and by its owner).
+//   - Rates (Store.Rates, rate.go): each provider's create_rate window,
+//     the sessions started in it over every node, counted and checked in
+//     one script.
 //
 // Close stops taking leases and ends the renewals, waits for the last
 // spend write, gives the held leases back, waits for the calls in flight,
@@ -80,6 +83,12 @@
 //     the shared 408/429 skip, in Unix milliseconds of Redis' clock. The
 //     key expires at the later end (PEXPIREAT), so what ended leaves
 //     nothing.
+//   - <prefix>{<provider>}:starts is a sorted set of the sessions the
+//     nodes started at the provider in its create_rate window: a member is
+//     node + "|" + a random id, its score the start's time in Unix
+//     milliseconds of Redis' clock. A start is dropped by the next script
+//     once a window has passed since it; the key expires one window after
+//     its newest start.
 //   - <prefix>secret:<name> holds a secret every node uses alike (the
 //     client key secret), hex encoded, set once by the first node.
 //   - <prefix>wd:{<id>} is a hash {route, at} of the WebDriver session

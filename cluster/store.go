@@ -11,7 +11,8 @@ import (
 // keep their own state and locks: the connection to Redis (conn.go), this
 // node's slot leases (Leases), the news the nodes tell each other and the
 // providers' shared holds (News), the spend totals (Spend), the ledger
-// storage (LedgerStore) and the WebDriver sessions' routes (Routes). The
+// storage (LedgerStore), the WebDriver sessions' routes (Routes) and the
+// providers' create_rate windows (Rates). The
 // Store opens and closes them in order and gives access to them; what
 // needs nothing but the connection (the resumable sessions, the shared
 // secret) is its own. It is safe for concurrent use. Open it once per
@@ -23,6 +24,7 @@ type Store struct {
 	spend  *Spend
 	ledger *LedgerStore
 	routes *Routes
+	rates  *Rates
 }
 
 // Open validates cfg and returns a Store for node, the name this gateway
@@ -58,7 +60,7 @@ func openStore(cfg Config, node string, onFailover func()) (*Store, error) {
 	leases := newLeases(c, news, watched)
 	// Another node waiting for a slot is news that frees the spares.
 	news.onWanted = leases.noteWanted
-	s := &Store{c: c, leases: leases, news: news, spend: newSpend(c), ledger: &LedgerStore{c: c}, routes: newRoutes(c)}
+	s := &Store{c: c, leases: leases, news: news, spend: newSpend(c), ledger: &LedgerStore{c: c}, routes: newRoutes(c), rates: &Rates{c: c}}
 	go leases.r.loop()
 	return s, nil
 }
@@ -79,6 +81,9 @@ func (s *Store) Ledger() *LedgerStore { return s.ledger }
 
 // Routes returns the WebDriver sessions' routes and their last activity.
 func (s *Store) Routes() *Routes { return s.routes }
+
+// Rates returns the providers' create_rate windows over every node.
+func (s *Store) Rates() *Rates { return s.rates }
 
 // Mode tells how the store reaches Redis: ModeStandalone, ModeSentinel or
 // ModeCluster.

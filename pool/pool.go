@@ -49,6 +49,7 @@ type Provider struct {
 	warmReady, warmTarget atomic.Int64
 	probeState
 	providerSpend
+	starts
 
 	mu        sync.Mutex
 	url       string // redacted, for status
@@ -132,7 +133,7 @@ func (r *Registry) Claim(name, urlKey, redacted string, gen any, cfg cooldown.Co
 		// config's settings until this load is known to be running.
 		p.prev = nil
 		if p.gen != nil {
-			p.prev = &claimed{gen: p.gen, urlKey: p.urlKey, url: p.url, cfg: p.cfg, single: p.single, max: p.max.Load(), pricing: p.Pricing()}
+			p.prev = &claimed{gen: p.gen, urlKey: p.urlKey, url: p.url, cfg: p.cfg, single: p.single, max: p.max.Load(), pricing: p.Pricing(), rate: p.CreateRate()}
 		}
 		p.genClaims = 0
 	}
@@ -158,6 +159,7 @@ type claimed struct {
 	single      bool
 	max         int64
 	pricing     Pricing
+	rate        CreateRate
 }
 
 // ReleaseClaim gives back a claim that the config load gen made on name.
@@ -189,6 +191,7 @@ func (r *Registry) ReleaseClaim(name string, gen any) {
 	p.max.Store(prev.max)
 	p.mu.Unlock()
 	p.SetPricing(prev.pricing)
+	p.SetCreateRate(prev.rate)
 	p.Notify() // the limit may have grown back
 }
 

@@ -198,6 +198,9 @@ type Provider struct {
 	MaxConcurrentLearned any `json:"max_concurrent_learned,omitempty"`
 	// Spend is what the provider's sessions cost in the current window.
 	Spend Spend `json:"spend"`
+	// CreateRate is the provider's create_rate and the starts this node
+	// counted in its window; absent without one.
+	CreateRate *CreateRate `json:"create_rate,omitempty"`
 	// CooldownUntil is the end of the running cooldown or 408/429 skip,
 	// null when none.
 	CooldownUntil *time.Time `json:"cooldown_until"`
@@ -234,6 +237,16 @@ type Provider struct {
 type Warm struct {
 	Ready  int64 `json:"ready"`
 	Target int64 `json:"target"`
+}
+
+// CreateRate is a provider's create_rate: at most N sessions started per
+// second or minute (a sliding window), and Used, the starts this node
+// counted in the window now (under state redis the window over every
+// node decides; Used is this node's share of it).
+type CreateRate struct {
+	N    int    `json:"n"`
+	Per  string `json:"per"`
+	Used int    `json:"used"`
 }
 
 // Spend is what a provider's (or a client key's) sessions cost in the
@@ -426,6 +439,13 @@ func local(p *pool.Provider, clusters map[string]cluster.ProviderState) Provider
 		Failures:      snap.Failures,
 		LastError:     p.LastError(),
 		Spend:         spendOf(p.Book().Read()),
+	}
+	if r := p.CreateRate(); r.N > 0 {
+		per := "minute"
+		if r.Window == time.Second {
+			per = "second"
+		}
+		out.CreateRate = &CreateRate{N: r.N, Per: per, Used: p.StartsInWindow()}
 	}
 	if l := p.LearntCap(); l != nil {
 		var learnt *int64

@@ -79,6 +79,9 @@ const (
 	WordDrained  = "drained"
 	// WordBudget: the provider's budget for the current window is spent.
 	WordBudget = "budget"
+	// WordRate: the provider was asked to start as many sessions as its
+	// create_rate allows in the sliding window; not a failure.
+	WordRate = "rate"
 	// WordHedgeLost marks an attempt given up because a hedged attempt
 	// at another provider won the race.
 	WordHedgeLost = "hedge_lost"
