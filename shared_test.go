@@ -10,7 +10,9 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
+	"slices"
 	"testing"
 	"time"
 
@@ -223,6 +225,68 @@ func TestSharedStateDown(t *testing.T) {
 				cl := clusterOf(t, g, "shd-"+mode)
 				return cl["error"] == nil
 			})
+		})
+	}
+}
+
+// TestSharedCreateRateDown: a create_rate window kept in Redis falls back
+// as on_unavailable says when Redis goes away. local: this node's own
+// window, which already holds the starts it made while Redis was there,
+// so the cap still holds; reject: no start at all, the provider skipped
+// as state_unavailable, never as a failure.
+func TestSharedCreateRateDown(t *testing.T) {
+	for _, mode := range []string{"local", "reject"} {
+		t.Run(mode, func(t *testing.T) {
+			rs := testredis.Start(t)
+			name := "shr-" + mode
+			echo := fakes.Echo(name, nil)
+			defer echo.Close()
+			g := testgw.Start(t, handler(`"queue":{"size":0},`+stateJSON(rs.Addr(), mode),
+				provider(name, echo.URL(), `"max_concurrent":5,"create_rate":{"n":2,"per":"minute"}`)))
+			c, _, err := dial(t, g.WS("/"), nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			c.Close(websocket.StatusNormalClosure, "")
+			rs.Stop()
+			switch mode {
+			case "local":
+				// One start left in the minute, on this node's count.
+				c, _, err := dial(t, g.WS("/"), nil)
+				if err != nil {
+					t.Fatalf("Redis down, on_unavailable local, second start: %v", err)
+				}
+				echoOnce(t, c, []byte("x"))
+				c.Close(websocket.StatusNormalClosure, "")
+				refusedForRate(t, g, name)
+				if n := echo.Hits.Load(); n != 2 {
+					t.Fatalf("the provider was asked for %d sessions, want 2", n)
+				}
+			case "reject":
+				c, resp, err := dial(t, g.WS("/"), nil)
+				if err == nil {
+					c.CloseNow()
+					t.Fatal("Redis down, on_unavailable reject: a session was started")
+				}
+				if resp == nil || resp.StatusCode != http.StatusServiceUnavailable {
+					t.Fatalf("Redis down, on_unavailable reject: want 503, got %v %v", resp, err)
+				}
+				r := &rejection{Status: resp.StatusCode}
+				b, _ := io.ReadAll(resp.Body)
+				if err := json.Unmarshal(b, &r.Body); err != nil {
+					t.Fatalf("503 body %q: %v", b, err)
+				}
+				if w := r.words(); !slices.Equal(w, []string{name + ":state_unavailable"}) {
+					t.Fatalf("attempts %v: %s", w, b)
+				}
+				if n := echo.Hits.Load(); n != 1 {
+					t.Fatalf("the provider was asked for %d sessions, want 1", n)
+				}
+			}
+			p := providerStatus(t, g, name)
+			if p.Failures != 0 || p.CooldownUntil != nil {
+				t.Fatalf("the outage counted against the provider: %+v", p)
+			}
 		})
 	}
 }
