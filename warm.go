@@ -44,10 +44,12 @@ const warmRefill = time.Second
 const maxWarmLeftover = 64 << 10
 
 // Close reasons of warm sessions no client took: older than warm_max_age,
-// or their provider draining.
+// their provider draining, or taken by a client whose client_budget
+// was spent meanwhile.
 const (
 	EndWarmAge     = "warm session aged"
 	EndWarmDrained = "provider drained"
+	EndWarmUnpaid  = "client budget reached"
 )
 
 // warmer keeps one provider's warm sessions. It lives in the registry's
@@ -465,7 +467,18 @@ func (c *connect) tryWarm(order []int) (passEnd, bool) {
 		m := c.h.members[i]
 		contended := c.waiter == nil && c.h.reg.Waiting.Contended(m.state.Resource())
 		if w, _ := m.state.Warmer().(*warmer); w != nil && !contended && w.serves(c, m) && !m.state.Draining() {
+			if !c.mayChargeWarm() {
+				return 0, false
+			}
 			if ws := w.take(); ws != nil {
+				if !c.chargeWarm(ws) {
+					// Its budget was taken meanwhile: the attempts answer.
+					w.mu.Lock()
+					w.ending++
+					w.mu.Unlock()
+					ws.end(upstreams.CloseGoingAway, EndWarmUnpaid, w.ended)
+					return 0, false
+				}
 				return c.establishWarm(m, ws), true
 			}
 		}
@@ -474,6 +487,30 @@ func (c *connect) tryWarm(order []int) (passEnd, bool) {
 		}
 	}
 	return 0, false
+}
+
+// mayChargeWarm reports whether the client's key has room in its
+// client_budget for a session now (always, without one): a client that
+// has none gets no warm session, its attempts answer it as they would.
+func (c *connect) mayChargeWarm() bool {
+	book := c.ticket.ClientBook()
+	if c.h.ClientBudget == nil || book == nil {
+		return true
+	}
+	st := book.Read()
+	return st.Spent+st.Accrued+st.Held < c.h.ClientBudget.Amount
+}
+
+// chargeWarm has the client's key pay for warm session ws from now on, as
+// for a session made for it: the key's book counts the session's whole
+// cost, checked against its client_budget in the same step; false when
+// the budget has no room left.
+func (c *connect) chargeWarm(ws *warmSession) bool {
+	book := c.ticket.ClientBook()
+	if c.h.ClientBudget == nil || book == nil {
+		return true
+	}
+	return ws.t.Meter().Join(book, c.h.ClientBudget.Amount) == nil
 }
 
 // establishWarm hands the client warm session ws at m: its 101 from the

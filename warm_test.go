@@ -7,6 +7,7 @@ package browserfailover_test
 
 import (
 	"fmt"
+	"math"
 	"net"
 	"net/http"
 	"strings"
@@ -278,5 +279,61 @@ func TestWarmUpFailureCoolsDown(t *testing.T) {
 	})
 	if st := providerStatus(t, g, "warm-down"); st.Warm.Ready != 0 {
 		t.Fatalf("warm %+v", st.Warm)
+	}
+}
+
+// A client handed a warm session pays for it from its client key's
+// client_budget as for a session made for it: the key's book counts it,
+// and a key whose budget is spent gets 429, not a warm session.
+func TestWarmClientBudget(t *testing.T) {
+	e := fakes.Echo("warm-cb", nil)
+	defer e.Close()
+	g := testgw.Start(t, handler(`"queue":{"size":0},"client_budget":{"key":"{http.request.header.X-Tenant}","amount":1,"per":"hour"}`,
+		provider("warm-cb", e.URL(), `"warm":2,"max_concurrent":6,"cost":{"amount":0.6,"per":"session"}`)))
+	tenant := &websocket.DialOptions{HTTPHeader: http.Header{"X-Tenant": {"acme-secret-key"}}}
+	var open []*websocket.Conn
+	defer func() {
+		for _, c := range open {
+			c.CloseNow()
+		}
+	}()
+	// 0.6, then 1.2: both handed warm sessions, the second admitted with
+	// 0.6 spent of 1.
+	for i := range 2 {
+		waitWarm(t, g, "warm-cb", 2)
+		c, _, err := dial(t, g.WS("/"), tenant)
+		if err != nil {
+			t.Fatalf("session %d: %v", i+1, err)
+		}
+		echoOnce(t, c, []byte("x"))
+		open = append(open, c)
+	}
+	waitWarm(t, g, "warm-cb", 2)
+	code, body := upgradeAnswer(t, g, "/", http.Header{"X-Tenant": {"acme-secret-key"}})
+	if code != http.StatusTooManyRequests {
+		t.Fatalf("a third session for the spent key: %d %s", code, body)
+	}
+	st := readStatus(t, g)
+	if len(st.Clients) != 1 || st.Clients[0].Spent == nil || math.Abs(*st.Clients[0].Spent-1.2) > 1e-9 {
+		t.Fatalf("the key's book: %+v", st.Clients)
+	}
+	if p := providerStatus(t, g, "warm-cb"); p.Warm.Ready != 2 || p.Active != 2 {
+		t.Fatalf("after the 429: warm %+v, active %d", p.Warm, p.Active)
+	}
+	// Another key is handed one.
+	c, _, err := dial(t, g.WS("/"), &websocket.DialOptions{HTTPHeader: http.Header{"X-Tenant": {"globex"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	open = append(open, c)
+	for _, c := range open {
+		c.Close(websocket.StatusNormalClosure, "")
+	}
+	open = nil
+	testgw.Eventually(t, 10*time.Second, "three sessions ended", func() bool { return len(g.LogEntries("session ended")) == 3 })
+	for _, e := range g.LogEntries("session ended") {
+		if e["warm"] != true {
+			t.Fatalf("a session that was not warm: %v", e)
+		}
 	}
 }

@@ -150,3 +150,40 @@ func (h *Hold) end() bool {
 	h.done = true
 	return true
 }
+
+// Join has a running meter count in a client key's book as well, held to
+// budget (0: none), as a session admitted for the client would: it is
+// refused (Over) when the budget is reached, with or without what other
+// sessions being admitted hold, and nothing changes then. From then on
+// the book counts the meter's whole cost, from the meter's start: a
+// session made before a client took it (a warm session) costs the client
+// what it cost the provider's book. A nil meter (no price) weighs nothing
+// and is never refused; a meter that counts in a second book already, or
+// has stopped, is refused with a nil Book.
+func (m *Meter) Join(client *Book, budget float64) *Over {
+	if m == nil || client == nil {
+		return nil
+	}
+	now := client.now()
+	client.mu.Lock()
+	defer client.mu.Unlock()
+	client.turn(now)
+	if budget > 0 {
+		st := client.readLocked(now)
+		used := st.Spent + st.Accrued
+		if used >= budget {
+			return &Over{Book: client}
+		}
+		if used+client.held >= budget {
+			return &Over{Book: client, Held: true}
+		}
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.done || m.books[1] != nil {
+		return &Over{}
+	}
+	m.books[1] = client
+	client.live[m] = struct{}{}
+	return nil
+}

@@ -135,3 +135,59 @@ func TestReserveClientBudget(t *testing.T) {
 	}
 	h.Start().Stop()
 }
+
+// TestMeterJoin: a running meter joins a client key's book with its whole
+// cost since it started, refused while the key's budget is reached (with
+// or without holds) and once it counts in a second book or has stopped;
+// its cost goes to both books when it stops.
+func TestMeterJoin(t *testing.T) {
+	c := &clock{t: time.Date(2026, 6, 1, 12, 0, 0, 0, time.UTC)}
+	rate := &Cost{Amount: 0.6, Per: PerMinute}
+	provider := NewBook(nil, c.now)
+	client := NewBook(nil, c.now)
+	m := provider.Start(rate, nil)
+	c.add(time.Minute) // made a minute before a client takes it
+
+	other := NewBook(nil, c.now)
+	other.Charge(1)
+	if over := m.Join(other, 1); over == nil || over.Book != other || over.Held {
+		t.Fatalf("a spent key: %+v", over)
+	}
+	held := NewBook(nil, c.now)
+	h, _ := Reserve(&Cost{Amount: 1, Per: PerSession}, provider, held, 2)
+	held.Charge(1)
+	if over := m.Join(held, 2); over == nil || over.Book != held || !over.Held {
+		t.Fatalf("a key full with holds: %+v", over)
+	}
+	h.Drop()
+	if st := provider.Read(); st.Live != 1 {
+		t.Fatalf("a refused join changed the provider's book: %+v", st)
+	}
+
+	if over := m.Join(client, 1); over != nil {
+		t.Fatal(over)
+	}
+	if st := client.Read(); st.Live != 1 || !near(st.Accrued, 0.6) {
+		t.Fatalf("the client's book counts %+v, want the minute since the start", st)
+	}
+	if over := m.Join(other, 0); over == nil || over.Book != nil {
+		t.Fatalf("a second client book: %+v", over)
+	}
+	if m.Client() != client {
+		t.Fatal("Client is not the joined book")
+	}
+	c.add(time.Minute)
+	if cost, _ := m.Stop(); !near(cost, 1.2) {
+		t.Fatalf("cost %v", cost)
+	}
+	if p, cl := provider.Read(), client.Read(); !near(p.Spent, 1.2) || !near(cl.Spent, 1.2) || cl.Live != 0 {
+		t.Fatalf("after stop: provider %+v, client %+v", p, cl)
+	}
+	if over := m.Join(NewBook(nil, c.now), 0); over == nil {
+		t.Fatal("a stopped meter joined a book")
+	}
+	var none *Meter
+	if over := none.Join(client, 1); over != nil {
+		t.Fatalf("a nil meter: %+v", over)
+	}
+}
