@@ -65,6 +65,7 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //			option_map      <option> <ours>=<theirs>...
 //			warm            <n>                     # sessions opened ahead of demand
 //			warm_max_age    <duration>
+//			warm_options    <option>=<value>...   # the options warm sessions are made with
 //			health_check { ... } | health_check off
 //			session_api { ... }   # see parseSessionAPI
 //		}
@@ -323,6 +324,8 @@ func (r *reader) parseProvider() (*ProviderConfig, *block, error) {
 			p.Warm, err = intArg(d)
 		case "warm_max_age":
 			p.WarmMaxAge, err = durationArg(d)
+		case "warm_options":
+			p.WarmOptions, err = parseWarmOptions(d)
 		case "region":
 			if p.Region = d.RemainingArgs(); len(p.Region) == 0 {
 				err = d.ArgErr()
@@ -645,4 +648,27 @@ func parseOptionMap(d *caddyfile.Dispenser, m *map[string]map[string]string) err
 	}
 	(*m)[name] = vals
 	return nil
+}
+
+// parseWarmOptions reads warm_options <option>=<value>...: the JSON object
+// of option names the JSON form takes, each value as written (the option
+// rules check it).
+func parseWarmOptions(d *caddyfile.Dispenser) (json.RawMessage, error) {
+	args := d.RemainingArgs()
+	if len(args) == 0 {
+		return nil, d.ArgErr()
+	}
+	m := map[string]string{}
+	for _, a := range args {
+		k, v, ok := strings.Cut(a, "=")
+		if !ok || k == "" {
+			return nil, d.Errf("warm_options: want <option>=<value>, got %q", a)
+		}
+		if _, dup := m[k]; dup {
+			return nil, d.Errf("warm_options: %s given twice", k)
+		}
+		m[k] = v
+	}
+	b, err := json.Marshal(m)
+	return b, err
 }

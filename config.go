@@ -17,6 +17,7 @@ import (
 	"github.com/browserfailover/caddy-browser-failover/cooldown"
 	"github.com/browserfailover/caddy-browser-failover/internal/conf"
 	"github.com/browserfailover/caddy-browser-failover/observe"
+	"github.com/browserfailover/caddy-browser-failover/options"
 	"github.com/browserfailover/caddy-browser-failover/spend"
 	"github.com/browserfailover/caddy-browser-failover/upstreams"
 )
@@ -181,6 +182,13 @@ type ProviderConfig struct {
 	// WarmMaxAge is how long a warm session waits for a client before it
 	// is closed, released and replaced. Default: 5m.
 	WarmMaxAge caddy.Duration `json:"warm_max_age,omitempty"`
+	// WarmOptions are the session options the warm sessions are made
+	// with, a JSON object of option names as a WebDriver client's
+	// bf:options (region a name or list, the booleans true or false,
+	// timeout a duration); the provider must honour them. A warm session
+	// goes to a client that states no options or exactly these. Needs
+	// warm. Default: none.
+	WarmOptions json.RawMessage `json:"warm_options,omitempty"`
 
 	stated
 }
@@ -946,7 +954,15 @@ func (h *Handler) validateResumeKey() error {
 	return nil
 }
 
-// validateWarm checks warm and warm_max_age.
+// warmOptions reads warm_options (the zero Set when not given).
+func (p *ProviderConfig) warmOptions() (options.Set, error) {
+	if len(p.WarmOptions) == 0 {
+		return options.Set{}, nil
+	}
+	return options.FromCapability(p.WarmOptions)
+}
+
+// validateWarm checks warm, warm_max_age and warm_options.
 func (p *ProviderConfig) validateWarm() error {
 	var errs []error
 	if p.Warm < 0 {
@@ -954,6 +970,16 @@ func (p *ProviderConfig) validateWarm() error {
 	}
 	if p.WarmMaxAge < 0 || (p.WarmMaxAge == 0 && p.given.has("warm_max_age")) {
 		errs = append(errs, conf.Problemf("warm_max_age", "warm_max_age must be positive, got %v", time.Duration(p.WarmMaxAge)))
+	}
+	if len(p.WarmOptions) > 0 {
+		if p.Warm <= 0 {
+			errs = append(errs, conf.Problemf("warm_options", "warm_options needs warm"))
+		} else if set, err := p.warmOptions(); err != nil {
+			errs = append(errs, conf.Problemf("warm_options", "warm_options: %v", err))
+		} else if lacks := (&options.Provider{Regions: p.Region, Supports: p.Supports}).Lacks(set); len(lacks) > 0 {
+			errs = append(errs, &conf.Problem{Options: []string{"warm_options"}, Whole: true,
+				Msg: "warm_options asks for what the provider does not honour (" + strings.Join(lacks, ", ") + "): add it to region or supports"})
+		}
 	}
 	if p.Warm <= 0 {
 		return errors.Join(errs...)

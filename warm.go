@@ -12,6 +12,7 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"go.uber.org/zap"
 
+	"github.com/browserfailover/caddy-browser-failover/options"
 	"github.com/browserfailover/caddy-browser-failover/pool"
 	"github.com/browserfailover/caddy-browser-failover/upstreams"
 )
@@ -59,7 +60,9 @@ type warmer struct {
 	st *pool.Provider
 	// fp is what the warm sessions were made with (the provider's
 	// settings): a reload that changes it replaces them.
-	fp   string
+	fp string
+	// opts are the session options the warm sessions are made with.
+	opts options.Set
 	kick chan struct{}
 	done chan struct{}
 
@@ -119,7 +122,8 @@ func (h *Handler) provisionWarm() {
 			h.warmers = append(h.warmers, old)
 			continue
 		}
-		w := &warmer{st: m.state, fp: fp, kick: make(chan struct{}, 1), done: make(chan struct{}),
+		opts, _ := pc.warmOptions() // checked with the config
+		w := &warmer{st: m.state, fp: fp, opts: opts, kick: make(chan struct{}, 1), done: make(chan struct{}),
 			h: h, m: m, target: pc.Warm, maxAge: maxAge}
 		if prev := m.state.SetWarmer(w); prev != nil {
 			prev.Close()
@@ -131,14 +135,19 @@ func (h *Handler) provisionWarm() {
 }
 
 // warmPrint is what a provider's warm sessions depend on: its resolved
-// URL and the settings of its connection (not those that only choose
-// among providers).
+// URL, the settings of its connection (not those that only choose among
+// providers) and the options they are made with.
 func warmPrint(m *member, pc *ProviderConfig) string {
 	c := pc.Config
 	c.Priority, c.Weight, c.ConnectTimeout = nil, 0, 0
-	c.Region, c.Supports, c.OptionMap = nil, nil, nil
+	c.Region, c.Supports = nil, nil
+	if len(pc.WarmOptions) == 0 {
+		// Nothing of the options is rendered then.
+		c.OptionMap = nil
+	}
 	b, _ := json.Marshal(c)
-	return m.up.Key() + "\x00" + string(b)
+	opts, _ := pc.warmOptions()
+	return m.up.Key() + "\x00" + string(b) + "\x00" + opts.Query()
 }
 
 // adopt makes h the owner; false when the warmer is closed.
@@ -261,7 +270,7 @@ func (w *warmer) publish() { w.st.SetWarm(len(w.ready), w.target) }
 // warmUp makes one warm session at m through the chain's admission and
 // attempt, as h's.
 func (w *warmer) warmUp(h *Handler, m *member) {
-	ws := h.warmUp(m)
+	ws := h.warmUp(m, w.opts)
 	w.mu.Lock()
 	w.making--
 	if ws == nil {
@@ -283,8 +292,9 @@ func (w *warmer) warmUp(h *Handler, m *member) {
 	m.state.Notify()
 }
 
-// warmUp is one warm-up at m: a connect without a client.
-func (h *Handler) warmUp(m *member) *warmSession {
+// warmUp is one warm-up at m: a connect without a client, with session
+// options opts.
+func (h *Handler) warmUp(m *member, opts options.Set) *warmSession {
 	if caddy.Exiting() {
 		return nil
 	}
@@ -293,7 +303,7 @@ func (h *Handler) warmUp(m *member) *warmSession {
 	c := &connect{h: h, r: r, start: time.Now(), ticket: h.reg.NewTicket(),
 		// No request: its placeholders render empty.
 		replace: func(s string) string { return repl.ReplaceAll(s, "") },
-		hs:      &upstreams.Handshake{Key: upstreams.NewKey(), Header: http.Header{}}}
+		hs:      &upstreams.Handshake{Key: upstreams.NewKey(), Header: http.Header{}}, opts: opts}
 	defer c.ticket.Release()
 	t, ok := c.admit(&passState{}, m)
 	if !ok {
@@ -440,7 +450,7 @@ func (ws *warmSession) claim() bool {
 
 // serves reports whether a warm session of w's provider may go to c.
 func (w *warmer) serves(c *connect, m *member) bool {
-	if c.wd != nil || c.resuming || c.hs == nil || !c.opts.Empty() || c.hs.Header.Get("Sec-Websocket-Protocol") != "" {
+	if c.wd != nil || c.resuming || c.hs == nil || !(c.opts.Empty() || c.opts.Equal(w.opts)) || c.hs.Header.Get("Sec-Websocket-Protocol") != "" {
 		return false
 	}
 	if m.up.PassesQuery() && c.hs.RawQuery != "" {
@@ -520,6 +530,10 @@ func (c *connect) establishWarm(m *member, ws *warmSession) passEnd {
 	c.add(attempt{Provider: m.up.Name, Outcome: WordWarm})
 	c.tries++
 	c.warm = true
+	if c.opts.Empty() {
+		// The session has the options it was made with.
+		c.opts = ws.w.opts
+	}
 	c.h.reg.Metrics().WarmHanded(m.up.Name)
 	c.won(ws.t)
 	up := ws.up

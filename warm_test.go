@@ -249,6 +249,13 @@ func TestWarmConfigErrors(t *testing.T) {
 		{"max_concurrent 1\nwarm 2", "warm 2 is more than max_concurrent 1"},
 		{"warm -1", "warm must not be negative"},
 		{"warm 1\nwarm_max_age 0s", "warm_max_age must be positive"},
+		{"warm_options stealth=true\nsupports stealth", "warm_options needs warm"},
+		{"warm 1\nwarm_options stealth=true", "warm_options asks for what the provider does not honour (stealth)"},
+		{"warm 1\nregion us-east\nwarm_options region=eu-central", "does not honour (region)"},
+		{"warm 1\nsupports stealth\nwarm_options stealth=maybe", `warm_options: session option "stealth": want true, false, 1 or 0`},
+		{"warm 1\nwarm_options colour=red", `"colour": not a session option`},
+		{"warm 1\nwarm_options stealth", `want <option>=<value>, got "stealth"`},
+		{"warm 1\nsupports stealth\nwarm_options stealth=1 stealth=0", "stealth given twice"},
 	} {
 		_, err := adapt(t, fmt.Sprintf(":80 {\n\tbrowser_failover {\n\t\tprovider p ws://127.0.0.1:1/ {\n\t\t\t%s\n\t\t}\n\t}\n}", strings.ReplaceAll(tc.cf, "\n", "\n\t\t\t")))
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
@@ -335,5 +342,72 @@ func TestWarmClientBudget(t *testing.T) {
 		if e["warm"] != true {
 			t.Fatalf("a session that was not warm: %v", e)
 		}
+	}
+}
+
+// Warm sessions made with warm_options: their connect URL carries the
+// options in the provider's words; a client that states exactly those
+// options, or none, is handed one (and its session shows the options it
+// was made with); a client whose options differ gets a new session.
+func TestWarmOptions(t *testing.T) {
+	e := fakes.Echo("warm-opt", nil)
+	defer e.Close()
+	g := testgw.Start(t, handler(`"queue":{"size":0}`, provider("warm-opt",
+		e.URL()+"?stealth={bf.option.stealth}&proxyCountry={bf.option.proxy_country}&region={bf.option.region}",
+		`"warm":1,"region":["eu-central"],"supports":["stealth","proxy_country"],"option_map":{"region":{"eu-central":"eu-central-1"}},`+
+			`"warm_options":{"region":"eu-central","stealth":true,"proxy_country":"DE"}`)))
+	waitWarm(t, g, "warm-opt", 1)
+	if q := queryOf(t, e.LastURI()); q.Get("stealth") != "true" || q.Get("proxyCountry") != "de" || q.Get("region") != "eu-central-1" {
+		t.Fatalf("the warm-up's URL %q", e.LastURI())
+	}
+	base := e.Hits.Load()
+	// The same options, another way of writing them: handed the warm one.
+	c, _, err := dial(t, g.WS("/?bf_region=eu-central&bf_proxy_country=de"), &websocket.DialOptions{
+		HTTPHeader: http.Header{"Browser-Failover-Options": {"stealth=1"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	echoOnce(t, c, []byte("same"))
+	c.Close(websocket.StatusNormalClosure, "")
+	waitWarm(t, g, "warm-opt", 1)
+	// No options: handed one too.
+	c, _, err = dial(t, g.WS("/"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	echoOnce(t, c, []byte("none"))
+	c.Close(websocket.StatusNormalClosure, "")
+	waitWarm(t, g, "warm-opt", 1)
+	if got := e.Hits.Load() - base; got != 2 {
+		t.Fatalf("%d upgrades at the provider for two warm clients, want their 2 refills", got)
+	}
+	// Different options: a session of its own, in its own words.
+	c, _, err = dial(t, g.WS("/?bf_stealth=false"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	echoOnce(t, c, []byte("other"))
+	c.Close(websocket.StatusNormalClosure, "")
+	if q := queryOf(t, e.LastURI()); q.Get("stealth") != "false" || q.Has("region") || q.Has("proxyCountry") {
+		t.Fatalf("the different client's URL %q", e.LastURI())
+	}
+	testgw.Eventually(t, 10*time.Second, "three sessions ended", func() bool { return len(g.LogEntries("session ended")) == 3 })
+	var warm int
+	for _, e := range g.LogEntries("session ended") {
+		o, _ := e["options"].(map[string]any)
+		switch e["warm"] {
+		case true:
+			warm++
+			if o["stealth"] != true || o["proxy_country"] != "de" {
+				t.Fatalf("a warm session's options: %v", e)
+			}
+		default:
+			if o["stealth"] != false {
+				t.Fatalf("the other session's options: %v", e)
+			}
+		}
+	}
+	if warm != 2 {
+		t.Fatalf("%d warm sessions, want 2", warm)
 	}
 }

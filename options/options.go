@@ -279,6 +279,12 @@ func (s Set) Empty() bool {
 	return len(s.regions) == 0 && s.country == "" && s.set == 0 && s.timeout == 0
 }
 
+// Equal reports whether s and o state the same options with the same
+// values (a region list in the same order).
+func (s Set) Equal(o Set) bool {
+	return slices.Equal(s.regions, o.regions) && s.country == o.country && s.set == o.set && s.on == o.on && s.timeout == o.timeout
+}
+
 // Regions is the client's region preference list (nil: any region).
 func (s Set) Regions() []string { return s.regions }
 

@@ -268,3 +268,39 @@ func TestOthersLeftInQuery(t *testing.T) {
 		t.Fatalf("stealth %q", v)
 	}
 }
+
+// TestEqual: the same options however they are written are equal; a
+// region list in another order, an option stated false against one left
+// out, or another value are not.
+func TestEqual(t *testing.T) {
+	read := func(q string) Set {
+		t.Helper()
+		s, _, err := FromRequest(q, http.Header{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	capSet, err := FromCapability(json.RawMessage(`{"region":["eu","us"],"stealth":true,"proxy_country":"DE","timeout":"10m"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a := read("bf_region=eu,us&bf_stealth=1&bf_proxy_country=de&bf_timeout=600s"); !a.Equal(capSet) || !capSet.Equal(a) {
+		t.Fatalf("the same options written two ways: %v %v", a.Map(), capSet.Map())
+	}
+	for _, q := range []string{
+		"bf_region=us,eu&bf_stealth=1&bf_proxy_country=de&bf_timeout=10m",
+		"bf_region=eu,us&bf_stealth=0&bf_proxy_country=de&bf_timeout=10m",
+		"bf_region=eu,us&bf_proxy_country=de&bf_timeout=10m",
+		"bf_region=eu,us&bf_stealth=1&bf_proxy_country=fr&bf_timeout=10m",
+		"bf_region=eu,us&bf_stealth=1&bf_proxy_country=de&bf_timeout=11m",
+		"bf_region=eu,us&bf_stealth=1&bf_proxy_country=de&bf_timeout=10m&bf_record=false",
+	} {
+		if read(q).Equal(capSet) {
+			t.Errorf("%s equals %v", q, capSet.Map())
+		}
+	}
+	if !(Set{}).Equal(read("")) || (Set{}).Equal(read("bf_stealth=false")) {
+		t.Fatal("the empty set")
+	}
+}
