@@ -33,6 +33,9 @@ func TestWarmSessionsRealClients(t *testing.T) {
 	waitReady()
 	runChromedp(t, g.WS("/"), nil, remote.NoModifyURL)
 	waitIdle(t, "warm-chrome")
+	// The entry is written once the session's relay has wound down,
+	// which may come after its slot is free.
+	testgw.Eventually(t, 20*time.Second, "three sessions ended", func() bool { return len(g.LogEntries("session ended")) >= 3 })
 	entries := g.LogEntries("session ended")
 	if len(entries) != 3 {
 		t.Fatalf("%d sessions ended, want 3", len(entries))
