@@ -29,7 +29,8 @@ import (
 // a localhost-only site under a stripped prefix (controls on). The page
 // shows every provider and a live Puppeteer session (on a provider that
 // creates its browsers over REST: the row says the session is created and
-// not released, until the session ends); its Drain button
+// not released, until the session ends), a provider's warm session and
+// another's creation rate; its Drain button
 // drains a provider (the status JSON says so) and its End button ends the
 // session (the Puppeteer client sees the disconnect). A screenshot is
 // saved and must not be blank (DASHBOARD_SCREENSHOT=<file> copies it
@@ -96,10 +97,12 @@ http://%[3]s {
 		provider dash-a %[8]s {
 			priority 3
 			max_concurrent 4
+			warm 1
 		}
 		provider dash-b %[9]s {
 			priority 4
 			max_concurrent 4
+			create_rate 30 per minute
 			header_up X-Api-Key %[10]s
 		}
 	}
@@ -140,6 +143,7 @@ http://%[11]s {
 		"controlsURL": "http://" + ops + "/ops/",
 		"providers":   []string{"dash-down", "dash-api", "dash-a", "dash-b"},
 		"session":     id, "drain": "dash-b", "unreleased": "dash-api",
+		"warm": "dash-a", "rate": "dash-b", "rateSays": "0 of 30 started this minute",
 		"screenshot": shot, "bodies": bodies,
 	})
 	RunNode(t, "dashboard.mjs", string(arg))

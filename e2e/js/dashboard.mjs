@@ -12,6 +12,10 @@
 //   unreleased   the provider of the session, which creates its browsers
 //                over REST: its row must say one is created, not released
 //                yet, while the session is live, and no more once it ended
+//   warm         a provider with warm 1: its row must say its warm session
+//                is ready
+//   rate, rateSays  a provider with create_rate, and what its row must say
+//                of its window
 //   screenshot   where to save a PNG of the page
 //   bodies       where to write everything the browser loaded (the page's
 //                HTML and every JSON answer), for the caller's secret search
@@ -21,7 +25,9 @@
 //   2. with them the page shows every provider and the session, no button,
 //      and an action from the page is refused (403: controls off);
 //   3. on the controls site the page shows the same, and the session's
-//      provider's row says one session is created, not released yet;
+//      provider's row says one session is created, not released yet,
+//      the warm provider's that its warm session is ready, and the rate
+//      provider's how much of its window is used;
 //      "Drain" on the
 //      provider (confirmed) makes status.json say it is draining and the row
 //      say so; the screenshot is taken; "End" on the session (confirmed)
@@ -32,7 +38,7 @@ import puppeteer from 'puppeteer-core';
 import { writeFileSync } from 'node:fs';
 
 const cfg = JSON.parse(process.argv[2] || '{}');
-for (const k of ['authURL', 'user', 'pass', 'controlsURL', 'providers', 'session', 'drain', 'unreleased', 'screenshot', 'bodies']) {
+for (const k of ['authURL', 'user', 'pass', 'controlsURL', 'providers', 'session', 'drain', 'unreleased', 'warm', 'rate', 'rateSays', 'screenshot', 'bodies']) {
   if (cfg[k] === undefined) {
     console.error(`usage: node dashboard.mjs '<json>' (missing ${k})`);
     process.exit(2);
@@ -104,6 +110,13 @@ async function shows(page) {
   await page.waitForSelector(`tr[data-session=${JSON.stringify(cfg.session)}]`, { timeout });
 }
 
+// subSays waits until the row of provider name has a line of class cls
+// that says want.
+const subSays = (page, name, cls, want) => page.waitForFunction((name, cls, want) => {
+  const s = document.querySelector(`tr[data-provider=${JSON.stringify(name)}] .${cls}`);
+  return !!s && s.textContent === want;
+}, { timeout }, name, cls, want);
+
 // unreleasedSays waits until the row of provider name says want of the
 // sessions it created and did not release yet ('' when it says nothing).
 const unreleasedSays = (page, name, want) => page.waitForFunction((name, want) => {
@@ -158,6 +171,9 @@ try {
   await shows(page);
   await unreleasedSays(page, cfg.unreleased, '1 created, not released yet');
   console.log(`${el()} STEP controls page shows every provider and the session, and its provider's unreleased session`);
+  await subSays(page, cfg.warm, 'warm', '1 of 1 warm ready');
+  await subSays(page, cfg.rate, 'rate', cfg.rateSays);
+  console.log(`${el()} STEP controls page shows the warm session and the creation rate`);
 
   const drained = page.waitForResponse(async (r) => {
     if (!r.url().endsWith('/status.json')) return false;
