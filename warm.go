@@ -511,10 +511,10 @@ func (c *connect) mayChargeWarm() bool {
 	return st.Spent+st.Accrued+st.Held < c.h.ClientBudget.Amount
 }
 
-// chargeWarm has the client's key pay for warm session ws from now on, as
-// for a session made for it: the key's book counts the session's whole
-// cost, checked against its client_budget in the same step; false when
-// the budget has no room left.
+// chargeWarm has the client's key pay for warm session ws as for a
+// session made for it: the key's book counts the session's whole cost,
+// since the warm session was made, checked against its client_budget in
+// the same step; false when the budget has no room left.
 func (c *connect) chargeWarm(ws *warmSession) bool {
 	book := c.ticket.ClientBook()
 	if c.h.ClientBudget == nil || book == nil {
