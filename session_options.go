@@ -8,6 +8,7 @@ import (
 
 	"github.com/browserfailover/caddy-browser-failover/observe"
 	"github.com/browserfailover/caddy-browser-failover/options"
+	"github.com/browserfailover/caddy-browser-failover/upstreams"
 )
 
 // Session options: what a client asks of its browser once for every
@@ -125,10 +126,16 @@ func (c *connect) anyHonours() bool {
 // replaceAt is the replace of an attempt at m: its session options
 // rendered in m's words, then the request's placeholders.
 func (c *connect) replaceAt(m *member) func(string) string {
-	if !m.up.UsesOptions() {
-		return c.replace
+	return withOptions(m.up, c.opts, c.replace)
+}
+
+// withOptions is replace with session options opts rendered first, in
+// up's words (replace itself when up renders no option).
+func withOptions(up *upstreams.Provider, opts options.Set, replace func(string) string) func(string) string {
+	if !up.UsesOptions() {
+		return replace
 	}
-	hon, opts, replace := m.up.Honours(), c.opts, c.replace
+	hon := up.Honours()
 	return func(s string) string {
 		s = hon.Replace(opts, s)
 		if replace != nil {

@@ -417,3 +417,38 @@ func TestRegionsExampleChoice(t *testing.T) {
 		t.Errorf("no options: %s", got)
 	}
 }
+
+// A WebDriver session's BiDi socket is opened with its provider's
+// header_up rendering the options its create stated, as the create's was.
+func TestSessionOptionsWebDriverSocket(t *testing.T) {
+	f := fakes.NewWebDriver("")
+	defer f.Close()
+	g := testgw.Start(t, handler("", wdProvider("wd-opt", f.URL(), `"supports":["stealth"],`+
+		`"headers_up":[{"op":"set","field":"X-Stealth","value":"{bf.option.stealth}"}]`)))
+	body := newSession("chrome", true)
+	body["capabilities"].(map[string]any)["alwaysMatch"].(map[string]any)["bf:options"] = map[string]any{"stealth": true}
+	code, v, _ := wdCall(t, http.MethodPost, g.HTTP("/session"), body, nil)
+	if code != 200 {
+		t.Fatalf("create: %d %v", code, v)
+	}
+	url, _ := v["capabilities"].(map[string]any)["webSocketUrl"].(string)
+	c, _, err := dial(t, url, nil)
+	if err != nil {
+		t.Fatalf("socket %s: %v", url, err)
+	}
+	echoOnce(t, c, []byte(`{"id":1,"method":"session.status","params":{}}`))
+	c.Close(websocket.StatusNormalClosure, "")
+	var create, socket string
+	for _, r := range f.Requests() {
+		switch {
+		case r.Method == http.MethodPost && r.URI == "/session":
+			create = r.Header.Get("X-Stealth")
+		case r.Header.Get("Upgrade") != "":
+			socket = r.Header.Get("X-Stealth")
+		}
+	}
+	if create != "true" || socket != "true" {
+		t.Fatalf("X-Stealth at the create %q, at the socket %q: want true at both", create, socket)
+	}
+	wdCall(t, http.MethodDelete, g.HTTP("/session/"+v["sessionId"].(string)), nil, nil)
+}

@@ -16,6 +16,7 @@ import (
 
 	"github.com/browserfailover/caddy-browser-failover/cluster"
 	"github.com/browserfailover/caddy-browser-failover/observe"
+	"github.com/browserfailover/caddy-browser-failover/options"
 	"github.com/browserfailover/caddy-browser-failover/upstreams"
 )
 
@@ -435,7 +436,15 @@ func (h *Handler) serveWebDriverSocket(w http.ResponseWriter, r *http.Request, w
 		return true
 	}
 	cdp := wr.rest == "/se/cdp"
-	res := t.up.WebDriverSocket(r.Context(), hs, t.ps, cdp, c.replace)
+	// Its header_up renders the session's options as its create's did
+	// (another node's session: its options are not in the shared state,
+	// and render as unset).
+	var stated options.Set
+	if t.local != nil {
+		stated = t.local.opts
+	}
+	replace := withOptions(t.up, stated, c.replace)
+	res := t.up.WebDriverSocket(r.Context(), hs, t.ps, cdp, replace)
 	if res.Outcome.Kind != upstreams.Success {
 		if res.Outcome.Kind == upstreams.Relay {
 			c.relayedTo(t.provider, res).write(w, r)

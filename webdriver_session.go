@@ -9,6 +9,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/browserfailover/caddy-browser-failover/options"
 	"github.com/browserfailover/caddy-browser-failover/pool"
 	"github.com/browserfailover/caddy-browser-failover/queue"
 	"github.com/browserfailover/caddy-browser-failover/upstreams"
@@ -33,11 +34,14 @@ type wdSession struct {
 	browser  string
 	m        *member
 	ps       *upstreams.WebDriverSession
-	t        *pool.Ticket
-	started  time.Time
-	idleFor  time.Duration
-	maxAge   time.Duration
-	log      *sessionEnd
+	// opts are the session options its create stated: its sockets'
+	// header_up renders them as its create's did.
+	opts    options.Set
+	t       *pool.Ticket
+	started time.Time
+	idleFor time.Duration
+	maxAge  time.Duration
+	log     *sessionEnd
 	// shared: its route is in the shared state.
 	shared bool
 
@@ -62,7 +66,7 @@ func (c *connect) newWebDriverSession(m *member, ps *upstreams.WebDriverSession)
 	h := c.h
 	now := time.Now()
 	s := &wdSession{
-		h: h, id: c.id, provider: m.up.Name, browser: c.wd.req.Browser(), m: m, ps: ps,
+		h: h, id: c.id, provider: m.up.Name, browser: c.wd.req.Browser(), m: m, ps: ps, opts: c.opts,
 		started: now, idleFor: h.webDriverIdle(), done: make(chan struct{}),
 		log: &sessionEnd{
 			metrics:  h.reg.Metrics(),
