@@ -1,6 +1,9 @@
 package spend
 
-import "sync"
+import (
+	"sync"
+	"time"
+)
 
 // Holds: a session's cost counted from the moment it is admitted, not only
 // from its start. A connect is admitted when its budgets are not reached,
@@ -75,19 +78,30 @@ func (k *Book) tryHold(amount, budget float64, hold bool) *Over {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	k.turn(now)
-	if budget > 0 {
-		st := k.readLocked(now)
-		used := st.Spent + st.Accrued
-		if used >= budget {
-			return &Over{Book: k}
-		}
-		if used+k.held >= budget {
-			return &Over{Book: k, Held: true}
-		}
+	if over := k.overLocked(now, budget); over != nil {
+		return over
 	}
 	if hold {
 		k.held += amount
 		k.holds++
+	}
+	return nil
+}
+
+// overLocked says why budget (0: none) admits no other session now,
+// counting what is held (nil: it admits one); with mu held and the window
+// turned.
+func (k *Book) overLocked(now time.Time, budget float64) *Over {
+	if budget <= 0 {
+		return nil
+	}
+	st := k.readLocked(now)
+	used := st.Spent + st.Accrued
+	if used >= budget {
+		return &Over{Book: k}
+	}
+	if used+k.held >= budget {
+		return &Over{Book: k, Held: true}
 	}
 	return nil
 }
@@ -168,15 +182,8 @@ func (m *Meter) Join(client *Book, budget float64) *Over {
 	client.mu.Lock()
 	defer client.mu.Unlock()
 	client.turn(now)
-	if budget > 0 {
-		st := client.readLocked(now)
-		used := st.Spent + st.Accrued
-		if used >= budget {
-			return &Over{Book: client}
-		}
-		if used+client.held >= budget {
-			return &Over{Book: client, Held: true}
-		}
+	if over := client.overLocked(now, budget); over != nil {
+		return over
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
