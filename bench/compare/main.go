@@ -79,15 +79,11 @@ type target struct {
 }
 
 func run() error {
-	tmp, err := os.MkdirTemp("", "bf-bench")
+	tmp, bin, err := caddybin.Workdir("bf-bench", *caddyBin)
 	if err != nil {
 		return err
 	}
 	defer os.RemoveAll(tmp)
-	bin, err := caddybin.Binary(*caddyBin, tmp)
-	if err != nil {
-		return err
-	}
 
 	var procs []*exec.Cmd
 	defer func() { caddybin.KillAll(procs) }()

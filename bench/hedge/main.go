@@ -205,15 +205,11 @@ func run() error {
 		haWhy = fmt.Sprintf("p%g of the drawn delays", *hedgeQ*100)
 	}
 
-	tmp, err := os.MkdirTemp("", "bf-hedge")
+	tmp, bin, err := caddybin.Workdir("bf-hedge", *caddyBin)
 	if err != nil {
 		return err
 	}
 	defer os.RemoveAll(tmp)
-	bin, err := caddybin.Binary(*caddyBin, tmp)
-	if err != nil {
-		return err
-	}
 
 	provs := make([]*provider, n)
 	for p := range provs {

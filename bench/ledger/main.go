@@ -42,15 +42,11 @@ func main() {
 		fmt.Fprintln(os.Stderr, "ledger: -base (a Caddy binary without the ledger) is required")
 		os.Exit(2)
 	}
-	tmp, err := os.MkdirTemp("", "bf-bench-ledger")
+	tmp, bin, err := caddybin.Workdir("bf-bench-ledger", *caddyBin)
 	if err != nil {
 		fail(err)
 	}
 	defer os.RemoveAll(tmp)
-	bin, err := caddybin.Binary(*caddyBin, tmp)
-	if err != nil {
-		fail(err)
-	}
 	echo := fakes.Echo("browser", nil)
 	defer echo.Close()
 	rest := fakes.NewREST(func(string) string { return echo.URL() })

@@ -103,14 +103,11 @@ func main() {
 var children procSet
 
 func run(ns []int, interval, duration time.Duration, rounds int, bin string) error {
-	tmp, err := os.MkdirTemp("", "bf-probes")
+	tmp, bin, err := caddybin.Workdir("bf-probes", bin)
 	if err != nil {
 		return err
 	}
 	defer os.RemoveAll(tmp)
-	if bin, err = caddybin.Binary(bin, tmp); err != nil {
-		return err
-	}
 	fmt.Printf("active health checks, browser_failover against reverse_proxy: interval %v, %d rounds of %v, Go %s, %d CPUs (%s/%s)\n",
 		interval, rounds, duration, runtime.Version(), runtime.NumCPU(), runtime.GOOS, runtime.GOARCH)
 	var results []string

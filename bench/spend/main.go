@@ -51,15 +51,11 @@ const (
 
 func main() {
 	flag.Parse()
-	tmp, err := os.MkdirTemp("", "bf-bench-spend")
+	tmp, bin, err := caddybin.Workdir("bf-bench-spend", *caddyBin)
 	if err != nil {
 		fail(err)
 	}
 	defer os.RemoveAll(tmp)
-	bin, err := caddybin.Binary(*caddyBin, tmp)
-	if err != nil {
-		fail(err)
-	}
 	echo := fakes.Echo("browser", nil)
 	defer echo.Close()
 

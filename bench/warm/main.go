@@ -78,15 +78,11 @@ func startFake(delay time.Duration) *fake {
 func main() {
 	flag.Parse()
 	caddybin.RaiseFileLimit()
-	tmp, err := os.MkdirTemp("", "bf-bench-warm")
+	tmp, bin, err := caddybin.Workdir("bf-bench-warm", *caddyBin)
 	if err != nil {
 		fail(err)
 	}
 	defer os.RemoveAll(tmp)
-	bin, err := caddybin.Binary(*caddyBin, tmp)
-	if err != nil {
-		fail(err)
-	}
 	instant, slowWarm, slowCold := startFake(0), startFake(*handshake), startFake(*handshake)
 	admin, aAddr, wAddr, cAddr := caddybin.FreeAddr(), caddybin.FreeAddr(), caddybin.FreeAddr(), caddybin.FreeAddr()
 	site := func(addr, name, url, extra string) string {

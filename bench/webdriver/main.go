@@ -46,15 +46,11 @@ var (
 func main() {
 	flag.Parse()
 	caddybin.RaiseFileLimit()
-	tmp, err := os.MkdirTemp("", "bf-bench-webdriver")
+	tmp, bin, err := caddybin.Workdir("bf-bench-webdriver", *caddyBin)
 	if err != nil {
 		fail(err)
 	}
 	defer os.RemoveAll(tmp)
-	bin, err := caddybin.Binary(*caddyBin, tmp)
-	if err != nil {
-		fail(err)
-	}
 
 	cdAddr := caddybin.FreeAddr()
 	_, port, _ := strings.Cut(cdAddr, ":")

@@ -32,6 +32,21 @@ func Binary(bin, dir string) (string, error) {
 	return Build("", dir)
 }
 
+// Workdir makes a temporary folder for a benchmark's run (its name
+// starting with prefix) and resolves its Caddy binary there as Binary
+// does. The caller removes dir when done; on an error nothing is left.
+func Workdir(prefix, bin string) (dir, caddy string, err error) {
+	dir, err = os.MkdirTemp("", prefix)
+	if err != nil {
+		return "", "", err
+	}
+	if caddy, err = Binary(bin, dir); err != nil {
+		os.RemoveAll(dir)
+		return "", "", err
+	}
+	return dir, caddy, nil
+}
+
 // BuildPackage compiles the main package pkg of the module at root into
 // dir/name and returns the binary's path.
 func BuildPackage(root, dir, pkg, name string) (string, error) {
