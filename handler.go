@@ -47,6 +47,10 @@ type handlerRuntime struct {
 	// (warm.go); cleaned is set once Cleanup began.
 	warmers []*warmer
 	cleaned *atomic.Bool
+	// key tells this handler apart from the other handlers of the
+	// gateway, the same across reloads and nodes for the same config
+	// (handler_key.go).
+	key string
 }
 
 // member is one provider of this handler: its dialer (which also tells

@@ -64,6 +64,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 
 	// The config load's identity: one metrics registry per load.
 	h.gen = ctx.GetMetricsRegistry()
+	h.provisionKey()
 	repl := caddy.NewReplacer()
 	known := func(s string) string { return repl.ReplaceKnown(s, "") }
 	expected := defaultExpectedDuration
@@ -160,6 +161,7 @@ func (h *Handler) Cleanup() error {
 	}
 	defer pool.Release()
 	h.cleaned.Store(true)
+	h.reg.ForgetLoad(h.gen)
 	h.cleanupWarm()
 	for _, m := range h.members {
 		m.state.RemoveOnReset(h)

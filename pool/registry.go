@@ -89,6 +89,11 @@ type Registry struct {
 	// clientSpend is what each client key spent, for client_budget
 	// (spend.go).
 	clientSpend clientBooks
+
+	// handlers counts the handler keys given per config load
+	// (handlers.go).
+	handlersMu sync.Mutex
+	handlers   handlerKeys
 }
 
 // NewRegistry returns an empty registry on clock (nil: the real one).
