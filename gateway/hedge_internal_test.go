@@ -1,4 +1,4 @@
-package browserfailover
+package gateway
 
 import (
 	"context"
@@ -41,7 +41,7 @@ func TestAbandonClosesLateWinner(t *testing.T) {
 	if tk == nil {
 		t.Fatal("no slot")
 	}
-	h := &Handler{}
+	h := &Gateway{}
 	h.logger, h.reg = zap.NewNop(), reg
 	c := &connect{h: h}
 	f := &flight{m: &member{up: up, state: st}, t: tk, cancel: func() {}, start: time.Now()}

@@ -1,10 +1,11 @@
-package browserfailover
+package gateway
 
 import (
 	"time"
 
 	"go.uber.org/zap"
 
+	"github.com/browserfailover/caddy-browser-failover/config"
 	"github.com/browserfailover/caddy-browser-failover/pool"
 	"github.com/browserfailover/caddy-browser-failover/upstreams"
 )
@@ -19,9 +20,9 @@ import (
 
 // provisionProbes registers the health check of every probed provider with
 // its probe loop. It runs last in Provision.
-func (h *Handler) provisionProbes(known func(string) string) error {
+func (h *Gateway) provisionProbes(known func(string) string) error {
 	for i, pc := range h.Providers {
-		hc := effectiveHealthCheck(h.HealthCheck, pc.HealthCheck)
+		hc := config.EffectiveHealthCheck(h.HealthCheck, pc.HealthCheck)
 		if hc == nil {
 			continue
 		}
@@ -44,7 +45,7 @@ func (h *Handler) provisionProbes(known func(string) string) error {
 
 // cleanupProbes removes the handler's health checks; a loop with no other
 // handler's left stops.
-func (h *Handler) cleanupProbes() {
+func (h *Gateway) cleanupProbes() {
 	// (h.probes stays: the events app may read the handler meanwhile.)
 	for _, st := range h.probes {
 		st.Unprobe(h)
@@ -53,7 +54,7 @@ func (h *Handler) cleanupProbes() {
 
 // probeWatch is what the handler does with one provider's probe news.
 type probeWatch struct {
-	h     *Handler
+	h     *Gateway
 	st    *pool.Provider
 	count func(outcome string) // probes_total
 	// capacityBroken: the last passing probe's answer could not be read

@@ -1,4 +1,4 @@
-package browserfailover
+package gateway
 
 import (
 	"context"
@@ -28,7 +28,7 @@ import (
 // wdSession is one live WebDriver session; it is the session registry's
 // pool.Live for it.
 type wdSession struct {
-	h        *Handler // the handler that created it (its logger, registry, shared state)
+	h        *Gateway // the handler that created it (its logger, registry, shared state)
 	id       string
 	provider string
 	browser  string
@@ -275,7 +275,7 @@ func (s *wdSession) endWith(code int, reason string, byGateway bool) {
 
 // dropRoute takes a session's route out of the shared state and tells the
 // other nodes, whose sockets of it close.
-func (h *Handler) dropRoute(id string) {
+func (h *Gateway) dropRoute(id string) {
 	sh := h.shared
 	if sh == nil || !sh.s.Usable() {
 		return

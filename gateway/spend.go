@@ -1,6 +1,7 @@
-package browserfailover
+package gateway
 
 import (
+	"github.com/browserfailover/caddy-browser-failover/config"
 	"github.com/browserfailover/caddy-browser-failover/pool"
 	"github.com/browserfailover/caddy-browser-failover/spend"
 )
@@ -44,7 +45,7 @@ func (c *connect) reserveSpend(st *pool.Provider) (*spend.Hold, *spend.Over) {
 }
 
 // clientBookOf has the client's ticket take the book of its key under cb.
-func (c *connect) clientBookOf(cb *ClientBudgetConfig) *spend.Book {
+func (c *connect) clientBookOf(cb *config.ClientBudgetConfig) *spend.Book {
 	value := ""
 	if c.replace != nil {
 		value = c.replace(cb.Key)

@@ -1,4 +1,4 @@
-package browserfailover
+package gateway
 
 import (
 	"sync"
@@ -7,6 +7,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/browserfailover/caddy-browser-failover/cluster"
+	"github.com/browserfailover/caddy-browser-failover/config"
 	"github.com/browserfailover/caddy-browser-failover/observe"
 	"github.com/browserfailover/caddy-browser-failover/pool"
 	"github.com/browserfailover/caddy-browser-failover/queue"
@@ -16,8 +17,11 @@ import (
 // What Provision builds for a Handler, and the handler's view of one
 // provider (member). Everything else in the package builds on these.
 
-// handlerRuntime is the part of a Handler that Provision builds.
-type handlerRuntime struct {
+// Gateway is what a browser_failover handler runs: its configuration
+// and what Provision builds from it.
+type Gateway struct {
+	*config.Handler
+
 	// reg is the gateway's state that outlives config loads: taken on
 	// Provision, given back on Cleanup.
 	reg     *pool.Registry
@@ -42,7 +46,7 @@ type handlerRuntime struct {
 	// health check.
 	probes []*pool.Provider
 	// origins are the web-page origins whose upgrades are served.
-	origins originSet
+	origins config.OriginSet
 	// warmers are the warm sessions' keepers of its providers with warm
 	// (warm.go); cleaned is set once Cleanup began.
 	warmers []*warmer

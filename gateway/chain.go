@@ -1,4 +1,4 @@
-package browserfailover
+package gateway
 
 import (
 	"context"
@@ -48,7 +48,7 @@ import (
 const WordQueued = "queued"
 
 // chain runs the whole chain for one upgrade.
-func (h *Handler) chain(w http.ResponseWriter, r *http.Request, hs *upstreams.Handshake) {
+func (h *Gateway) chain(w http.ResponseWriter, r *http.Request, hs *upstreams.Handshake) {
 	c := h.newConnect(w, r, hs)
 	// What the client still holds when its way ends (a session took it
 	// otherwise).
@@ -69,7 +69,7 @@ func (h *Handler) chain(w http.ResponseWriter, r *http.Request, hs *upstreams.Ha
 
 // newConnect starts one client's way: its session ID, set as a
 // placeholder at once, and its ticket.
-func (h *Handler) newConnect(w http.ResponseWriter, r *http.Request, hs *upstreams.Handshake) *connect {
+func (h *Gateway) newConnect(w http.ResponseWriter, r *http.Request, hs *upstreams.Handshake) *connect {
 	c := &connect{h: h, w: w, r: r, hs: hs, start: time.Now(), id: newSessionID(), ticket: h.reg.NewTicket()}
 	if repl := replacerOf(r); repl != nil {
 		c.repl = repl
@@ -83,7 +83,7 @@ func (h *Handler) newConnect(w http.ResponseWriter, r *http.Request, hs *upstrea
 // operator allowed (origins.go); an exiting process serves no one. It
 // reports false when the client got its answer.
 func (c *connect) check() bool {
-	if !c.h.origins.allows(c.r.Header.Values("Origin")) {
+	if !c.h.origins.Allows(c.r.Header.Values("Origin")) {
 		c.finish(c.refuseOrigin())
 		return false
 	}
@@ -262,7 +262,7 @@ func (c *connect) wait(retryAt time.Time) bool {
 		return false
 	}
 	// A reload may have handed the client to the new config's handler.
-	if h, ok := c.waiter.Line().Owner().(*Handler); ok && h != c.h {
+	if h, ok := c.waiter.Line().Owner().(*Gateway); ok && h != c.h {
 		c.h = h
 		c.pool = h.poolFor(c.cls)
 	}

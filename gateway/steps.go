@@ -1,4 +1,4 @@
-package browserfailover
+package gateway
 
 import (
 	"net/http"
@@ -181,7 +181,7 @@ func (ps *passState) mayAttempt() bool {
 // lost marks a hedge loser, whose 101 (if any) nobody will use: it is
 // closed and counts as neither success nor failure. ps, when not nil,
 // learns what the outcome means for the rest of the pass.
-func (h *Handler) conclude(ps *passState, m *member, t *pool.Ticket, res upstreams.Result, lost bool) verdict {
+func (h *Gateway) conclude(ps *passState, m *member, t *pool.Ticket, res upstreams.Result, lost bool) verdict {
 	st := m.state
 	o := res.Outcome
 	permit := t.Permit()
@@ -259,7 +259,7 @@ func (h *Handler) conclude(ps *passState, m *member, t *pool.Ticket, res upstrea
 // under shared state). It reports false when there is nothing to learn
 // (another answer, a Retry-After, no session live): the provider is then
 // skipped as for any capacity answer.
-func (h *Handler) learnCap(m *member, o upstreams.Outcome) bool {
+func (h *Gateway) learnCap(m *member, o upstreams.Outcome) bool {
 	st := m.state
 	if st.LearntCap() == nil || o.RetryAfter > 0 || o.Word != upstreams.StatusWord(http.StatusTooManyRequests) {
 		return false
@@ -274,7 +274,7 @@ func (h *Handler) learnCap(m *member, o upstreams.Outcome) bool {
 
 // settle records an attempt's result in st's health and reacts to what
 // changed: logs, events, shared state and offers to the queue.
-func (h *Handler) settle(st *pool.Provider, p cooldown.Permit, r cooldown.Result, retryAfter time.Duration) cooldown.Change {
+func (h *Gateway) settle(st *pool.Provider, p cooldown.Permit, r cooldown.Result, retryAfter time.Duration) cooldown.Change {
 	change := st.Health.Done(p, r, retryAfter)
 	h.healthChanged(st, change, p.Trial() && r == cooldown.Neutral, "")
 	return change
@@ -284,7 +284,7 @@ func (h *Handler) settle(st *pool.Provider, p cooldown.Permit, r cooldown.Result
 // attempt or a probe (by names it then) caused it: logs, events, shared
 // state, offers to the queue, and the probe that will be the trial.
 // undecided: a trial ended without a verdict.
-func (h *Handler) healthChanged(st *pool.Provider, change cooldown.Change, undecided bool, by string) {
+func (h *Gateway) healthChanged(st *pool.Provider, change cooldown.Change, undecided bool, by string) {
 	switch change {
 	case cooldown.CooledDown, cooldown.Skipped:
 		until := st.Health.Until()

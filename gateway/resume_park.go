@@ -1,4 +1,4 @@
-package browserfailover
+package gateway
 
 import (
 	"context"
@@ -34,7 +34,7 @@ const (
 // parking is what a resumable session needs to be parked when its client
 // ends it: where its browser is, and under which token and key.
 type parking struct {
-	h        *Handler
+	h        *Gateway
 	window   time.Duration
 	hold     bool
 	token    string // hashed resume token

@@ -1,4 +1,4 @@
-package browserfailover
+package gateway
 
 import (
 	"bytes"
@@ -99,8 +99,8 @@ func joinSegments(segs []string) string {
 }
 
 // serveWebDriver answers a WebDriver request that is not an upgrade.
-func (h *Handler) serveWebDriver(w http.ResponseWriter, r *http.Request, wr wdRequest) {
-	if !h.origins.allows(r.Header.Values("Origin")) {
+func (h *Gateway) serveWebDriver(w http.ResponseWriter, r *http.Request, wr wdRequest) {
+	if !h.origins.Allows(r.Header.Values("Origin")) {
 		h.obs.Rejected(http.StatusForbidden, observe.ReasonOrigin, 0)
 		w.Header().Set("Content-Type", "application/json; charset=utf-8")
 		writeWebDriverError(w, http.StatusForbidden, "unknown error", "refused: this request carries an Origin header, so a web page sent it, "+
@@ -137,7 +137,7 @@ func writeWebDriverError(w http.ResponseWriter, status int, code, msg string) {
 
 // webDriverStatus answers GET <base>/status: ready while some webdriver
 // provider admits a session now.
-func (h *Handler) webDriverStatus(w http.ResponseWriter) {
+func (h *Gateway) webDriverStatus(w http.ResponseWriter) {
 	ready := false
 	for _, m := range h.members {
 		if m.up.Protocol() == upstreams.ProtocolWebDriver && m.state.HasRoom() {
@@ -155,7 +155,7 @@ func (h *Handler) webDriverStatus(w http.ResponseWriter) {
 }
 
 // webDriverCreate serves POST <base>/session through the chain.
-func (h *Handler) webDriverCreate(w http.ResponseWriter, r *http.Request, wr wdRequest) {
+func (h *Gateway) webDriverCreate(w http.ResponseWriter, r *http.Request, wr wdRequest) {
 	body, err := io.ReadAll(io.LimitReader(r.Body, upstreams.MaxWebDriverCreate+1))
 	if err != nil {
 		return // the client went away
@@ -260,7 +260,7 @@ type webDriverTarget struct {
 
 // webDriverTargetOf finds the session id; ok is false when it is not a
 // live WebDriver session of this gateway.
-func (h *Handler) webDriverTargetOf(ctx context.Context, id string) (webDriverTarget, bool) {
+func (h *Gateway) webDriverTargetOf(ctx context.Context, id string) (webDriverTarget, bool) {
 	if ls, ok := h.reg.SessionByID(id); ok {
 		if s, ok := ls.Session.(*wdSession); ok {
 			return webDriverTarget{local: s, up: s.upNow(), ps: s.ps, provider: s.provider, id: id}, true
@@ -292,7 +292,7 @@ func (h *Handler) webDriverTargetOf(ctx context.Context, id string) (webDriverTa
 }
 
 // memberByName is the handler's member called name, nil when none.
-func (h *Handler) memberByName(name string) *member {
+func (h *Gateway) memberByName(name string) *member {
 	for _, m := range h.members {
 		if m.up.Name == name {
 			return m
@@ -303,7 +303,7 @@ func (h *Handler) memberByName(name string) *member {
 
 // active notes a command or a socket's activity for the session's idle
 // timeout, here or (another node's) in the shared state.
-func (h *Handler) active(t webDriverTarget) {
+func (h *Gateway) active(t webDriverTarget) {
 	if t.local != nil {
 		t.local.touch()
 	}
@@ -321,7 +321,7 @@ func (h *Handler) active(t webDriverTarget) {
 // ends now, its provider session known gone when gone is set (else the
 // gateway sends DELETE itself); another node's hears it from the shared
 // state.
-func (h *Handler) ended(t webDriverTarget, reason string, gone bool) {
+func (h *Gateway) ended(t webDriverTarget, reason string, gone bool) {
 	if t.local != nil {
 		t.local.end(reason, !gone)
 		return
@@ -338,7 +338,7 @@ func (h *Handler) ended(t webDriverTarget, reason string, gone bool) {
 }
 
 // webDriverCommand forwards a command to its session's provider session.
-func (h *Handler) webDriverCommand(w http.ResponseWriter, r *http.Request, wr wdRequest) {
+func (h *Gateway) webDriverCommand(w http.ResponseWriter, r *http.Request, wr wdRequest) {
 	t, ok := h.webDriverTargetOf(r.Context(), wr.id)
 	if !ok {
 		upstreams.WriteWebDriverError(w, "invalid session id", "no live session "+strconv.Quote(wr.id)+" on this gateway")
@@ -413,7 +413,7 @@ const (
 // serveWebDriverSocket relays the BiDi or CDP socket of a live WebDriver
 // session; it reports false when the upgrade is not one (it then goes the
 // chain's way).
-func (h *Handler) serveWebDriverSocket(w http.ResponseWriter, r *http.Request, wr wdRequest) bool {
+func (h *Gateway) serveWebDriverSocket(w http.ResponseWriter, r *http.Request, wr wdRequest) bool {
 	if wr.id == "" || (wr.rest != "" && wr.rest != "/se/cdp") {
 		return false
 	}
@@ -430,7 +430,7 @@ func (h *Handler) serveWebDriverSocket(w http.ResponseWriter, r *http.Request, w
 	}
 	c := h.newConnect(w, r, hs)
 	c.id = wr.id
-	if !h.origins.allows(r.Header.Values("Origin")) {
+	if !h.origins.Allows(r.Header.Values("Origin")) {
 		h.obs.Rejected(http.StatusForbidden, observe.ReasonOrigin, 0)
 		c.refuseOrigin().write(w, r)
 		return true
@@ -500,12 +500,12 @@ func (h *Handler) serveWebDriverSocket(w http.ResponseWriter, r *http.Request, w
 
 // webDriverRouteTTL is how long a session's route stays in the shared
 // state without activity: past its idle timeout, the owner has ended it.
-func (h *Handler) webDriverRouteTTL() time.Duration {
+func (h *Gateway) webDriverRouteTTL() time.Duration {
 	return 2*h.webDriverIdle() + time.Minute
 }
 
 // webDriverIdle is the idle timeout of the handler's WebDriver sessions.
-func (h *Handler) webDriverIdle() time.Duration {
+func (h *Gateway) webDriverIdle() time.Duration {
 	if s := h.Session; s != nil && s.IdleTimeout > 0 {
 		return time.Duration(s.IdleTimeout)
 	}
@@ -513,7 +513,7 @@ func (h *Handler) webDriverIdle() time.Duration {
 }
 
 // shareRoute puts a new session's route in the shared state.
-func (h *Handler) shareRoute(s *wdSession) bool {
+func (h *Gateway) shareRoute(s *wdSession) bool {
 	sh := h.shared
 	if sh == nil || !sh.s.Usable() {
 		return false

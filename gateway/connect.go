@@ -1,4 +1,4 @@
-package browserfailover
+package gateway
 
 import (
 	"math"
@@ -27,7 +27,7 @@ const maxLoggedAttempts = 50
 
 // connect is one client's way through the chain.
 type connect struct {
-	h       *Handler // the handler serving it; a reload may hand it on
+	h       *Gateway // the handler serving it; a reload may hand it on
 	w       http.ResponseWriter
 	r       *http.Request
 	hs      *upstreams.Handshake
@@ -173,7 +173,7 @@ type poolOf struct {
 
 // poolFor returns the pool of clients of class cl, made once per handler
 // and class.
-func (h *Handler) poolFor(cl *class) *poolOf {
+func (h *Gateway) poolFor(cl *class) *poolOf {
 	key := ""
 	if h.routed {
 		key = string(cl.proto) + " " + cl.pwVersion
@@ -194,7 +194,7 @@ func (h *Handler) poolFor(cl *class) *poolOf {
 }
 
 // resources names members in the queue.
-func (h *Handler) resources(members []int) []string {
+func (h *Gateway) resources(members []int) []string {
 	out := make([]string, len(members))
 	for j, i := range members {
 		out[j] = h.members[i].state.Resource()
@@ -206,7 +206,7 @@ func (h *Handler) resources(members []int) []string {
 // reload waits for. One that waited for its client_limit share goes on
 // waiting for it when this handler has the same limit; otherwise it is
 // woken to go on.
-func (h *Handler) wants(cls any, before []string) ([]string, bool) {
+func (h *Gateway) wants(cls any, before []string) ([]string, bool) {
 	cl, ok := cls.(*class)
 	if !ok {
 		return nil, false
@@ -221,7 +221,7 @@ func (h *Handler) wants(cls any, before []string) ([]string, bool) {
 }
 
 // quotaKey is the client's client_limit key.
-func (h *Handler) quotaKey(replace func(string) string) pool.QuotaKey {
+func (h *Gateway) quotaKey(replace func(string) string) pool.QuotaKey {
 	k := pool.QuotaKey{Template: h.ClientLimit.Key}
 	if replace != nil {
 		k.Value = replace(h.ClientLimit.Key)
@@ -249,7 +249,7 @@ func (cl *class) kind() string {
 }
 
 // affinityKey extracts the affinity key of a request ("" when none).
-func (h *Handler) affinityKey(r *http.Request) string {
+func (h *Gateway) affinityKey(r *http.Request) string {
 	a := h.Affinity
 	if a == nil {
 		return ""

@@ -1,4 +1,4 @@
-package browserfailover
+package gateway
 
 import (
 	"context"
@@ -37,7 +37,7 @@ const clientKeyRetry = 5 * time.Second
 // Trouble is logged, never fatal: a node then hashes with a secret of its
 // own, and the status' keys differ from the other nodes' until it has
 // the shared one.
-func (h *Handler) provisionClientKeys(ctx caddy.Context) {
+func (h *Gateway) provisionClientKeys(ctx caddy.Context) {
 	if h.ClientLimit == nil && h.Resume == nil {
 		// Nothing is hashed with it: no client keys, no resume tokens
 		// or resume keys.

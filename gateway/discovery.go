@@ -1,4 +1,4 @@
-package browserfailover
+package gateway
 
 import (
 	"net/http"

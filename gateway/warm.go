@@ -1,4 +1,4 @@
-package browserfailover
+package gateway
 
 import (
 	"context"
@@ -12,6 +12,7 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"go.uber.org/zap"
 
+	"github.com/browserfailover/caddy-browser-failover/config"
 	"github.com/browserfailover/caddy-browser-failover/options"
 	"github.com/browserfailover/caddy-browser-failover/pool"
 	"github.com/browserfailover/caddy-browser-failover/upstreams"
@@ -67,9 +68,9 @@ type warmer struct {
 	done chan struct{}
 
 	mu     sync.Mutex
-	h      *Handler // the owner
+	h      *Gateway // the owner
 	m      *member
-	prev   *Handler // the owner before the last adoption (nil: none)
+	prev   *Gateway // the owner before the last adoption (nil: none)
 	target int
 	maxAge time.Duration
 	ready  []*warmSession
@@ -103,7 +104,7 @@ type watchResult struct {
 
 // provisionWarm starts, or takes over from the config before, the warmer
 // of each provider with warm.
-func (h *Handler) provisionWarm() {
+func (h *Gateway) provisionWarm() {
 	for i, pc := range h.Providers {
 		m := h.members[i]
 		old, _ := m.state.Warmer().(*warmer)
@@ -122,7 +123,7 @@ func (h *Handler) provisionWarm() {
 			h.warmers = append(h.warmers, old)
 			continue
 		}
-		opts, _ := pc.warmOptions() // checked with the config
+		opts, _ := pc.WarmSet() // checked with the config
 		w := &warmer{st: m.state, fp: fp, opts: opts, kick: make(chan struct{}, 1), done: make(chan struct{}),
 			h: h, m: m, target: pc.Warm, maxAge: maxAge}
 		if prev := m.state.SetWarmer(w); prev != nil {
@@ -137,7 +138,7 @@ func (h *Handler) provisionWarm() {
 // warmPrint is what a provider's warm sessions depend on: its resolved
 // URL, the settings of its connection (not those that only choose among
 // providers) and the options they are made with.
-func warmPrint(m *member, pc *ProviderConfig) string {
+func warmPrint(m *member, pc *config.ProviderConfig) string {
 	c := pc.Config
 	c.Priority, c.Weight, c.ConnectTimeout = nil, 0, 0
 	c.Region, c.Supports = nil, nil
@@ -146,12 +147,12 @@ func warmPrint(m *member, pc *ProviderConfig) string {
 		c.OptionMap = nil
 	}
 	b, _ := json.Marshal(c)
-	opts, _ := pc.warmOptions()
+	opts, _ := pc.WarmSet()
 	return m.up.Key() + "\x00" + string(b) + "\x00" + opts.Query()
 }
 
 // adopt makes h the owner; false when the warmer is closed.
-func (w *warmer) adopt(h *Handler, m *member, target int, maxAge time.Duration) bool {
+func (w *warmer) adopt(h *Gateway, m *member, target int, maxAge time.Duration) bool {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if w.closed {
@@ -166,7 +167,7 @@ func (w *warmer) adopt(h *Handler, m *member, target int, maxAge time.Duration) 
 // cleanupWarm gives up h's warmers: one a newer handler owns goes on; one
 // h owns goes back to the handler it took it from while that one still
 // runs (a config load that failed), and is closed otherwise.
-func (h *Handler) cleanupWarm() {
+func (h *Gateway) cleanupWarm() {
 	for _, w := range h.warmers {
 		w.mu.Lock()
 		mine := w.h == h
@@ -269,7 +270,7 @@ func (w *warmer) publish() { w.st.SetWarm(len(w.ready), w.target) }
 
 // warmUp makes one warm session at m through the chain's admission and
 // attempt, as h's.
-func (w *warmer) warmUp(h *Handler, m *member) {
+func (w *warmer) warmUp(h *Gateway, m *member) {
 	ws := h.warmUp(m, w.opts)
 	w.mu.Lock()
 	w.making--
@@ -294,7 +295,7 @@ func (w *warmer) warmUp(h *Handler, m *member) {
 
 // warmUp is one warm-up at m: a connect without a client, with session
 // options opts.
-func (h *Handler) warmUp(m *member, opts options.Set) *warmSession {
+func (h *Gateway) warmUp(m *member, opts options.Set) *warmSession {
 	if caddy.Exiting() {
 		return nil
 	}

@@ -1,4 +1,4 @@
-package browserfailover
+package gateway
 
 import (
 	"crypto/sha256"
@@ -11,7 +11,7 @@ import (
 // never part of it) and its place among the handlers of its config load
 // with the same configuration. What the handler makes for its clients
 // carries the key, and serves only clients of a handler with the same key.
-func (h *Handler) provisionKey() {
+func (h *Gateway) provisionKey() {
 	b, _ := json.Marshal(h) // its configuration: the runtime is unexported
 	sum := sha256.Sum256(b)
 	h.key = h.reg.HandlerKey(h.gen, hex.EncodeToString(sum[:12]))

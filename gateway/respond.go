@@ -1,4 +1,4 @@
-package browserfailover
+package gateway
 
 import (
 	"encoding/json"
@@ -200,7 +200,7 @@ func (c *connect) relayedTo(provider string, res upstreams.Result) *reply {
 
 // noProviderServes is the 502 message when no configured provider speaks
 // the client's protocol.
-func (h *Handler) noProviderServes(cl *class) string {
+func (h *Gateway) noProviderServes(cl *class) string {
 	kinds := ""
 	for i, m := range h.members {
 		if i > 0 {
@@ -218,7 +218,7 @@ func (h *Handler) noProviderServes(cl *class) string {
 // retryAfter is the seconds until the first of the handler's providers
 // may be tried again: its cooldown ended, or its budget window turned, and
 // its create_rate window admitting a start again; at least 1.
-func (h *Handler) retryAfter() int {
+func (h *Gateway) retryAfter() int {
 	now := time.Now()
 	best := time.Duration(0)
 	for _, m := range h.members {

@@ -1,4 +1,4 @@
-package browserfailover
+package gateway
 
 import (
 	"context"
@@ -20,7 +20,7 @@ import (
 // start (reject: ok false with a zero retryAt, the shared state being
 // what stands in the way). A ctx that ends first allows no start, with
 // retryAt now. A provider without create_rate allows every start.
-func (h *Handler) takeRate(ctx context.Context, m *member) (ok bool, retryAt time.Time) {
+func (h *Gateway) takeRate(ctx context.Context, m *member) (ok bool, retryAt time.Time) {
 	st := m.state
 	r := st.CreateRate()
 	if r.N <= 0 {

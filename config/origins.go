@@ -1,4 +1,4 @@
-package browserfailover
+package config
 
 import (
 	"errors"
@@ -27,15 +27,15 @@ const OriginAny = "*"
 // redirected requests: an origin like any other, allowed only by name.
 const originNull = "null"
 
-// originSet is allowed_origins made ready for lookups.
-type originSet struct {
+// OriginSet is allowed_origins made ready for lookups.
+type OriginSet struct {
 	any   bool
 	names map[string]struct{}
 }
 
-// newOriginSet builds the set of an already validated list.
-func newOriginSet(list []string) originSet {
-	s := originSet{names: make(map[string]struct{}, len(list))}
+// NewOriginSet builds the set of an already validated list.
+func NewOriginSet(list []string) OriginSet {
+	s := OriginSet{names: make(map[string]struct{}, len(list))}
 	for _, o := range list {
 		if o == OriginAny {
 			s.any = true
@@ -51,7 +51,7 @@ func newOriginSet(list []string) originSet {
 // allows reports whether an upgrade with these Origin values may go on:
 // one without Origin always may; one with Origin only when each value is
 // in the set.
-func (s originSet) allows(values []string) bool {
+func (s OriginSet) Allows(values []string) bool {
 	if len(values) == 0 || s.any {
 		return true
 	}
@@ -117,9 +117,9 @@ func defaultPort(scheme string) string {
 	return ""
 }
 
-// validateOrigins checks allowed_origins: each value is *, null or an
+// ValidateOrigins checks allowed_origins: each value is *, null or an
 // origin.
-func validateOrigins(list []string) error {
+func ValidateOrigins(list []string) error {
 	var errs []error
 	for _, o := range list {
 		if o == OriginAny {

@@ -1,4 +1,4 @@
-package browserfailover
+package gateway
 
 import (
 	"context"
@@ -9,6 +9,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/browserfailover/caddy-browser-failover/cluster"
+	"github.com/browserfailover/caddy-browser-failover/config"
 	"github.com/browserfailover/caddy-browser-failover/cooldown"
 	"github.com/browserfailover/caddy-browser-failover/pool"
 	"github.com/browserfailover/caddy-browser-failover/spend"
@@ -43,7 +44,7 @@ const WordStateUnavailable = "state_unavailable"
 
 // provisionShared opens the handler's shared state, its placeholders
 // resolved by known, and subscribes to the other nodes' news.
-func (h *Handler) provisionShared(known func(string) string) error {
+func (h *Gateway) provisionShared(known func(string) string) error {
 	st := h.State
 	if st == nil {
 		for _, m := range h.members {
@@ -76,7 +77,7 @@ func (h *Handler) provisionShared(known func(string) string) error {
 		// max_concurrent.
 		s.Store().Leases().Watch(m.up.Name)
 	}
-	if h.ClientBudget != nil || slices.ContainsFunc(h.Providers, func(p *ProviderConfig) bool { return p.Cost != nil }) {
+	if h.ClientBudget != nil || slices.ContainsFunc(h.Providers, func(p *config.ProviderConfig) bool { return p.Cost != nil }) {
 		// Budgets count what the other nodes' sessions cost.
 		go h.syncSpend()
 	}
@@ -136,7 +137,7 @@ func (h *Handler) provisionShared(known func(string) string) error {
 // cleanupShared undoes provisionShared. h.shared stays set: requests of
 // this handler still running (a long queue wait across a reload) go on
 // using the store, or fall back to local limits once it is closed.
-func (h *Handler) cleanupShared() {
+func (h *Gateway) cleanupShared() {
 	if h.shared == nil {
 		return
 	}
@@ -149,7 +150,7 @@ func (h *Handler) cleanupShared() {
 // cooldown as a cooldown (a single trial here too when it ends, the
 // doubling going on from the larger streak), a 408/429 skip as a skip (no
 // trial, no doubling, nothing counted).
-func (h *Handler) adoptHold(m *member, hold cluster.Hold) {
+func (h *Gateway) adoptHold(m *member, hold cluster.Hold) {
 	if !hold.CooldownUntil.IsZero() && m.state.Health.Adopt(hold.CooldownUntil, hold.Streak) {
 		m.state.WakeAt(hold.CooldownUntil)
 		m.state.ProbeBy(hold.CooldownUntil)
@@ -170,7 +171,7 @@ func (h *Handler) adoptHold(m *member, hold cluster.Hold) {
 
 // publishHold tells the other nodes of a cooldown or a 408/429 skip that
 // started here (change says which), with its end on this node's clock.
-func (h *Handler) publishHold(st *pool.Provider, change cooldown.Change) {
+func (h *Gateway) publishHold(st *pool.Provider, change cooldown.Change) {
 	sh := h.shared
 	if sh == nil {
 		return
@@ -280,7 +281,7 @@ const spendSyncInterval = time.Second
 
 // syncSpend reads the shared totals of the handler's providers and the
 // client keys this node knows, every spendSyncInterval until Cleanup.
-func (h *Handler) syncSpend() {
+func (h *Gateway) syncSpend() {
 	sh := h.shared
 	t := time.NewTicker(spendSyncInterval)
 	defer t.Stop()
@@ -322,7 +323,7 @@ func (h *Handler) syncSpend() {
 // learnSharedCap learns a provider's cap over every node from its 429:
 // its live leases, less the refused attempt's own. It reports the cap (0:
 // nothing live) and whether the store answered.
-func (h *Handler) learnSharedCap(st *pool.Provider) (int, bool) {
+func (h *Gateway) learnSharedCap(st *pool.Provider) (int, bool) {
 	sh := h.shared
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()

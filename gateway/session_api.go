@@ -1,4 +1,4 @@
-package browserfailover
+package gateway
 
 import (
 	"context"
@@ -62,7 +62,7 @@ func setupRegistry(reg *pool.Registry) {
 // (on the config's storage, or in Redis under state redis) when a provider
 // of the handler has a session API, and tells the reaper how to release a
 // session left at each of them.
-func (h *Handler) provisionLedger(ctx caddy.Context, known func(string) string) {
+func (h *Gateway) provisionLedger(ctx caddy.Context, known func(string) string) {
 	var apis []*member
 	for _, m := range h.members {
 		if m.up.CreatesSessions() {
