@@ -269,10 +269,8 @@ func parseLayers(doc string) ([]layer, error) {
 type listed struct {
 	ImportPath     string
 	Dir            string
-	Name           string
 	Export         string
 	DepOnly        bool
-	Standard       bool
 	GoFiles        []string
 	CgoFiles       []string
 	IgnoredGoFiles []string
@@ -307,7 +305,8 @@ func moduleRoot() (string, error) {
 // listModule runs go list once over the module, with export data for
 // every package, dependencies included.
 func listModule(root string) (*module, error) {
-	cmd := exec.Command("go", "list", "-json", "-export", "-deps", "./...")
+	cmd := exec.Command("go", "list", "-export", "-deps",
+		"-json=ImportPath,Dir,Export,DepOnly,GoFiles,CgoFiles,IgnoredGoFiles,Module", "./...")
 	cmd.Dir = root
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
@@ -331,6 +330,9 @@ func listModule(root string) (*module, error) {
 				m.path = p.Module.Path
 			}
 		}
+	}
+	if m.path == "" {
+		return nil, errors.New("go list named no module")
 	}
 	return m, nil
 }
