@@ -16,3 +16,20 @@ func (h *Handler) provisionKey() {
 	sum := sha256.Sum256(b)
 	h.key = h.reg.HandlerKey(h.gen, hex.EncodeToString(sum[:12]))
 }
+
+// retireKey takes the handler off the registry's live handlers (its
+// Cleanup). When the reload gave its block a new key, the WebDriver
+// sessions bound to its key move to the handler that replaces it (the
+// registry's Retired), and those whose route is in the shared state have
+// it written again with the new key.
+func (h *Handler) retireKey() {
+	ret, ok := h.reg.RetireHandler(h)
+	if !ok || ret.Successor == "" {
+		return
+	}
+	for _, l := range ret.Moved {
+		if s, ok := l.(*wdSession); ok {
+			s.rebind(ret.Successor)
+		}
+	}
+}
