@@ -3,6 +3,7 @@ package pool
 import (
 	"crypto/sha256"
 	"encoding/hex"
+	"strconv"
 	"strings"
 )
 
@@ -48,7 +49,7 @@ func PathHash(secret string) string {
 // ClientHash is how the client key values of a bound session are kept in
 // this process: a SHA-256 of the values, never the values.
 func ClientHash(values []string) string {
-	sum := sha256.Sum256([]byte("client key\x00" + strings.Join(values, "\x00")))
+	sum := sha256.Sum256([]byte("client key\x00" + joinValues(values)))
 	return hex.EncodeToString(sum[:])
 }
 
@@ -65,7 +66,19 @@ func (r *Registry) RouteKey(secret string) string {
 // kept in its route in the shared state: keyed like RouteKey, so that
 // likely values (user names, API keys) cannot be tried against it.
 func (r *Registry) SharedClientHash(values []string) string {
-	return r.keyedHash("webdriver client\x00", strings.Join(values, "\x00"))
+	return r.keyedHash("webdriver client\x00", joinValues(values))
+}
+
+// joinValues joins values so that no two lists join alike: each is
+// preceded by its length.
+func joinValues(values []string) string {
+	var b strings.Builder
+	for _, v := range values {
+		b.WriteString(strconv.Itoa(len(v)))
+		b.WriteByte(':')
+		b.WriteString(v)
+	}
+	return b.String()
 }
 
 // SessionByPath finds the live session whose path secret hashes to path
