@@ -296,7 +296,8 @@ func (h *Handler) webDriverTargetOf(r *http.Request, pathID string) (webDriverTa
 		h.logger.Warn("WebDriver route from the shared state not read", zap.String("cause", err.Error()))
 		return webDriverTarget{}, false
 	}
-	if !ok || rt.Session == "" || !h.reg.HandlerServes(rt.Handler, h) || !sameClient(rt.Keys, rt.Client, r, h.reg.SharedClientHash) {
+	if !ok || rt.Session == "" || !slices.ContainsFunc(rt.Handlers, func(k string) bool { return h.reg.HandlerServes(k, h) }) ||
+		!sameClient(rt.Keys, rt.Client, r, h.reg.SharedClientHash) {
 		return webDriverTarget{}, false
 	}
 	m := h.memberByName(rt.Provider)

@@ -3,6 +3,7 @@ package browserfailover
 import (
 	"context"
 	"net/http"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -99,7 +100,7 @@ func (c *connect) newWebDriverSession(m *member, ps *upstreams.WebDriverSession,
 	if h.shared != nil {
 		s.route = h.reg.RouteKey(pathID)
 		s.rt = cluster.Route{Provider: s.provider, ProviderID: ps.ID, SocketURL: ps.SocketURL(), CDPURL: ps.CDPURL(),
-			Session: s.id, Handler: h.key, Keys: keys}
+			Session: s.id, Handlers: []string{h.key}, Keys: keys}
 		if keys != nil {
 			s.rt.Client = h.reg.SharedClientHash(values)
 		}
@@ -121,19 +122,29 @@ func (c *connect) newWebDriverSession(m *member, ps *upstreams.WebDriverSession,
 	return s
 }
 
-// rebind puts the session's route again, bound to the handler key key (a
-// reload replaced the handler it was bound to).
+// rebind puts the session's route again, bound to the handler key key as
+// well (a reload replaced the handler it was bound to): the key it had
+// stays in the route (a few of them), so that a node still running the
+// config before the reload serves it as before.
 func (s *wdSession) rebind(key string) {
 	s.mu.Lock()
 	if s.over || !s.shared {
 		s.mu.Unlock()
 		return
 	}
-	s.rt.Handler = key
+	keys := append(slices.Clone(s.rt.Handlers), key)
+	if len(keys) > maxRouteHandlers {
+		keys = keys[len(keys)-maxRouteHandlers:]
+	}
+	s.rt.Handlers = keys
 	rt := s.rt
 	s.mu.Unlock()
 	s.h.shareRoute(s.route, rt)
 }
+
+// maxRouteHandlers is how many handler keys a route keeps: the one that
+// made its session and the latest that reloads moved it to.
+const maxRouteHandlers = 4
 
 // webDriverSessionByRoute is this node's WebDriver session whose route's
 // key is key; nil when none.

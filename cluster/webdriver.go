@@ -48,9 +48,10 @@ type Route struct {
 	// Session is the session's ID as operators see it (logs, headers),
 	// which never names it in a client's request.
 	Session string `json:"session"`
-	// Handler is the key of the handler whose requests may use the
-	// session.
-	Handler string `json:"handler"`
+	// Handlers are the keys of the handlers whose requests may use the
+	// session: the one that made it, then those that reloads moved it to
+	// (the last few).
+	Handlers []string `json:"handlers"`
 	// Keys are the client key placeholders the session is bound to
 	// (none: any client of that handler), and Client a keyed hash of
 	// what they resolved to for the client that made it.
@@ -64,7 +65,7 @@ const (
 	maxRouteID    = 128     // the route's key, the operator's session ID, a handler key, a client hash
 	maxRouteName  = 256     // a provider's name, a node's name, a provider's session ID
 	maxRouteURL   = 2048    // a socket URL
-	maxRouteKeys  = 4       // client key placeholders
+	maxRouteKeys  = 4       // client key placeholders, handler keys
 	maxRouteKey   = 512     // one placeholder
 )
 
@@ -349,7 +350,17 @@ func checkRouteID(id string) error {
 // without user info, every size bounded.
 func (rt Route) check() error {
 	bad := func(field, problem string) error { return fmt.Errorf("%w: %s %s", ErrBadRoute, field, problem) }
-	for _, f := range []struct{ name, v string }{{"session", rt.Session}, {"handler", rt.Handler}, {"client", rt.Client}} {
+	ids := []struct{ name, v string }{{"session", rt.Session}, {"client", rt.Client}}
+	if len(rt.Handlers) > maxRouteKeys {
+		return bad("handlers", fmt.Sprintf("has over %d keys", maxRouteKeys))
+	}
+	for _, k := range rt.Handlers {
+		if k == "" {
+			return bad("handlers", "has an empty key")
+		}
+		ids = append(ids, struct{ name, v string }{"handlers", k})
+	}
+	for _, f := range ids {
 		if f.v == "" {
 			continue // the caller's to require
 		}

@@ -36,7 +36,7 @@ func testRoute() Route {
 		SocketURL:  "ws://127.0.0.1:9515/session/4f1c9a0e2b7d4c55a1e3f00d9c8b7a61",
 		CDPURL:     "wss://hub.example:443/session/4f1c9a0e2b7d4c55a1e3f00d9c8b7a61/se/cdp?a=1&b=2",
 		Session:    "Sd9v2m0b1xYqk4w7cZt3Ag",
-		Handler:    "0a1b2c3d4e5f60718293a4b5-1",
+		Handlers:   []string{"0a1b2c3d4e5f60718293a4b5-1", "5b4a3e2d1c0b9a8f7e6d5c4b-0"},
 		Keys:       []string{"{http.auth.user.id}", "{http.request.header.X-Team}"},
 		Client:     "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08",
 	}
@@ -117,7 +117,9 @@ func TestRoutes(t *testing.T) {
 		{"socket URL without host", "s", with(func(r *Route) { r.SocketURL = "ws:///x" }), time.Minute},
 		{"socket URL with a space", "s", with(func(r *Route) { r.CDPURL = "ws://h/a b" }), time.Minute},
 		{"session ID with a space", "s", with(func(r *Route) { r.Session = "a b" }), time.Minute},
-		{"handler key with a brace", "s", with(func(r *Route) { r.Handler = "k{1}" }), time.Minute},
+		{"handler key with a brace", "s", with(func(r *Route) { r.Handlers = []string{"k{1}"} }), time.Minute},
+		{"an empty handler key", "s", with(func(r *Route) { r.Handlers = []string{"k", ""} }), time.Minute},
+		{"too many handler keys", "s", with(func(r *Route) { r.Handlers = []string{"a", "b", "c", "d", "e"} }), time.Minute},
 		{"long client hash", "s", with(func(r *Route) { r.Client = long }), time.Minute},
 		{"client hash without keys", "s", with(func(r *Route) { r.Keys = nil }), time.Minute},
 		{"keys without a client hash", "s", with(func(r *Route) { r.Client = "" }), time.Minute},
@@ -178,7 +180,7 @@ func TestRouteHasNoCredential(t *testing.T) {
 		got = append(got, rt.Field(i).Name+":"+rt.Field(i).Tag.Get("json"))
 	}
 	want := []string{"Provider:provider", "ProviderID:provider_id", "SocketURL:socket_url,omitempty", "CDPURL:cdp_url,omitempty", "Node:node",
-		"Session:session", "Handler:handler", "Keys:keys,omitempty", "Client:client,omitempty"}
+		"Session:session", "Handlers:handlers", "Keys:keys,omitempty", "Client:client,omitempty"}
 	if !reflect.DeepEqual(got, want) {
 		t.Fatalf("Route's fields are %v, want %v", got, want)
 	}

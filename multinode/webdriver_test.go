@@ -189,6 +189,25 @@ func TestWebDriverTwoNodes(t *testing.T) {
 	if code, v := wdDoAs(t, "alice", http.MethodGet, other+"/title", ""); code != 200 || v["value"] != "two nodes" {
 		t.Fatalf("title after the others': %d %v", code, v)
 	}
+	// A reload that changes the block (the limit), on the creating node
+	// first, then on the other: the session is alice's through both all
+	// along, and the other handler's still not.
+	for _, n := range []*node{a, b} {
+		if err := n.Reload(keyed(n.Name, 4)); err != nil {
+			t.Fatalf("reload %s: %v", n.Name, err)
+		}
+		for _, m := range []*node{a, b} {
+			if code, v := wdDoAs(t, "alice", http.MethodGet, "http://"+m.Addr+"/session/"+id+"/title", ""); code != 200 || v["value"] != "two nodes" {
+				t.Fatalf("after %s's reload, title through %s: %d %v", n.Name, m.Name, code, v)
+			}
+			if code, v := wdDoAs(t, "bob", http.MethodGet, "http://"+m.Addr+"/session/"+id+"/title", ""); code != 404 {
+				t.Fatalf("after %s's reload, bob through %s: %d %v", n.Name, m.Name, code, v)
+			}
+		}
+		if code, v := wdDoAs(t, "alice", http.MethodGet, "http://"+c3.Addr+"/session/"+id+"/title", ""); code != 404 {
+			t.Fatalf("after %s's reload, through another handler: %d %v", n.Name, code, v)
+		}
+	}
 	// What Redis holds never names the path ID.
 	keys := testredis.Cmd(t, r.Addr(), "KEYS", "*")
 	if strings.Contains(keys, id) || !strings.Contains(keys, "wd:{") {
