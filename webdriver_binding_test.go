@@ -51,11 +51,29 @@ func loadCaddyfile(t *testing.T, cf string) []byte {
 	return out
 }
 
+// docsAccessLog is the access log block docs/securing.md gives for sites
+// with WebDriver clients, writing to file.
+func docsAccessLog(t *testing.T, file string) string {
+	t.Helper()
+	b, err := os.ReadFile("docs/securing.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, sec, ok := strings.Cut(string(b), "\n## WebDriver sessions\n")
+	_, block, ok2 := strings.Cut(sec, "```caddyfile\n")
+	block, _, ok3 := strings.Cut(block, "```")
+	if !ok || !ok2 || !ok3 || !strings.Contains(block, "/var/log/caddy/browsers.access.log") {
+		t.Fatal("no access log block in docs/securing.md's WebDriver sessions")
+	}
+	return strings.ReplaceAll(strings.Replace(block, "/var/log/caddy/browsers.access.log", file, 1), "\n", "\n\t")
+}
+
 // bindingCaddyfile is two sites on one fake WebDriver provider: the
-// first behind basic_auth with a client_limit keyed on the user, the
-// second open (its own browser_failover, no key). extra goes into the
-// first site's browser_failover block.
-func bindingCaddyfile(admin, storage, gwLog, site1, site2, access, provider, extra string) string {
+// first behind basic_auth with a client_limit keyed on the user, and the
+// access log docs/securing.md gives (accessLog), the second open (its own
+// browser_failover, no key). extra goes into the first site's
+// browser_failover block.
+func bindingCaddyfile(admin, storage, gwLog, site1, site2, accessLog, provider, extra string) string {
 	return fmt.Sprintf(`{
 	admin %[1]s
 	persist_config off
@@ -68,13 +86,8 @@ func bindingCaddyfile(admin, storage, gwLog, site1, site2, access, provider, ext
 }
 
 http://%[4]s {
-	log {
-		output file %[6]s
-		format filter {
-			wrap json
-			request>uri regexp /session/[^/?]+ /session/-
-		}
-	}
+	%[6]s
+	log_append session_id {http.browser_failover.session_id}
 	basic_auth {
 		alice %[8]s
 		bob %[9]s
@@ -94,7 +107,7 @@ http://%[5]s {
 		}
 	}
 }
-`, admin, storage, gwLog, site1, site2, access, provider, aliceHash, bobHash, extra)
+`, admin, storage, gwLog, site1, site2, accessLog, provider, aliceHash, bobHash, extra)
 }
 
 // wdStatus sends one request and returns its status and WebDriver error
@@ -133,7 +146,9 @@ func wdStatus(t *testing.T, method, url string, hdr http.Header) (int, string) {
 // reload that changes the first site's block keeps her session hers
 // through its new handler, and still no one else's. Neither Caddy's log
 // (the session ended entry names the operator's ID) nor the access log
-// with the filter docs/securing.md gives holds her path ID.
+// with the filter docs/securing.md gives (its Caddyfile block, adapted by
+// Caddy's own adapter) holds her path ID; log_append tells her requests
+// by the operator's ID.
 func TestWebDriverSessionBinding(t *testing.T) {
 	f := fakes.NewWebDriver("")
 	defer f.Close()
@@ -141,7 +156,7 @@ func TestWebDriverSessionBinding(t *testing.T) {
 	admin, site1, site2 := testgw.FreePort(t), testgw.FreePort(t), testgw.FreePort(t)
 	gwLog, access, storage := filepath.Join(dir, "caddy.log"), filepath.Join(dir, "access.log"), filepath.Join(dir, "storage")
 	cf := func(extra string) []byte {
-		return loadCaddyfile(t, bindingCaddyfile(admin, storage, gwLog, site1, site2, access, f.URL(), extra))
+		return loadCaddyfile(t, bindingCaddyfile(admin, storage, gwLog, site1, site2, docsAccessLog(t, access), f.URL(), extra))
 	}
 	if err := caddy.Load(cf(""), true); err != nil {
 		t.Fatal(err)
@@ -237,6 +252,29 @@ func TestWebDriverSessionBinding(t *testing.T) {
 		b, _ := os.ReadFile(access)
 		return bytes.Contains(b, []byte(`"uri":"/session/-"`)) && bytes.Contains(b, []byte(`"uri":"/session/-/title"`))
 	})
+	// Alice's requests are told apart by the operator's ID.
+	b, _ := os.ReadFile(access)
+	mineLogged := 0
+	for _, line := range bytes.Split(b, []byte("\n")) {
+		var e struct {
+			Request struct {
+				URI     string              `json:"uri"`
+				Headers map[string][]string `json:"headers"`
+			} `json:"request"`
+			Status    int    `json:"status"`
+			SessionID string `json:"session_id"`
+		}
+		if json.Unmarshal(line, &e) != nil || e.Status != 200 || !strings.HasPrefix(e.Request.URI, "/session") {
+			continue
+		}
+		if e.SessionID != op {
+			t.Errorf("access log entry of %s (%d): session_id %q, want %q", e.Request.URI, e.Status, e.SessionID, op)
+		}
+		mineLogged++
+	}
+	if mineLogged < 4 {
+		t.Errorf("%d of alice's requests in the access log", mineLogged)
+	}
 	for name, file := range map[string]string{"Caddy's log": gwLog, "the access log": access} {
 		b, _ := os.ReadFile(file)
 		if bytes.Contains(b, []byte(path)) {
