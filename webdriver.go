@@ -273,8 +273,10 @@ type webDriverTarget struct {
 }
 
 // webDriverTargetOf finds the session that r names by pathID; ok is false
-// when it is not a live WebDriver session of this gateway that r may use
-// (mayUse).
+// when it is not a live WebDriver session of this gateway that r may use:
+// one bound to this handler (or to one it succeeds,
+// pool.Registry.HandlerServes) and, when bound to client key
+// placeholders, to the values r gives them (sameClient).
 func (h *Handler) webDriverTargetOf(r *http.Request, pathID string) (webDriverTarget, bool) {
 	if !validPathID(pathID) {
 		return webDriverTarget{}, false
@@ -492,8 +494,10 @@ func (h *Handler) serveWebDriverSocket(w http.ResponseWriter, r *http.Request, w
 		return false
 	}
 	if !h.origins.allows(r.Header.Values("Origin")) {
+		// Before the session is looked for: a web page learns nothing of
+		// which IDs are live.
 		h.obs.Rejected(http.StatusForbidden, observe.ReasonOrigin, 0)
-		(&connect{}).refuseOrigin().write(w, r)
+		(&connect{h: h}).refuseOrigin().write(w, r)
 		return true
 	}
 	t, ok := h.webDriverTargetOf(r, wr.id)

@@ -107,10 +107,8 @@ func (c *connect) newWebDriverSession(m *member, ps *upstreams.WebDriverSession,
 	}
 	s.t.Establish(s, info, ps.Remote)
 	if h.shared != nil {
-		s.mu.Lock()
-		rt := s.rt
-		s.mu.Unlock()
-		shared := h.shareRoute(s.route, rt)
+		// (rebind changes rt only once shared is set.)
+		shared := h.shareRoute(s.route, s.rt)
 		s.mu.Lock()
 		s.shared = shared
 		over := s.over
@@ -139,7 +137,14 @@ func (s *wdSession) rebind(key string) {
 	s.rt.Handlers = keys
 	rt := s.rt
 	s.mu.Unlock()
-	s.h.shareRoute(s.route, rt)
+	if s.h.shareRoute(s.route, rt) {
+		s.mu.Lock()
+		over := s.over
+		s.mu.Unlock()
+		if over {
+			s.h.dropRoute(s.route) // it ended meanwhile
+		}
+	}
 }
 
 // maxRouteHandlers is how many handler keys a route keeps: the one that
