@@ -3,6 +3,7 @@ package upstreams
 import (
 	"bytes"
 	"encoding/json"
+	"io"
 	"math/rand/v2"
 	"strings"
 	"testing"
@@ -89,4 +90,22 @@ func TestStripInternals(t *testing.T) {
 		t.Fatalf("stripped:\n got %s\nwant %s", b, want)
 	}
 	stripInternals(nil) // an answer without capabilities
+}
+
+// BenchmarkIDRewriter: a screenshot-sized answer (8 MiB of base64, the
+// provider's ID once) through the rewriter in io.Copy's 32 KiB writes.
+func BenchmarkIDRewriter(b *testing.B) {
+	const pid = "4f1c9a0e2b7d4c55a1e3f00d9c8b7a61"
+	s := &WebDriverSession{ID: pid}
+	answer := []byte(`{"value":"` + strings.Repeat("iVBORw0KGgoAAAANSUhEUgAA", 8<<20/24) + `","id":"` + pid + `"}`)
+	b.SetBytes(int64(len(answer)))
+	for b.Loop() {
+		r := s.Rewriter(io.Discard, "client-secret-Id-of-32-chars-xyZ")
+		for rest := answer; len(rest) > 0; {
+			n := min(len(rest), 32<<10)
+			r.Write(rest[:n])
+			rest = rest[n:]
+		}
+		r.Flush()
+	}
 }
