@@ -64,7 +64,10 @@ type Registry struct {
 	sessions      map[Live]*LiveSession
 	sessionIDs    map[string]*LiveSession
 	sessionTokens map[string]*LiveSession
-	sessionSeq    uint64
+	// sessionPaths: by the hash of the secret their clients name them by
+	// (bound.go).
+	sessionPaths map[string]*LiveSession
+	sessionSeq   uint64
 
 	booksMu sync.Mutex
 	books   map[string]*upstreams.Books
@@ -91,9 +94,11 @@ type Registry struct {
 	clientSpend clientBooks
 
 	// handlers counts the handler keys given per config load
-	// (handlers.go).
+	// (handlers.go), and holds the live handlers and the successors of
+	// those a reload replaced (succession.go).
 	handlersMu sync.Mutex
 	handlers   handlerKeys
+	succession succession
 }
 
 // NewRegistry returns an empty registry on clock (nil: the real one).
@@ -112,6 +117,7 @@ func NewRegistry(clock queue.Clock) *Registry {
 		sessions:      map[Live]*LiveSession{},
 		sessionIDs:    map[string]*LiveSession{},
 		sessionTokens: map[string]*LiveSession{},
+		sessionPaths:  map[string]*LiveSession{},
 		books:         map[string]*upstreams.Books{},
 		releaser:      upstreams.NewReleaser(),
 		apiTransport:  upstreams.NewAPITransport(),
