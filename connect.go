@@ -73,6 +73,9 @@ type connect struct {
 	unsupported []unsupported
 	// warm: the client was handed a warm session (warm.go).
 	warm bool
+	// ahead is, for a warm-up, what its provider's budget must still be
+	// able to pay: the cost of a session of expected_duration there.
+	ahead float64
 
 	// allIncompatible: the last pass found every provider it could use
 	// answering 428 (a Playwright server of another version).

@@ -293,7 +293,8 @@ func (w *warmer) warmUp(h *Handler, m *member) {
 }
 
 // warmUp is one warm-up at m: a connect without a client, with session
-// options opts.
+// options opts, which the provider's budget must be able to pay for in
+// full.
 func (h *Handler) warmUp(m *member, opts options.Set) *warmSession {
 	if caddy.Exiting() {
 		return nil
@@ -303,7 +304,8 @@ func (h *Handler) warmUp(m *member, opts options.Set) *warmSession {
 	c := &connect{h: h, r: r, start: time.Now(), ticket: h.reg.NewTicket(),
 		// No request: its placeholders render empty.
 		replace: func(s string) string { return repl.ReplaceAll(s, "") },
-		hs:      &upstreams.Handshake{Key: upstreams.NewKey(), Header: http.Header{}}, opts: opts}
+		hs:      &upstreams.Handshake{Key: upstreams.NewKey(), Header: http.Header{}}, opts: opts,
+		ahead: m.expectedCost}
 	defer c.ticket.Release()
 	t, ok := c.admit(&passState{}, m)
 	if !ok {

@@ -411,3 +411,45 @@ func TestWarmOptions(t *testing.T) {
 		t.Fatalf("%d warm sessions, want 2", warm)
 	}
 }
+
+// A warm session is made only when the provider's budget can pay for a
+// session of expected_duration besides what it spent, accrued and holds:
+// at 1 a session, 1.5 a day pays for one warm session of the two asked,
+// and none after it is taken; a client, who needs only the budget not
+// reached, is still admitted.
+func TestWarmOnlyWhatTheBudgetPays(t *testing.T) {
+	e := fakes.Echo("warm-budget", nil)
+	defer e.Close()
+	g := testgw.Start(t, handler(`"queue":{"size":0}`, provider("warm-budget", e.URL(),
+		`"warm":2,"cost":{"amount":1,"per":"session"},"budget":{"amount":1.5,"per":"day"}`)))
+	testgw.Eventually(t, 15*time.Second, "a warm session ready", func() bool {
+		st := providerStatus(t, g, "warm-budget")
+		return st.Warm != nil && st.Warm.Ready > 0
+	})
+	// The warmer looks again each second: a few more looks make nothing.
+	for end := time.Now().Add(2500 * time.Millisecond); time.Now().Before(end); time.Sleep(50 * time.Millisecond) {
+		if n := e.Hits.Load(); n != 1 {
+			t.Fatalf("%d warm sessions made, the budget pays for one", n)
+		}
+	}
+	c, _, err := dial(t, g.WS("/"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.CloseNow()
+	echoOnce(t, c, []byte("warm"))
+	// 1 accrued of 1.5: no room for another warm session, but a client
+	// is admitted.
+	c2, _, err := dial(t, g.WS("/"), nil)
+	if err != nil {
+		t.Fatalf("a client under the budget: %v", err)
+	}
+	defer c2.CloseNow()
+	echoOnce(t, c2, []byte("new"))
+	if n := e.Hits.Load(); n != 2 {
+		t.Fatalf("%d upgrades at the provider, want the warm session and the second client's", n)
+	}
+	if st := providerStatus(t, g, "warm-budget"); st.Warm.Ready != 0 {
+		t.Fatalf("warm %+v after the budget was spent", st.Warm)
+	}
+}
