@@ -94,6 +94,9 @@ type warmSession struct {
 
 	mu    sync.Mutex
 	taken bool
+	// answered: the provider closed the session and the watch answered
+	// its close frame; what is left is to close the connection.
+	answered bool
 }
 
 type watchResult struct {
@@ -328,14 +331,35 @@ func (h *Handler) warmUp(m *member, opts options.Set) *warmSession {
 }
 
 // watch reads the idle connection, so that a provider that closes it is
-// seen at once; it stops when a client takes the session (its read
-// deadline set in the past), keeping what it read.
+// seen at once: its close frame is answered as a client would answer it,
+// and the session replaced. It stops when a client takes the session (its
+// read deadline set in the past), keeping what it read.
 func (ws *warmSession) watch() {
 	var extra []byte
+	var idle upstreams.IdleWatch
 	buf := make([]byte, 4096)
 	for {
 		n, err := ws.up.Conn.Read(buf)
 		extra = append(extra, buf[:n]...)
+		if idle.Closed(buf[:n]) {
+			// Answered under the lock, so that an end meanwhile (a
+			// shutdown's) knows the handshake is over and sends no
+			// close of its own.
+			ws.mu.Lock()
+			mine := !ws.taken
+			ws.taken = true
+			if mine {
+				ws.answered = idle.AnswerClose(ws.up) == nil
+			}
+			ws.mu.Unlock()
+			// Never a client's: a client taking it now is told it is
+			// gone, and its session is ended with a close frame.
+			ws.watched <- watchResult{}
+			if mine {
+				ws.w.drop(ws, upstreams.CloseGoingAway, upstreams.EndProviderClosed)
+			}
+			return
+		}
 		if err != nil {
 			ws.mu.Lock()
 			taken := ws.taken
@@ -388,16 +412,22 @@ func (w *warmer) ended() {
 
 // end closes a warm session no client took and gives back its ticket
 // (its cost counted, its provider session released), in the background;
-// done (if set) is called after.
+// done (if set) is called after. One whose close the watch answered is
+// only closed: the close handshake is over.
 func (ws *warmSession) end(code int, reason string, done func()) {
 	ws.mu.Lock()
 	ws.taken = true // the watch, if any, stops for good
+	answered := ws.answered
 	ws.mu.Unlock()
 	if ws.age != nil {
 		ws.age.Stop()
 	}
 	go func() {
-		ws.up.CloseWith(code, reason)
+		if answered {
+			ws.up.Close()
+		} else {
+			ws.up.CloseWith(code, reason)
+		}
 		ws.t.Release()
 		if done != nil {
 			done()

@@ -6,7 +6,9 @@ package browserfailover_test
 // kept across a reload, closed by a drain.
 
 import (
+	"bufio"
 	"fmt"
+	"io"
 	"math"
 	"net"
 	"net/http"
@@ -20,6 +22,7 @@ import (
 	"github.com/browserfailover/caddy-browser-failover/internal/fakes"
 	"github.com/browserfailover/caddy-browser-failover/internal/testgw"
 	"github.com/browserfailover/caddy-browser-failover/pool"
+	"github.com/browserfailover/caddy-browser-failover/upstreams"
 )
 
 // waitWarm waits until provider name has ready warm sessions ready.
@@ -410,6 +413,105 @@ func TestWarmOptions(t *testing.T) {
 	if warm != 2 {
 		t.Fatalf("%d warm sessions, want 2", warm)
 	}
+}
+
+// closingProvider is a provider that ends the first session it opens
+// while it is idle, as browserless does with an idle browser: it sends a
+// close frame (1001 "idle"), then waits for the client's answer before it
+// hangs up; its other sessions stay open. It records the answer.
+type closingProvider struct {
+	upgrades atomic.Int64
+	// answer is the first frame that came back on the closed session.
+	answer chan wsFrame
+}
+
+// wsFrame is one frame as read off the wire.
+type wsFrame struct {
+	op      byte
+	masked  bool
+	payload []byte // unmasked
+}
+
+func newClosingProvider(t *testing.T) (*closingProvider, string) {
+	p := &closingProvider{answer: make(chan wsFrame, 1)}
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		n := p.upgrades.Add(1)
+		conn, brw, err := http.NewResponseController(w).Hijack()
+		if err != nil {
+			return
+		}
+		defer conn.Close()
+		fmt.Fprintf(conn, "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Accept: %s\r\n\r\n",
+			upstreams.AcceptFor(r.Header.Get("Sec-WebSocket-Key")))
+		if n != 1 {
+			io.Copy(io.Discard, brw) // idle until the gateway closes it
+			return
+		}
+		time.Sleep(50 * time.Millisecond)
+		conn.Write([]byte{0x88, 7, 0x03, 0xe9, 'i', 'd', 'l', 'e', '!'})
+		f, err := readFrame(brw.Reader)
+		if err != nil {
+			return
+		}
+		p.answer <- f
+	})}
+	ln := listenLoopback(t)
+	go srv.Serve(ln)
+	t.Cleanup(func() { srv.Close() })
+	return p, "ws://" + ln.Addr().String() + "/"
+}
+
+// readFrame reads one frame (payloads up to 125 bytes).
+func readFrame(r *bufio.Reader) (wsFrame, error) {
+	var hdr [2]byte
+	if _, err := io.ReadFull(r, hdr[:]); err != nil {
+		return wsFrame{}, err
+	}
+	f := wsFrame{op: hdr[0] & 0x0f, masked: hdr[1]&0x80 != 0}
+	n := int(hdr[1] & 0x7f)
+	var key [4]byte
+	if f.masked {
+		if _, err := io.ReadFull(r, key[:]); err != nil {
+			return wsFrame{}, err
+		}
+	}
+	f.payload = make([]byte, n)
+	if _, err := io.ReadFull(r, f.payload); err != nil {
+		return wsFrame{}, err
+	}
+	if f.masked {
+		for i := range f.payload {
+			f.payload[i] ^= key[i%4]
+		}
+	}
+	return f, nil
+}
+
+// A provider's close frame on an idle warm session is answered as its
+// client would answer it (a masked close frame echoing its code), and the
+// session is replaced.
+func TestWarmProviderCloseAnswered(t *testing.T) {
+	p, url := newClosingProvider(t)
+	g := testgw.Start(t, handler(`"queue":{"size":0}`, provider("warm-bye", url, `"warm":1`)))
+	var f wsFrame
+	select {
+	case f = <-p.answer:
+	case <-time.After(20 * time.Second):
+		t.Fatal("the provider's close frame was not answered")
+	}
+	if f.op != 0x8 || !f.masked || len(f.payload) != 2 || f.payload[0] != 0x03 || f.payload[1] != 0xe9 {
+		t.Fatalf("answer: opcode %#x, masked %v, payload %q: want a masked close echoing 1001", f.op, f.masked, f.payload)
+	}
+	testgw.Eventually(t, 15*time.Second, "the closed warm session replaced", func() bool {
+		st := providerStatus(t, g, "warm-bye")
+		return p.upgrades.Load() == 2 && st.Warm != nil && st.Warm.Ready == 1
+	})
+	// The replacement serves a client.
+	c, _, err := dial(t, g.WS("/"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.CloseNow()
 }
 
 // A warm session is made only when the provider's budget can pay for a
