@@ -173,9 +173,9 @@ func TestWarmReplaced(t *testing.T) {
 	}
 }
 
-// A reload that keeps the provider keeps its warm sessions; a drain
-// closes them, an undrain brings them back; a reload without warm closes
-// them.
+// A reload that keeps the handler's configuration keeps its warm
+// sessions, one that changes it makes a new set; a drain closes them, an
+// undrain brings them back; a reload without warm closes them.
 func TestWarmReloadAndDrain(t *testing.T) {
 	e := fakes.Echo("warm-reload", nil)
 	defer e.Close()
@@ -183,15 +183,24 @@ func TestWarmReloadAndDrain(t *testing.T) {
 	g := testgw.Start(t, cfg)
 	waitWarm(t, g, "warm-reload", 2)
 	before := e.Hits.Load()
-	if err := g.Reload(strings.Replace(cfg, `"warm":2`, `"warm":2,"priority":1`, 1)); err != nil {
+	if err := g.ReloadSame(cfg); err != nil {
 		t.Fatal(err)
 	}
 	waitWarm(t, g, "warm-reload", 2)
 	time.Sleep(300 * time.Millisecond)
 	if got := e.Hits.Load(); got != before {
-		t.Fatalf("a reload that kept the provider made %d new warm sessions", got-before)
+		t.Fatalf("a reload that kept the handler made %d new warm sessions", got-before)
 	}
-	// The kept warm session still works.
+	cfg = strings.Replace(cfg, `"warm":2`, `"warm":2,"priority":1`, 1)
+	if err := g.Reload(cfg); err != nil {
+		t.Fatal(err)
+	}
+	testgw.Eventually(t, 10*time.Second, "a new set for the changed handler, the old one closed", func() bool {
+		p, _ := pool.Current().Lookup("warm-reload")
+		return e.Hits.Load() == before+2 && p.Reserved() == 2
+	})
+	waitWarm(t, g, "warm-reload", 2)
+	// A warm session still works.
 	c, _, err := dial(t, g.WS("/"), nil)
 	if err != nil {
 		t.Fatal(err)
