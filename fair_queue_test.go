@@ -6,7 +6,9 @@ package browserfailover_test
 // other, in the queue or in their rotation.
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"net/http"
 	"testing"
 	"time"
@@ -378,5 +380,55 @@ func TestRegionWaiterHoldsBackNoOneElse(t *testing.T) {
 	as, _ := dEntry["attempts"].([]any)
 	if len(as) == 0 || as[0].(map[string]any)["provider"] != "rw-eu" || as[0].(map[string]any)["outcome"] != "queued" {
 		t.Fatalf("D's attempts %v: want eu skipped as queued first", as)
+	}
+}
+
+// TestBrowserWaiterHoldsBackNoOneElse: WebDriver providers for chrome and
+// for firefox, each taking one session. A WebDriver create for chrome
+// waiting for the chrome provider does not hold back a create for
+// firefox, whose provider is free.
+func TestBrowserWaiterHoldsBackNoOneElse(t *testing.T) {
+	chrome := fakes.NewWebDriver("/")
+	defer chrome.Close()
+	firefox := fakes.NewWebDriver("/")
+	defer firefox.Close()
+	g := testgw.Start(t, handler(`"queue":{"size":10,"timeout":"15s"}`,
+		wdProvider("bw-chrome", chrome.URL(), `"max_concurrent":1,"browsers":["chrome"]`),
+		wdProvider("bw-firefox", firefox.URL(), `"max_concurrent":1,"browsers":["firefox"]`)))
+	code, v, _ := wdCall(t, http.MethodPost, g.HTTP("/session"), newSession("chrome", false), nil)
+	if code != 200 {
+		t.Fatalf("first chrome create: %d %v", code, v)
+	}
+	first, _ := v["sessionId"].(string)
+	waiter := make(chan int, 1)
+	go func() {
+		b, _ := json.Marshal(newSession("chrome", false))
+		resp, err := http.Post(g.HTTP("/session"), "application/json", bytes.NewReader(b))
+		if err != nil {
+			waiter <- 0
+			return
+		}
+		resp.Body.Close()
+		waiter <- resp.StatusCode
+	}()
+	waitWaiting(t, "bw-chrome", 1)
+	if q := pool.Current().Waiting; !q.Contended(pool.Resource("bw-chrome")) || q.Contended(pool.Resource("bw-firefox")) {
+		t.Fatalf("the chrome waiter holds back newcomers for chrome %v, for firefox %v: want chrome only",
+			q.Contended(pool.Resource("bw-chrome")), q.Contended(pool.Resource("bw-firefox")))
+	}
+	if code, v, _ := wdCall(t, http.MethodPost, g.HTTP("/session"), newSession("firefox", false), nil); code != 200 {
+		t.Fatalf("a firefox create behind a chrome waiter: %d %v", code, v)
+	}
+	select {
+	case code := <-waiter:
+		t.Fatalf("the chrome waiter answered %d, want still waiting", code)
+	default:
+	}
+	// The chrome session ends: the waiter gets the chrome provider.
+	if code, _, _ := wdCall(t, http.MethodDelete, g.HTTP("/session/"+first), nil, nil); code != 200 {
+		t.Fatalf("delete: %d", code)
+	}
+	if code := <-waiter; code != 200 {
+		t.Fatalf("the chrome waiter, once chrome was free: %d", code)
 	}
 }
