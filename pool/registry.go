@@ -20,8 +20,9 @@ import (
 // provider's entry (slots, health, counters, drain flag, probe loop), the
 // wait queue, the client_limit counts, the live and the parked sessions,
 // the session API books and the transport of their calls, the secret
-// client keys and resume tokens are hashed with, the metrics' counters,
-// and the clock all of it runs on. It is one value: the
+// client keys and resume tokens are hashed with, the keepers of each
+// handler's warm sessions, the metrics' counters, and the clock all of
+// it runs on. It is one value: the
 // process's is kept in a caddy.UsagePool entry that every handler takes on
 // Provision and gives back on Cleanup (Acquire, Release), so it lives as
 // long as some config uses the gateway, reloads included; a test builds a
@@ -99,6 +100,12 @@ type Registry struct {
 	handlersMu sync.Mutex
 	handlers   handlerKeys
 	succession succession
+
+	// warm holds the warmers by handler and provider (warm.go), and
+	// warmSecret keys the prints of their settings.
+	warmMu     sync.Mutex
+	warm       warmers
+	warmSecret []byte
 }
 
 // NewRegistry returns an empty registry on clock (nil: the real one).
@@ -128,6 +135,8 @@ func NewRegistry(clock queue.Clock) *Registry {
 	secret := make([]byte, 32)
 	_, _ = rand.Read(secret)
 	r.keySecret.Store(&secret)
+	r.warmSecret = make([]byte, 32)
+	_, _ = rand.Read(r.warmSecret)
 	return r
 }
 
