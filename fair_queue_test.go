@@ -6,7 +6,9 @@ package browserfailover_test
 // other, in the queue or in their rotation.
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"net/http"
 	"testing"
 	"time"
@@ -15,6 +17,7 @@ import (
 
 	"github.com/browserfailover/caddy-browser-failover/internal/fakes"
 	"github.com/browserfailover/caddy-browser-failover/internal/testgw"
+	"github.com/browserfailover/caddy-browser-failover/pool"
 )
 
 // dialWith starts a client with extra handshake headers whose dial may
@@ -27,6 +30,7 @@ func dialWith(ctx context.Context, url string, hdr http.Header) <-chan dialResul
 		r := dialResult{conn: c, err: err, elapsed: time.Since(start)}
 		if resp != nil {
 			r.status = resp.StatusCode
+			r.session = resp.Header.Get("Browser-Failover-Session")
 		}
 		ch <- r
 	}()
@@ -292,5 +296,139 @@ func TestRotationPerPool(t *testing.T) {
 	}
 	if count(pw, "fq6-p1") != 8 || count(pw, "fq6-p2") != 8 {
 		t.Fatalf("Playwright clients landed %v, want 8 and 8", pw)
+	}
+}
+
+// TestRegionWaiterHoldsBackNoOneElse: providers us and eu, each taking one
+// session, the queue on. A holds eu, B waits for eu: C, who asks for
+// us-east, is served by us at once, B waiting for nothing C could use.
+// D, who asks for eu-central, is a newcomer B could hold back: it waits
+// behind B (eu is left to B, not taken from it), and gets eu after B.
+func TestRegionWaiterHoldsBackNoOneElse(t *testing.T) {
+	us := fakes.Echo("rw-us", nil)
+	defer us.Close()
+	eu := fakes.Echo("rw-eu", nil)
+	defer eu.Close()
+	cfg := func(timeout string) string {
+		return handler(`"queue":{"size":10,"timeout":"`+timeout+`"}`,
+			provider("rw-us", us.URL(), `"max_concurrent":1,"region":["us-east"]`),
+			provider("rw-eu", eu.URL(), `"max_concurrent":1,"region":["eu-central"]`))
+	}
+	g := testgw.Start(t, cfg("15s"))
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+
+	a := mustServe(t, dialWith(ctx, g.WS("/?bf_region=eu-central"), nil), 10*time.Second, "A (eu)")
+	defer a.CloseNow()
+	b := dialWith(ctx, g.WS("/?bf_region=eu-central"), nil)
+	waitWaiting(t, "rw-eu", 1)
+	// B waits for eu only, and still does once a reload has moved it to
+	// the new config's handler.
+	contends := func(when string) {
+		t.Helper()
+		if q := pool.Current().Waiting; !q.Contended(pool.Resource("rw-eu")) || q.Contended(pool.Resource("rw-us")) {
+			t.Fatalf("%s: B holds back newcomers for eu %v, for us %v: want eu only", when,
+				q.Contended(pool.Resource("rw-eu")), q.Contended(pool.Resource("rw-us")))
+		}
+	}
+	contends("B waiting")
+	if err := g.Reload(cfg("16s")); err != nil {
+		t.Fatal(err)
+	}
+	pending(t, b, "B after a reload")
+	contends("B moved by a reload")
+
+	// The issue: C waited behind B until the queue timeout, with us
+	// listed as queued, although us was free.
+	r := receive(t, dialWith(ctx, g.WS("/?bf_region=us-east"), nil), 30*time.Second, "C (us)")
+	if r.err != nil {
+		t.Fatalf("C (us) behind a waiter for eu: %v (status %d)", r.err, r.status)
+	}
+	defer r.conn.CloseNow()
+	echoOnce(t, r.conn, []byte("us"))
+	if us.Hits.Load() != 1 {
+		t.Fatalf("us upgraded %d times, want C's", us.Hits.Load())
+	}
+	pending(t, b, "B")
+
+	// The reverse: D could use eu, so B holds it back.
+	d := dialWith(ctx, g.WS("/?bf_region=eu-central"), nil)
+	waitWaiting(t, "rw-eu", 2)
+	a.Close(websocket.StatusNormalClosure, "")
+	bc := mustServe(t, b, 10*time.Second, "B, once A is gone")
+	defer bc.CloseNow()
+	echoOnce(t, bc, []byte("b"))
+	pending(t, d, "D behind B")
+	bc.Close(websocket.StatusNormalClosure, "")
+	dr := receive(t, d, 10*time.Second, "D, once B is gone")
+	if dr.err != nil {
+		t.Fatalf("D, once B is gone: %v (status %d)", dr.err, dr.status)
+	}
+	echoOnce(t, dr.conn, []byte("d"))
+	dr.conn.Close(websocket.StatusNormalClosure, "")
+	// D's first pass left eu to B: its way begins with eu skipped as
+	// queued (not as full, which it also was).
+	var dEntry map[string]any
+	testgw.Eventually(t, 10*time.Second, "D's session ended", func() bool {
+		for _, e := range g.LogEntries("session ended") {
+			if e["session_id"] == dr.session {
+				dEntry = e
+			}
+		}
+		return dEntry != nil
+	})
+	as, _ := dEntry["attempts"].([]any)
+	if len(as) == 0 || as[0].(map[string]any)["provider"] != "rw-eu" || as[0].(map[string]any)["outcome"] != "queued" {
+		t.Fatalf("D's attempts %v: want eu skipped as queued first", as)
+	}
+}
+
+// TestBrowserWaiterHoldsBackNoOneElse: WebDriver providers for chrome and
+// for firefox, each taking one session. A WebDriver create for chrome
+// waiting for the chrome provider does not hold back a create for
+// firefox, whose provider is free.
+func TestBrowserWaiterHoldsBackNoOneElse(t *testing.T) {
+	chrome := fakes.NewWebDriver("/")
+	defer chrome.Close()
+	firefox := fakes.NewWebDriver("/")
+	defer firefox.Close()
+	g := testgw.Start(t, handler(`"queue":{"size":10,"timeout":"15s"}`,
+		wdProvider("bw-chrome", chrome.URL(), `"max_concurrent":1,"browsers":["chrome"]`),
+		wdProvider("bw-firefox", firefox.URL(), `"max_concurrent":1,"browsers":["firefox"]`)))
+	code, v, _ := wdCall(t, http.MethodPost, g.HTTP("/session"), newSession("chrome", false), nil)
+	if code != 200 {
+		t.Fatalf("first chrome create: %d %v", code, v)
+	}
+	first, _ := v["sessionId"].(string)
+	waiter := make(chan int, 1)
+	go func() {
+		b, _ := json.Marshal(newSession("chrome", false))
+		resp, err := http.Post(g.HTTP("/session"), "application/json", bytes.NewReader(b))
+		if err != nil {
+			waiter <- 0
+			return
+		}
+		resp.Body.Close()
+		waiter <- resp.StatusCode
+	}()
+	waitWaiting(t, "bw-chrome", 1)
+	if q := pool.Current().Waiting; !q.Contended(pool.Resource("bw-chrome")) || q.Contended(pool.Resource("bw-firefox")) {
+		t.Fatalf("the chrome waiter holds back newcomers for chrome %v, for firefox %v: want chrome only",
+			q.Contended(pool.Resource("bw-chrome")), q.Contended(pool.Resource("bw-firefox")))
+	}
+	if code, v, _ := wdCall(t, http.MethodPost, g.HTTP("/session"), newSession("firefox", false), nil); code != 200 {
+		t.Fatalf("a firefox create behind a chrome waiter: %d %v", code, v)
+	}
+	select {
+	case code := <-waiter:
+		t.Fatalf("the chrome waiter answered %d, want still waiting", code)
+	default:
+	}
+	// The chrome session ends: the waiter gets the chrome provider.
+	if code, _, _ := wdCall(t, http.MethodDelete, g.HTTP("/session/"+first), nil, nil); code != 200 {
+		t.Fatalf("delete: %d", code)
+	}
+	if code := <-waiter; code != 200 {
+		t.Fatalf("the chrome waiter, once chrome was free: %d", code)
 	}
 }

@@ -47,6 +47,8 @@ type dialResult struct {
 	status  int
 	err     error
 	elapsed time.Duration
+	// session is the Browser-Failover-Session of its 101 (dialWith).
+	session string
 }
 
 // dialAsync starts a client whose dial may wait in the queue.

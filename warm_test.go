@@ -6,7 +6,9 @@ package browserfailover_test
 // kept across a reload, closed by a drain.
 
 import (
+	"bufio"
 	"fmt"
+	"io"
 	"math"
 	"net"
 	"net/http"
@@ -20,6 +22,7 @@ import (
 	"github.com/browserfailover/caddy-browser-failover/internal/fakes"
 	"github.com/browserfailover/caddy-browser-failover/internal/testgw"
 	"github.com/browserfailover/caddy-browser-failover/pool"
+	"github.com/browserfailover/caddy-browser-failover/upstreams"
 )
 
 // waitWarm waits until provider name has ready warm sessions ready.
@@ -170,9 +173,9 @@ func TestWarmReplaced(t *testing.T) {
 	}
 }
 
-// A reload that keeps the provider keeps its warm sessions; a drain
-// closes them, an undrain brings them back; a reload without warm closes
-// them.
+// A reload that keeps the handler's configuration keeps its warm
+// sessions, one that changes it makes a new set; a drain closes them, an
+// undrain brings them back; a reload without warm closes them.
 func TestWarmReloadAndDrain(t *testing.T) {
 	e := fakes.Echo("warm-reload", nil)
 	defer e.Close()
@@ -180,15 +183,24 @@ func TestWarmReloadAndDrain(t *testing.T) {
 	g := testgw.Start(t, cfg)
 	waitWarm(t, g, "warm-reload", 2)
 	before := e.Hits.Load()
-	if err := g.Reload(strings.Replace(cfg, `"warm":2`, `"warm":2,"priority":1`, 1)); err != nil {
+	if err := g.ReloadSame(cfg); err != nil {
 		t.Fatal(err)
 	}
 	waitWarm(t, g, "warm-reload", 2)
 	time.Sleep(300 * time.Millisecond)
 	if got := e.Hits.Load(); got != before {
-		t.Fatalf("a reload that kept the provider made %d new warm sessions", got-before)
+		t.Fatalf("a reload that kept the handler made %d new warm sessions", got-before)
 	}
-	// The kept warm session still works.
+	cfg = strings.Replace(cfg, `"warm":2`, `"warm":2,"priority":1`, 1)
+	if err := g.Reload(cfg); err != nil {
+		t.Fatal(err)
+	}
+	testgw.Eventually(t, 10*time.Second, "a new set for the changed handler, the old one closed", func() bool {
+		p, _ := pool.Current().Lookup("warm-reload")
+		return e.Hits.Load() == before+2 && p.Reserved() == 2
+	})
+	waitWarm(t, g, "warm-reload", 2)
+	// A warm session still works.
 	c, _, err := dial(t, g.WS("/"), nil)
 	if err != nil {
 		t.Fatal(err)
@@ -409,5 +421,146 @@ func TestWarmOptions(t *testing.T) {
 	}
 	if warm != 2 {
 		t.Fatalf("%d warm sessions, want 2", warm)
+	}
+}
+
+// closingProvider is a provider that ends the first session it opens
+// while it is idle, as browserless does with an idle browser: it sends a
+// close frame (1001 "idle"), then waits for the client's answer before it
+// hangs up; its other sessions stay open. It records the answer.
+type closingProvider struct {
+	upgrades atomic.Int64
+	// answer is the first frame that came back on the closed session.
+	answer chan wsFrame
+}
+
+// wsFrame is one frame as read off the wire.
+type wsFrame struct {
+	op      byte
+	masked  bool
+	payload []byte // unmasked
+}
+
+func newClosingProvider(t *testing.T) (*closingProvider, string) {
+	p := &closingProvider{answer: make(chan wsFrame, 1)}
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		n := p.upgrades.Add(1)
+		conn, brw, err := http.NewResponseController(w).Hijack()
+		if err != nil {
+			return
+		}
+		defer conn.Close()
+		fmt.Fprintf(conn, "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Accept: %s\r\n\r\n",
+			upstreams.AcceptFor(r.Header.Get("Sec-WebSocket-Key")))
+		if n != 1 {
+			io.Copy(io.Discard, brw) // idle until the gateway closes it
+			return
+		}
+		time.Sleep(50 * time.Millisecond)
+		conn.Write([]byte{0x88, 7, 0x03, 0xe9, 'i', 'd', 'l', 'e', '!'})
+		f, err := readFrame(brw.Reader)
+		if err != nil {
+			return
+		}
+		p.answer <- f
+	})}
+	ln := listenLoopback(t)
+	go srv.Serve(ln)
+	t.Cleanup(func() { srv.Close() })
+	return p, "ws://" + ln.Addr().String() + "/"
+}
+
+// readFrame reads one frame (payloads up to 125 bytes).
+func readFrame(r *bufio.Reader) (wsFrame, error) {
+	var hdr [2]byte
+	if _, err := io.ReadFull(r, hdr[:]); err != nil {
+		return wsFrame{}, err
+	}
+	f := wsFrame{op: hdr[0] & 0x0f, masked: hdr[1]&0x80 != 0}
+	n := int(hdr[1] & 0x7f)
+	var key [4]byte
+	if f.masked {
+		if _, err := io.ReadFull(r, key[:]); err != nil {
+			return wsFrame{}, err
+		}
+	}
+	f.payload = make([]byte, n)
+	if _, err := io.ReadFull(r, f.payload); err != nil {
+		return wsFrame{}, err
+	}
+	if f.masked {
+		for i := range f.payload {
+			f.payload[i] ^= key[i%4]
+		}
+	}
+	return f, nil
+}
+
+// A provider's close frame on an idle warm session is answered as its
+// client would answer it (a masked close frame echoing its code), and the
+// session is replaced.
+func TestWarmProviderCloseAnswered(t *testing.T) {
+	p, url := newClosingProvider(t)
+	g := testgw.Start(t, handler(`"queue":{"size":0}`, provider("warm-bye", url, `"warm":1`)))
+	var f wsFrame
+	select {
+	case f = <-p.answer:
+	case <-time.After(20 * time.Second):
+		t.Fatal("the provider's close frame was not answered")
+	}
+	if f.op != 0x8 || !f.masked || len(f.payload) != 2 || f.payload[0] != 0x03 || f.payload[1] != 0xe9 {
+		t.Fatalf("answer: opcode %#x, masked %v, payload %q: want a masked close echoing 1001", f.op, f.masked, f.payload)
+	}
+	testgw.Eventually(t, 15*time.Second, "the closed warm session replaced", func() bool {
+		st := providerStatus(t, g, "warm-bye")
+		return p.upgrades.Load() == 2 && st.Warm != nil && st.Warm.Ready == 1
+	})
+	// The replacement serves a client.
+	c, _, err := dial(t, g.WS("/"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.CloseNow()
+}
+
+// A warm session is made only when the provider's budget can pay for a
+// session of expected_duration besides what it spent, accrued and holds:
+// at 1 a session, 1.5 a day pays for one warm session of the two asked,
+// and none after it is taken; a client, who needs only the budget not
+// reached, is still admitted.
+func TestWarmOnlyWhatTheBudgetPays(t *testing.T) {
+	e := fakes.Echo("warm-budget", nil)
+	defer e.Close()
+	g := testgw.Start(t, handler(`"queue":{"size":0}`, provider("warm-budget", e.URL(),
+		`"warm":2,"cost":{"amount":1,"per":"session"},"budget":{"amount":1.5,"per":"day"}`)))
+	testgw.Eventually(t, 15*time.Second, "a warm session ready", func() bool {
+		st := providerStatus(t, g, "warm-budget")
+		return st.Warm != nil && st.Warm.Ready > 0
+	})
+	// The warmer looks again each second: a few more looks make nothing.
+	for end := time.Now().Add(2500 * time.Millisecond); time.Now().Before(end); time.Sleep(50 * time.Millisecond) {
+		if n := e.Hits.Load(); n != 1 {
+			t.Fatalf("%d warm sessions made, the budget pays for one", n)
+		}
+	}
+	c, _, err := dial(t, g.WS("/"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.CloseNow()
+	echoOnce(t, c, []byte("warm"))
+	// 1 accrued of 1.5: no room for another warm session, but a client
+	// is admitted.
+	c2, _, err := dial(t, g.WS("/"), nil)
+	if err != nil {
+		t.Fatalf("a client under the budget: %v", err)
+	}
+	defer c2.CloseNow()
+	echoOnce(t, c2, []byte("new"))
+	if n := e.Hits.Load(); n != 2 {
+		t.Fatalf("%d upgrades at the provider, want the warm session and the second client's", n)
+	}
+	if st := providerStatus(t, g, "warm-budget"); st.Warm.Ready != 0 {
+		t.Fatalf("warm %+v after the budget was spent", st.Warm)
 	}
 }

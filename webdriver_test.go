@@ -92,11 +92,13 @@ func sessionsList(t *testing.T, g *testgw.Gateway) []status.Session {
 }
 
 // TestWebDriverSession: a create through the gateway gets the provider's
-// answer with the gateway's session ID and socket URL and none of the
-// provider's address or session ID; commands reach the provider session
-// with their method, query and body on kept-alive connections; the
-// sessions list shows it; the client's DELETE ends it (the provider gets
-// that one DELETE), and later commands get invalid session id.
+// answer with the session's path ID (the client's secret, not the ID
+// operators see, which is on Browser-Failover-Session) and socket URL and
+// none of the provider's address or session ID; commands reach the
+// provider session with their method, query and body on kept-alive
+// connections; the sessions list shows it under the operator's ID, which
+// names no session in a path; the client's DELETE ends it (the provider
+// gets that one DELETE), and later commands get invalid session id.
 func TestWebDriverSession(t *testing.T) {
 	f := fakes.NewWebDriver("/wd/hub")
 	defer f.Close()
@@ -108,8 +110,9 @@ func TestWebDriverSession(t *testing.T) {
 		t.Fatalf("create: %d %v", code, v)
 	}
 	id, _ := v["sessionId"].(string)
-	if id == "" || hdr.Get("Browser-Failover-Session") != id {
-		t.Fatalf("session ID %q, header %q", id, hdr.Get("Browser-Failover-Session"))
+	op := hdr.Get("Browser-Failover-Session")
+	if len(id) < 22 || op == "" || op == id {
+		t.Fatalf("session ID %q, header %q", id, op)
 	}
 	live := f.Live()
 	if len(live) != 1 || live[0] == id {
@@ -133,7 +136,11 @@ func TestWebDriverSession(t *testing.T) {
 
 	conns := f.Conns()
 	code, v, _ = wdCall(t, http.MethodGet, base+"/session/"+id+"/title?x=1", nil, nil)
-	if code != 200 || v["uri"] != "/wd/hub/session/"+pid+"/title?x=1" || v["method"] != "GET" {
+	if reqs := f.Requests(); reqs[len(reqs)-1].URI != "/wd/hub/session/"+pid+"/title?x=1" {
+		t.Fatalf("command at the provider: %s", reqs[len(reqs)-1].URI)
+	}
+	// The provider's answer names its session ID: the client reads its own.
+	if code != 200 || v["uri"] != "/wd/hub/session/"+id+"/title?x=1" || v["method"] != "GET" {
 		t.Fatalf("command: %d %v", code, v)
 	}
 	code, v, _ = wdCall(t, http.MethodPost, base+"/session/"+id+"/url", map[string]string{"url": "about:blank"}, nil)
@@ -144,12 +151,25 @@ func TestWebDriverSession(t *testing.T) {
 		t.Errorf("commands opened %d new connections to the provider", f.Conns()-conns)
 	}
 	l := sessionsList(t, g)
-	if len(l) != 1 || l[0].ID != id || l[0].Protocol != "webdriver" || l[0].Commands == nil || *l[0].Commands != 2 ||
+	if len(l) != 1 || l[0].ID != op || l[0].Protocol != "webdriver" || l[0].Commands == nil || *l[0].Commands != 2 ||
 		l[0].Browser == nil || *l[0].Browser != "chrome" || l[0].LastCommand == nil {
 		t.Fatalf("sessions list %+v", l)
 	}
 	if p := providerStatus(t, g, "wd-a"); p.Active != 1 {
 		t.Fatalf("active %d", p.Active)
+	}
+	// The operator's ID drives nothing.
+	reqs := len(f.Requests())
+	for _, m := range []string{http.MethodGet, http.MethodDelete} {
+		if code, v, _ := wdCall(t, m, base+"/session/"+op+"/title", nil, nil); code != 404 || v["error"] != "invalid session id" {
+			t.Fatalf("%s with the operator's ID: %d %v", m, code, v)
+		}
+	}
+	if code, v, _ := wdCall(t, http.MethodDelete, base+"/session/"+op, nil, nil); code != 404 || v["error"] != "invalid session id" {
+		t.Fatalf("DELETE with the operator's ID: %d %v", code, v)
+	}
+	if n := len(f.Requests()); n != reqs {
+		t.Fatalf("the provider heard %d requests for the operator's ID", n-reqs)
 	}
 
 	code, _, _ = wdCall(t, http.MethodDelete, base+"/session/"+id, nil, nil)
@@ -164,7 +184,7 @@ func TestWebDriverSession(t *testing.T) {
 	if n := f.Deleted(pid); n != 1 {
 		t.Fatalf("the provider got %d DELETEs", n)
 	}
-	e := endedEntry(t, g, id)
+	e := endedEntry(t, g, op)
 	if e["close_reason"] != "client deleted the session" || e["commands"].(float64) != 3 || e["protocol"] != "webdriver" || e["cost"] != 0.5 {
 		t.Fatalf("session ended entry %v", e)
 	}
@@ -205,11 +225,11 @@ func TestWebDriverFailover(t *testing.T) {
 		wdProvider("wd-broken", broken.URL(), `"priority":2`),
 		wdProvider("wd-full", full.URL(), `"priority":3`),
 		wdProvider("wd-good", good.URL(), `"priority":4`)))
-	code, v, _ := wdCall(t, http.MethodPost, g.HTTP("/session"), newSession("chrome", false), nil)
+	code, v, hdr := wdCall(t, http.MethodPost, g.HTTP("/session"), newSession("chrome", false), nil)
 	if code != 200 {
 		t.Fatalf("create: %d %v", code, v)
 	}
-	id := v["sessionId"].(string)
+	id, op := v["sessionId"].(string), hdr.Get("Browser-Failover-Session")
 	if len(good.Live()) != 1 {
 		t.Fatal("the good provider has no session")
 	}
@@ -220,7 +240,7 @@ func TestWebDriverFailover(t *testing.T) {
 		t.Errorf("a failed create counted %d failures", p.Failures)
 	}
 	wdCall(t, http.MethodDelete, g.HTTP("/session/"+id), nil, nil)
-	e := endedEntry(t, g, id)
+	e := endedEntry(t, g, op)
 	if got := strings.Join(outcomes(e), " "); got != "wd-dead:refused wd-broken:status_500 wd-full:full wd-good:ok" {
 		t.Fatalf("attempts %s", got)
 	}
@@ -242,7 +262,7 @@ func TestWebDriverFailover(t *testing.T) {
 	// Nothing left: session not created, with Retry-After, in WebDriver's
 	// JSON.
 	good.Close()
-	code, v, hdr := wdCall(t, http.MethodPost, g.HTTP("/session"), newSession("chrome", false), nil)
+	code, v, hdr = wdCall(t, http.MethodPost, g.HTTP("/session"), newSession("chrome", false), nil)
 	if code != 500 || v["error"] != "session not created" || hdr.Get("Retry-After") == "" {
 		t.Fatalf("nothing available: %d %v %v", code, v, hdr)
 	}
@@ -306,9 +326,11 @@ func TestWebDriverEnds(t *testing.T) {
 	f := fakes.NewWebDriver("")
 	defer f.Close()
 	g := testgw.Start(t, handler(`"session":{"idle_timeout":"1s"}`, wdProvider("wd-ends", f.URL(), `"max_concurrent":1`)))
-	create := func() (string, string) {
+	// create returns the session's path ID, its operator's ID and the
+	// provider's ID.
+	create := func() (string, string, string) {
 		t.Helper()
-		code, v, _ := wdCall(t, http.MethodPost, g.HTTP("/session"), newSession("chrome", false), nil)
+		code, v, hdr := wdCall(t, http.MethodPost, g.HTTP("/session"), newSession("chrome", false), nil)
 		if code != 200 {
 			t.Fatalf("create: %d %v", code, v)
 		}
@@ -316,35 +338,35 @@ func TestWebDriverEnds(t *testing.T) {
 		if len(live) != 1 {
 			t.Fatalf("provider sessions %v", live)
 		}
-		return v["sessionId"].(string), live[0]
+		return v["sessionId"].(string), hdr.Get("Browser-Failover-Session"), live[0]
 	}
 	// Idle: no command for a second.
-	id, pid := create()
+	_, op, pid := create()
 	testgw.Eventually(t, 10*time.Second, "the idle session's end", func() bool { return f.Deleted(pid) == 1 })
-	if e := endedEntry(t, g, id); e["close_reason"] != "idle timeout" {
+	if e := endedEntry(t, g, op); e["close_reason"] != "idle timeout" {
 		t.Fatalf("idle end %v", e)
 	}
 	testgw.Eventually(t, 5*time.Second, "its slot", func() bool { return providerStatus(t, g, "wd-ends").Active == 0 })
 
 	// An operator ends one.
-	id, pid = create()
-	if code, b, _ := g.AdminDo(http.MethodDelete, status.SessionsPath+"/"+id, nil); code != 200 {
+	_, op, pid = create()
+	if code, b, _ := g.AdminDo(http.MethodDelete, status.SessionsPath+"/"+op, nil); code != 200 {
 		t.Fatalf("operator end: %d %s", code, b)
 	}
 	testgw.Eventually(t, 5*time.Second, "the operator's DELETE", func() bool { return f.Deleted(pid) == 1 })
-	if e := endedEntry(t, g, id); e["close_reason"] != "closed by operator" {
+	if e := endedEntry(t, g, op); e["close_reason"] != "closed by operator" {
 		t.Fatalf("operator end %v", e)
 	}
 
 	// The provider ends one itself: the next command's invalid session id
 	// is relayed, and the session ends without a DELETE.
-	id, pid = create()
+	id, op, pid := create()
 	f.Forget(pid)
 	code, v, _ := wdCall(t, http.MethodGet, g.HTTP("/session/"+id+"/url"), nil, nil)
 	if code != 404 || v["error"] != "invalid session id" {
 		t.Fatalf("provider's end: %d %v", code, v)
 	}
-	if e := endedEntry(t, g, id); e["close_reason"] != "provider ended the session" {
+	if e := endedEntry(t, g, op); e["close_reason"] != "provider ended the session" {
 		t.Fatalf("provider end %v", e)
 	}
 	if n := f.Deleted(pid); n != 0 {
@@ -395,7 +417,7 @@ func TestWebDriverSocket(t *testing.T) {
 	f := fakes.NewWebDriver("")
 	defer f.Close()
 	g := testgw.Start(t, handler("", wdProvider("wd-ws", f.URL(), "")))
-	code, v, _ := wdCall(t, http.MethodPost, g.HTTP("/session"), newSession("chrome", true), nil)
+	code, v, hdr := wdCall(t, http.MethodPost, g.HTTP("/session"), newSession("chrome", true), nil)
 	if code != 200 {
 		t.Fatalf("create: %d", code)
 	}
@@ -404,7 +426,7 @@ func TestWebDriverSocket(t *testing.T) {
 	if err != nil {
 		t.Fatalf("socket %s: %v", url, err)
 	}
-	if resp.Header.Get("Browser-Failover-Session") != v["sessionId"] {
+	if resp.Header.Get("Browser-Failover-Session") != hdr.Get("Browser-Failover-Session") {
 		t.Errorf("socket's session header %q", resp.Header.Get("Browser-Failover-Session"))
 	}
 	echoOnce(t, c, []byte(`{"id":1,"method":"session.status","params":{}}`))

@@ -27,7 +27,7 @@ const (
 	// slots of it (see Lease.Release) give them back at once.
 	EventWanted = "wanted"
 	// EventWebDriverEnd: a node that does not own the WebDriver session
-	// named by Event.Session (its gateway session ID) saw it end (the
+	// named by Event.Session (its route's key) saw it end (the
 	// client's DELETE, or the provider's "invalid session id"); the
 	// owner (Route.Node) ends it. Event.Provider is empty.
 	EventWebDriverEnd = "webdriver_end"

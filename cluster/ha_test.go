@@ -3,6 +3,7 @@ package cluster
 import (
 	"context"
 	"fmt"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -288,7 +289,7 @@ func TestClusterMode(t *testing.T) {
 			t.Fatalf("Routes.Put(%s): %v", id, err)
 		}
 		rt.Node = "a"
-		if got, ok, err := b.Routes().Get(ctx, id); err != nil || !ok || got != rt {
+		if got, ok, err := b.Routes().Get(ctx, id); err != nil || !ok || !reflect.DeepEqual(got, rt) {
 			t.Fatalf("Routes.Get(%s) on b: %+v, %v, %v", id, got, ok, err)
 		}
 		if err := b.Routes().Touch(ctx, id, time.Minute); err != nil {

@@ -16,14 +16,17 @@ import (
 
 // WebDriver routes: a WebDriver session is driven by one HTTP request per
 // command, which a load balancer may send to any node. Each session's
-// route (where it lives at its provider) and its last activity are kept
-// under <prefix>wd:{<id>}, a hash {route, at}: route is the Route as JSON,
-// at the last activity in Unix milliseconds of Redis' clock (TIME). The
-// session's ID is the key's hash tag, so every call touches one slot. The
-// key expires one ttl after the last Put or written Touch. The node that
-// created the session owns its slot and its end; the others serve its
-// commands and sockets, and tell the owner (EventWebDriverEnd) when they
-// saw it end.
+// route (where it lives at its provider, and whom it answers to) and its
+// last activity are kept under <prefix>wd:{<key>}, a hash {route, at}:
+// route is the Route as JSON, at the last activity in Unix milliseconds of
+// Redis' clock (TIME). The key is the caller's name of the session: a
+// keyed hash of the secret its client names it by, never the secret, so
+// what Redis holds drives no session. It is the key's hash tag, so every
+// call touches one slot. The key expires one ttl after the last Put or
+// written Touch. The node that created the session owns its slot and its
+// end; the others serve its commands and sockets (after checking, from
+// the route, that the request may use it), and tell the owner
+// (EventWebDriverEnd) when they saw it end.
 
 // Route is where a WebDriver session lives, and which node owns it. It
 // holds no credential: the provider's user, key and headers stay in each
@@ -42,14 +45,28 @@ type Route struct {
 	// Node is the node that created the session: it owns its slot and its
 	// end.
 	Node string `json:"node"`
+	// Session is the session's ID as operators see it (logs, headers),
+	// which never names it in a client's request.
+	Session string `json:"session"`
+	// Handlers are the keys of the handlers whose requests may use the
+	// session: the one that made it, then those that reloads moved it to
+	// (the last few).
+	Handlers []string `json:"handlers"`
+	// Keys are the client key placeholders the session is bound to
+	// (none: any client of that handler), and Client a keyed hash of
+	// what they resolved to for the client that made it.
+	Keys   []string `json:"keys,omitempty"`
+	Client string   `json:"client,omitempty"`
 }
 
 // Bounds of what a route holds, written and read back.
 const (
 	maxRouteBytes = 8 << 10 // a route's JSON
-	maxRouteID    = 128     // the gateway's session ID
+	maxRouteID    = 128     // the route's key, the operator's session ID, a handler key, a client hash
 	maxRouteName  = 256     // a provider's name, a node's name, a provider's session ID
 	maxRouteURL   = 2048    // a socket URL
+	maxRouteKeys  = 4       // client key placeholders, handler keys
+	maxRouteKey   = 512     // one placeholder
 )
 
 // touchEvery is the granularity of the last activity: Touch writes at
@@ -77,7 +94,7 @@ func newRoutes(c *conn) *Routes { return &Routes{c: c, touched: map[string]time.
 
 func (c *conn) routeKey(id string) string { return c.cfg.KeyPrefix + "wd:{" + id + "}" }
 
-// Put keeps rt as the route of the session id (the gateway's session ID)
+// Put keeps rt as the route of the session id (the caller's key of it)
 // for ttl, refreshed by Touch, and notes the session active now. An empty
 // rt.Node is this node. A bad id or route is refused (ErrBadRoute);
 // errors from Redis wrap ErrUnavailable.
@@ -270,7 +287,7 @@ func (r *Routes) Drop(ctx context.Context, id string) error {
 }
 
 // AnnounceWebDriverEnd tells every node that the WebDriver session id
-// ended as seen here, a node that does not own it (the client's DELETE
+// (its route's key) ended as seen here, a node that does not own it (the client's DELETE
 // forwarded, or the provider's "invalid session id"):
 // EventWebDriverEnd, on which the owner ends it. Errors wrap
 // ErrUnavailable.
@@ -313,8 +330,9 @@ func scriptAnswer(res []any) (code int64, v string) {
 	return answerForeign, ""
 }
 
-// checkRouteID checks a gateway session ID: printable ASCII without
-// spaces, and no braces, so that it is the key's hash tag as a whole.
+// checkRouteID checks a route's key (or another ID a route holds):
+// printable ASCII without spaces, and no braces, so that it is the key's
+// hash tag as a whole.
 func checkRouteID(id string) error {
 	if id == "" || len(id) > maxRouteID {
 		return fmt.Errorf("%w: a session ID has 1 to %d bytes", ErrBadRoute, maxRouteID)
@@ -332,6 +350,35 @@ func checkRouteID(id string) error {
 // without user info, every size bounded.
 func (rt Route) check() error {
 	bad := func(field, problem string) error { return fmt.Errorf("%w: %s %s", ErrBadRoute, field, problem) }
+	ids := []struct{ name, v string }{{"session", rt.Session}, {"client", rt.Client}}
+	if len(rt.Handlers) > maxRouteKeys {
+		return bad("handlers", fmt.Sprintf("has over %d keys", maxRouteKeys))
+	}
+	for _, k := range rt.Handlers {
+		if k == "" {
+			return bad("handlers", "has an empty key")
+		}
+		ids = append(ids, struct{ name, v string }{"handlers", k})
+	}
+	for _, f := range ids {
+		if f.v == "" {
+			continue // the caller's to require
+		}
+		if err := checkRouteID(f.v); err != nil {
+			return bad(f.name, "is not 1 to "+strconv.Itoa(maxRouteID)+" bytes of printable ASCII without spaces or braces")
+		}
+	}
+	if len(rt.Keys) > maxRouteKeys {
+		return bad("keys", fmt.Sprintf("has over %d placeholders", maxRouteKeys))
+	}
+	if (len(rt.Keys) == 0) != (rt.Client == "") {
+		return bad("client", "and keys are not given together")
+	}
+	for _, k := range rt.Keys {
+		if k == "" || len(k) > maxRouteKey || !cleanText(k, true) {
+			return bad("keys", fmt.Sprintf("has a placeholder that is empty, over %d bytes or with control bytes", maxRouteKey))
+		}
+	}
 	for _, f := range []struct {
 		name, v string
 		spaces  bool

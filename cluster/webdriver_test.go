@@ -35,6 +35,10 @@ func testRoute() Route {
 		ProviderID: "4f1c9a0e2b7d4c55a1e3f00d9c8b7a61",
 		SocketURL:  "ws://127.0.0.1:9515/session/4f1c9a0e2b7d4c55a1e3f00d9c8b7a61",
 		CDPURL:     "wss://hub.example:443/session/4f1c9a0e2b7d4c55a1e3f00d9c8b7a61/se/cdp?a=1&b=2",
+		Session:    "Sd9v2m0b1xYqk4w7cZt3Ag",
+		Handlers:   []string{"0a1b2c3d4e5f60718293a4b5-1", "5b4a3e2d1c0b9a8f7e6d5c4b-0"},
+		Keys:       []string{"{http.auth.user.id}", "{http.request.header.X-Team}"},
+		Client:     "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08",
 	}
 }
 
@@ -53,7 +57,7 @@ func TestRoutes(t *testing.T) {
 	}
 	want := rt
 	want.Node = "a"
-	if got, ok, err := b.Routes().Get(ctx, id); err != nil || !ok || got != want {
+	if got, ok, err := b.Routes().Get(ctx, id); err != nil || !ok || !reflect.DeepEqual(got, want) {
 		t.Fatalf("Get on b = %+v, %v, %v; want %+v", got, ok, err, want)
 	}
 	key := a.c.routeKey(id)
@@ -72,7 +76,7 @@ func TestRoutes(t *testing.T) {
 	if got, ok, err := b.Routes().Get(ctx, "other"); err != nil || !ok || got.Node != "c" {
 		t.Fatalf("Get(other) = %+v, %v, %v", got, ok, err)
 	}
-	if got, ok, err := b.Routes().Get(ctx, "unknown"); err != nil || ok || got != (Route{}) {
+	if got, ok, err := b.Routes().Get(ctx, "unknown"); err != nil || ok || !reflect.DeepEqual(got, Route{}) {
 		t.Fatalf("Get(unknown) = %+v, %v, %v; want not found", got, ok, err)
 	}
 	if err := b.Routes().Drop(ctx, id); err != nil {
@@ -112,6 +116,16 @@ func TestRoutes(t *testing.T) {
 		{"HTTP socket URL", "s", with(func(r *Route) { r.SocketURL = "http://hub.example/x" }), time.Minute},
 		{"socket URL without host", "s", with(func(r *Route) { r.SocketURL = "ws:///x" }), time.Minute},
 		{"socket URL with a space", "s", with(func(r *Route) { r.CDPURL = "ws://h/a b" }), time.Minute},
+		{"session ID with a space", "s", with(func(r *Route) { r.Session = "a b" }), time.Minute},
+		{"handler key with a brace", "s", with(func(r *Route) { r.Handlers = []string{"k{1}"} }), time.Minute},
+		{"an empty handler key", "s", with(func(r *Route) { r.Handlers = []string{"k", ""} }), time.Minute},
+		{"too many handler keys", "s", with(func(r *Route) { r.Handlers = []string{"a", "b", "c", "d", "e"} }), time.Minute},
+		{"long client hash", "s", with(func(r *Route) { r.Client = long }), time.Minute},
+		{"client hash without keys", "s", with(func(r *Route) { r.Keys = nil }), time.Minute},
+		{"keys without a client hash", "s", with(func(r *Route) { r.Client = "" }), time.Minute},
+		{"an empty key", "s", with(func(r *Route) { r.Keys = []string{""} }), time.Minute},
+		{"a key with CR LF", "s", with(func(r *Route) { r.Keys = []string{"{a}\r\nX: y"} }), time.Minute},
+		{"too many keys", "s", with(func(r *Route) { r.Keys = []string{"a", "b", "c", "d", "e"} }), time.Minute},
 		{"long socket URL", "s", with(func(r *Route) { r.SocketURL = "ws://h/" + strings.Repeat("a", maxRouteURL) }), time.Minute},
 		{"over 8 KiB escaped", "s", with(func(r *Route) {
 			r.SocketURL = "ws://h/?" + strings.Repeat("&", maxRouteURL-10)
@@ -138,7 +152,7 @@ func TestRoutes(t *testing.T) {
 	if err := a.Routes().Put(ctx, "big", big, time.Minute); err != nil {
 		t.Fatalf("Put(big): %v", err)
 	}
-	if got, ok, err := b.Routes().Get(ctx, "big"); err != nil || !ok || got != big {
+	if got, ok, err := b.Routes().Get(ctx, "big"); err != nil || !ok || !reflect.DeepEqual(got, big) {
 		t.Fatalf("Get(big): %v, %v", ok, err)
 	}
 	// Calls after Close fail as unavailable.
@@ -153,8 +167,11 @@ func TestRoutes(t *testing.T) {
 }
 
 // TestRouteHasNoCredential: a route is the provider's name, its session
-// ID, its socket URLs (never with user info, as TestRoutes shows) and
-// the owner: nothing that could hold a credential. A field added to
+// ID, its socket URLs (never with user info, as TestRoutes shows), the
+// owner, the operator's session ID, the handler key, the client key
+// placeholders (configuration, not their values) and a keyed hash of
+// their values: nothing that could hold a credential, nor the ID a
+// client names the session by (the route's key is a keyed hash of it). A field added to
 // Route must be added here, after asking whether it may be in Redis.
 func TestRouteHasNoCredential(t *testing.T) {
 	var got []string
@@ -162,7 +179,8 @@ func TestRouteHasNoCredential(t *testing.T) {
 	for i := range rt.NumField() {
 		got = append(got, rt.Field(i).Name+":"+rt.Field(i).Tag.Get("json"))
 	}
-	want := []string{"Provider:provider", "ProviderID:provider_id", "SocketURL:socket_url,omitempty", "CDPURL:cdp_url,omitempty", "Node:node"}
+	want := []string{"Provider:provider", "ProviderID:provider_id", "SocketURL:socket_url,omitempty", "CDPURL:cdp_url,omitempty", "Node:node",
+		"Session:session", "Handlers:handlers", "Keys:keys,omitempty", "Client:client,omitempty"}
 	if !reflect.DeepEqual(got, want) {
 		t.Fatalf("Route's fields are %v, want %v", got, want)
 	}
@@ -371,7 +389,7 @@ func TestRouteCorrupt(t *testing.T) {
 		c.set(key)
 		dump := rdb.Dump(ctx, key).Val()
 		got, ok, err := a.Routes().Get(ctx, id)
-		if ok || got != (Route{}) || !errors.Is(err, ErrBadRoute) || errors.Is(err, ErrUnavailable) {
+		if ok || !reflect.DeepEqual(got, Route{}) || !errors.Is(err, ErrBadRoute) || errors.Is(err, ErrUnavailable) {
 			t.Errorf("%s: Get = %+v, %v, %v; want not found and ErrBadRoute", c.name, got, ok, err)
 		}
 		if err != nil && (strings.Contains(err.Error(), "secretkey") || strings.Contains(err.Error(), "Set-Cookie")) {

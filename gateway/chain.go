@@ -158,7 +158,10 @@ func (c *connect) join() bool {
 	if c.wd != nil {
 		proto, version = upstreams.ProtocolWebDriver, ""
 	}
-	c.cls = &class{proto: proto, pwVersion: version, affinity: h.affinityKey(c.r)}
+	c.cls = &class{proto: proto, pwVersion: version, affinity: h.affinityKey(c.r), opts: c.opts}
+	if c.wd != nil {
+		c.cls.wd = c.wd.req
+	}
 	c.pool = h.poolFor(c.cls)
 	if len(c.pool.members) == 0 {
 		c.finish(c.unservable(h.noProviderServes(c.cls)))
@@ -202,13 +205,13 @@ func (c *connect) join() bool {
 		if cl == nil || cl.Key != k.Template {
 			// A reload dropped or changed the limit.
 			c.inQuota = false
-			c.waiter.Want(c.pool.resources)
+			c.waiter.Want(c.h.usable(c.cls))
 			return true
 		}
 		if c.ticket.TakeShare(k, cl.Limit) {
 			c.inQuota = false
 			// Its place in the queue is kept: now it waits for a provider.
-			c.waiter.Want(c.pool.resources)
+			c.waiter.Want(c.h.usable(c.cls))
 			if c.h.reg.QuotaActive(k) < cl.Limit {
 				c.h.reg.Waiting.Offer(k.Resource())
 			}
@@ -241,7 +244,7 @@ func (c *connect) enqueue(want []string) bool {
 // returned, when its wait ends otherwise.
 func (c *connect) wait(retryAt time.Time) bool {
 	if c.waiter == nil {
-		if !c.enqueue(c.pool.resources) {
+		if !c.enqueue(c.h.usable(c.cls)) {
 			return false
 		}
 	}

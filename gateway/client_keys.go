@@ -38,9 +38,10 @@ const clientKeyRetry = 5 * time.Second
 // own, and the status' keys differ from the other nodes' until it has
 // the shared one.
 func (h *Gateway) provisionClientKeys(ctx caddy.Context) {
-	if h.ClientLimit == nil && h.Resume == nil {
+	if h.ClientLimit == nil && h.Resume == nil && !h.webdriver {
 		// Nothing is hashed with it: no client keys, no resume tokens
-		// or resume keys.
+		// or resume keys, no WebDriver session's route (whose key and
+		// client are hashed with it, the same on every node).
 		return
 	}
 	secret, err := storedSecret(ctx)

@@ -73,6 +73,9 @@ type connect struct {
 	unsupported []unsupported
 	// warm: the client was handed a warm session (warm.go).
 	warm bool
+	// ahead is, for a warm-up, what its provider's budget must still be
+	// able to pay: the cost of a session of expected_duration there.
+	ahead float64
 
 	// allIncompatible: the last pass found every provider it could use
 	// answering 428 (a Playwright server of another version).
@@ -93,6 +96,11 @@ type class struct {
 	quota string
 	// quotaTemplate is the client_limit key it was counted under.
 	quotaTemplate string
+	// opts are the session options it stated, and wd the WebDriver
+	// create it sent (nil: none): it waits only for providers that
+	// honour them and start the browser asked for (usable).
+	opts options.Set
+	wd   *upstreams.CreateRequest
 }
 
 // passEnd is how one pass over the candidates ended.
@@ -202,10 +210,37 @@ func (h *Gateway) resources(members []int) []string {
 	return out
 }
 
+// usable names in the queue the providers of the handler a client of
+// class cl can use: those of its pool (its protocol and Playwright
+// version) that honour its session options and, for a WebDriver create,
+// start the browser it asks for. A waiter waits for these only, so it
+// holds back no newcomer from a provider it could never take.
+func (h *Gateway) usable(cl *class) []string {
+	p := h.poolFor(cl)
+	if cl.opts.Empty() && cl.wd == nil {
+		return p.resources
+	}
+	out := make([]string, 0, len(p.members))
+	for j, i := range p.members {
+		up := h.members[i].up
+		if cl.wd != nil && !up.Accepts(cl.wd) {
+			continue
+		}
+		if !cl.opts.Empty() && len(up.Honours().Lacks(cl.opts)) > 0 {
+			continue
+		}
+		out = append(out, p.resources[j])
+	}
+	return out
+}
+
 // wants is the handler's queue.WantsFunc: what a waiter moved here by a
-// reload waits for. One that waited for its client_limit share goes on
-// waiting for it when this handler has the same limit; otherwise it is
-// woken to go on.
+// reload waits for: the providers of this handler it can use, with the
+// options it stated (names the client chose, which mean here what this
+// handler's providers say they honour; a waiter none of them can serve
+// wants nothing, and is answered). One that waited for its client_limit
+// share goes on waiting for it when this handler has the same limit;
+// otherwise it is woken to go on.
 func (h *Gateway) wants(cls any, before []string) ([]string, bool) {
 	cl, ok := cls.(*class)
 	if !ok {
@@ -215,9 +250,9 @@ func (h *Gateway) wants(cls any, before []string) ([]string, bool) {
 		if h.ClientLimit != nil && h.ClientLimit.Key == cl.quotaTemplate {
 			return before, false
 		}
-		return h.poolFor(cl).resources, true
+		return h.usable(cl), true
 	}
-	return h.poolFor(cl).resources, false
+	return h.usable(cl), false
 }
 
 // quotaKey is the client's client_limit key.

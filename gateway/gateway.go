@@ -118,6 +118,9 @@ func (h *Gateway) provision(ctx caddy.Context) error {
 	}
 	h.line = h.reg.Waiting.NewLine(h, size, timeout, h.resources(all), h.wants)
 	h.reg.RegisterQueue(h, h.line, names)
+	// What it makes for its clients serves only its own (and, after a
+	// reload that changes its block, its successor's).
+	h.reg.RegisterHandler(h, h.gen, h.key, names)
 	// A provider still cooling down from before a reload is offered when
 	// its cooldown ends.
 	for _, m := range h.members {
@@ -143,6 +146,7 @@ func (h *Gateway) Cleanup() error {
 	defer pool.Release()
 	h.cleaned.Store(true)
 	h.reg.ForgetLoad(h.gen)
+	h.retireKey()
 	h.cleanupWarm()
 	for _, m := range h.members {
 		m.state.RemoveOnReset(h)

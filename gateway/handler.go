@@ -63,8 +63,12 @@ type member struct {
 	up    *upstreams.Provider
 	state *pool.Provider
 	// expectedCost is what a session of expected_duration costs there,
-	// for the cheapest strategy.
+	// for the cheapest strategy and for the warm-ups its budget must be
+	// able to pay for.
 	expectedCost float64
+	// warm keeps this handler's warm sessions of the provider (nil:
+	// none; warm.go).
+	warm *warmer
 }
 
 // shared is a handler's use of a store.

@@ -53,6 +53,32 @@ func validSessionID(id string) bool {
 	return err == nil && len(b) == sessionIDBytes
 }
 
+// A WebDriver client names its session in every request's path (and its
+// sockets' URLs), so that ID is the client's secret, not the session ID
+// operators see: a path ID is made for each WebDriver session, 192 random
+// bits (32 characters of URL-safe base64), shown to its client only, in
+// its create answer. The gateway keeps only hashes of it
+// (pool.PathHash, and pool.Registry.RouteKey under shared state). It has
+// a length of its own, so an operator's session ID never even has its
+// form.
+const pathIDBytes = 24
+
+// newPathID returns a fresh random path ID.
+func newPathID() string {
+	var b [pathIDBytes]byte
+	rand.Read(b[:]) // never fails (crypto/rand aborts the process instead)
+	return base64.RawURLEncoding.EncodeToString(b[:])
+}
+
+// validPathID reports whether id has the form of a path ID.
+func validPathID(id string) bool {
+	if len(id) != base64.RawURLEncoding.EncodedLen(pathIDBytes) {
+		return false
+	}
+	_, err := base64.RawURLEncoding.DecodeString(id)
+	return err == nil
+}
+
 // learnt sets the placeholders of what the chain learnt about the client:
 // provider is the one that served it (or whose answer it got), "" when
 // none.

@@ -87,10 +87,8 @@ func (h *Gateway) provisionShared(known func(string) string) error {
 			// Another node saw this node's WebDriver session end (its
 			// client's DELETE, its provider's end): its ticket goes.
 			if e.Node != s.Store().Node() {
-				if ls, ok := h.reg.SessionByID(e.Session); ok {
-					if wd, ok := ls.Session.(*wdSession); ok {
-						wd.end(EndElsewhere, false)
-					}
+				if wd := h.webDriverSessionByRoute(e.Session); wd != nil {
+					wd.end(EndElsewhere, false)
 				}
 			}
 			return

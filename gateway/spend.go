@@ -35,13 +35,15 @@ func (c *connect) joinClientBudget() bool {
 // reserveSpend holds, for an attempt at st, what its session will cost
 // at its first moment in the provider's book and the client key's. over
 // is set when a budget refuses it: the provider's (skip it) or the
-// client key's (answer 429).
+// client key's (answer 429). A warm-up is refused as well when the
+// provider's budget could not pay for a session of expected_duration
+// (c.ahead) besides what it spent, accrued and holds.
 func (c *connect) reserveSpend(st *pool.Provider) (*spend.Hold, *spend.Over) {
 	book, amount := c.ticket.ClientBook(), 0.0
 	if cb := c.h.ClientBudget; cb != nil && book != nil {
 		amount = cb.Amount
 	}
-	return st.Reserve(book, amount)
+	return st.Reserve(book, amount, c.ahead)
 }
 
 // clientBookOf has the client's ticket take the book of its key under cb.

@@ -6,6 +6,9 @@ import (
 	"errors"
 	"net/http"
 	"os"
+	"slices"
+	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -18,22 +21,35 @@ import (
 	"github.com/browserfailover/caddy-browser-failover/upstreams"
 )
 
-// Warm sessions: with `warm <n>` a provider keeps up to n sessions opened
-// ahead of demand (the upgrade made, for a session API provider the
-// session created first, the provider's 101 read). A client that can use
-// one — it speaks what the provider serves (CDP, or BiDi for a bidi
-// provider), states no session option, brings no subprotocol and, under
+// Warm sessions: with `warm <n>` a provider of a handler keeps up to n
+// sessions opened ahead of demand (the upgrade made, for a session API
+// provider the session created first, the provider's 101 read), for that
+// handler's clients: two handlers with the same provider keep a set each.
+// A client of the handler that can use one — it speaks what the provider
+// serves (CDP, or BiDi for a bidi provider), states no session option or
+// those the sessions were made with, brings no subprotocol and, under
 // pass_query, no query — is handed one at once: the gateway answers its
 // upgrade itself, and every byte after that is relayed as for any
 // session. The warmer refills in the background.
 //
+// A warm session is made with the provider settings of its handler,
+// resolved when its config loaded, and handed out only while those
+// settings still resolve to the same values: a secret read from the
+// environment or a file that changed since ({env.*}, {file.*}) closes
+// the warm sessions made with the old value before any client gets one,
+// and no new one is made until a reload builds the provider with the new
+// value. What is compared is a keyed hash of the settings, never the
+// values.
+//
 // A warm-up is a connect without a client: it walks the chain's own
 // admission step (not drained, no waiter first, not full, its budget able
-// to pay, a health permit, a slot, the cluster-wide lease) and its attempt
-// is settled like any other, so a failed warm-up cools the provider down
-// and warm sessions count wherever live ones do. Its ticket's meter runs
-// from the warm-up: a warm session is billed whether or not a client
-// takes it.
+// to pay for a session of expected_duration, a health permit, a slot, the
+// cluster-wide lease) and its attempt is settled like any other, so a
+// failed warm-up cools the provider down and warm sessions count wherever
+// live ones do. Its ticket's meter runs from the warm-up: a warm session
+// is billed whether or not a client takes it. A provider that closes an
+// idle warm session gets its close frame answered, and the session is
+// replaced.
 
 // defaultWarmMaxAge is how long a warm session waits for a client.
 const defaultWarmMaxAge = 5 * time.Minute
@@ -46,55 +62,73 @@ const warmRefill = time.Second
 const maxWarmLeftover = 64 << 10
 
 // Close reasons of warm sessions no client took: older than warm_max_age,
-// their provider draining, or taken by a client whose client_budget
-// was spent meanwhile.
+// their provider draining, taken by a client whose client_budget was
+// spent meanwhile, or made with provider settings that are no longer
+// their handler's.
 const (
 	EndWarmAge     = "warm session aged"
 	EndWarmDrained = "provider drained"
 	EndWarmUnpaid  = "client budget reached"
+	EndWarmStale   = "provider settings changed"
 )
 
-// warmer keeps one provider's warm sessions. It lives in the registry's
-// entry of the provider, so a reload that keeps the provider keeps it; the
-// newest handler that uses the provider owns it.
+// warmer keeps one handler's warm sessions of one provider. It lives in
+// the registry under the handler's key and the provider's name, so a
+// reload that keeps the handler's configuration keeps it; the newest
+// handler with that key owns it, and hands its sessions to its own
+// clients only.
 type warmer struct {
-	st *pool.Provider
-	// fp is what the warm sessions were made with (the provider's
-	// settings): a reload that changes it replaces them.
-	fp string
-	// opts are the session options the warm sessions are made with.
+	key pool.WarmKey
+	reg *pool.Registry
+	st  *pool.Provider
+	// set is what the warm sessions are made with, as configured; opts
+	// are the session options among it.
+	set  warmSettings
 	opts options.Set
 	kick chan struct{}
 	done chan struct{}
 
-	mu     sync.Mutex
-	h      *Gateway // the owner
-	m      *member
-	prev   *Gateway // the owner before the last adoption (nil: none)
-	target int
-	maxAge time.Duration
-	ready  []*warmSession
-	making int
+	mu   sync.Mutex
+	h    *Gateway // the owner
+	m    *member
+	prev *Gateway // the owner before the last adoption (nil: none)
+	// print is the print of the settings the owner's provider was built
+	// with (resolved when its config loaded), prevPrint the one before
+	// the last adoption: warm-ups send those settings, and are made only
+	// while they are still what the settings resolve to.
+	print, prevPrint string
+	target           int
+	maxAge           time.Duration
+	ready            []*warmSession
+	making           int
 	// ending are warm sessions being closed: their slots are still held,
 	// so they are not replaced before they are gone.
 	ending int
 	closed bool
+	// paused: the settings resolve to other values than the owner's
+	// provider was built with (a secret changed without a reload); no
+	// warm-up is made until a reload.
+	paused bool
 }
 
-// warmSession is one warm session: its provider connection and the
-// ticket it holds.
+// warmSession is one warm session: its provider connection, the ticket
+// it holds and the print of the settings it was made with.
 type warmSession struct {
-	w    *warmer
-	up   *upstreams.Conn
-	t    *pool.Ticket
-	made time.Time
-	age  *time.Timer
+	w     *warmer
+	up    *upstreams.Conn
+	t     *pool.Ticket
+	made  time.Time
+	age   *time.Timer
+	print string
 	// watched ends when the watch stops: alive tells whether the
 	// connection is still good, extra what the provider sent meanwhile.
 	watched chan watchResult
 
 	mu    sync.Mutex
 	taken bool
+	// answered: the provider closed the session and the watch answered
+	// its close frame; what is left is to close the connection.
+	answered bool
 }
 
 type watchResult struct {
@@ -102,43 +136,52 @@ type watchResult struct {
 	extra []byte
 }
 
-// provisionWarm starts, or takes over from the config before, the warmer
-// of each provider with warm.
+// provisionWarm starts, or takes over from the config before, the
+// handler's warmer of each provider with warm.
 func (h *Gateway) provisionWarm() {
 	for i, pc := range h.Providers {
-		m := h.members[i]
-		old, _ := m.state.Warmer().(*warmer)
 		if pc.Warm <= 0 {
-			if old != nil && m.state.SetWarmer(nil) == old {
-				old.Close()
-			}
 			continue
 		}
+		m := h.members[i]
+		key := pool.WarmKey{Handler: h.key, Provider: pc.Name}
 		maxAge := time.Duration(pc.WarmMaxAge)
 		if maxAge <= 0 {
 			maxAge = defaultWarmMaxAge
 		}
-		fp := warmPrint(m, pc)
-		if old != nil && old.fp == fp && old.adopt(h, m, pc.Warm, maxAge) {
+		set := newWarmSettings(pc)
+		fp := set.print(h.reg)
+		if old, _ := h.reg.Warmer(key).(*warmer); old != nil && old.st == m.state && old.adopt(h, m, fp, pc.Warm, maxAge) {
+			m.warm = old
 			h.warmers = append(h.warmers, old)
 			continue
 		}
 		opts, _ := pc.WarmSet() // checked with the config
-		w := &warmer{st: m.state, fp: fp, opts: opts, kick: make(chan struct{}, 1), done: make(chan struct{}),
-			h: h, m: m, target: pc.Warm, maxAge: maxAge}
-		if prev := m.state.SetWarmer(w); prev != nil {
+		w := &warmer{key: key, reg: h.reg, st: m.state, set: set, opts: opts, kick: make(chan struct{}, 1), done: make(chan struct{}),
+			h: h, m: m, print: fp, target: pc.Warm, maxAge: maxAge}
+		if prev := h.reg.SetWarmer(key, w); prev != nil {
 			prev.Close()
 		}
+		m.warm = w
 		h.warmers = append(h.warmers, w)
-		m.state.SetWarm(0, pc.Warm)
+		m.state.SetWarm(key.Handler, 0, pc.Warm)
 		go w.run()
 	}
 }
 
-// warmPrint is what a provider's warm sessions depend on: its resolved
-// URL, the settings of its connection (not those that only choose among
-// providers) and the options they are made with.
-func warmPrint(m *member, pc *config.ProviderConfig) string {
+// warmSettings are the provider settings a handler's warm sessions of one
+// provider are made with, as configured: what the provider is sent (its
+// configuration but for what only chooses among providers: URL, headers,
+// header_up, session API, capabilities, TLS) and the session options they
+// are made with, and the {env.*} and {file.*} placeholders among them,
+// resolved each time a print is taken.
+type warmSettings struct {
+	conf  []byte
+	names []string
+}
+
+// newWarmSettings reads the warm sessions' settings of provider pc.
+func newWarmSettings(pc *config.ProviderConfig) warmSettings {
 	c := pc.Config
 	c.Priority, c.Weight, c.ConnectTimeout = nil, 0, 0
 	c.Region, c.Supports = nil, nil
@@ -147,21 +190,111 @@ func warmPrint(m *member, pc *config.ProviderConfig) string {
 		c.OptionMap = nil
 	}
 	b, _ := json.Marshal(c)
+	var tree any
+	_ = json.Unmarshal(b, &tree)
 	opts, _ := pc.WarmSet()
-	return m.up.Key() + "\x00" + string(b) + "\x00" + opts.Query()
+	s := warmSettings{conf: append(append(b, 0), opts.Query()...)}
+	s.names = secretPlaceholders(tree, nil)
+	return s
 }
 
-// adopt makes h the owner; false when the warmer is closed.
-func (w *warmer) adopt(h *Gateway, m *member, target int, maxAge time.Duration) bool {
+// secretPlaceholders appends the {env.*} and {file.*} placeholders in the
+// strings of v (a decoded JSON value) to names, each once.
+func secretPlaceholders(v any, names []string) []string {
+	switch v := v.(type) {
+	case string:
+		for rest := v; ; {
+			i := strings.IndexByte(rest, '{')
+			if i < 0 {
+				break
+			}
+			j := strings.IndexByte(rest[i:], '}')
+			if j < 0 {
+				break
+			}
+			name := rest[i+1 : i+j]
+			if (strings.HasPrefix(name, "env.") || strings.HasPrefix(name, "file.")) && (i == 0 || rest[i-1] != '\\') && !slices.Contains(names, name) {
+				names = append(names, name)
+			}
+			rest = rest[i+j+1:]
+		}
+	case []any:
+		for _, e := range v {
+			names = secretPlaceholders(e, names)
+		}
+	case map[string]any:
+		keys := make([]string, 0, len(v))
+		for k := range v {
+			keys = append(keys, k)
+		}
+		slices.Sort(keys)
+		for _, k := range keys {
+			names = secretPlaceholders(k, names)
+			names = secretPlaceholders(v[k], names)
+		}
+	}
+	return names
+}
+
+// print is the settings' print with their placeholders resolved now: a
+// keyed hash (pool.Registry.WarmPrint), so no resolved value is kept.
+func (s *warmSettings) print(reg *pool.Registry) string {
+	b := slices.Clip(s.conf)
+	if len(s.names) > 0 {
+		repl := caddy.NewReplacer()
+		for _, n := range s.names {
+			v, _ := repl.GetString(n)
+			b = append(append(b, 0), n...)
+			b = strconv.AppendInt(append(b, 0), int64(len(v)), 10)
+			b = append(append(b, 0), v...)
+		}
+	}
+	return reg.WarmPrint(b)
+}
+
+// adopt makes h the owner, its provider's settings printing as fp;
+// warm sessions made with other settings are closed at once. It reports
+// false when the warmer is closed.
+func (w *warmer) adopt(h *Gateway, m *member, fp string, target int, maxAge time.Duration) bool {
 	w.mu.Lock()
-	defer w.mu.Unlock()
 	if w.closed {
+		w.mu.Unlock()
 		return false
 	}
 	w.prev, w.h, w.m, w.target, w.maxAge = w.h, h, m, target, maxAge
+	w.prevPrint, w.print = w.print, fp
+	w.paused = false
+	stale := w.staleLocked(fp)
 	w.publish()
+	w.mu.Unlock()
+	w.endStale(stale)
 	w.poke()
 	return true
+}
+
+// staleLocked takes out of the ready ones those made with settings that
+// do not print as now; the caller ends them (endStale). w.mu held.
+func (w *warmer) staleLocked(now string) []*warmSession {
+	var stale []*warmSession
+	kept := w.ready[:0]
+	for _, ws := range w.ready {
+		if ws.print == now {
+			kept = append(kept, ws)
+		} else {
+			stale = append(stale, ws)
+		}
+	}
+	clear(w.ready[len(kept):])
+	w.ready = kept
+	w.ending += len(stale)
+	return stale
+}
+
+// endStale closes and releases warm sessions staleLocked took out.
+func (w *warmer) endStale(stale []*warmSession) {
+	for _, ws := range stale {
+		ws.end(upstreams.CloseNormal, EndWarmStale, w.ended)
+	}
 }
 
 // cleanupWarm gives up h's warmers: one a newer handler owns goes on; one
@@ -174,6 +307,7 @@ func (h *Gateway) cleanupWarm() {
 		back := mine && w.prev != nil && !w.prev.cleaned.Load() && !caddy.Exiting()
 		if back {
 			w.h, w.prev = w.prev, nil
+			w.print = w.prevPrint
 			for _, m := range w.h.members {
 				if m.state == w.st {
 					w.m = m
@@ -182,9 +316,7 @@ func (h *Gateway) cleanupWarm() {
 		}
 		w.mu.Unlock()
 		if mine && !back {
-			if w.st.Warmer() == pool.Warmer(w) {
-				w.st.SetWarmer(nil)
-			}
+			h.reg.DropWarmer(w.key, w)
 			w.Close()
 		}
 	}
@@ -210,7 +342,7 @@ func (w *warmer) Close() {
 		ws.end(upstreams.CloseGoingAway, upstreams.EndShutdown, wg.Done)
 	}
 	wg.Wait()
-	w.st.SetWarm(0, 0)
+	w.st.SetWarm(w.key.Handler, 0, 0)
 }
 
 // run refills the warm sessions when told, and every warmRefill.
@@ -236,8 +368,11 @@ func (w *warmer) poke() {
 	}
 }
 
-// fill starts the warm-ups the target still wants; a draining provider,
-// or an exiting process, keeps none.
+// fill closes the warm sessions made with settings that no longer
+// resolve as they did, and starts the warm-ups the target still wants:
+// none while the owner's provider was built with settings that no longer
+// resolve as now (they would be made with old values), and none for a
+// draining provider or an exiting process, which keep none.
 func (w *warmer) fill() {
 	if caddy.Exiting() || w.st.Draining() {
 		w.mu.Lock()
@@ -250,27 +385,42 @@ func (w *warmer) fill() {
 		}
 		return
 	}
+	now := w.set.print(w.reg)
 	w.mu.Lock()
+	stale := w.staleLocked(now)
+	w.publish()
+	paused := now != w.print
+	if paused && !w.paused {
+		w.h.logger.Warn("warm sessions paused: the provider's settings resolve to other values than when the config was loaded (a changed {env.*} or {file.*}); reload the config to warm it again",
+			zap.String("provider", w.key.Provider))
+	}
+	w.paused = paused
 	need := w.target - len(w.ready) - w.making - w.ending
-	if w.closed || need <= 0 {
+	if w.closed || paused || need <= 0 {
 		w.mu.Unlock()
+		w.endStale(stale)
 		return
 	}
 	w.making += need
-	h, m := w.h, w.m
+	h, m, fp := w.h, w.m, w.print
 	w.mu.Unlock()
+	w.endStale(stale)
 	for range need {
-		go w.warmUp(h, m)
+		go w.warmUp(h, m, fp)
 	}
 }
 
 // publish puts the counts where status and metrics read them (w.mu
-// held).
-func (w *warmer) publish() { w.st.SetWarm(len(w.ready), w.target) }
+// held); a closed warmer has none.
+func (w *warmer) publish() {
+	if !w.closed {
+		w.st.SetWarm(w.key.Handler, len(w.ready), w.target)
+	}
+}
 
 // warmUp makes one warm session at m through the chain's admission and
-// attempt, as h's.
-func (w *warmer) warmUp(h *Gateway, m *member) {
+// attempt, as h's, whose provider's settings print as fp.
+func (w *warmer) warmUp(h *Gateway, m *member, fp string) {
 	ws := h.warmUp(m, w.opts)
 	w.mu.Lock()
 	w.making--
@@ -278,7 +428,10 @@ func (w *warmer) warmUp(h *Gateway, m *member) {
 		w.mu.Unlock()
 		return
 	}
-	if w.closed || len(w.ready) >= w.target {
+	ws.print = fp
+	if w.closed || len(w.ready) >= w.target || fp != w.print {
+		// Not wanted any more, or made with the settings of an owner
+		// before a reload that changed them.
 		w.mu.Unlock()
 		ws.end(upstreams.CloseGoingAway, upstreams.EndShutdown, nil)
 		return
@@ -294,7 +447,8 @@ func (w *warmer) warmUp(h *Gateway, m *member) {
 }
 
 // warmUp is one warm-up at m: a connect without a client, with session
-// options opts.
+// options opts, which the provider's budget must be able to pay for in
+// full.
 func (h *Gateway) warmUp(m *member, opts options.Set) *warmSession {
 	if caddy.Exiting() {
 		return nil
@@ -304,7 +458,8 @@ func (h *Gateway) warmUp(m *member, opts options.Set) *warmSession {
 	c := &connect{h: h, r: r, start: time.Now(), ticket: h.reg.NewTicket(),
 		// No request: its placeholders render empty.
 		replace: func(s string) string { return repl.ReplaceAll(s, "") },
-		hs:      &upstreams.Handshake{Key: upstreams.NewKey(), Header: http.Header{}}, opts: opts}
+		hs:      &upstreams.Handshake{Key: upstreams.NewKey(), Header: http.Header{}}, opts: opts,
+		ahead: m.expectedCost}
 	defer c.ticket.Release()
 	t, ok := c.admit(&passState{}, m)
 	if !ok {
@@ -327,14 +482,35 @@ func (h *Gateway) warmUp(m *member, opts options.Set) *warmSession {
 }
 
 // watch reads the idle connection, so that a provider that closes it is
-// seen at once; it stops when a client takes the session (its read
-// deadline set in the past), keeping what it read.
+// seen at once: its close frame is answered as a client would answer it,
+// and the session replaced. It stops when a client takes the session (its
+// read deadline set in the past), keeping what it read.
 func (ws *warmSession) watch() {
 	var extra []byte
+	var idle upstreams.IdleWatch
 	buf := make([]byte, 4096)
 	for {
 		n, err := ws.up.Conn.Read(buf)
 		extra = append(extra, buf[:n]...)
+		if idle.Closed(buf[:n]) {
+			// Answered under the lock, so that an end meanwhile (a
+			// shutdown's) knows the handshake is over and sends no
+			// close of its own.
+			ws.mu.Lock()
+			mine := !ws.taken
+			ws.taken = true
+			if mine {
+				ws.answered = idle.AnswerClose(ws.up) == nil
+			}
+			ws.mu.Unlock()
+			// Never a client's: a client taking it now is told it is
+			// gone, and its session is ended with a close frame.
+			ws.watched <- watchResult{}
+			if mine {
+				ws.w.drop(ws, upstreams.CloseGoingAway, upstreams.EndProviderClosed)
+			}
+			return
+		}
 		if err != nil {
 			ws.mu.Lock()
 			taken := ws.taken
@@ -387,16 +563,22 @@ func (w *warmer) ended() {
 
 // end closes a warm session no client took and gives back its ticket
 // (its cost counted, its provider session released), in the background;
-// done (if set) is called after.
+// done (if set) is called after. One whose close the watch answered is
+// only closed: the close handshake is over.
 func (ws *warmSession) end(code int, reason string, done func()) {
 	ws.mu.Lock()
 	ws.taken = true // the watch, if any, stops for good
+	answered := ws.answered
 	ws.mu.Unlock()
 	if ws.age != nil {
 		ws.age.Stop()
 	}
 	go func() {
-		ws.up.CloseWith(code, reason)
+		if answered {
+			ws.up.Close()
+		} else {
+			ws.up.CloseWith(code, reason)
+		}
 		ws.t.Release()
 		if done != nil {
 			done()
@@ -405,12 +587,27 @@ func (ws *warmSession) end(code int, reason string, done func()) {
 }
 
 // take hands out the oldest warm session whose connection is still good
-// (nil: none), and asks for a new one.
+// and which was made with the settings of its handler's provider as they
+// resolve now (nil: none), and asks for a new one. Those made with other
+// values (a secret changed since) are closed first: no client gets one.
 func (w *warmer) take() *warmSession {
+	w.mu.Lock()
+	n := len(w.ready)
+	w.mu.Unlock()
+	if n == 0 {
+		return nil
+	}
+	now := w.set.print(w.reg)
+	w.mu.Lock()
+	stale := w.staleLocked(now)
+	w.publish()
+	w.mu.Unlock()
+	w.endStale(stale)
 	for {
 		w.mu.Lock()
 		if len(w.ready) == 0 {
 			w.mu.Unlock()
+			w.poke()
 			return nil
 		}
 		ws := w.ready[0]
@@ -466,10 +663,11 @@ func (w *warmer) serves(c *connect, m *member) bool {
 	return false
 }
 
-// tryWarm hands the client a warm session of the first provider in its
-// order that has one, passing over those an attempt would skip anyway
-// (drained, full, cooling down): the provider an attempt would go to
-// first, when it has no warm session ready, gets the attempt.
+// tryWarm hands the client a warm session of its handler's (made for
+// its handler's clients only) at the first provider in its order that has
+// one, passing over those an attempt would skip anyway (drained, full,
+// cooling down): the provider an attempt would go to first, when it has
+// no warm session ready, gets the attempt.
 func (c *connect) tryWarm(order []int) (passEnd, bool) {
 	if len(c.h.warmers) == 0 {
 		return 0, false
@@ -477,7 +675,7 @@ func (c *connect) tryWarm(order []int) (passEnd, bool) {
 	for _, i := range order {
 		m := c.h.members[i]
 		contended := c.waiter == nil && c.h.reg.Waiting.Contended(m.state.Resource())
-		if w, _ := m.state.Warmer().(*warmer); w != nil && !contended && w.serves(c, m) && !m.state.Draining() {
+		if w := m.warm; w != nil && !contended && w.serves(c, m) && !m.state.Draining() {
 			if !c.mayChargeWarm() {
 				return 0, false
 			}

@@ -3,10 +3,12 @@ package gateway
 import (
 	"bytes"
 	"context"
+	"crypto/subtle"
 	"encoding/json"
 	"errors"
 	"io"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -17,6 +19,7 @@ import (
 	"github.com/browserfailover/caddy-browser-failover/cluster"
 	"github.com/browserfailover/caddy-browser-failover/observe"
 	"github.com/browserfailover/caddy-browser-failover/options"
+	"github.com/browserfailover/caddy-browser-failover/pool"
 	"github.com/browserfailover/caddy-browser-failover/upstreams"
 )
 
@@ -31,19 +34,27 @@ import (
 //     the queue), each attempt a create call at a webdriver provider
 //     that can start the browser asked for. The session that results
 //     holds the client's ticket (webdriver_session.go), and the client
-//     gets the provider's answer rewritten: the gateway's session ID, and
-//     socket URLs on the gateway's host.
+//     gets the provider's answer rewritten: the session's path ID (the
+//     client's secret, session_id.go), socket URLs on the gateway's host,
+//     nothing that tells where the provider runs.
 //   - <base>/session/<id>[/…] is a command, forwarded to the session's
-//     provider session; DELETE <base>/session/<id> ends it.
-//   - an upgrade to <base>/session/<id> or <base>/session/<id>/se/cdp of
-//     a live WebDriver session is its BiDi or CDP socket, relayed to the
+//     provider session, its answer streamed back with the provider's
+//     session ID replaced by the path ID; DELETE <base>/session/<id> ends
+//     it.
+//   - an upgrade to <base>/session/<id> or <base>/session/<id>/se/cdp is
+//     a live WebDriver session's BiDi or CDP socket, relayed to the
 //     provider's own; every other upgrade goes the chain's way (a BiDi
 //     client's /session path among them).
 //   - GET <base>/status is answered by the gateway.
 //
-// Every WebDriver request follows the Origin rule of upgrades (a web page
-// must not drive a browser through fetch either). Under shared state each
-// session's route is in Redis, so any node serves its commands and
+// A path ID serves only the handler that created the session (or the one
+// a reload replaced it with) and, when that handler has a client key
+// (client_limit, client_budget), only requests with the client's key:
+// anything else is an unknown session ("invalid session id"), and the
+// provider hears nothing of it. Every WebDriver request follows the
+// Origin rule of upgrades (a web page must not drive a browser through
+// fetch either). Under shared state each session's route is in Redis,
+// under a keyed hash of its path ID, so any node serves its commands and
 // sockets; the node that created it owns its slot and its end.
 
 // The default idle timeout of a WebDriver session: its client sends
@@ -226,7 +237,8 @@ func (c *connect) establishWebDriver(m *member, ps *upstreams.WebDriverSession) 
 		c.finish(c.shuttingDown())
 		return passAnswered
 	}
-	answer, err := ps.Answer(c.id, c.wsBase())
+	pathID := newPathID()
+	answer, err := ps.Answer(pathID, c.wsBase())
 	if err != nil {
 		ps.Remote.Release()
 		c.h.logger.Error("WebDriver create answer not usable", zap.String("provider", m.up.Name), zap.Error(err))
@@ -234,7 +246,7 @@ func (c *connect) establishWebDriver(m *member, ps *upstreams.WebDriverSession) 
 		return passAnswered
 	}
 	c.served(m)
-	s := c.newWebDriverSession(m, ps)
+	s := c.newWebDriverSession(m, ps, pathID)
 	c.learnt(m.up.Name)
 	hd := c.w.Header()
 	hd.Set("Content-Type", "application/json; charset=utf-8")
@@ -255,28 +267,39 @@ type webDriverTarget struct {
 	up       *upstreams.Provider
 	ps       *upstreams.WebDriverSession
 	provider string
-	id       string
+	// id is the session's operator ID (placeholders, logs, headers);
+	// route its route's key in the shared state ("" when not shared).
+	id, route string
 }
 
-// webDriverTargetOf finds the session id; ok is false when it is not a
-// live WebDriver session of this gateway.
-func (h *Gateway) webDriverTargetOf(ctx context.Context, id string) (webDriverTarget, bool) {
-	if ls, ok := h.reg.SessionByID(id); ok {
-		if s, ok := ls.Session.(*wdSession); ok {
-			return webDriverTarget{local: s, up: s.upNow(), ps: s.ps, provider: s.provider, id: id}, true
-		}
+// webDriverTargetOf finds the session that r names by pathID; ok is false
+// when it is not a live WebDriver session of this gateway that r may use:
+// one bound to this handler (or to one it succeeds,
+// pool.Registry.HandlerServes) and, when bound to client key
+// placeholders, to the values r gives them (sameClient).
+func (h *Gateway) webDriverTargetOf(r *http.Request, pathID string) (webDriverTarget, bool) {
+	if !validPathID(pathID) {
 		return webDriverTarget{}, false
+	}
+	if ls, ok := h.reg.SessionByPath(pool.PathHash(pathID)); ok {
+		s, ok := ls.Session.(*wdSession)
+		if !ok || !h.reg.HandlerServes(ls.Bound.Handler, h) || !sameClient(ls.Bound.Keys, ls.Bound.Client, r, pool.ClientHash) {
+			return webDriverTarget{}, false
+		}
+		return webDriverTarget{local: s, up: s.upNow(), ps: s.ps, provider: s.provider, id: s.id, route: s.route}, true
 	}
 	sh := h.shared
-	if sh == nil || !validSessionID(id) || !sh.s.Usable() {
+	if sh == nil || !sh.s.Usable() {
 		return webDriverTarget{}, false
 	}
-	rt, ok, err := sh.s.Store().Routes().Get(ctx, id)
+	key := h.reg.RouteKey(pathID)
+	rt, ok, err := sh.s.Store().Routes().Get(r.Context(), key)
 	if err != nil {
 		h.logger.Warn("WebDriver route from the shared state not read", zap.String("cause", err.Error()))
 		return webDriverTarget{}, false
 	}
-	if !ok {
+	if !ok || rt.Session == "" || !slices.ContainsFunc(rt.Handlers, func(k string) bool { return h.reg.HandlerServes(k, h) }) ||
+		!sameClient(rt.Keys, rt.Client, r, h.reg.SharedClientHash) {
 		return webDriverTarget{}, false
 	}
 	m := h.memberByName(rt.Provider)
@@ -288,7 +311,47 @@ func (h *Gateway) webDriverTargetOf(ctx context.Context, id string) (webDriverTa
 		h.logger.Warn("WebDriver route from the shared state refused", zap.String("provider", rt.Provider), zap.String("cause", err.Error()))
 		return webDriverTarget{}, false
 	}
-	return webDriverTarget{up: m.up, ps: ps, provider: rt.Provider, id: id}, true
+	return webDriverTarget{up: m.up, ps: ps, provider: rt.Provider, id: rt.Session, route: key}, true
+}
+
+// clientKeys are the client key placeholders the handler's WebDriver
+// sessions are bound to: client_limit's, then client_budget's when it is
+// another; nil without either.
+func (h *Gateway) clientKeys() []string {
+	var keys []string
+	if cl := h.ClientLimit; cl != nil {
+		keys = append(keys, cl.Key)
+	}
+	if cb := h.ClientBudget; cb != nil && !slices.Contains(keys, cb.Key) {
+		keys = append(keys, cb.Key)
+	}
+	return keys
+}
+
+// clientValues resolves keys with replace (nil: every value empty).
+func clientValues(keys []string, replace func(string) string) []string {
+	out := make([]string, len(keys))
+	for i, k := range keys {
+		if replace != nil {
+			out[i] = replace(k)
+		}
+	}
+	return out
+}
+
+// sameClient reports whether r's values of the client key placeholders
+// keys hash (with hash) to want: the request is the bound client's. A
+// session bound to no keys is any client's.
+func sameClient(keys []string, want string, r *http.Request, hash func([]string) string) bool {
+	if len(keys) == 0 {
+		return true
+	}
+	var replace func(string) string
+	if repl := replacerOf(r); repl != nil {
+		replace = func(s string) string { return repl.ReplaceKnown(s, "") }
+	}
+	got := hash(clientValues(keys, replace))
+	return subtle.ConstantTimeCompare([]byte(got), []byte(want)) == 1
 }
 
 // memberByName is the handler's member called name, nil when none.
@@ -307,9 +370,9 @@ func (h *Gateway) active(t webDriverTarget) {
 	if t.local != nil {
 		t.local.touch()
 	}
-	if sh := h.shared; sh != nil && sh.s.Usable() {
+	if sh := h.shared; sh != nil && t.route != "" && sh.s.Usable() {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		if err := sh.s.Store().Routes().Touch(ctx, t.id, h.webDriverRouteTTL()); err != nil {
+		if err := sh.s.Store().Routes().Touch(ctx, t.route, h.webDriverRouteTTL()); err != nil {
 			sh.s.Failed("touch route", err)
 		}
 		cancel()
@@ -332,20 +395,28 @@ func (h *Gateway) ended(t webDriverTarget, reason string, gone bool) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
-	if err := sh.s.Store().News().AnnounceWebDriverEnd(ctx, t.id); err != nil {
+	if err := sh.s.Store().News().AnnounceWebDriverEnd(ctx, t.route); err != nil {
 		sh.s.Failed("announce end", err)
 	}
 }
 
-// webDriverCommand forwards a command to its session's provider session.
+// noSuchSession answers a request for a session it may not use, or that
+// is not live: the same answer either way, which does not repeat the ID.
+func noSuchSession(w http.ResponseWriter) {
+	upstreams.WriteWebDriverError(w, "invalid session id", "no live session with this ID for this client on this gateway")
+}
+
+// webDriverCommand forwards a command to its session's provider session,
+// and streams the answer back with the provider's session ID replaced by
+// the client's.
 func (h *Gateway) webDriverCommand(w http.ResponseWriter, r *http.Request, wr wdRequest) {
-	t, ok := h.webDriverTargetOf(r.Context(), wr.id)
+	t, ok := h.webDriverTargetOf(r, wr.id)
 	if !ok {
-		upstreams.WriteWebDriverError(w, "invalid session id", "no live session "+strconv.Quote(wr.id)+" on this gateway")
+		noSuchSession(w)
 		return
 	}
 	if repl := replacerOf(r); repl != nil {
-		repl.Set(PlaceholderSessionID, wr.id)
+		repl.Set(PlaceholderSessionID, t.id)
 		repl.Set(PlaceholderProvider, t.provider)
 	}
 	h.active(t)
@@ -380,15 +451,19 @@ func (h *Gateway) webDriverCommand(w http.ResponseWriter, r *http.Request, wr wd
 	if ct := resp.Header.Get("Content-Type"); ct != "" {
 		w.Header().Set("Content-Type", ct)
 	}
-	if cl := resp.Header.Get("Content-Length"); cl != "" {
+	rw := t.ps.Rewriter(w, wr.id)
+	if cl := resp.Header.Get("Content-Length"); cl != "" && rw.SameLength() {
 		w.Header().Set("Content-Length", cl)
 	}
 	w.Header().Set("Cache-Control", "no-cache")
 	w.WriteHeader(resp.StatusCode)
-	up, _ := w.Write(head)
-	rest, _ := io.Copy(w, resp.Body)
+	if _, err := rw.Write(head); err == nil {
+		if _, err := io.Copy(rw, resp.Body); err == nil {
+			rw.Flush()
+		}
+	}
 	if t.local != nil {
-		t.local.counted(r.ContentLength, int64(up)+rest)
+		t.local.counted(r.ContentLength, rw.Written())
 	}
 	switch {
 	case r.Method == http.MethodDelete && wr.rest == "":
@@ -411,15 +486,24 @@ const (
 )
 
 // serveWebDriverSocket relays the BiDi or CDP socket of a live WebDriver
-// session; it reports false when the upgrade is not one (it then goes the
-// chain's way).
+// session; it reports false when the upgrade's path is not a session's
+// socket (it then goes the chain's way). A session's socket that is not
+// live, or not this client's, is an unknown session, as for commands.
 func (h *Gateway) serveWebDriverSocket(w http.ResponseWriter, r *http.Request, wr wdRequest) bool {
 	if wr.id == "" || (wr.rest != "" && wr.rest != "/se/cdp") {
 		return false
 	}
-	t, ok := h.webDriverTargetOf(r.Context(), wr.id)
+	if !h.origins.Allows(r.Header.Values("Origin")) {
+		// Before the session is looked for: a web page learns nothing of
+		// which IDs are live.
+		h.obs.Rejected(http.StatusForbidden, observe.ReasonOrigin, 0)
+		(&connect{h: h}).refuseOrigin().write(w, r)
+		return true
+	}
+	t, ok := h.webDriverTargetOf(r, wr.id)
 	if !ok {
-		return false
+		noSuchSession(w)
+		return true
 	}
 	hs, err := upstreams.Check(r)
 	if err != nil {
@@ -429,11 +513,9 @@ func (h *Gateway) serveWebDriverSocket(w http.ResponseWriter, r *http.Request, w
 		return true
 	}
 	c := h.newConnect(w, r, hs)
-	c.id = wr.id
-	if !h.origins.Allows(r.Header.Values("Origin")) {
-		h.obs.Rejected(http.StatusForbidden, observe.ReasonOrigin, 0)
-		c.refuseOrigin().write(w, r)
-		return true
+	c.id = t.id
+	if c.repl != nil {
+		c.repl.Set(PlaceholderSessionID, t.id)
 	}
 	cdp := wr.rest == "/se/cdp"
 	// Its header_up renders the session's options as its create's did
@@ -447,6 +529,7 @@ func (h *Gateway) serveWebDriverSocket(w http.ResponseWriter, r *http.Request, w
 	res := t.up.WebDriverSocket(r.Context(), hs, t.ps, cdp, replace)
 	if res.Outcome.Kind != upstreams.Success {
 		if res.Outcome.Kind == upstreams.Relay {
+			res.Body = t.ps.Rewrite(res.Body, wr.id)
 			c.relayedTo(t.provider, res).write(w, r)
 			return true
 		}
@@ -456,13 +539,13 @@ func (h *Gateway) serveWebDriverSocket(w http.ResponseWriter, r *http.Request, w
 		return true
 	}
 	up := res.Conn
-	fields := []upstreams.HeaderField{{Name: SessionHeader, Value: wr.id}}
+	fields := []upstreams.HeaderField{{Name: SessionHeader, Value: t.id}}
 	for _, k := range []string{"Sec-Websocket-Protocol", "Sec-Websocket-Extensions"} {
 		for _, v := range up.Answer.Header.Values(k) {
 			fields = append(fields, upstreams.HeaderField{Name: k, Value: v})
 		}
 	}
-	ho, err := c.handOver(up.Answer.RawWithHeaders(upstreams.HeaderField{Name: SessionHeader, Value: wr.id}), fields)
+	ho, err := c.handOver(up.Answer.RawWithHeaders(upstreams.HeaderField{Name: SessionHeader, Value: t.id}), fields)
 	if err != nil {
 		up.Close()
 		return true
@@ -486,7 +569,7 @@ func (h *Gateway) serveWebDriverSocket(w http.ResponseWriter, r *http.Request, w
 			s.Close(upstreams.CloseNormal, "session ended")
 		}
 	} else {
-		h.reg.Sockets.Add(wr.id, s)
+		h.reg.Sockets.Add(t.route, s)
 	}
 	if ho.greet != nil {
 		if err := ho.greet(); err != nil {
@@ -512,16 +595,17 @@ func (h *Gateway) webDriverIdle() time.Duration {
 	return defaultWebDriverIdle
 }
 
-// shareRoute puts a new session's route in the shared state.
-func (h *Gateway) shareRoute(s *wdSession) bool {
+// shareRoute puts a session's route rt in the shared state under key (its
+// owner this node).
+func (h *Gateway) shareRoute(key string, rt cluster.Route) bool {
 	sh := h.shared
 	if sh == nil || !sh.s.Usable() {
 		return false
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
-	rt := cluster.Route{Provider: s.provider, ProviderID: s.ps.ID, SocketURL: s.ps.SocketURL(), CDPURL: s.ps.CDPURL(), Node: sh.s.Store().Node()}
-	if err := sh.s.Store().Routes().Put(ctx, s.id, rt, h.webDriverRouteTTL()); err != nil {
+	rt.Node = sh.s.Store().Node()
+	if err := sh.s.Store().Routes().Put(ctx, key, rt, h.webDriverRouteTTL()); err != nil {
 		sh.s.Failed("put route", err)
 		return false
 	}

@@ -3,12 +3,14 @@ package gateway
 import (
 	"context"
 	"net/http"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"go.uber.org/zap"
 
+	"github.com/browserfailover/caddy-browser-failover/cluster"
 	"github.com/browserfailover/caddy-browser-failover/options"
 	"github.com/browserfailover/caddy-browser-failover/pool"
 	"github.com/browserfailover/caddy-browser-failover/queue"
@@ -28,7 +30,10 @@ import (
 // wdSession is one live WebDriver session; it is the session registry's
 // pool.Live for it.
 type wdSession struct {
-	h        *Gateway // the handler that created it (its logger, registry, shared state)
+	h *Gateway // the handler that created it (its logger, registry, shared state)
+	// id is its operator's session ID (the sessions list, logs, the
+	// Browser-Failover-Session header); its client names it by another,
+	// its path ID, which the session does not keep.
 	id       string
 	provider string
 	browser  string
@@ -42,8 +47,11 @@ type wdSession struct {
 	idleFor time.Duration
 	maxAge  time.Duration
 	log     *sessionEnd
-	// shared: its route is in the shared state.
+	// shared: its route is in the shared state, under the key route
+	// (pool.Registry.RouteKey of its path ID) as rt says.
 	shared bool
+	route  string
+	rt     cluster.Route
 
 	commands  atomic.Int64
 	last      atomic.Int64 // unix nanoseconds of the last command or socket activity
@@ -61,8 +69,9 @@ type wdSession struct {
 }
 
 // newWebDriverSession makes the session of a create that ps answered at
-// m: it takes the client's ticket, and is listed.
-func (c *connect) newWebDriverSession(m *member, ps *upstreams.WebDriverSession) *wdSession {
+// m, which its client is to name by pathID: it takes the client's ticket,
+// and is listed, bound to the handler and the client's key.
+func (c *connect) newWebDriverSession(m *member, ps *upstreams.WebDriverSession, pathID string) *wdSession {
 	h := c.h
 	now := time.Now()
 	s := &wdSession{
@@ -81,10 +90,79 @@ func (c *connect) newWebDriverSession(m *member, ps *upstreams.WebDriverSession)
 	}
 	s.last.Store(now.UnixNano())
 	s.t, c.ticket = c.ticket, nil
-	info := pool.SessionInfo{ID: c.id, Protocol: string(upstreams.ProtocolWebDriver), RemoteIP: remoteIP(c.r), Attempts: c.tries, Options: s.log.options}
+	keys := h.clientKeys()
+	values := clientValues(keys, c.replace)
+	bound := pool.Bound{Path: pool.PathHash(pathID), Handler: h.key, Keys: keys}
+	if keys != nil {
+		bound.Client = pool.ClientHash(values)
+	}
+	info := pool.SessionInfo{ID: c.id, Protocol: string(upstreams.ProtocolWebDriver), RemoteIP: remoteIP(c.r), Attempts: c.tries, Options: s.log.options, Bound: bound}
+	if h.shared != nil {
+		s.route = h.reg.RouteKey(pathID)
+		s.rt = cluster.Route{Provider: s.provider, ProviderID: ps.ID, SocketURL: ps.SocketURL(), CDPURL: ps.CDPURL(),
+			Session: s.id, Handlers: []string{h.key}, Keys: keys}
+		if keys != nil {
+			s.rt.Client = h.reg.SharedClientHash(values)
+		}
+	}
 	s.t.Establish(s, info, ps.Remote)
-	s.shared = h.shareRoute(s)
+	if h.shared != nil {
+		// (rebind changes rt only once shared is set.)
+		shared := h.shareRoute(s.route, s.rt)
+		s.mu.Lock()
+		s.shared = shared
+		over := s.over
+		s.mu.Unlock()
+		if shared && over {
+			h.dropRoute(s.route) // it ended meanwhile
+		}
+	}
 	return s
+}
+
+// rebind puts the session's route again, bound to the handler key key as
+// well (a reload replaced the handler it was bound to): the key it had
+// stays in the route (a few of them), so that a node still running the
+// config before the reload serves it as before.
+func (s *wdSession) rebind(key string) {
+	s.mu.Lock()
+	if s.over || !s.shared {
+		s.mu.Unlock()
+		return
+	}
+	keys := append(slices.Clone(s.rt.Handlers), key)
+	if len(keys) > maxRouteHandlers {
+		keys = keys[len(keys)-maxRouteHandlers:]
+	}
+	s.rt.Handlers = keys
+	rt := s.rt
+	s.mu.Unlock()
+	if s.h.shareRoute(s.route, rt) {
+		s.mu.Lock()
+		over := s.over
+		s.mu.Unlock()
+		if over {
+			s.h.dropRoute(s.route) // it ended meanwhile
+		}
+	}
+}
+
+// maxRouteHandlers is how many handler keys a route keeps: the one that
+// made its session and the latest that reloads moved it to.
+const maxRouteHandlers = 4
+
+// webDriverSessionByRoute is this node's WebDriver session whose route's
+// key is key; nil when none.
+func (h *Gateway) webDriverSessionByRoute(key string) *wdSession {
+	if key == "" {
+		return nil
+	}
+	for _, ls := range h.reg.Sessions() {
+		if wd, ok := ls.Session.(*wdSession); ok && wd.route == key {
+			return wd
+		}
+	}
+	return nil
 }
 
 // run starts its timers: idleness and its time limit.
@@ -109,10 +187,10 @@ func (s *wdSession) idleCheck() {
 		s.mu.Unlock()
 		return
 	}
-	busy := len(s.sockets) > 0
+	busy, shared := len(s.sockets) > 0, s.shared
 	s.mu.Unlock()
 	idle := time.Since(time.Unix(0, s.last.Load()))
-	if !busy && s.shared {
+	if !busy && shared {
 		if age, ok := s.sharedIdle(); ok && age < idle {
 			idle = age
 		}
@@ -140,7 +218,7 @@ func (s *wdSession) sharedIdle() (time.Duration, bool) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
-	age, ok, err := sh.s.Store().Routes().Idle(ctx, s.id)
+	age, ok, err := sh.s.Store().Routes().Idle(ctx, s.route)
 	if err != nil {
 		sh.s.Failed("read route", err)
 		return 0, false
@@ -252,7 +330,7 @@ func (s *wdSession) endWith(code int, reason string, byGateway bool) {
 	if s.ageT != nil {
 		s.ageT.Stop()
 	}
-	sockets := s.sockets
+	sockets, shared := s.sockets, s.shared
 	s.sockets = nil
 	s.mu.Unlock()
 	for ss := range sockets {
@@ -265,16 +343,16 @@ func (s *wdSession) endWith(code int, reason string, byGateway bool) {
 	}
 	meter := s.t.Meter()
 	s.t.Release()
-	if s.shared {
-		s.h.dropRoute(s.id)
+	if shared {
+		s.h.dropRoute(s.route)
 	}
 	close(s.done)
 	n, _ := s.Commands()
 	s.log.logWebDriver(s, reason, n, meter.Accrued())
 }
 
-// dropRoute takes a session's route out of the shared state and tells the
-// other nodes, whose sockets of it close.
+// dropRoute takes a session's route (under the key id) out of the shared
+// state and tells the other nodes, whose sockets of it close.
 func (h *Gateway) dropRoute(id string) {
 	sh := h.shared
 	if sh == nil || !sh.s.Usable() {

@@ -86,6 +86,8 @@ type node struct {
 	cmd    *exec.Cmd
 	exited chan struct{}
 	once   sync.Once
+	// cfg is the config it runs (Reload changes its route's handler).
+	cfg map[string]any
 }
 
 // freeAddr returns a 127.0.0.1 address nothing listens on (yet).
@@ -134,6 +136,7 @@ func startNodeOn(t *testing.T, name string, handler map[string]any, storage stri
 	if storage != "" {
 		cfg["storage"] = map[string]any{"module": "file_system", "root": storage}
 	}
+	n.cfg = cfg
 	b, err := json.MarshalIndent(cfg, "", "  ")
 	if err != nil {
 		t.Fatal(err)
@@ -244,6 +247,29 @@ func tail(path string, lines int) string {
 }
 
 var adminClient = &http.Client{Timeout: 5 * time.Second}
+
+// Reload loads the node's config again with handler as its route's, as an
+// operator's POST /load does.
+func (n *node) Reload(handler map[string]any) error {
+	n.cfg["apps"].(map[string]any)["http"].(map[string]any)["servers"].(map[string]any)["gw"].(map[string]any)["routes"] =
+		[]any{map[string]any{"handle": []any{handler}}}
+	b, err := json.Marshal(n.cfg)
+	if err != nil {
+		return err
+	}
+	resp, err := (&http.Client{Timeout: 60 * time.Second}).Post("http://"+n.Admin+"/load", "application/json", strings.NewReader(string(b)))
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("load: %s: %s", resp.Status, body)
+	}
+	// The config before closes its servers' kept-alive connections.
+	http.DefaultClient.CloseIdleConnections()
+	return nil
+}
 
 // get reads an admin API path.
 func (n *node) get(path string) ([]byte, error) {

@@ -40,12 +40,21 @@ func wdHandler(cd *e2e.Chromedriver, profiles string) map[string]any {
 // wdDo sends one WebDriver request to a node and decodes its value.
 func wdDo(t *testing.T, method, url string, body string) (int, map[string]any) {
 	t.Helper()
+	return wdDoAs(t, "", method, url, body)
+}
+
+// wdDoAs is wdDo with X-User: user ("": none).
+func wdDoAs(t *testing.T, user, method, url string, body string) (int, map[string]any) {
+	t.Helper()
 	var rd io.Reader
 	if body != "" {
 		rd = strings.NewReader(body)
 	}
 	req, _ := http.NewRequest(method, url, rd)
 	req.Header.Set("Content-Type", "application/json")
+	if user != "" {
+		req.Header.Set("X-User", user)
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 40*time.Second)
 	defer cancel()
 	resp, err := http.DefaultClient.Do(req.WithContext(ctx))
@@ -71,7 +80,13 @@ func wdDo(t *testing.T, method, url string, body string) (int, map[string]any) {
 // open under profiles.
 func createdAt(t *testing.T, n *node, profiles string) (id string, browsers int) {
 	t.Helper()
-	code, v := wdDo(t, http.MethodPost, "http://"+n.Addr+"/session", `{"capabilities":{"alwaysMatch":{"browserName":"chrome","webSocketUrl":true}}}`)
+	return createdAs(t, "", n, profiles)
+}
+
+// createdAs is createdAt with X-User: user ("": none).
+func createdAs(t *testing.T, user string, n *node, profiles string) (id string, browsers int) {
+	t.Helper()
+	code, v := wdDoAs(t, user, http.MethodPost, "http://"+n.Addr+"/session", `{"capabilities":{"alwaysMatch":{"browserName":"chrome","webSocketUrl":true}}}`)
 	if code != 200 {
 		t.Fatalf("create through %s: %d %v", n.Name, code, v)
 	}
@@ -115,32 +130,98 @@ func TestWebDriverReapedAfterKill(t *testing.T) {
 // TestWebDriverTwoNodes: a session created through one node is served by
 // the other (commands, its BiDi socket, its DELETE) through a shared
 // redis-server; the creating node's slot is freed by the DELETE sent to
-// the other node. Without Redis the other node answers invalid session id.
+// the other node. The route in Redis is under a keyed hash of the
+// session's path ID, which Redis never holds, and binds it: the other
+// node refuses it (invalid session id) to another client key, and a node
+// whose handler has another block refuses it to anyone. Without Redis
+// the other node answers invalid session id.
 func TestWebDriverTwoNodes(t *testing.T) {
 	e2e.RequireChromedriver(t)
 	r := testredis.Start(t)
 	cd := e2e.StartChromedriver(t)
 	profiles := t.TempDir() + "/wd-profile"
 	cc := clusterConfig{}
-	var nodes []*node
-	for _, name := range []string{"gw-1", "gw-2"} {
+	keyed := func(name string, limit int) map[string]any {
 		h := wdHandler(cd, profiles)
 		h["state"] = cc.handler(t, r, name)["state"]
-		nodes = append(nodes, startNode(t, name, h))
+		h["client_limit"] = map[string]any{"key": "{http.request.header.X-User}", "limit": limit}
+		return h
+	}
+	var nodes []*node
+	for _, name := range []string{"gw-1", "gw-2"} {
+		nodes = append(nodes, startNode(t, name, keyed(name, 2)))
 	}
 	a, b := nodes[0], nodes[1]
-	id, _ := createdAt(t, a, profiles)
+	// Another block (its limit): another handler key, on the same Redis.
+	c3 := startNode(t, "gw-other", keyed("gw-other", 3))
+	id, _ := createdAs(t, "alice", a, profiles)
 	other := "http://" + b.Addr + "/session/" + id
-	if code, v := wdDo(t, http.MethodPost, other+"/url", `{"url":"data:text/html,<title>two nodes</title>"}`); code != 200 {
+	if code, v := wdDoAs(t, "alice", http.MethodPost, other+"/url", `{"url":"data:text/html,<title>two nodes</title>"}`); code != 200 {
 		t.Fatalf("navigate through the other node: %d %v", code, v)
 	}
-	if code, v := wdDo(t, http.MethodGet, other+"/title", ""); code != 200 || v["value"] != "two nodes" {
+	if code, v := wdDoAs(t, "alice", http.MethodGet, other+"/title", ""); code != 200 || v["value"] != "two nodes" {
 		t.Fatalf("title through the other node: %d %v", code, v)
+	}
+	// Another client key through the other node, anyone through the
+	// other handler: an unknown session, and the page is as alice left
+	// it.
+	for _, c := range []struct{ who, user, url string }{
+		{"bob through the other node", "bob", other},
+		{"no key through the other node", "", other},
+		{"alice through another handler", "alice", "http://" + c3.Addr + "/session/" + id},
+	} {
+		if code, v := wdDoAs(t, c.user, http.MethodPost, c.url+"/url", `{"url":"data:text/html,<title>not alice</title>"}`); code != 404 || v["error"] != "invalid session id" {
+			t.Errorf("%s: command: %d %v", c.who, code, v)
+		}
+		if code, v := wdDoAs(t, c.user, http.MethodDelete, c.url, ""); code != 404 || v["error"] != "invalid session id" {
+			t.Errorf("%s: DELETE: %d %v", c.who, code, v)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		ws, resp, err := websocket.Dial(ctx, "ws"+strings.TrimPrefix(c.url, "http"), &websocket.DialOptions{HTTPHeader: http.Header{"X-User": {c.user}}})
+		cancel()
+		if err == nil {
+			ws.CloseNow()
+		}
+		if resp == nil || resp.StatusCode != 404 {
+			t.Errorf("%s: BiDi socket: %v %v", c.who, resp, err)
+		}
+	}
+	if code, v := wdDoAs(t, "alice", http.MethodGet, other+"/title", ""); code != 200 || v["value"] != "two nodes" {
+		t.Fatalf("title after the others': %d %v", code, v)
+	}
+	// A reload that changes the block (the limit), on the creating node
+	// first, then on the other: the session is alice's through both all
+	// along, and the other handler's still not.
+	for _, n := range []*node{a, b} {
+		if err := n.Reload(keyed(n.Name, 4)); err != nil {
+			t.Fatalf("reload %s: %v", n.Name, err)
+		}
+		for _, m := range []*node{a, b} {
+			if code, v := wdDoAs(t, "alice", http.MethodGet, "http://"+m.Addr+"/session/"+id+"/title", ""); code != 200 || v["value"] != "two nodes" {
+				t.Fatalf("after %s's reload, title through %s: %d %v", n.Name, m.Name, code, v)
+			}
+			if code, v := wdDoAs(t, "bob", http.MethodGet, "http://"+m.Addr+"/session/"+id+"/title", ""); code != 404 {
+				t.Fatalf("after %s's reload, bob through %s: %d %v", n.Name, m.Name, code, v)
+			}
+		}
+		if code, v := wdDoAs(t, "alice", http.MethodGet, "http://"+c3.Addr+"/session/"+id+"/title", ""); code != 404 {
+			t.Fatalf("after %s's reload, through another handler: %d %v", n.Name, code, v)
+		}
+	}
+	// What Redis holds never names the path ID.
+	keys := testredis.Cmd(t, r.Addr(), "KEYS", "*")
+	if strings.Contains(keys, id) || !strings.Contains(keys, "wd:{") {
+		t.Fatalf("Redis keys %s", keys)
+	}
+	for _, k := range strings.Fields(keys) {
+		if strings.Contains(k, "wd:{") && strings.Contains(testredis.Cmd(t, r.Addr(), "HGETALL", k), id) {
+			t.Fatalf("the route %s holds the path ID", k)
+		}
 	}
 	// The BiDi socket through the other node.
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	ws, _, err := websocket.Dial(ctx, "ws://"+b.Addr+"/session/"+id, nil)
+	ws, _, err := websocket.Dial(ctx, "ws://"+b.Addr+"/session/"+id, &websocket.DialOptions{HTTPHeader: http.Header{"X-User": {"alice"}}})
 	if err != nil {
 		t.Fatalf("BiDi socket through the other node: %v", err)
 	}
@@ -164,7 +245,7 @@ func TestWebDriverTwoNodes(t *testing.T) {
 	if st, err := a.Status(); err != nil || st.Providers[0].Active != 1 {
 		t.Fatalf("creating node's status %+v %v", st, err)
 	}
-	if code, _ := wdDo(t, http.MethodDelete, other, ""); code != 200 {
+	if code, _ := wdDoAs(t, "alice", http.MethodDelete, other, ""); code != 200 {
 		t.Fatalf("delete through the other node: %d", code)
 	}
 	eventually(t, 10*time.Second, "the creating node's slot freed", func() (bool, string) {
@@ -175,7 +256,7 @@ func TestWebDriverTwoNodes(t *testing.T) {
 		return st.Providers[0].Active == 0, "active " + strings.Repeat("1", int(st.Providers[0].Active))
 	})
 	waitUntil(t, 15*time.Second, "the browser closed", func() bool { return e2e.BrowsersUnder(profiles) == 0 })
-	if code, v := wdDo(t, http.MethodGet, "http://"+a.Addr+"/session/"+id+"/title", ""); code != 404 || v["error"] != "invalid session id" {
+	if code, v := wdDoAs(t, "alice", http.MethodGet, "http://"+a.Addr+"/session/"+id+"/title", ""); code != 404 || v["error"] != "invalid session id" {
 		t.Fatalf("after the delete: %d %v", code, v)
 	}
 

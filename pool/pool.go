@@ -44,9 +44,6 @@ type Provider struct {
 	// none is configured (0: none learnt).
 	capFull   atomic.Bool
 	learntMax atomic.Int64
-	// warmReady and warmTarget are the warm sessions ready and wanted
-	// (warm.go).
-	warmReady, warmTarget atomic.Int64
 	probeState
 	providerSpend
 	starts
@@ -69,7 +66,9 @@ type Provider struct {
 	// resetters are told when a Reset makes the provider healthy again;
 	// only the newest is told (the handler of the latest config load).
 	resetters []resetter
-	warmer    Warmer
+	// warm counts the warm sessions of each handler's set, by handler
+	// key (warm.go).
+	warm map[string]warmCount
 }
 
 type resetter struct {
@@ -199,9 +198,6 @@ func (r *Registry) ReleaseClaim(name string, gen any) {
 // sessions, if any, keep running until they end; until then the entry is
 // kept aside, so a config that brings the name back counts them.
 func (p *Provider) Destruct() error {
-	if w := p.SetWarmer(nil); w != nil {
-		w.Close()
-	}
 	r := p.reg
 	r.retiredMu.Lock()
 	if p.used.Load() > 0 {

@@ -20,8 +20,9 @@ import (
 // provider's entry (slots, health, counters, drain flag, probe loop), the
 // wait queue, the client_limit counts, the live and the parked sessions,
 // the session API books and the transport of their calls, the secret
-// client keys and resume tokens are hashed with, the metrics' counters,
-// and the clock all of it runs on. It is one value: the
+// client keys and resume tokens are hashed with, the keepers of each
+// handler's warm sessions, the metrics' counters, and the clock all of
+// it runs on. It is one value: the
 // process's is kept in a caddy.UsagePool entry that every handler takes on
 // Provision and gives back on Cleanup (Acquire, Release), so it lives as
 // long as some config uses the gateway, reloads included; a test builds a
@@ -64,7 +65,10 @@ type Registry struct {
 	sessions      map[Live]*LiveSession
 	sessionIDs    map[string]*LiveSession
 	sessionTokens map[string]*LiveSession
-	sessionSeq    uint64
+	// sessionPaths: by the hash of the secret their clients name them by
+	// (bound.go).
+	sessionPaths map[string]*LiveSession
+	sessionSeq   uint64
 
 	booksMu sync.Mutex
 	books   map[string]*upstreams.Books
@@ -91,9 +95,17 @@ type Registry struct {
 	clientSpend clientBooks
 
 	// handlers counts the handler keys given per config load
-	// (handlers.go).
+	// (handlers.go), and holds the live handlers and the successors of
+	// those a reload replaced (succession.go).
 	handlersMu sync.Mutex
 	handlers   handlerKeys
+	succession succession
+
+	// warm holds the warmers by handler and provider (warm.go), and
+	// warmSecret keys the prints of their settings.
+	warmMu     sync.Mutex
+	warm       warmers
+	warmSecret []byte
 }
 
 // NewRegistry returns an empty registry on clock (nil: the real one).
@@ -112,6 +124,7 @@ func NewRegistry(clock queue.Clock) *Registry {
 		sessions:      map[Live]*LiveSession{},
 		sessionIDs:    map[string]*LiveSession{},
 		sessionTokens: map[string]*LiveSession{},
+		sessionPaths:  map[string]*LiveSession{},
 		books:         map[string]*upstreams.Books{},
 		releaser:      upstreams.NewReleaser(),
 		apiTransport:  upstreams.NewAPITransport(),
@@ -122,6 +135,8 @@ func NewRegistry(clock queue.Clock) *Registry {
 	secret := make([]byte, 32)
 	_, _ = rand.Read(secret)
 	r.keySecret.Store(&secret)
+	r.warmSecret = make([]byte, 32)
+	_, _ = rand.Read(r.warmSecret)
 	return r
 }
 

@@ -43,6 +43,10 @@ type SessionInfo struct {
 	Meter *spend.Meter
 	// Options are the session options the client stated (nil: none).
 	Options map[string]any
+	// Bound is whom a session its client names by a secret answers to
+	// (a WebDriver session; bound.go); zero for the others. Never
+	// shown.
+	Bound Bound
 }
 
 // Live is what the registry knows a live session by: a relayed
@@ -89,6 +93,9 @@ func (r *Registry) track(e *LiveSession) {
 	if e.ResumeToken != "" {
 		r.sessionTokens[e.ResumeToken] = e
 	}
+	if e.Bound.Path != "" {
+		r.sessionPaths[e.Bound.Path] = e
+	}
 	r.sessionsMu.Unlock()
 }
 
@@ -101,6 +108,9 @@ func (r *Registry) untrack(s Live) {
 		}
 		if r.sessionTokens[e.ResumeToken] == e {
 			delete(r.sessionTokens, e.ResumeToken)
+		}
+		if r.sessionPaths[e.Bound.Path] == e {
+			delete(r.sessionPaths, e.Bound.Path)
 		}
 	}
 	r.sessionsMu.Unlock()

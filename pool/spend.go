@@ -140,9 +140,11 @@ func (p *Provider) reachedLimit(n int64) {
 // Reserve admits a session on the provider against its budget and, when
 // client is not nil, the client key's book held to clientBudget: what
 // the session will cost at its first moment is held in both until it
-// starts (spend.Hold.Start) or fails (Drop). See spend.Reserve.
-func (p *Provider) Reserve(client *spend.Book, clientBudget float64) (*spend.Hold, *spend.Over) {
-	return spend.Reserve(p.Pricing().Cost, p.Book(), client, clientBudget)
+// starts (spend.Hold.Start) or fails (Drop). ahead, for a session made
+// ahead of demand, is what its budget must still be able to pay (the
+// cost of expected_duration; 0 for a client's). See spend.ReserveAhead.
+func (p *Provider) Reserve(client *spend.Book, clientBudget, ahead float64) (*spend.Hold, *spend.Over) {
+	return spend.ReserveAhead(p.Pricing().Cost, p.Book(), client, clientBudget, ahead)
 }
 
 // clientBooks keep what each client key spent, for client_budget: one

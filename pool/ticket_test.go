@@ -32,7 +32,7 @@ func TestTicketGivesBackOnce(t *testing.T) {
 		if tk == nil {
 			t.Fatal("no slot")
 		}
-		hold, over := p.Reserve(client.ClientBook(), 5)
+		hold, over := p.Reserve(client.ClientBook(), 5, 0)
 		if over != nil {
 			t.Fatal(over)
 		}

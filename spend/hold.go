@@ -46,13 +46,24 @@ type Over struct {
 // otherwise nothing is held and Over names the book that refused, the
 // client's checked first.
 func Reserve(c *Cost, provider, client *Book, clientBudget float64) (*Hold, *Over) {
+	return ReserveAhead(c, provider, client, clientBudget, 0)
+}
+
+// ReserveAhead is Reserve for a session made ahead of demand (a warm
+// session), which the provider's budget must be able to pay for in full:
+// besides the budget not being reached, what was spent, what live
+// sessions accrued, what others being admitted hold and ahead (what the
+// session costs over its expected duration) must not come to more than
+// the budget. The check and the hold are one step, so warm-ups admitted
+// together cannot overshoot it either. ahead 0 is Reserve.
+func ReserveAhead(c *Cost, provider, client *Book, clientBudget, ahead float64) (*Hold, *Over) {
 	amount := c.Of(0)
 	if client != nil {
-		if over := client.tryHold(amount, clientBudget, c != nil); over != nil {
+		if over := client.tryHold(amount, clientBudget, 0, c != nil); over != nil {
 			return nil, over
 		}
 	}
-	if over := provider.tryHold(amount, provider.budgetAmount(), c != nil); over != nil {
+	if over := provider.tryHold(amount, provider.budgetAmount(), ahead, c != nil); over != nil {
 		if client != nil && c != nil {
 			client.unhold(amount)
 		}
@@ -72,13 +83,13 @@ func (k *Book) budgetAmount() float64 {
 }
 
 // tryHold holds amount in the book (when hold is set) unless budget is
-// reached, counting what is held already.
-func (k *Book) tryHold(amount, budget float64, hold bool) *Over {
+// reached, counting what is held already, or cannot pay ahead more.
+func (k *Book) tryHold(amount, budget, ahead float64, hold bool) *Over {
 	now := k.now()
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	k.turn(now)
-	if over := k.overLocked(now, budget); over != nil {
+	if over := k.overLocked(now, budget, ahead); over != nil {
 		return over
 	}
 	if hold {
@@ -89,18 +100,18 @@ func (k *Book) tryHold(amount, budget float64, hold bool) *Over {
 }
 
 // overLocked says why budget (0: none) admits no other session now,
-// counting what is held (nil: it admits one); with mu held and the window
-// turned.
-func (k *Book) overLocked(now time.Time, budget float64) *Over {
+// counting what is held, or (ahead > 0) cannot pay ahead more (nil: it
+// admits one); with mu held and the window turned.
+func (k *Book) overLocked(now time.Time, budget, ahead float64) *Over {
 	if budget <= 0 {
 		return nil
 	}
 	st := k.readLocked(now)
 	used := st.Spent + st.Accrued
-	if used >= budget {
+	if used >= budget || used+ahead > budget {
 		return &Over{Book: k}
 	}
-	if used+k.held >= budget {
+	if used+k.held >= budget || used+k.held+ahead > budget {
 		return &Over{Book: k, Held: true}
 	}
 	return nil
@@ -182,7 +193,7 @@ func (m *Meter) Join(client *Book, budget float64) *Over {
 	client.mu.Lock()
 	defer client.mu.Unlock()
 	client.turn(now)
-	if over := client.overLocked(now, budget); over != nil {
+	if over := client.overLocked(now, budget, 0); over != nil {
 		return over
 	}
 	m.mu.Lock()

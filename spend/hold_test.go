@@ -191,3 +191,50 @@ func TestMeterJoin(t *testing.T) {
 		t.Fatalf("a nil meter: %+v", over)
 	}
 }
+
+// TestReserveAhead: a session made ahead of demand is admitted only when
+// the budget can pay for it in full, counting what the others being
+// admitted hold; a client's admission only needs the budget not reached.
+func TestReserveAhead(t *testing.T) {
+	c := &clock{t: time.Date(2026, 6, 1, 12, 0, 0, 0, time.UTC)}
+	price := &Cost{Amount: 1, Per: PerSession}
+	provider := NewBook(&Budget{Amount: 1.5, Per: PerDay}, c.now)
+
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var got []*Hold
+	for range 2 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			h, over := ReserveAhead(price, provider, nil, 0, price.Of(5*time.Minute))
+			mu.Lock()
+			defer mu.Unlock()
+			if over == nil {
+				got = append(got, h)
+			} else if over.Book != provider || !over.Held {
+				t.Errorf("refused by %+v, want by the other's hold", over)
+			}
+		}()
+	}
+	wg.Wait()
+	if len(got) != 1 {
+		t.Fatalf("two warm-ups at once to a budget of 1.5 at 1 a session: %d admitted", len(got))
+	}
+	got[0].Start()
+	// 1 accrued: another whole session does not fit, though the budget
+	// is not reached, so a client is still admitted.
+	if _, over := ReserveAhead(price, provider, nil, 0, 1); over == nil || over.Held {
+		t.Fatalf("a warm-up the budget cannot pay for: %+v", over)
+	}
+	if h, over := Reserve(price, provider, nil, 0); over != nil {
+		t.Fatalf("a client below the budget refused: %+v", over)
+	} else {
+		h.Drop()
+	}
+	// A budget of exactly one session pays for one.
+	exact := NewBook(&Budget{Amount: 1, Per: PerDay}, c.now)
+	if _, over := ReserveAhead(price, exact, nil, 0, 1); over != nil {
+		t.Fatalf("a budget of one session refused it: %+v", over)
+	}
+}

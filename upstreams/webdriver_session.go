@@ -586,17 +586,19 @@ func (p *Provider) WebDriverSessionOf(id, socketURL, cdpURL string) (*WebDriverS
 }
 
 // Answer is the provider's create answer as the client gets it:
-// value.sessionId is gatewayID; value.capabilities.webSocketUrl, when the
-// provider gave one the gateway accepted, is wsBase+"/session/"+gatewayID
-// (wsBase like ws://host:port/wd/hub, the client's view of the gateway)
-// and se:cdp the same followed by /se/cdp (a refused one is removed);
-// debuggerAddress is removed from goog:chromeOptions and ms:edgeOptions,
-// and so is moz:debuggerAddress. No trace of the provider stays: the
-// capabilities the provider's options set are removed, and so is, at any
-// depth, every string naming the provider's session, its host (or a
-// socket URL's), or holding one of its credentials or capability values.
-// Everything else is as the provider sent it.
-func (s *WebDriverSession) Answer(gatewayID, wsBase string) ([]byte, error) {
+// value.sessionId is clientID (the ID the client knows the session by);
+// value.capabilities.webSocketUrl, when the provider gave one the gateway
+// accepted, is wsBase+"/session/"+clientID (wsBase like
+// ws://host:port/wd/hub, the client's view of the gateway) and se:cdp the
+// same followed by /se/cdp (a refused one is removed); the capabilities
+// that tell where the provider runs are removed (providerInternals:
+// debugger addresses, Grid's VNC and node addresses, profile directories,
+// process IDs). No trace of the provider stays: the capabilities the
+// provider's options set are removed, and so is, at any depth, every
+// string naming the provider's session, its host (or a socket URL's), or
+// holding one of its credentials or capability values. Everything else is
+// as the provider sent it.
+func (s *WebDriverSession) Answer(clientID, wsBase string) ([]byte, error) {
 	if s.answer == nil {
 		return nil, errors.New("no create answer: the session was created by another node")
 	}
@@ -614,17 +616,12 @@ func (s *WebDriverSession) Answer(gatewayID, wsBase string) ([]byte, error) {
 	for k := range s.own {
 		delete(caps, k)
 	}
-	for _, k := range []string{"goog:chromeOptions", "ms:edgeOptions"} {
-		if o, ok := caps[k].(map[string]any); ok {
-			delete(o, "debuggerAddress")
-		}
-	}
-	delete(caps, "moz:debuggerAddress")
+	stripInternals(caps)
 	doc["value"] = s.scrub(value)
 	value = doc["value"].(map[string]any)
-	value["sessionId"] = gatewayID
+	value["sessionId"] = clientID
 	if caps != nil {
-		own := strings.TrimRight(wsBase, "/") + "/session/" + gatewayID
+		own := strings.TrimRight(wsBase, "/") + "/session/" + clientID
 		delete(caps, "webSocketUrl")
 		delete(caps, "se:cdp")
 		if s.socket != "" {

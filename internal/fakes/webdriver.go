@@ -32,6 +32,16 @@ type WebDriver struct {
 	// set, makes it hand out se:cdp too (Selenium Grid does).
 	SocketHost string
 	CDP        bool
+	// Grid, when set, makes the create answer carry what a Selenium Grid
+	// node with chromedriver tells of itself, on the node's own address
+	// (GridNode): se:vnc, se:vncEnabled, se:vncLocalAddress,
+	// se:noVncPort, se:nodeHost, se:gridWebSocketUrl, se:containerName,
+	// chrome.userDataDir beside chrome.chromedriverVersion, and
+	// goog:processID.
+	Grid bool
+	// RefuseSockets makes it refuse a live session's socket with 400 and
+	// a WebDriver error naming the session's ID.
+	RefuseSockets bool
 	// Ready is what /status says (true when made).
 	Ready atomic.Bool
 
@@ -160,6 +170,9 @@ func (f *WebDriver) serve(w http.ResponseWriter, r *http.Request) {
 		case r.Method == http.MethodDelete && rest == "":
 			w.Header().Set("Content-Type", "application/json; charset=utf-8")
 			io.WriteString(w, `{"value":null}`)
+		case rest == "se/cdp":
+			// What chromedriver answers a plain HTTP request there.
+			WriteError(w, http.StatusNotFound, "unknown command", "unknown command: session/"+id+"/se/cdp")
 		default:
 			w.Header().Set("Content-Type", "application/json; charset=utf-8")
 			json.NewEncoder(w).Encode(map[string]any{"value": map[string]any{
@@ -202,12 +215,26 @@ func (f *WebDriver) create(w http.ResponseWriter, body []byte) {
 	if f.CDP {
 		caps["se:cdp"] = "ws://" + host + "/session/" + id + "/se/cdp"
 	}
+	if f.Grid {
+		caps["se:vnc"] = "ws://" + GridNode + ":4444/session/" + id + "/se/vnc"
+		caps["se:vncEnabled"] = true
+		caps["se:vncLocalAddress"] = "ws://" + GridNode + ":7900"
+		caps["se:noVncPort"] = 7900
+		caps["se:nodeHost"] = GridNode
+		caps["se:gridWebSocketUrl"] = "ws://" + GridNode + ":4444"
+		caps["se:containerName"] = "selenium-node-chrome-7"
+		caps["chrome"] = map[string]any{"chromedriverVersion": "120.0.6099.109", "userDataDir": "/tmp/.org.chromium.Chromium.fake"}
+		caps["goog:processID"] = 48151
+	}
 	f.mu.Lock()
 	f.live[id] = true
 	f.mu.Unlock()
 	w.Header().Set("Content-Type", "application/json; charset=utf-8")
 	json.NewEncoder(w).Encode(map[string]any{"value": map[string]any{"sessionId": id, "capabilities": caps}})
 }
+
+// GridNode is the address a Grid-shaped create answer names as its node's.
+const GridNode = "10.11.12.13"
 
 // socket accepts a live session's BiDi or CDP socket and echoes it.
 func (f *WebDriver) socket(w http.ResponseWriter, r *http.Request) {
@@ -218,6 +245,10 @@ func (f *WebDriver) socket(w http.ResponseWriter, r *http.Request) {
 	f.mu.Unlock()
 	if !live {
 		http.Error(w, "no such session", http.StatusNotFound)
+		return
+	}
+	if f.RefuseSockets {
+		WriteError(w, http.StatusBadRequest, "invalid argument", "no socket for session "+id)
 		return
 	}
 	c, err := websocket.Accept(w, r, &websocket.AcceptOptions{InsecureSkipVerify: true, CompressionMode: websocket.CompressionDisabled})

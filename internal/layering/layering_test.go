@@ -63,6 +63,8 @@ var allowed = map[string]string{
 	"gateway/webdriver_session.go uses Gateway.webDriverIdle (gateway/webdriver.go)": "a session's idle limit, with the WebDriver entry",
 	"gateway/respond.go uses webDriverAnswer (gateway/webdriver.go)":                 "the single exit's WebDriver form, with the WebDriver entry",
 	"gateway/shared.go uses EndElsewhere (gateway/webdriver.go)":                     "an end reason, declared with the WebDriver entry",
+	"gateway/webdriver_session.go uses Gateway.clientKeys (gateway/webdriver.go)":    "a session's client binding, with the WebDriver entry",
+	"gateway/webdriver_session.go uses clientValues (gateway/webdriver.go)":          "a session's client binding, with the WebDriver entry",
 
 	// Types and names a lower file needs, declared in a file above it.
 	"gateway/connect.go uses unsupported (gateway/session_options.go)":          "connect's field unsupported, of a type declared with the options",

@@ -78,6 +78,20 @@ func (g *Gateway) Reload(handlerJSON string) error {
 	return g.Load(g.Config(handlerJSON))
 }
 
+// ReloadSame posts a config to /load as Reload does, and has Caddy load
+// it even when it is the config running (Cache-Control: must-revalidate),
+// as an operator reloads an unchanged Caddyfile whose secrets changed.
+func (g *Gateway) ReloadSame(handlerJSON string) error {
+	code, body, err := g.adminDo(http.MethodPost, "/load", g.Config(handlerJSON), http.Header{"Cache-Control": {"must-revalidate"}})
+	if err != nil {
+		return err
+	}
+	if code != http.StatusOK {
+		return fmt.Errorf("load: %d %s", code, body)
+	}
+	return nil
+}
+
 // Load posts a whole config to /load and returns the admin API's error.
 func (g *Gateway) Load(cfg []byte) error {
 	code, body, err := g.AdminDo(http.MethodPost, "/load", cfg)
@@ -100,6 +114,11 @@ func (g *Gateway) Load(cfg []byte) error {
 // answer at all is made again. That is safe for what the tests send:
 // reads, drain/undrain/reset, and whole configs to /load.
 func (g *Gateway) AdminDo(method, path string, body []byte) (int, []byte, error) {
+	return g.adminDo(method, path, body, nil)
+}
+
+// adminDo is AdminDo with more header fields.
+func (g *Gateway) adminDo(method, path string, body []byte, hdr http.Header) (int, []byte, error) {
 	var err error
 	for try := range 5 {
 		if try > 0 {
@@ -115,6 +134,9 @@ func (g *Gateway) AdminDo(method, path string, body []byte) (int, []byte, error)
 		}
 		if body != nil {
 			req.Header.Set("Content-Type", "application/json")
+		}
+		for k, vs := range hdr {
+			req.Header[k] = vs
 		}
 		req.Close = true
 		var resp *http.Response
