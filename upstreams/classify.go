@@ -111,6 +111,15 @@ func ClassifyStatus(code int) (word string, kind Kind) {
 	}
 }
 
+// refusedWith is the Outcome.Refused of an answer of status code: the
+// code when it is a 4xx, else 0.
+func refusedWith(code int) int {
+	if code >= 400 && code < 500 {
+		return code
+	}
+	return 0
+}
+
 // ClassifyError maps a transport error of an attempt to its outcome.
 // clientGone tells whether the client's own context ended.
 func ClassifyError(err error, clientGone bool) (word string, kind Kind) {
@@ -163,6 +172,12 @@ type Outcome struct {
 	// RetryAfter is the provider's Retry-After for Capacity answers (0 when
 	// absent).
 	RetryAfter time.Duration
+	// Refused is the 4xx status the provider refused the attempt with
+	// before starting anything (0: it did not): its answer to the upgrade
+	// at its own URL, to a discovery GET, or to a session API or
+	// WebDriver create call. A session API's upgrade after a create that
+	// worked leaves it 0: a session was started.
+	Refused int
 	// Elapsed is the attempt's duration.
 	Elapsed time.Duration
 	// Err is the cause, for logs; it never holds a URL.

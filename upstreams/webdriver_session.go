@@ -696,7 +696,7 @@ func classifyWebDriverCreate(status int, h http.Header, body []byte) Result {
 	if code != "" {
 		cause = fmt.Errorf("create answered %d (%s)", status, code)
 	}
-	r := Result{Outcome: Outcome{Word: StatusWord(status), Kind: Failure, Err: cause}}
+	r := Result{Outcome: Outcome{Word: StatusWord(status), Kind: Failure, Refused: refusedWith(status), Err: cause}}
 	switch {
 	case status == http.StatusRequestTimeout, status == http.StatusTooManyRequests:
 		r.Outcome.Kind = Capacity

@@ -111,6 +111,13 @@ func TestCreateWebDriverClassification(t *testing.T) {
 			if o.Word != tc.word || o.Kind != tc.kind || o.RetryAfter != tc.retryAfter {
 				t.Fatalf("outcome %s %s %v (%v), want %s %s %v", o.Word, o.Kind, o.RetryAfter, o.Err, tc.word, tc.kind, tc.retryAfter)
 			}
+			wantRefused := 0 // a 4xx started nothing
+			if tc.ans.status/100 == 4 {
+				wantRefused = tc.ans.status
+			}
+			if o.Refused != wantRefused {
+				t.Fatalf("refused %d after a %d, want %d", o.Refused, tc.ans.status, wantRefused)
+			}
 			if o.Err == nil {
 				t.Fatal("no cause")
 			}
