@@ -250,6 +250,15 @@ func (h *Handler) conclude(ps *passState, m *member, t *pool.Ticket, res upstrea
 		if ps != nil {
 			ps.retry = true
 		}
+	case upstreams.Declined:
+		// The provider's word on what the client asked for, not on its
+		// health: nothing counted (a trial ends without a verdict, and
+		// the next waiter may try), and the slot goes back as after a
+		// relayed answer. The client's pass goes on without it.
+		h.settle(st, permit, cooldown.Neutral, 0)
+		if ps != nil {
+			ps.declined = append(ps.declined, declined{provider: m.up.Name, resource: st.Resource(), res: res})
+		}
 	case upstreams.Relay:
 		h.settle(st, permit, cooldown.Neutral, 0)
 		if !lost {

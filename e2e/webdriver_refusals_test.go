@@ -104,3 +104,39 @@ func TestWebDriverRefusedCreatesGiveBackRate(t *testing.T) {
 		t.Fatal("the create answer names chromedriver's address")
 	}
 }
+
+// TestWebDriverSessionNotCreatedCoolsNothing: two chromedrivers, and a
+// client asking for a Windows browser, five times: each create tries both
+// and gets chromedriver's own session not created answer; neither
+// provider counts a failure or cools down, and a create they can serve,
+// right after, gets a session.
+func TestWebDriverSessionNotCreatedCoolsNothing(t *testing.T) {
+	RequireChromedriver(t)
+	cdA, cdB := StartChromedriver(t), StartChromedriver(t)
+	profiles := filepath.Join(t.TempDir(), "wd-nc")
+	caps := `"capabilities":` + ChromeCapabilities(profiles)
+	g := testgw.Start(t, handler(`"connect_timeout":"30s","queue":{"size":10,"timeout":"5s"},"cooldown":{"min_requests":2}`,
+		provider("cd-a", cdA.URL(), `"protocol":"webdriver","priority":1,`+caps),
+		provider("cd-b", cdB.URL(), `"protocol":"webdriver","priority":2,`+caps)))
+	const windows = `{"capabilities":{"alwaysMatch":{"browserName":"chrome","platformName":"windows"}}}`
+	for i := range 5 {
+		code, raw := wdCreate(t, g, windows)
+		c, msg := wdError(raw)
+		if code != http.StatusInternalServerError || c != "session not created" || !strings.Contains(msg, "No matching capabilities found") {
+			t.Fatalf("create %d for windows: %d %s", i+1, code, raw)
+		}
+	}
+	for _, name := range []string{"cd-a", "cd-b"} {
+		if a := attemptsOf(g, name); strings.Join(a, " ") != strings.TrimSpace(strings.Repeat("not_created ", 5)) {
+			t.Fatalf("%s's attempts: %v, want five not_created", name, a)
+		}
+		if p := providerStatus(t, g, name); !p.Healthy || p.CooldownUntil != nil || p.Failures != 0 || p.LastError != "" {
+			t.Fatalf("%s after the declined creates: %+v", name, p)
+		}
+	}
+	code, raw := wdCreate(t, g, `{"capabilities":{"alwaysMatch":{"browserName":"chrome"}}}`)
+	if code != http.StatusOK {
+		t.Fatalf("a create right after: %d %s", code, raw)
+	}
+	wdDelete(t, g, raw)
+}

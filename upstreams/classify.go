@@ -38,6 +38,12 @@ const (
 	// ledger of created sessions could not be written); try the next
 	// provider; nothing recorded against this one.
 	Gateway
+	// Declined (a WebDriver "session not created", other than one
+	// saying the provider is full): the provider's word on what the
+	// client asked for, not on its health. Try the next provider; nothing
+	// recorded, not skipped; when no provider is left, the last such
+	// answer (Result.Answer, Result.Body) goes to the client as it is.
+	Declined
 )
 
 // String names the kind for logs.
@@ -57,6 +63,8 @@ func (k Kind) String() string {
 		return "client_gone"
 	case Gateway:
 		return "gateway"
+	case Declined:
+		return "declined"
 	}
 	return "unknown"
 }
@@ -85,6 +93,10 @@ const (
 	// WordHedgeLost marks an attempt given up because a hedged attempt
 	// at another provider won the race.
 	WordHedgeLost = "hedge_lost"
+	// WordNotCreated: a WebDriver provider answered "session not
+	// created" for another reason than being full: it will not start
+	// what the client asked for (Declined).
+	WordNotCreated = "not_created"
 )
 
 // StatusWord is the outcome word of an HTTP status: status_<code>.
