@@ -32,11 +32,12 @@ import (
 // the cluster-wide slot under shared state; and a start of its
 // create_rate window (create_rate.go), taken last so that only an attempt
 // that is made counts, and kept in the ticket: an attempt the provider
-// refuses with a 4xx gives it back (conclude). A resume of a parked session that kept its
-// provider session (the client's ticket holds its slot, share, lease and
-// meter) takes none of those again, and starts nothing: its ticket is the
-// attempt's. Each refusal records its skip word and gives back what
-// was taken; ok is false, and ps says why when the pass ends here.
+// refuses with a 4xx gives it back (conclude). A resume of a parked
+// session that kept its provider session (the client's ticket holds its
+// slot, share, lease and meter) takes none of those again, and starts
+// nothing: its ticket is the attempt's. Each refusal records its skip
+// word and gives back what was taken; ok is false, and ps says why when
+// the pass ends here.
 func (c *connect) admit(ps *passState, m *member) (t *pool.Ticket, ok bool) {
 	st := m.state
 	kept := c.ticket.Provider() == st
