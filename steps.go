@@ -194,10 +194,11 @@ func (h *Handler) conclude(ps *passState, m *member, t *pool.Ticket, res upstrea
 	if lost {
 		h.reg.Metrics().Attempt(m.up.Name, o)
 	}
-	if o.Refused != 0 {
-		// The provider refused it with a 4xx: it started nothing, so its
-		// create_rate start goes back, before the slot does (whose offer
-		// to the queue may be taken at once).
+	if o.Refused != 0 || o.Kind == upstreams.Declined {
+		// The provider refused it with a 4xx, or declined the
+		// capabilities asked for: it started nothing, so its create_rate
+		// start goes back, before the slot does (whose offer to the queue
+		// may be taken at once).
 		h.giveBackStart(m, t)
 	}
 	if o.Kind == upstreams.Failure || o.Kind == upstreams.Capacity || o.Kind == upstreams.Incompatible || o.Kind == upstreams.Gateway {

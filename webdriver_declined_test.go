@@ -146,3 +146,25 @@ func TestWebDriverSessionNotCreated(t *testing.T) {
 		}
 	}
 }
+
+// TestWebDriverDeclinedGivesRateBack: a create the provider declines
+// with session not created started no browser, so it gives its
+// create_rate start back: with one start a minute, three declined creates
+// leave the window to a create the provider serves.
+func TestWebDriverDeclinedGivesRateBack(t *testing.T) {
+	a := fakes.NewWebDriver("")
+	defer a.Close()
+	declineWindows(a, "wd-a")
+	g := testgw.Start(t, handler(`"queue":{"size":0}`,
+		wdProvider("wd-a", a.URL(), `"create_rate":{"n":1,"per":"minute"}`)))
+	for i := range 3 {
+		if code, body := postCreate(t, g, windowsCreate); code != http.StatusInternalServerError || !strings.Contains(body, "No matching capabilities found") {
+			t.Fatalf("declined create %d: %d %s", i+1, code, body)
+		}
+	}
+	code, v, _ := wdCall(t, http.MethodPost, g.HTTP("/session"), newSession("chrome", false), nil)
+	if code != 200 {
+		t.Fatalf("a create after three declined ones, with one start a minute: %d %v", code, v)
+	}
+	wdCall(t, http.MethodDelete, g.HTTP("/session/"+v["sessionId"].(string)), nil, nil)
+}
