@@ -2,15 +2,19 @@ package browserfailover_test
 
 // create_rate through a real Caddy: the starts over the cap wait in the
 // queue (skipped as rate, not failed) and are served once the sliding
-// window admits them; without a queue they get 503 listing rate.
+// window admits them; without a queue they get 503 listing rate. An
+// attempt the provider refused with a 4xx started nothing, and its start
+// is given back.
 
 import (
 	"context"
 	"encoding/json"
 	"io"
+	"net"
 	"net/http"
 	"slices"
 	"strconv"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -138,4 +142,107 @@ func refusedForRate(t *testing.T, g *testgw.Gateway, provider string) *rejection
 		t.Fatalf("attempts %v: %s", w, b)
 	}
 	return r
+}
+
+// TestCreateRateGivenBackOn4xx: attempts a provider refused with a 4xx
+// started nothing, so they leave its create_rate window as they found it.
+// With create_rate 2 per minute: a WebSocket provider that answers 400 to
+// three upgrades (relayed to their clients), then serves two sessions; a
+// session API provider whose create answers 400 twice, then serves two.
+// In both cases a third session is refused as rate: the starts that
+// counted are the sessions'.
+func TestCreateRateGivenBackOn4xx(t *testing.T) {
+	ws := refusingEcho(t)
+	rest := fakes.NewREST(nil)
+	defer rest.Close()
+	rest.Connect = func(string) string { return ws.url }
+	var refuseCreates atomic.Int32
+	refuseCreates.Store(2)
+	rest.OnCreate = func(w http.ResponseWriter, r *http.Request) bool {
+		if refuseCreates.Add(-1) < 0 {
+			return false
+		}
+		http.Error(w, `{"error":"projectId unknown"}`, http.StatusBadRequest)
+		return true
+	}
+	rate := `"create_rate":{"n":2,"per":"minute"}`
+	g := testgw.Start(t, handler(`"queue":{"size":0}`, provider("cr4-ws", ws.url, rate+`,"pass_query":true`)))
+	for i := range 3 {
+		c, resp, err := dial(t, g.WS("/?refuse=1"), nil)
+		if err == nil {
+			c.Close(websocket.StatusNormalClosure, "")
+		}
+		if resp == nil || resp.StatusCode != http.StatusBadRequest {
+			t.Fatalf("refused upgrade %d: %v %v", i+1, resp, err)
+		}
+	}
+	for i := range 2 {
+		c, _, err := dial(t, g.WS("/"), nil)
+		if err != nil {
+			t.Fatalf("session %d after three 400s: %v", i+1, err)
+		}
+		c.Close(websocket.StatusNormalClosure, "")
+	}
+	refusedForRate(t, g, "cr4-ws")
+	if p := providerStatus(t, g, "cr4-ws"); p.CreateRate == nil || p.CreateRate.Used != 2 || p.Failures != 0 {
+		t.Fatalf("status: %+v %+v", p, p.CreateRate)
+	}
+
+	if err := g.Reload(handler(`"queue":{"size":0}`, apiProvider("cr4-api", rest, rate))); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 2 {
+		c, resp, err := dial(t, g.WS("/"), nil)
+		if err == nil {
+			c.Close(websocket.StatusNormalClosure, "")
+			t.Fatalf("create %d answered 400, yet a session", i+1)
+		}
+		r := &rejection{}
+		if resp != nil {
+			b, _ := io.ReadAll(resp.Body)
+			json.Unmarshal(b, &r.Body)
+		}
+		if w := r.words(); !slices.Equal(w, []string{"cr4-api:" + upstreams.WordCreateFailed}) {
+			t.Fatalf("create %d answered 400: %v %v", i+1, w, err)
+		}
+	}
+	for i := range 2 {
+		c, _, err := dial(t, g.WS("/"), nil)
+		if err != nil {
+			t.Fatalf("session %d after two creates answered 400: %v", i+1, err)
+		}
+		c.Close(websocket.StatusNormalClosure, "")
+	}
+	refusedForRate(t, g, "cr4-api")
+}
+
+// refusingServer is a CDP-like WebSocket server that echoes, and answers
+// 400 to an upgrade with a query item refuse.
+type refusingServer struct {
+	url  string
+	hits atomic.Int64
+}
+
+func refusingEcho(t *testing.T) *refusingServer {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := &refusingServer{url: "ws://" + ln.Addr().String() + "/devtools/browser/x"}
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		s.hits.Add(1)
+		if r.URL.Query().Has("refuse") {
+			http.Error(w, "unknown option", http.StatusBadRequest)
+			return
+		}
+		c, err := websocket.Accept(w, r, nil)
+		if err != nil {
+			return
+		}
+		fakes.EchoMessages(c)
+	})}
+	go srv.Serve(ln)
+	t.Cleanup(func() { srv.Close() })
+	return s
 }

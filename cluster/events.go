@@ -8,7 +8,8 @@ import (
 // The kinds of Event.
 const (
 	// EventReleased: slots of the provider were freed (a lease released,
-	// or dead leases dropped); a node waiting for room may try again.
+	// or dead leases dropped), or a start of its create_rate window was
+	// given back; a node waiting for room may try again.
 	EventReleased = "released"
 	// EventCooldown: a shared failure cooldown of the provider was set,
 	// until Event.Until, with doubling count Event.Streak.

@@ -15,8 +15,11 @@ import (
 // provider's sessions started in its sliding window, kept in Redis so that
 // all the nodes together start no more than the cap (see the package doc's
 // data model). Each decision is one script in one round trip, on Redis'
-// clock.
-type Rates struct{ c *conn }
+// clock: taking a start, and giving one back.
+type Rates struct {
+	c    *conn
+	news *News // for the event a start given back sends
+}
 
 // Start is the answer of Rates.Take.
 type Start struct {
@@ -25,6 +28,8 @@ type Start struct {
 	// Wait is, when not OK, how long from now until the window admits a
 	// start again (measured on Redis' clock; add it to this node's).
 	Wait time.Duration
+	// ID names the start counted (when OK), for GiveBack.
+	ID string
 }
 
 // Take counts one start of a session at provider if fewer than n were
@@ -56,9 +61,33 @@ func (r *Rates) Take(ctx context.Context, provider string, n int, window time.Du
 		return Start{}, c.fail(op, fmt.Errorf("unexpected reply %v", res))
 	}
 	if res[0] == 1 {
-		return Start{OK: true}, nil
+		return Start{OK: true, ID: member}, nil
 	}
 	return Start{Wait: time.Duration(max(res[1], 1)) * time.Millisecond}, nil
+}
+
+// GiveBack takes the start id (a Start.ID of Take) out of provider's
+// window, as if never counted: the provider started nothing for it. When
+// it was still in the window, the nodes hear EventReleased: a client
+// waiting for a start may take it. A start that already left the window,
+// or was given back before, changes nothing. Errors wrap ErrUnavailable;
+// the start then leaves the window in its time.
+func (r *Rates) GiveBack(ctx context.Context, provider, id string) error {
+	c := r.c
+	if provider == "" || id == "" {
+		return errors.New("give a start back: empty provider name or start")
+	}
+	op := fmt.Sprintf("give back a start of provider %q", provider)
+	if c.closed.Load() {
+		return c.fail(op, errClosed)
+	}
+	ctx, cancel := c.ctx(ctx)
+	defer cancel()
+	err := giveBackStartScript.Run(ctx, c.rdb, []string{c.startsKey(provider)}, id, c.channel(), r.news.of(provider).released).Err()
+	if err != nil {
+		return c.fail(op, err)
+	}
+	return nil
 }
 
 // startsKey is the sorted set of a provider's starts in its window.
@@ -85,4 +114,19 @@ if count < n then
 end
 local stand = redis.call('ZRANGE', KEYS[1], count - n, count - n, 'WITHSCORES')
 return {0, tonumber(stand[2]) + window - now}
+`)
+
+// giveBackStartScript removes one start from a provider's window and,
+// when it was there, announces the room it leaves.
+//
+// KEYS[1] the provider's starts. ARGV[1] the start's member, ARGV[2] the
+// events channel, ARGV[3] the released event.
+//
+// Returns 1 when the start was removed, 0 when it was not in the window.
+var giveBackStartScript = redis.NewScript(`
+local removed = redis.call('ZREM', KEYS[1], ARGV[1])
+if removed == 1 then
+  redis.call('PUBLISH', ARGV[2], ARGV[3])
+end
+return removed
 `)

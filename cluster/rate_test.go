@@ -87,3 +87,58 @@ func TestRatesSlide(t *testing.T) {
 		t.Fatal("n 0 accepted")
 	}
 }
+
+// TestRatesGiveBack: a start given back leaves the window over every
+// node at once: another node then takes a start in a full window, and
+// every node hears that the provider has room (released). Only that
+// start goes: giving it back twice, or giving back one that is not there,
+// frees nothing more.
+func TestRatesGiveBack(t *testing.T) {
+	r := startRedis(t)
+	a, b := open(t, r, "a", nil), open(t, r, "b", nil)
+	rec := subscribe(t, b)
+	ctx := context.Background()
+	take := func(s *Store) Start {
+		t.Helper()
+		st, err := s.Rates().Take(ctx, "p", 2, time.Minute)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return st
+	}
+	first, second := take(a), take(b)
+	if !first.OK || !second.OK || first.ID == "" || first.ID == second.ID {
+		t.Fatalf("the first two starts: %+v %+v", first, second)
+	}
+	if st := take(b); st.OK {
+		t.Fatal("a third start in a window of 2")
+	}
+	// Node a's provider refused its attempt: the start goes back.
+	if err := a.Rates().GiveBack(ctx, "p", first.ID); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 10*time.Second, "the released event at the other node", func() bool {
+		_, ok := rec.find(func(ev Event) bool { return ev.Kind == EventReleased && ev.Provider == "p" && ev.Node == "a" })
+		return ok
+	})
+	third := take(b)
+	if !third.OK {
+		t.Fatalf("no start after one was given back: %+v", third)
+	}
+	// Twice, or one unknown: nothing more leaves the window.
+	if err := a.Rates().GiveBack(ctx, "p", first.ID); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Rates().GiveBack(ctx, "p", "a|unknown"); err != nil {
+		t.Fatal(err)
+	}
+	if st := take(a); st.OK {
+		t.Fatal("a start given back twice freed two")
+	}
+	if n, err := a.c.rdb.ZCard(ctx, a.c.startsKey("p")).Result(); err != nil || n != 2 {
+		t.Fatalf("%d starts in the window (%v), want 2", n, err)
+	}
+	if err := a.Rates().GiveBack(ctx, "", first.ID); err == nil {
+		t.Fatal("an empty provider name accepted")
+	}
+}

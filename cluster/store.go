@@ -60,7 +60,7 @@ func openStore(cfg Config, node string, onFailover func()) (*Store, error) {
 	leases := newLeases(c, news, watched)
 	// Another node waiting for a slot is news that frees the spares.
 	news.onWanted = leases.noteWanted
-	s := &Store{c: c, leases: leases, news: news, spend: newSpend(c), ledger: &LedgerStore{c: c}, routes: newRoutes(c), rates: &Rates{c: c}}
+	s := &Store{c: c, leases: leases, news: news, spend: newSpend(c), ledger: &LedgerStore{c: c}, routes: newRoutes(c), rates: &Rates{c: c, news: news}}
 	go leases.r.loop()
 	return s, nil
 }

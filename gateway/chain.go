@@ -138,6 +138,11 @@ func (c *connect) run() {
 		case c.allIncompatible:
 			c.finish(c.unservable("no provider here serves " + c.clientKind() + " clients: every provider that may answered 428 (another Playwright version)"))
 			return
+		case !couldWait && c.wd != nil && c.wd.last != nil:
+			// Every provider left said session not created: the last
+			// one's answer, as it is.
+			c.finish(c.relayedTo(c.wd.last.provider, c.wd.last.res))
+			return
 		case !couldWait:
 			c.finish(c.unavailable("no provider available"))
 			return
@@ -327,7 +332,8 @@ func (c *connect) pass(first bool) (end passEnd, couldWait, retry bool) {
 		return passAnswered, false, false
 	}
 	c.allIncompatible = ps.serveable > 0 && ps.serveable == ps.incompatible
-	return end, ps.serveable > ps.incompatible+ps.stateDown+ps.overBudget, ps.retry
+	c.noteDeclined(ps)
+	return end, ps.serveable > ps.incompatible+ps.stateDown+ps.overBudget+len(ps.declined), ps.retry
 }
 
 // order returns the indices of the members to try, in order: the strategy
@@ -358,8 +364,9 @@ func (c *connect) order(advance bool) []int {
 		order = c.pool.strategy.Order(cands, advance, make([]int, 0, len(cands)))
 	}
 	if c.wd != nil {
-		// Only providers that can start the browser asked for.
-		order = slices.DeleteFunc(order, func(i int) bool { return !h.members[i].up.Accepts(c.wd.req) })
+		// Only providers that can start the browser asked for, and that
+		// did not decline it already (webdriver.go).
+		order = slices.DeleteFunc(order, func(i int) bool { return !h.members[i].up.Accepts(c.wd.req) || c.cls.declinedBy(h.members[i].state) })
 	}
 	if !h.routed || c.cls.proto != upstreams.ProtocolPlaywright {
 		return c.byOptions(order)

@@ -4,6 +4,7 @@ import (
 	"math"
 	"net/http"
 	"slices"
+	"sync/atomic"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -101,6 +102,11 @@ type class struct {
 	// honour them and start the browser asked for (usable).
 	opts options.Set
 	wd   *upstreams.CreateRequest
+	// declined names in the queue the providers that answered its
+	// WebDriver create session not created (webdriver.go): it waits for
+	// none of them. Replaced as it grows, never changed: a reload reads
+	// it (usable) while the client runs a pass.
+	declined atomic.Pointer[map[string]bool]
 }
 
 // passEnd is how one pass over the candidates ended.
@@ -130,6 +136,9 @@ type passState struct {
 	clientOver *spend.Over
 	// quotaOver: a resume's client_limit share could not be taken.
 	quotaOver bool
+	// declined: the WebDriver providers that answered session not
+	// created in this pass; not waited for.
+	declined []declined
 }
 
 // verdict is what an attempt's outcome means for the pass.
@@ -213,17 +222,22 @@ func (h *Gateway) resources(members []int) []string {
 // usable names in the queue the providers of the handler a client of
 // class cl can use: those of its pool (its protocol and Playwright
 // version) that honour its session options and, for a WebDriver create,
-// start the browser it asks for. A waiter waits for these only, so it
-// holds back no newcomer from a provider it could never take.
+// start the browser it asks for and did not decline it. A waiter waits
+// for these only, so it holds back no newcomer from a provider it could
+// never take.
 func (h *Gateway) usable(cl *class) []string {
 	p := h.poolFor(cl)
 	if cl.opts.Empty() && cl.wd == nil {
 		return p.resources
 	}
+	declined := cl.declined.Load()
 	out := make([]string, 0, len(p.members))
 	for j, i := range p.members {
 		up := h.members[i].up
 		if cl.wd != nil && !up.Accepts(cl.wd) {
+			continue
+		}
+		if declined != nil && (*declined)[p.resources[j]] {
 			continue
 		}
 		if !cl.opts.Empty() && len(up.Honours().Lacks(cl.opts)) > 0 {

@@ -31,11 +31,13 @@ import (
 // before); a health permit (not in cooldown, no trial in flight); a slot;
 // the cluster-wide slot under shared state; and a start of its
 // create_rate window (create_rate.go), taken last so that only an attempt
-// that is made counts. A resume of a parked session that kept its
-// provider session (the client's ticket holds its slot, share, lease and
-// meter) takes none of those again, and starts nothing: its ticket is the
-// attempt's. Each refusal records its skip word and gives back what
-// was taken; ok is false, and ps says why when the pass ends here.
+// that is made counts, and kept in the ticket: an attempt the provider
+// refuses with a 4xx gives it back (conclude). A resume of a parked
+// session that kept its provider session (the client's ticket holds its
+// slot, share, lease and meter) takes none of those again, and starts
+// nothing: its ticket is the attempt's. Each refusal records its skip
+// word and gives back what was taken; ok is false, and ps says why when
+// the pass ends here.
 func (c *connect) admit(ps *passState, m *member) (t *pool.Ticket, ok bool) {
 	st := m.state
 	kept := c.ticket.Provider() == st
@@ -126,7 +128,8 @@ func (c *connect) admit(ps *passState, m *member) (t *pool.Ticket, ok bool) {
 		return nil, false
 	}
 	// Last, so that only an attempt made from here takes a start.
-	if ok, retryAt := c.h.takeRate(c.r.Context(), m); !ok {
+	start, ok, retryAt := c.h.takeRate(c.r.Context(), m)
+	if !ok {
 		// Nothing was asked of the provider: no failure, and no offer
 		// now (a trial permit goes back quietly, the slot as a failed
 		// one's), since the window admits no one before retryAt, when
@@ -144,6 +147,7 @@ func (c *connect) admit(ps *passState, m *member) (t *pool.Ticket, ok bool) {
 		c.skip(m, upstreams.WordRate)
 		return nil, false
 	}
+	t.KeepStart(start)
 	return t, true
 }
 
@@ -177,7 +181,9 @@ func (ps *passState) mayAttempt() bool {
 // 5. Settle: conclude classifies one attempt's outcome and settles it: the
 // provider's health and its last error, the same way for serial and
 // hedged attempts, and the attempt's ticket t: kept on success, released
-// otherwise (a failure's slot goes back without waking the queue at once).
+// otherwise (a failure's slot goes back without waking the queue at once;
+// the create_rate start of an attempt the provider refused with a 4xx
+// goes back too, whatever its kind).
 // lost marks a hedge loser, whose 101 (if any) nobody will use: it is
 // closed and counts as neither success nor failure. ps, when not nil,
 // learns what the outcome means for the rest of the pass.
@@ -187,6 +193,13 @@ func (h *Gateway) conclude(ps *passState, m *member, t *pool.Ticket, res upstrea
 	permit := t.Permit()
 	if lost {
 		h.reg.Metrics().Attempt(m.up.Name, o)
+	}
+	if o.Refused != 0 || o.Kind == upstreams.Declined {
+		// The provider refused it with a 4xx, or declined the
+		// capabilities asked for: it started nothing, so its create_rate
+		// start goes back, before the slot does (whose offer to the queue
+		// may be taken at once).
+		h.giveBackStart(m, t)
 	}
 	if o.Kind == upstreams.Failure || o.Kind == upstreams.Capacity || o.Kind == upstreams.Incompatible || o.Kind == upstreams.Gateway {
 		st.SetLastError(o.Word)
@@ -238,6 +251,15 @@ func (h *Gateway) conclude(ps *passState, m *member, t *pool.Ticket, res upstrea
 		t.Failed()
 		if ps != nil {
 			ps.retry = true
+		}
+	case upstreams.Declined:
+		// The provider's word on what the client asked for, not on its
+		// health: nothing counted (a trial ends without a verdict, and
+		// the next waiter may try), and the slot goes back as after a
+		// relayed answer. The client's pass goes on without it.
+		h.settle(st, permit, cooldown.Neutral, 0)
+		if ps != nil {
+			ps.declined = append(ps.declined, declined{provider: m.up.Name, resource: st.Resource(), res: res})
 		}
 	case upstreams.Relay:
 		h.settle(st, permit, cooldown.Neutral, 0)

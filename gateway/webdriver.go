@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
+	"maps"
 	"net/http"
 	"slices"
 	"strconv"
@@ -67,6 +68,16 @@ type wdCreate struct {
 	req *upstreams.CreateRequest
 	// base is the client's base path ("" for the root, "/wd/hub" …).
 	base string
+	// last is the last session not created answer a provider gave it
+	// (nil: none); see noteDeclined.
+	last *declined
+}
+
+// declined is a WebDriver provider's session not created answer to a
+// create.
+type declined struct {
+	provider, resource string
+	res                upstreams.Result
 }
 
 // wdRequest is where a WebDriver request goes.
@@ -207,6 +218,46 @@ func (c *connect) anyAccepts() bool {
 		}
 	}
 	return false
+}
+
+// A WebDriver provider that answers a create "session not created"
+// (other than full) will not start what the client asked for: it is the
+// provider's word on those capabilities, not a failure. The client's way
+// goes on without it, for the rest of its way: its later passes do not
+// ask it again, and it does not wait in the queue for it (nor hold back a
+// newcomer who could use it). The client waits only while some provider
+// that has not declined could serve it later (busy: full, in cooldown,
+// at its create_rate, left to earlier waiters); when none is left, it
+// gets the last session not created answer as the provider sent it. A
+// client that waits until its queue timeout gets the timeout's answer.
+
+// noteDeclined takes in the providers that declined the create in pass
+// ps: the client's class names them (declinedBy), so its later passes
+// leave them out and it waits in the queue for the others only (usable).
+func (c *connect) noteDeclined(ps *passState) {
+	if c.wd == nil || len(ps.declined) == 0 {
+		return
+	}
+	c.wd.last = &ps.declined[len(ps.declined)-1]
+	// A new set, never a change to the one a reload may be reading.
+	set := map[string]bool{}
+	if old := c.cls.declined.Load(); old != nil {
+		maps.Copy(set, *old)
+	}
+	for _, d := range ps.declined {
+		set[d.resource] = true
+	}
+	c.cls.declined.Store(&set)
+	if c.waiter != nil {
+		c.waiter.Want(c.h.usable(c.cls))
+	}
+}
+
+// declinedBy reports whether provider p declined the client's WebDriver
+// create already.
+func (cl *class) declinedBy(p *pool.Provider) bool {
+	d := cl.declined.Load()
+	return d != nil && (*d)[p.Resource()]
 }
 
 // noProviderStarts is the answer's message when none can.

@@ -3,9 +3,11 @@ package multinode_test
 import (
 	"encoding/json"
 	"errors"
+	"net"
 	"net/http"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -86,4 +88,65 @@ func refusedForRate(err error, provider string) bool {
 		return false
 	}
 	return len(body.Attempts) == 1 && body.Attempts[0].Provider == provider && body.Attempts[0].Outcome == "rate"
+}
+
+// TestClusterCreateRateGivenBack: a start given back on one node frees the
+// window for a client waiting on another. With create_rate 1 per minute
+// over two nodes, a client through gw-1 takes the only start, and the
+// provider holds its upgrade; a client through gw-2 is turned away as
+// rate and waits in the queue. The provider then refuses the first
+// upgrade with 400 (relayed to its client): it started nothing, its start
+// goes back, and the waiter on gw-2 gets its session at once, long before
+// the minute is over.
+func TestClusterCreateRateGivenBack(t *testing.T) {
+	r := testredis.Start(t)
+	echo := startEcho(t)
+	hold := make(chan struct{})
+	var refusing atomic.Int64
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		if req.URL.Query().Has("refuse") {
+			refusing.Add(1)
+			<-hold
+			http.Error(w, "unknown option", http.StatusBadRequest)
+			return
+		}
+		echo.ServeHTTP(w, req)
+	})}
+	go srv.Serve(ln)
+	t.Cleanup(func() { srv.Close() })
+	cc := clusterConfig{queueSize: 10, providers: []map[string]any{{
+		"name": "rated", "url": "ws://" + ln.Addr().String() + "/", "pass_query": true,
+		"create_rate": map[string]any{"n": 1, "per": "minute"},
+	}}}
+	a, b := startNode(t, "gw-1", cc.handler(t, r, "gw-1")), startNode(t, "gw-2", cc.handler(t, r, "gw-2"))
+
+	refused := make(chan error, 1)
+	go func() { refused <- serveOnce(a.WS()+"?refuse=1", 30*time.Second) }()
+	waitUntil(t, 10*time.Second, "the first upgrade at the provider", func() bool { return refusing.Load() == 1 })
+	served := make(chan error, 1)
+	go func() { served <- serveOnce(b.WS(), 25*time.Second) }()
+	waitUntil(t, 10*time.Second, "a client waiting on gw-2", func() bool {
+		raw, err := b.get("/browser_failover/status")
+		return err == nil && strings.Contains(string(raw), `"waiting":1`)
+	})
+	close(hold)
+	if err := <-refused; statusOf(err) != http.StatusBadRequest {
+		t.Fatalf("the refused upgrade: %v", err)
+	}
+	if err := <-served; err != nil {
+		t.Fatalf("the client waiting on gw-2: %v", err)
+	}
+	if echo.Hits.Load() != 1 {
+		t.Fatalf("%d sessions at the provider, want 1", echo.Hits.Load())
+	}
+	for _, g := range []*node{a, b} {
+		p, raw, err := g.Provider("rated")
+		if err != nil || p.CooldownUntil != nil {
+			t.Fatalf("%s: %v %s", g.Name, err, raw)
+		}
+	}
 }

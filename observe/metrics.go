@@ -251,7 +251,7 @@ var outcomeWords = map[string]bool{
 	upstreams.WordBadHandshake: true, upstreams.WordBadDiscovery: true,
 	upstreams.WordClientGone: true, upstreams.WordBadConnectURL: true,
 	upstreams.WordCreateFailed: true, upstreams.WordBadCreate: true,
-	upstreams.WordBadSessionID: true,
+	upstreams.WordBadSessionID: true, upstreams.WordNotCreated: true,
 }
 
 // statusCodes are the answer statuses kept exact in labels: the ones the

@@ -1,6 +1,7 @@
 package pool
 
 import (
+	"slices"
 	"sync"
 	"time"
 )
@@ -47,38 +48,78 @@ func (p *Provider) CreateRate() CreateRate {
 	return p.rate
 }
 
+// Start is one start of a session counted in a provider's create_rate
+// window, kept by the attempt it was taken for: when the provider started
+// nothing for it (it refused the attempt with a 4xx), it is given back
+// (GiveBackStart), as if never taken. The zero value counts nothing.
+type Start struct {
+	// at is this node's record of it (zero: none).
+	at time.Time
+	// Shared is its member in the window over every node (state redis;
+	// "": none), which the caller gives back there.
+	Shared string
+}
+
 // TakeStart counts one start of a session at the provider if its
-// create_rate allows one now; else it reports when the window admits one
-// again: when enough of the starts in it have left. Without a create_rate
-// every start is allowed, and none is counted.
-func (p *Provider) TakeStart() (ok bool, retryAt time.Time) {
+// create_rate allows one now (s is that start); else it reports when the
+// window admits one again: when enough of the starts in it have left.
+// Without a create_rate every start is allowed, and none is counted.
+func (p *Provider) TakeStart() (s Start, ok bool, retryAt time.Time) {
 	p.startsMu.Lock()
 	defer p.startsMu.Unlock()
 	if p.rate.N <= 0 {
-		return true, time.Time{}
+		return Start{}, true, time.Time{}
 	}
 	now := p.reg.Now()
 	p.pruneStartsLocked(now)
 	if n := len(p.at); n >= p.rate.N {
 		// Below the cap once the n-N+1 oldest have left.
-		return false, p.at[n-p.rate.N].Add(p.rate.Window)
+		return Start{}, false, p.at[n-p.rate.N].Add(p.rate.Window)
 	}
 	p.at = append(p.at, now)
-	return true, time.Time{}
+	return Start{at: now}, true, time.Time{}
 }
 
 // RecordStart counts a start the shared state allowed (under state redis
-// the window over every node decides), so that this node's own window
-// knows it should the shared state become unreachable.
-func (p *Provider) RecordStart() {
+// the window over every node decides; shared is its member there), so
+// that this node's own window knows it should the shared state become
+// unreachable. It returns the start, for GiveBackStart.
+func (p *Provider) RecordStart(shared string) Start {
 	p.startsMu.Lock()
 	defer p.startsMu.Unlock()
 	if p.rate.N <= 0 {
-		return
+		return Start{Shared: shared}
 	}
 	now := p.reg.Now()
 	p.pruneStartsLocked(now)
 	p.at = append(p.at, now)
+	return Start{at: now, Shared: shared}
+}
+
+// GiveBackStart takes s out of this node's window: the provider started
+// nothing for it. When the window turned a client away since (a refusal
+// not over yet), the provider is offered to the queue: a waiter may take
+// the start now. A start already out of the window changes nothing.
+// (s.Shared is the caller's to give back.)
+func (p *Provider) GiveBackStart(s Start) {
+	if s.at.IsZero() {
+		return
+	}
+	p.startsMu.Lock()
+	i := slices.IndexFunc(p.at, func(at time.Time) bool { return at.Equal(s.at) })
+	if i < 0 {
+		p.startsMu.Unlock()
+		return
+	}
+	p.at = slices.Delete(p.at, i, i+1)
+	refused := p.refusedUntil.After(p.reg.Now())
+	if refused {
+		p.refusedUntil = time.Time{}
+	}
+	p.startsMu.Unlock()
+	if refused {
+		p.Notify()
+	}
 }
 
 // RateRefused notes that a start was refused until at (by this node's

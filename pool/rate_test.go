@@ -20,7 +20,7 @@ func TestCreateRateWindow(t *testing.T) {
 	}
 	// No cap: every start allowed, none counted.
 	for range 5 {
-		if ok, _ := p.TakeStart(); !ok {
+		if _, ok, _ := p.TakeStart(); !ok {
 			t.Fatal("a start refused without create_rate")
 		}
 	}
@@ -31,12 +31,12 @@ func TestCreateRateWindow(t *testing.T) {
 	p.SetCreateRate(CreateRate{N: 3, Window: time.Minute})
 	t0 := clk.Now()
 	for i := range 3 {
-		if ok, _ := p.TakeStart(); !ok {
+		if _, ok, _ := p.TakeStart(); !ok {
 			t.Fatalf("start %d of 3 refused", i+1)
 		}
 		clk.Advance(10 * time.Second) // starts at t0, t0+10s, t0+20s
 	}
-	ok, retryAt := p.TakeStart()
+	_, ok, retryAt := p.TakeStart()
 	if ok || !retryAt.Equal(t0.Add(time.Minute)) {
 		t.Fatalf("the 4th start: ok %v, retry at %v; want refused until %v", ok, retryAt, t0.Add(time.Minute))
 	}
@@ -45,20 +45,20 @@ func TestCreateRateWindow(t *testing.T) {
 	}
 	// Just before the oldest leaves: still refused, same time.
 	clk.Advance(retryAt.Sub(clk.Now()) - time.Millisecond)
-	if ok, again := p.TakeStart(); ok || !again.Equal(retryAt) {
+	if _, ok, again := p.TakeStart(); ok || !again.Equal(retryAt) {
 		t.Fatalf("a millisecond early: ok %v, retry at %v", ok, again)
 	}
 	// The oldest left: one start, and the next waits for the second.
 	clk.Advance(time.Millisecond)
-	if ok, _ := p.TakeStart(); !ok {
+	if _, ok, _ := p.TakeStart(); !ok {
 		t.Fatal("refused once the oldest start left the window")
 	}
-	if ok, next := p.TakeStart(); ok || !next.Equal(t0.Add(70*time.Second)) {
+	if _, ok, next := p.TakeStart(); ok || !next.Equal(t0.Add(70*time.Second)) {
 		t.Fatalf("after the window slid: ok %v, retry at %v, want %v", ok, next, t0.Add(70*time.Second))
 	}
 
 	// A shared decision is recorded without a check.
-	p.RecordStart()
+	p.RecordStart("")
 	if p.StartsInWindow() != 4 {
 		t.Fatalf("%d starts after a recorded one, want 4", p.StartsInWindow())
 	}
@@ -71,7 +71,7 @@ func TestCreateRateWindow(t *testing.T) {
 		t.Fatal(err)
 	}
 	p.SetCreateRate(CreateRate{N: 2, Window: time.Minute})
-	if ok, at := p.TakeStart(); ok || !at.Equal(t0.Add(120*time.Second)) {
+	if _, ok, at := p.TakeStart(); ok || !at.Equal(t0.Add(120*time.Second)) {
 		t.Fatalf("a lower cap: ok %v, retry at %v, want %v", ok, at, t0.Add(120*time.Second))
 	}
 	// That load fails: the running load's cap comes back.
@@ -81,7 +81,7 @@ func TestCreateRateWindow(t *testing.T) {
 	}
 	// A cap removed counts nothing any more.
 	p.SetCreateRate(CreateRate{})
-	if ok, _ := p.TakeStart(); !ok || p.StartsInWindow() != 0 {
+	if _, ok, _ := p.TakeStart(); !ok || p.StartsInWindow() != 0 {
 		t.Fatal("a removed cap still refuses or counts")
 	}
 	r.ReleaseClaim("rate-unit", running)
@@ -104,4 +104,86 @@ func TestCreateRateRaisedWakes(t *testing.T) {
 	if woken, _ = wokenBy(t, r, []string{p.Resource()}, func() { p.SetCreateRate(CreateRate{N: 1, Window: time.Second}) }); woken {
 		t.Fatal("lowering the cap woke a waiter")
 	}
+}
+
+// TestCreateRateStartGivenBack: a start given back (its provider started
+// nothing) leaves the window as if never taken, once; when the window
+// had turned a client away, the waiter is offered the provider at once,
+// not when the oldest start leaves. A ticket hands its start over once.
+func TestCreateRateStartGivenBack(t *testing.T) {
+	r, clk := fakeRegistry(t, true)
+	gen := new(int)
+	p, err := r.Claim("rate-back", "ws://h:1/", "ws://h:1/", gen, cooldown.Config{}, false, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.ReleaseClaim("rate-back", gen)
+	p.SetCreateRate(CreateRate{N: 3, Window: time.Minute})
+	var starts []Start
+	for i := range 3 {
+		s, ok, _ := p.TakeStart()
+		if !ok {
+			t.Fatalf("start %d of 3 refused", i+1)
+		}
+		starts = append(starts, s)
+		clk.Advance(time.Second)
+	}
+	_, ok, retryAt := p.TakeStart()
+	if ok {
+		t.Fatal("a 4th start within the window")
+	}
+	p.RateRefused(retryAt) // as admission does
+	clk.Advance(5 * time.Second)
+
+	// The provider refused the second attempt with a 4xx: its start goes
+	// back, and the client turned away is offered the provider now.
+	woken, err := wokenBy(t, r, []string{p.Resource()}, func() { p.GiveBackStart(starts[1]) })
+	if err != nil || !woken {
+		t.Fatalf("a start given back: woken %v, %v", woken, err)
+	}
+	if n := p.StartsInWindow(); n != 2 {
+		t.Fatalf("%d starts in the window after one went back, want 2", n)
+	}
+	if u := p.RefusedUntil(); u.After(clk.Now()) {
+		t.Fatalf("still refused until %v after a start went back", u)
+	}
+	again, ok, _ := p.TakeStart()
+	if !ok {
+		t.Fatal("the start given back was not taken again")
+	}
+	// Given back twice: the second time changes nothing.
+	p.GiveBackStart(starts[1])
+	if n := p.StartsInWindow(); n != 3 {
+		t.Fatalf("%d starts in the window after the same start went back twice, want 3", n)
+	}
+	// Without a client turned away, nobody is woken.
+	woken, _ = wokenBy(t, r, []string{p.Resource()}, func() { p.GiveBackStart(again) })
+	if woken || p.StartsInWindow() != 2 {
+		t.Fatalf("a start given back with no refusal: woken %v, %d in the window", woken, p.StartsInWindow())
+	}
+	// A start that already left the window changes nothing.
+	clk.Advance(time.Minute)
+	fresh, _, _ := p.TakeStart()
+	p.GiveBackStart(starts[0])
+	if n := p.StartsInWindow(); n != 1 {
+		t.Fatalf("%d starts after an old one went back, want 1", n)
+	}
+	// A shared start keeps its member for the caller.
+	if s := p.RecordStart("gw-1|ab12"); s.Shared != "gw-1|ab12" || p.StartsInWindow() != 2 {
+		t.Fatalf("recorded %+v, %d in the window", s, p.StartsInWindow())
+	}
+
+	// A ticket hands its start over once.
+	tk := r.NewTicket()
+	if _, ok := tk.TakeBackStart(); ok {
+		t.Fatal("a ticket with no start handed one over")
+	}
+	tk.KeepStart(fresh)
+	if s, ok := tk.TakeBackStart(); !ok || s != fresh {
+		t.Fatalf("the ticket's start: %+v %v", s, ok)
+	}
+	if _, ok := tk.TakeBackStart(); ok {
+		t.Fatal("a ticket handed its start over twice")
+	}
+	tk.Release()
 }

@@ -16,8 +16,9 @@ import (
 // health permit of its attempt, a slot (reserved for the attempt, live
 // with its session, kept while the session is parked), the cluster-wide
 // lease with the shared store it keeps open, the spend hold that becomes
-// the session's meter, and the provider session created for it (its
-// ledger entry and release). A ticket moves, never copied: from the
+// the session's meter, the provider session created for it (its
+// ledger entry and release), and the create_rate start its attempt took
+// (given back only when the provider started nothing: TakeBackStart). A ticket moves, never copied: from the
 // client's way to its attempt's admission (Join), to the session
 // (Establish), to a parking (Park) and to a resume (Resume). Release gives
 // back whatever it holds, in whatever state it is, once: the second call
@@ -57,6 +58,10 @@ type Ticket struct {
 	store  *cluster.Shared
 	hold   *spend.Hold
 	remote *upstreams.Remote
+	// start is the create_rate start the attempt took (zero: none): not
+	// given back by Release (a start counts whatever the session does),
+	// only when the provider started nothing for it (TakeBackStart).
+	start Start
 	// live is the session's entry in the session registry, its Session
 	// and Meter set by Establish (the Meter stays through a parking);
 	// written only while the entry is not listed.
@@ -151,6 +156,23 @@ func (t *Ticket) Keep(lease *cluster.Lease, store *cluster.Shared, hold *spend.H
 		t.store = store
 	}
 	t.mu.Unlock()
+}
+
+// KeepStart adds the create_rate start the attempt's admission took.
+func (t *Ticket) KeepStart(s Start) {
+	t.mu.Lock()
+	t.start = s
+	t.mu.Unlock()
+}
+
+// TakeBackStart hands over the ticket's create_rate start for its
+// give-back, once (the provider started nothing for it); ok is false when
+// the ticket holds none.
+func (t *Ticket) TakeBackStart() (s Start, ok bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	s, t.start = t.start, Start{}
+	return s, !s.at.IsZero() || s.Shared != ""
 }
 
 // Failed marks the attempt failed at its provider: its slot goes back

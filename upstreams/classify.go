@@ -38,6 +38,12 @@ const (
 	// ledger of created sessions could not be written); try the next
 	// provider; nothing recorded against this one.
 	Gateway
+	// Declined (a WebDriver "session not created", other than one
+	// saying the provider is full): the provider's word on what the
+	// client asked for, not on its health. Try the next provider; nothing
+	// recorded, not skipped; when no provider is left, the last such
+	// answer (Result.Answer, Result.Body) goes to the client as it is.
+	Declined
 )
 
 // String names the kind for logs.
@@ -57,6 +63,8 @@ func (k Kind) String() string {
 		return "client_gone"
 	case Gateway:
 		return "gateway"
+	case Declined:
+		return "declined"
 	}
 	return "unknown"
 }
@@ -85,6 +93,10 @@ const (
 	// WordHedgeLost marks an attempt given up because a hedged attempt
 	// at another provider won the race.
 	WordHedgeLost = "hedge_lost"
+	// WordNotCreated: a WebDriver provider answered "session not
+	// created" for another reason than being full: it will not start
+	// what the client asked for (Declined).
+	WordNotCreated = "not_created"
 )
 
 // StatusWord is the outcome word of an HTTP status: status_<code>.
@@ -109,6 +121,15 @@ func ClassifyStatus(code int) (word string, kind Kind) {
 	default:
 		return StatusWord(code), Failure
 	}
+}
+
+// refusedWith is the Outcome.Refused of an answer of status code: the
+// code when it is a 4xx, else 0.
+func refusedWith(code int) int {
+	if code >= 400 && code < 500 {
+		return code
+	}
+	return 0
 }
 
 // ClassifyError maps a transport error of an attempt to its outcome.
@@ -163,6 +184,12 @@ type Outcome struct {
 	// RetryAfter is the provider's Retry-After for Capacity answers (0 when
 	// absent).
 	RetryAfter time.Duration
+	// Refused is the 4xx status the provider refused the attempt with
+	// before starting anything (0: it did not): its answer to the upgrade
+	// at its own URL, to a discovery GET, or to a session API or
+	// WebDriver create call. A session API's upgrade after a create that
+	// worked leaves it 0: a session was started.
+	Refused int
 	// Elapsed is the attempt's duration.
 	Elapsed time.Duration
 	// Err is the cause, for logs; it never holds a URL.

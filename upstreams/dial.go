@@ -187,7 +187,7 @@ func (p *Provider) upgrade(ctx, actx context.Context, deadline time.Time, hs *Ha
 // MaxRelayedBody of the body (the connection's deadline still applies).
 func (p *Provider) answerResult(ans *Answer, br *bufio.Reader, cause error) Result {
 	word, kind := ClassifyStatus(ans.Status)
-	r := Result{Outcome: Outcome{Word: word, Kind: kind, Err: cause}}
+	r := Result{Outcome: Outcome{Word: word, Kind: kind, Refused: refusedWith(ans.Status), Err: cause}}
 	switch kind {
 	case Capacity:
 		r.Outcome.RetryAfter = ParseRetryAfter(ans.Header.Get("Retry-After"), time.Now())

@@ -678,7 +678,7 @@ func (a *sessionAPI) create(ctx context.Context, target string, headers []Header
 	if resp.StatusCode < 200 || resp.StatusCode > 299 {
 		io.Copy(io.Discard, io.LimitReader(resp.Body, MaxRelayedBody))
 		word, kind := ClassifyStatus(resp.StatusCode)
-		r := Result{Outcome: Outcome{Word: word, Kind: kind, Err: fmt.Errorf("create answered %d", resp.StatusCode)}}
+		r := Result{Outcome: Outcome{Word: word, Kind: kind, Refused: refusedWith(resp.StatusCode), Err: fmt.Errorf("create answered %d", resp.StatusCode)}}
 		if kind == Capacity {
 			r.Outcome.RetryAfter = ParseRetryAfter(resp.Header.Get("Retry-After"), time.Now())
 		} else {
@@ -998,6 +998,8 @@ func (p *Provider) connectAPI(ctx, actx context.Context, deadline time.Time, hs 
 		return Result{Outcome: Outcome{Word: word, Kind: Failure, Err: fmt.Errorf("%w: %w", errBadCreate, err)}}
 	}
 	res := t.attempt(ctx, actx, deadline, hs, replace)
+	// The session was started, whatever its upgrade is answered.
+	res.Outcome.Refused = 0
 	if res.Outcome.Kind == Success {
 		res.Conn.Remote = c.remote
 		res.Conn.Point.ConnectURL = c.connectURL

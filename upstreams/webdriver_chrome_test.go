@@ -202,8 +202,8 @@ func TestChromedriverSession(t *testing.T) {
 }
 
 // TestChromedriverCreateAnswers: chromedriver's refusals are classified
-// (an invalid argument relayed, a browser it cannot start a failure), and
-// its /status is a passing health check.
+// (an invalid argument relayed, a browser it cannot start declined, with
+// its answer for the client), and its /status is a passing health check.
 func TestChromedriverCreateAnswers(t *testing.T) {
 	base := startChromedriver(t)
 	p, _ := wdProvider(t, base, func(c *Config) { c.ConnectTimeout = caddy.Duration(60 * time.Second) })
@@ -213,8 +213,9 @@ func TestChromedriverCreateAnswers(t *testing.T) {
 		t.Fatalf("invalid argument: %+v %s", res.Outcome, res.Body)
 	}
 	res = p.CreateWebDriver(context.Background(), mustCreateRequest(t, `{"capabilities":{"alwaysMatch":{"browserName":"firefox"}}}`), nil)
-	if res.Outcome.Kind != Failure || res.Outcome.Word != StatusWord(500) || !strings.Contains(res.Outcome.Err.Error(), "session not created") {
-		t.Fatalf("firefox at chromedriver: %+v", res.Outcome)
+	if res.Outcome.Kind != Declined || res.Outcome.Word != WordNotCreated || !strings.Contains(res.Outcome.Err.Error(), "session not created") ||
+		res.Answer == nil || res.Answer.Status != 500 || !bytes.Contains(res.Body, []byte(`"session not created"`)) {
+		t.Fatalf("firefox at chromedriver: %+v %s", res.Outcome, res.Body)
 	}
 	pr, err := p.NewProber(ProbeOptions{})
 	if err != nil {

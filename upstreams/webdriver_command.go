@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"net/url"
 	"strings"
+	"sync/atomic"
 	"time"
 )
 
@@ -25,6 +26,13 @@ var (
 	ErrCommandTooLarge = fmt.Errorf("the command body is larger than %d bytes", MaxWebDriverCommand)
 )
 
+// MaxBufferedCommand is how much of a command body of unknown length
+// (a chunked request) the gateway reads before it sends the command on:
+// a body that ends within it goes to the provider with its length
+// (chromedriver refuses chunked bodies); a longer one is streamed to the
+// provider as it comes, chunked. No command holds more of its body.
+const MaxBufferedCommand = 1 << 20
+
 // sizedBody is a command body whose length is known.
 type sizedBody struct {
 	r io.Reader
@@ -35,8 +43,9 @@ func (b *sizedBody) Read(p []byte) (int, error) { return b.r.Read(p) }
 
 // CommandBody is a command's body r of length n (a request's
 // ContentLength; -1: unknown), for WebDriverCommand: a known length is
-// streamed with it, as chromedriver wants (it refuses chunked bodies),
-// and an unknown one is read first, up to MaxWebDriverCommand.
+// streamed with it, as chromedriver wants (it refuses chunked bodies); of
+// an unknown one up to MaxBufferedCommand is read first, sent with its
+// length when the body ends there, and else streamed on, chunked.
 func CommandBody(r io.Reader, n int64) io.Reader { return &sizedBody{r: r, n: n} }
 
 // checkCommandPath checks rest, a command's escaped path after
@@ -84,6 +93,7 @@ func (p *Provider) WebDriverCommand(ctx context.Context, s *WebDriverSession, me
 		return nil, fmt.Errorf("%w: %w", ErrCommandPath, err)
 	}
 	n := int64(-1)
+	var bounded *boundedBody // a body streamed chunked (nil: none)
 	if b, ok := body.(*sizedBody); ok {
 		body, n = b.r, b.n
 	}
@@ -96,14 +106,18 @@ func (p *Provider) WebDriverCommand(ctx context.Context, s *WebDriverSession, me
 	case n > MaxWebDriverCommand:
 		return nil, ErrCommandTooLarge
 	case n < 0:
-		b, err := io.ReadAll(io.LimitReader(body, MaxWebDriverCommand+1))
+		head, err := readUpTo(body, MaxBufferedCommand)
 		if err != nil {
 			return nil, fmt.Errorf("reading the command body: %w", err)
 		}
-		if len(b) > MaxWebDriverCommand {
-			return nil, ErrCommandTooLarge
+		if len(head) <= MaxBufferedCommand {
+			body, n = bytes.NewReader(head), int64(len(head))
+			break
 		}
-		body, n = bytes.NewReader(b), int64(len(b))
+		// Longer: what was read and the rest go on as they come,
+		// chunked, within MaxWebDriverCommand.
+		bounded = &boundedBody{r: io.MultiReader(bytes.NewReader(head), body), left: MaxWebDriverCommand}
+		body = bounded
 	}
 	req, err := http.NewRequestWithContext(ctx, method, p.wd.url("/session/"+url.PathEscape(s.ID)+rest, rawQuery), nil)
 	if err != nil {
@@ -114,11 +128,25 @@ func (p *Provider) WebDriverCommand(ctx context.Context, s *WebDriverSession, me
 		header = p.wdHeader(nil)
 	}
 	setHeader(req, header)
-	if n > 0 {
+	if n != 0 {
+		// n < 0: a streamed body, sent chunked.
 		req.Body, req.ContentLength = io.NopCloser(body), n
 		req.Header.Set("Content-Type", "application/json; charset=utf-8")
 	}
 	resp, err := p.wd.client.Do(req)
+	if bounded != nil {
+		if bounded.over.Load() {
+			// The provider heard a request cut short.
+			if resp != nil {
+				resp.Body.Close()
+			}
+			return nil, ErrCommandTooLarge
+		}
+		if rerr := bounded.readErr(); err != nil && rerr != nil {
+			// The client's body broke off, not the provider.
+			return nil, fmt.Errorf("reading the command body: %w", rerr)
+		}
+	}
 	if err != nil {
 		var ue *url.Error
 		if errors.As(err, &ue) {
@@ -128,6 +156,67 @@ func (p *Provider) WebDriverCommand(ctx context.Context, s *WebDriverSession, me
 		return nil, &CommandError{Provider: p.Name, Word: word, Err: err}
 	}
 	return resp, nil
+}
+
+// readUpTo reads r until it ends or more than max bytes were read: the
+// bytes read (max+1 of them when r holds more), in a buffer that grows
+// with them, never beyond max+1.
+func readUpTo(r io.Reader, max int) ([]byte, error) {
+	b := make([]byte, 0, min(4<<10, max+1))
+	for len(b) <= max {
+		if len(b) == cap(b) {
+			b = append(make([]byte, 0, min(2*cap(b), max+1)), b...)
+		}
+		n, err := r.Read(b[len(b):cap(b)])
+		b = b[:len(b)+n]
+		if err == io.EOF {
+			return b, nil
+		}
+		if err != nil {
+			return nil, err
+		}
+	}
+	return b, nil
+}
+
+// boundedBody is a command body streamed to the provider as it comes:
+// past left bytes its read fails (and the request to the provider with
+// it), and over tells so. The transport reads it in a goroutine of its
+// own; over and the read error are read after the call.
+type boundedBody struct {
+	r    io.Reader
+	left int64
+	over atomic.Bool
+	err  atomic.Pointer[error] // the client's read error, not io.EOF
+}
+
+func (b *boundedBody) Read(p []byte) (int, error) {
+	if b.over.Load() {
+		return 0, ErrCommandTooLarge
+	}
+	if int64(len(p)) > b.left+1 {
+		// One byte more than allowed tells a body at the bound from a
+		// larger one.
+		p = p[:b.left+1]
+	}
+	n, err := b.r.Read(p)
+	if int64(n) > b.left {
+		b.over.Store(true)
+		return int(b.left), ErrCommandTooLarge
+	}
+	b.left -= int64(n)
+	if err != nil && err != io.EOF {
+		b.err.Store(&err)
+	}
+	return n, err
+}
+
+// readErr is the error the client's body failed with (nil: none).
+func (b *boundedBody) readErr() error {
+	if e := b.err.Load(); e != nil {
+		return *e
+	}
+	return nil
 }
 
 // CommandError is a command the provider could not be reached for. Its

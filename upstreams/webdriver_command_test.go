@@ -7,11 +7,14 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"io"
 	"net/http"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -101,6 +104,17 @@ func TestWebDriverCommandForwarded(t *testing.T) {
 	if r := reqs[len(reqs)-1]; string(r.Body) != `{"url":"about:blank"}` || r.Header.Get("Content-Length") != "21" {
 		t.Fatalf("sent %q %v", r.Body, r.Header)
 	}
+	// One over MaxBufferedCommand is streamed on, chunked, intact.
+	long := strings.Repeat(`{"x":"0123456789abcdef"}`, (3<<20)/24)
+	resp, err = p.WebDriverCommand(context.Background(), s, "POST", "/se/file", "", CommandBody(io.MultiReader(strings.NewReader(long[:1<<20]), strings.NewReader(long[1<<20:])), -1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	reqs = f.Requests()
+	if r := reqs[len(reqs)-1]; string(r.Body) != long || r.ContentLength != -1 {
+		t.Fatalf("sent %d bytes (of %d), length %d", len(r.Body), len(long), r.ContentLength)
+	}
 	// A provider's own answer, an error included, comes back as it is.
 	resp, err = p.WebDriverCommand(context.Background(), &WebDriverSession{ID: "gone", header: s.header}, "GET", "/url", "", nil)
 	if err != nil {
@@ -135,20 +149,153 @@ func TestWebDriverCommandRefused(t *testing.T) {
 	if _, err := p.WebDriverCommand(context.Background(), s, "POST", "/url", "", big); !errors.Is(err, ErrCommandTooLarge) {
 		t.Errorf("too large: %v", err)
 	}
-	endless := CommandBody(io.LimitReader(zeros{}, MaxWebDriverCommand+10), -1)
-	if _, err := p.WebDriverCommand(context.Background(), s, "POST", "/url", "", endless); !errors.Is(err, ErrCommandTooLarge) {
-		t.Errorf("too large, length unknown: %v", err)
-	}
 	if got := len(f.Requests()); got != n {
 		t.Fatalf("the provider heard %d of them", got-n)
 	}
+	// Of unknown length, it is streamed until it is too large: the
+	// provider's request fails there.
+	bigHeard := make(chan heard, 2)
+	f.OnCommand = func(w http.ResponseWriter, r *http.Request) bool {
+		if !strings.HasSuffix(r.URL.Path, "/big") {
+			return false
+		}
+		n, err := io.Copy(io.Discard, r.Body)
+		bigHeard <- heard{n, err}
+		w.Header().Set("Content-Type", "application/json; charset=utf-8")
+		io.WriteString(w, `{"value":null}`)
+		return true
+	}
+	endless := CommandBody(io.LimitReader(zeros{}, MaxWebDriverCommand+10), -1)
+	if _, err := p.WebDriverCommand(context.Background(), s, "POST", "/big", "", endless); !errors.Is(err, ErrCommandTooLarge) {
+		t.Errorf("too large, length unknown: %v", err)
+	}
+	if h := heardOf(t, bigHeard); h.err == nil || h.n > MaxWebDriverCommand {
+		t.Fatalf("the provider read %d bytes (%v), want a body cut short", h.n, h.err)
+	}
+	// At the bound exactly, it goes.
+	atBound := CommandBody(io.LimitReader(zeros{}, MaxWebDriverCommand), -1)
+	resp, err := p.WebDriverCommand(context.Background(), s, "POST", "/big", "", atBound)
+	if err != nil {
+		t.Fatalf("at the bound: %v", err)
+	}
+	resp.Body.Close()
+	if h := heardOf(t, bigHeard); h.err != nil || h.n != MaxWebDriverCommand {
+		t.Fatalf("at the bound: the provider read %d bytes (%v)", h.n, h.err)
+	}
 	f.Close()
-	_, err := p.WebDriverCommand(context.Background(), s, "GET", "/url", "", nil)
+	_, err = p.WebDriverCommand(context.Background(), s, "GET", "/url", "", nil)
 	var ce *CommandError
 	if !errors.As(err, &ce) || ce.Word != WordRefused || err.Error() != `provider "wd" could not be reached (refused)` {
 		t.Fatalf("unreachable: %v", err)
 	}
 	noSecret(t, "the error", err.Error())
+}
+
+// TestWebDriverCommandStreamed: a body of unknown length that goes on
+// past MaxBufferedCommand reaches the provider as it comes, while the
+// client still sends it: the gateway holds no more than
+// MaxBufferedCommand of it. A body that breaks off fails the command as
+// the client's, not the provider's.
+func TestWebDriverCommandStreamed(t *testing.T) {
+	f := fakes.NewWebDriver("")
+	defer f.Close()
+	var received atomic.Int64
+	f.OnCommand = func(w http.ResponseWriter, r *http.Request) bool {
+		if !strings.HasSuffix(r.URL.Path, "/se/file") {
+			return false
+		}
+		h := sha256.New()
+		n, err := io.Copy(io.MultiWriter(h, writerFunc(func(p []byte) { received.Add(int64(len(p))) })), r.Body)
+		if err != nil {
+			fakes.WriteError(w, http.StatusBadRequest, "invalid argument", err.Error())
+			return true
+		}
+		w.Header().Set("Content-Type", "application/json; charset=utf-8")
+		json.NewEncoder(w).Encode(map[string]any{"value": map[string]any{"n": n, "sha256": hex.EncodeToString(h.Sum(nil)), "length": r.ContentLength}})
+		return true
+	}
+	p, s := wdSession(t, f)
+	pr, pw := io.Pipe()
+	type answer struct {
+		resp *http.Response
+		err  error
+	}
+	done := make(chan answer, 1)
+	go func() {
+		resp, err := p.WebDriverCommand(context.Background(), s, "POST", "/se/file", "", CommandBody(pr, -1))
+		done <- answer{resp, err}
+	}()
+	chunk := bytes.Repeat([]byte("0123456789abcdef"), 4<<10) // 64 KiB
+	sum := sha256.New()
+	const sent = 4 << 20
+	for range sent / len(chunk) {
+		if _, err := pw.Write(chunk); err != nil {
+			t.Fatal(err)
+		}
+		sum.Write(chunk)
+	}
+	// The body is not over, and the provider has all but what the
+	// transports hold on the way.
+	deadline := time.Now().Add(20 * time.Second)
+	for received.Load() < sent-MaxBufferedCommand {
+		if time.Now().After(deadline) {
+			t.Fatalf("the provider received %d bytes of %d sent while the body goes on: not streamed", received.Load(), sent)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	pw.Close()
+	a := <-done
+	if a.err != nil {
+		t.Fatal(a.err)
+	}
+	var got struct {
+		Value struct {
+			N      int64  `json:"n"`
+			SHA256 string `json:"sha256"`
+			Length int64  `json:"length"`
+		} `json:"value"`
+	}
+	err := json.NewDecoder(a.resp.Body).Decode(&got)
+	a.resp.Body.Close()
+	if err != nil || got.Value.N != sent || got.Value.SHA256 != hex.EncodeToString(sum.Sum(nil)) || got.Value.Length != -1 {
+		t.Fatalf("the provider got %+v (%v), want %d bytes, chunked", got.Value, err, sent)
+	}
+	// A body that breaks off is the client's failure.
+	pr, pw = io.Pipe()
+	go func() {
+		pw.Write(bytes.Repeat([]byte("x"), 2<<20))
+		pw.CloseWithError(io.ErrUnexpectedEOF)
+	}()
+	_, err = p.WebDriverCommand(context.Background(), s, "POST", "/se/file", "", CommandBody(pr, -1))
+	var ce *CommandError
+	if !errors.Is(err, io.ErrUnexpectedEOF) || errors.As(err, &ce) {
+		t.Fatalf("a body cut short: %v", err)
+	}
+}
+
+// heard is what a provider read of a body: n bytes, until err.
+type heard struct {
+	n   int64
+	err error
+}
+
+// heardOf waits (up to 20 s) for what the provider read of a body.
+func heardOf(t *testing.T, c <-chan heard) heard {
+	t.Helper()
+	select {
+	case h := <-c:
+		return h
+	case <-time.After(20 * time.Second):
+		t.Fatal("the provider heard no body")
+		return heard{}
+	}
+}
+
+type writerFunc func([]byte)
+
+func (f writerFunc) Write(p []byte) (int, error) {
+	f(p)
+	return len(p), nil
 }
 
 type zeros struct{}

@@ -275,7 +275,8 @@ const minSecretLen = 8
 // provider's credentials, within p.ConnectTimeout (or ctx's earlier
 // deadline). The answer is classified: 2xx with a string value.sessionId
 // is Success (Result.WebDriver); a 5xx "session not created" saying the
-// provider is full is Capacity (WordFull, no Retry-After); 408 and 429
+// provider is full is Capacity (WordFull, no Retry-After), any other is
+// Declined (WordNotCreated, with the answer as for Relay); 408 and 429
 // are Capacity with their Retry-After; other 5xx, 401, 403, 1xx, 3xx,
 // transport errors and a 2xx without a usable session ID are Failure;
 // other 4xx are Relay (Result.Answer with its Content-Type, Result.Body);
@@ -696,25 +697,38 @@ func classifyWebDriverCreate(status int, h http.Header, body []byte) Result {
 	if code != "" {
 		cause = fmt.Errorf("create answered %d (%s)", status, code)
 	}
-	r := Result{Outcome: Outcome{Word: StatusWord(status), Kind: Failure, Err: cause}}
+	r := Result{Outcome: Outcome{Word: StatusWord(status), Kind: Failure, Refused: refusedWith(status), Err: cause}}
 	switch {
 	case status == http.StatusRequestTimeout, status == http.StatusTooManyRequests:
 		r.Outcome.Kind = Capacity
 		r.Outcome.RetryAfter = ParseRetryAfter(h.Get("Retry-After"), time.Now())
 	case status == http.StatusUnauthorized, status == http.StatusForbidden:
 	case status >= 500:
-		if msg, _ := findPointer(body, "/value/message"); code == ErrCodeSessionNotCreated && saysFull(msg) {
-			r.Outcome.Word, r.Outcome.Kind = WordFull, Capacity
+		if code != ErrCodeSessionNotCreated {
+			break
 		}
+		if msg, _ := findPointer(body, "/value/message"); saysFull(msg) {
+			r.Outcome.Word, r.Outcome.Kind = WordFull, Capacity
+			break
+		}
+		// Not these capabilities, here: the client may get the answer.
+		r.Outcome.Word, r.Outcome.Kind = WordNotCreated, Declined
+		r.Answer, r.Body = relayedAnswer(status, h), body
 	case status >= 400:
 		r.Outcome.Kind = Relay
-		r.Answer = &Answer{Status: status, Header: http.Header{}}
-		if ct := h.Get("Content-Type"); ct != "" {
-			r.Answer.Header.Set("Content-Type", ct)
-		}
-		r.Body = body
+		r.Answer, r.Body = relayedAnswer(status, h), body
 	}
 	return r
+}
+
+// relayedAnswer is a create answer of status with header h as the client
+// gets it: its status and Content-Type.
+func relayedAnswer(status int, h http.Header) *Answer {
+	a := &Answer{Status: status, Header: http.Header{}}
+	if ct := h.Get("Content-Type"); ct != "" {
+		a.Header.Set("Content-Type", ct)
+	}
+	return a
 }
 
 // fullPhrases are what providers say when a session was not created for

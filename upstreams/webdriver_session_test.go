@@ -76,7 +76,8 @@ func TestCreateWebDriverClassification(t *testing.T) {
 		{"no free slots", notCreated("NO FREE SLOTS on any node"), WordFull, Capacity, 0},
 		{"capacity", notCreated("Out of Capacity, try later"), WordFull, Capacity, 0},
 		{"queue", notCreated("New session request timed out in the Queue"), WordFull, Capacity, 0},
-		{"other session not created", notCreated("Chrome failed to start: exited abnormally"), StatusWord(500), Failure, 0},
+		{"other session not created", notCreated("Chrome failed to start: exited abnormally"), WordNotCreated, Declined, 0},
+		{"no matching capabilities", notCreated("session not created: No matching capabilities found"), WordNotCreated, Declined, 0},
 		{"unknown error", answer{500, nil, wdErr("unknown error", "max sessions")}, StatusWord(500), Failure, 0},
 		{"502", answer{502, nil, "bad gateway"}, StatusWord(502), Failure, 0},
 		{"503 not created full", answer{503, nil, wdErr("session not created", "no free slots")}, WordFull, Capacity, 0},
@@ -111,6 +112,13 @@ func TestCreateWebDriverClassification(t *testing.T) {
 			if o.Word != tc.word || o.Kind != tc.kind || o.RetryAfter != tc.retryAfter {
 				t.Fatalf("outcome %s %s %v (%v), want %s %s %v", o.Word, o.Kind, o.RetryAfter, o.Err, tc.word, tc.kind, tc.retryAfter)
 			}
+			wantRefused := 0 // a 4xx started nothing
+			if tc.ans.status/100 == 4 {
+				wantRefused = tc.ans.status
+			}
+			if o.Refused != wantRefused {
+				t.Fatalf("refused %d after a %d, want %d", o.Refused, tc.ans.status, wantRefused)
+			}
 			if o.Err == nil {
 				t.Fatal("no cause")
 			}
@@ -121,7 +129,7 @@ func TestCreateWebDriverClassification(t *testing.T) {
 			if res.WebDriver != nil {
 				t.Fatal("a session")
 			}
-			if tc.kind == Relay {
+			if tc.kind == Relay || tc.kind == Declined {
 				if res.Answer == nil || res.Answer.Status != tc.ans.status || string(res.Body) != tc.ans.body {
 					t.Fatalf("relayed %+v %q", res.Answer, res.Body)
 				}

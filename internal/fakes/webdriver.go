@@ -27,6 +27,10 @@ type WebDriver struct {
 	// OnCreate, when set, may answer a create itself (true when it did):
 	// a 500, a 429, a body without a session ID, or a block.
 	OnCreate func(w http.ResponseWriter, r *http.Request, body []byte) bool
+	// OnCommand, when set, may answer a command itself (true when it
+	// did), its body not read yet: one read as it arrives, say. A
+	// command it answers is not recorded.
+	OnCommand func(w http.ResponseWriter, r *http.Request) bool
 	// SocketHost is the host[:port] of the webSocketUrl it hands out
 	// (default: localhost:<its port>, as chromedriver does); CDP, when
 	// set, makes it hand out se:cdp too (Selenium Grid does).
@@ -60,6 +64,9 @@ type WebDriverRequest struct {
 	URI    string
 	Header http.Header
 	Body   []byte
+	// ContentLength is the body's length as the request stated it (-1:
+	// unknown, a chunked body).
+	ContentLength int64
 }
 
 // NewWebDriver starts a fake WebDriver server under base ("" or like
@@ -140,9 +147,12 @@ func (f *WebDriver) serve(w http.ResponseWriter, r *http.Request) {
 		f.socket(w, r)
 		return
 	}
+	if ok && strings.HasPrefix(path, "/session/") && f.OnCommand != nil && f.OnCommand(w, r) {
+		return
+	}
 	body, _ := io.ReadAll(r.Body)
 	f.mu.Lock()
-	f.requests = append(f.requests, WebDriverRequest{Method: r.Method, URI: r.RequestURI, Header: r.Header.Clone(), Body: body})
+	f.requests = append(f.requests, WebDriverRequest{Method: r.Method, URI: r.RequestURI, Header: r.Header.Clone(), Body: body, ContentLength: r.ContentLength})
 	f.mu.Unlock()
 	switch {
 	case !ok:

@@ -72,6 +72,16 @@ var allowed = map[string]string{
 	"gateway/handler.go uses warmer (gateway/warm.go)":                          "the Gateway's field warmers, of a type declared with warm sessions",
 	"gateway/session_options.go uses ResumeQuery (gateway/resume.go)":           "a query name the options reader leaves, declared with resume",
 	"gateway/session_options.go uses ResumeTokenQuery (gateway/resume_park.go)": "a query name the options reader leaves, declared with parking",
+	"gateway/chain.go uses class.declinedBy (gateway/webdriver.go)":             "the WebDriver create's declined providers, with the WebDriver entry",
+	"gateway/chain.go uses connect.noteDeclined (gateway/webdriver.go)":         "the WebDriver create's declined providers, with the WebDriver entry",
+	"gateway/chain.go uses declined.provider (gateway/webdriver.go)":            "the WebDriver create's declined providers, with the WebDriver entry",
+	"gateway/chain.go uses declined.res (gateway/webdriver.go)":                 "the WebDriver create's declined providers, with the WebDriver entry",
+	"gateway/chain.go uses wdCreate.last (gateway/webdriver.go)":                "the WebDriver create's declined providers, with the WebDriver entry",
+	"gateway/connect.go uses declined (gateway/webdriver.go)":                   "the WebDriver create's declined providers, with the WebDriver entry",
+	"gateway/steps.go uses declined (gateway/webdriver.go)":                     "the WebDriver create's declined providers, with the WebDriver entry",
+	"gateway/steps.go uses declined.provider (gateway/webdriver.go)":            "the WebDriver create's declined providers, with the WebDriver entry",
+	"gateway/steps.go uses declined.res (gateway/webdriver.go)":                 "the WebDriver create's declined providers, with the WebDriver entry",
+	"gateway/steps.go uses declined.resource (gateway/webdriver.go)":            "the WebDriver create's declined providers, with the WebDriver entry",
 	"gateway/steps.go uses WordQueued (gateway/chain.go)":                       "a skip word, declared with the chain",
 }
 
