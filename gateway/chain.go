@@ -3,6 +3,7 @@ package gateway
 import (
 	"context"
 	"errors"
+	"maps"
 	"net/http"
 	"slices"
 	"time"
@@ -14,63 +15,52 @@ import (
 	"github.com/browserfailover/caddy-browser-failover/upstreams"
 )
 
-// The failover chain: one client's way through the gateway, top to bottom.
-// ServeHTTP has already checked that the request is a WebSocket upgrade.
+// The failover chain: one client's way through the gateway, top to
+// bottom, the same for every kind of client. What differs between a
+// WebSocket upgrade, a WebDriver create and a warm-up is the client's
+// front (connect.go), which the chain asks.
 //
-//  0. check      An upgrade a web page opened (it carries Origin) goes on
-//                only from an origin allowed_origins names: 403 otherwise.
-//  1. join       Name the client (its session ID and resume token) and recognise it: what
-//                it speaks (CDP, WebDriver BiDi, or Playwright and its version), its
-//                affinity key and its client_limit key. Take its
-//                client_limit share, waiting in the queue while its key is
-//                at the limit.
+//  0. check      A request a web page sent (it carries Origin) goes on
+//                only from an origin allowed_origins names: 403
+//                otherwise; an exiting process serves no one; the
+//                client's session options are read once (400 for a bad
+//                one).
+//  1. join       Recognise the client: what it speaks (its front says),
+//                its affinity key and its client_limit key; 502 when no
+//                provider could ever serve it. Take its client_limit
+//                share, waiting in the queue while its key is at the
+//                limit.
 //  2. order      The strategy orders the providers this client can use,
-//                rotating per pool.
-//  3. skip       Providers drained, full, over budget, in cooldown, left to clients that
-//                wait longer, without a cluster-wide slot, or at their
-//                create_rate are passed over without an attempt.
+//                rotating per pool; its front may serve it before any
+//                attempt (a warm session).
+//  3. skip       Providers drained, full, over budget, in cooldown, left
+//                to clients that wait longer, without a cluster-wide
+//                slot, or at their create_rate are passed over without
+//                an attempt (admit, steps.go: one ticket per attempt).
 //  4. attempt    One candidate after the other, or hedged: the next one
-//                starts beside a slow one.
+//                starts beside a slow one. Each attempt is the front's.
 //  5. settle     Each attempt's outcome goes to its provider's health the
-//                same way on both paths, and says whether the pass goes on.
-//  6. establish  The provider's 101, naming the session, goes to the
-//                client once the session counts as live and is listed in
-//                the session registry.
-//  7. relay      Bytes both ways until a side ends (upstreams.Session).
+//                same way on both paths, and says whether the pass goes on
+//                (conclude, steps.go).
+//  6. establish  The front makes the session live and tells the client.
 //
 // A pass (steps 2–6) that finds nothing puts the client in the queue for a
 // provider it can use, and each offer it is woken by runs a pass again.
-// Every client that gets no session ends with one answer, through finish
-// (respond.go).
+// Every client that gets no session ends with one refusal, through finish
+// (refusal.go), which its front renders.
 
 // WordQueued is the skip word of a provider left to clients that have been
 // waiting for it longer: a newcomer never takes it from them.
 const WordQueued = "queued"
 
-// chain runs the whole chain for one upgrade.
-func (h *Gateway) chain(w http.ResponseWriter, r *http.Request, hs *upstreams.Handshake) {
-	c := h.newConnect(w, r, hs)
-	// What the client still holds when its way ends (a session took it
-	// otherwise).
-	defer func() { c.ticket.Release() }()
-	if !c.check() {
-		return
+// newConnect starts one client's way through front f: its session ID,
+// set as a placeholder at once, and its ticket. r is nil for a warm-up.
+func (h *Gateway) newConnect(w http.ResponseWriter, r *http.Request, f front) *connect {
+	c := &connect{h: h, front: f, w: w, r: r, ctx: context.Background(), start: time.Now(), id: newSessionID(), ticket: h.reg.NewTicket()}
+	if r == nil {
+		return c
 	}
-	// A client taking back a session it left goes to that session's
-	// browser, or nowhere (resume.go).
-	presented, token := resumeRequest(r, hs)
-	if presented != "" {
-		c.resume(presented)
-		return
-	}
-	c.token = token
-	c.run()
-}
-
-// newConnect starts one client's way: its session ID, set as a
-// placeholder at once, and its ticket.
-func (h *Gateway) newConnect(w http.ResponseWriter, r *http.Request, hs *upstreams.Handshake) *connect {
-	c := &connect{h: h, w: w, r: r, hs: hs, start: time.Now(), id: newSessionID(), ticket: h.reg.NewTicket()}
+	c.ctx = r.Context()
 	if repl := replacerOf(r); repl != nil {
 		c.repl = repl
 		c.replace = func(s string) string { return repl.ReplaceKnown(s, "") }
@@ -80,24 +70,30 @@ func (h *Gateway) newConnect(w http.ResponseWriter, r *http.Request, hs *upstrea
 }
 
 // 0. Check: a web page may drive the browsers only from an origin the
-// operator allowed (origins.go); an exiting process serves no one. It
-// reports false when the client got its answer.
+// operator allowed; an exiting process serves no one; the client's
+// session options are read. It reports false when the client got its
+// answer.
 func (c *connect) check() bool {
 	if !c.h.origins.Allows(c.r.Header.Values("Origin")) {
-		c.finish(c.refuseOrigin())
+		c.finish(refusedOrigin("request"))
 		return false
 	}
 	if caddy.Exiting() {
 		c.finish(c.shuttingDown())
 		return false
 	}
-	return c.readOptions()
+	opts, err := c.front.options(c)
+	if err != nil {
+		c.finish(badOptions(err))
+		return false
+	}
+	c.opts = opts
+	return true
 }
 
-// run walks the chain from the join to a session or an answer: a new
-// upgrade's way, and a WebDriver create's (webdriver.go).
+// run walks the chain from the join to a session or an answer.
 func (c *connect) run() {
-	h, r := c.h, c.r
+	h := c.h
 	// 1. Join. The mark comes before the client's first look for room; a
 	// client that never joins the queue gives it back.
 	c.mark = h.reg.Waiting.Mark()
@@ -105,7 +101,7 @@ func (c *connect) run() {
 	if !c.join() {
 		return
 	}
-	ctx := r.Context()
+	ctx := c.ctx
 	var retryAt time.Time
 	for first := true; ; first = false {
 		if !first && !c.wait(retryAt) {
@@ -138,10 +134,10 @@ func (c *connect) run() {
 		case c.allIncompatible:
 			c.finish(c.unservable("no provider here serves " + c.clientKind() + " clients: every provider that may answered 428 (another Playwright version)"))
 			return
-		case !couldWait && c.wd != nil && c.wd.last != nil:
-			// Every provider left said session not created: the last
-			// one's answer, as it is.
-			c.finish(c.relayedTo(c.wd.last.provider, c.wd.last.res))
+		case !couldWait && c.last != nil:
+			// Every provider left declined what the client asked for:
+			// the last one's answer, as it is.
+			c.finish(relayedFrom(c.last.provider, c.last.res))
 			return
 		case !couldWait:
 			c.finish(c.unavailable("no provider available"))
@@ -159,21 +155,15 @@ func (c *connect) run() {
 // false when the client already has its answer.
 func (c *connect) join() bool {
 	h := c.h
-	proto, version := upstreams.ClientProtocol(c.r.Header, c.r.URL.Path)
-	if c.wd != nil {
-		proto, version = upstreams.ProtocolWebDriver, ""
-	}
-	c.cls = &class{proto: proto, pwVersion: version, affinity: h.affinityKey(c.r), opts: c.opts}
-	if c.wd != nil {
-		c.cls.wd = c.wd.req
-	}
+	proto, version := c.front.protocol()
+	c.cls = &class{proto: proto, pwVersion: version, affinity: h.affinityKey(c.r), opts: c.opts, accepts: c.front.accepts}
 	c.pool = h.poolFor(c.cls)
 	if len(c.pool.members) == 0 {
 		c.finish(c.unservable(h.noProviderServes(c.cls)))
 		return false
 	}
-	if c.wd != nil && !c.anyAccepts() {
-		c.finish(c.unservable(c.noProviderStarts()))
+	if !slices.ContainsFunc(c.pool.members, func(i int) bool { return c.front.accepts(h.members[i].up) }) {
+		c.finish(c.unservable(c.front.noneAccepts()))
 		return false
 	}
 	if !c.anyHonours() {
@@ -253,7 +243,7 @@ func (c *connect) wait(retryAt time.Time) bool {
 			return false
 		}
 	}
-	err := c.waiter.Wait(c.r.Context(), retryAt)
+	err := c.waiter.Wait(c.ctx, retryAt)
 	switch {
 	case err == nil:
 	case errors.Is(err, queue.ErrTimeout):
@@ -295,7 +285,7 @@ func (c *connect) wakeAtCooldownEnds() {
 // the waiter retries after a second).
 func (c *connect) pass(first bool) (end passEnd, couldWait, retry bool) {
 	h := c.h
-	ctx := c.r.Context()
+	ctx := c.ctx
 	if c.waiter != nil {
 		// A waiter is never given a provider past its deadline: the pass
 		// stops there as if the client had left.
@@ -308,8 +298,9 @@ func (c *connect) pass(first bool) (end passEnd, couldWait, retry bool) {
 	}
 	// 2. Order the candidates.
 	ps := &passState{order: c.order(first && c.waiter == nil), maxAttempts: h.MaxAttempts}
-	// A session opened ahead of demand goes at once (warm.go).
-	if end, ok := c.tryWarm(ps.order); ok {
+	// The front may serve the client before any attempt (a session
+	// opened ahead of demand).
+	if end, ok := c.front.shortcut(c, ps.order); ok {
 		return end, false, false
 	}
 	if h.TryDuration > 0 {
@@ -319,7 +310,7 @@ func (c *connect) pass(first bool) (end passEnd, couldWait, retry bool) {
 		defer cancel()
 	}
 	// 4. Attempt.
-	if h.HedgeAfter > 0 && c.wd == nil {
+	if h.HedgeAfter > 0 && c.front.hedged() {
 		end = c.attemptHedged(ctx, ps)
 	} else {
 		end = c.attemptInTurn(ctx, ps)
@@ -328,7 +319,7 @@ func (c *connect) pass(first bool) (end passEnd, couldWait, retry bool) {
 		// The client key's budget is spent, with what its other
 		// connects hold.
 		over := ps.clientOver
-		c.finish(c.clientBudgetReply(over.Book, over.Book.Read().WindowEnd, over.Held))
+		c.finish(c.clientBudgetRefusal(over.Book, over.Book.Read().WindowEnd, over.Held))
 		return passAnswered, false, false
 	}
 	c.allIncompatible = ps.serveable > 0 && ps.serveable == ps.incompatible
@@ -363,11 +354,11 @@ func (c *connect) order(advance bool) []int {
 		}
 		order = c.pool.strategy.Order(cands, advance, make([]int, 0, len(cands)))
 	}
-	if c.wd != nil {
-		// Only providers that can start the browser asked for, and that
-		// did not decline it already (webdriver.go).
-		order = slices.DeleteFunc(order, func(i int) bool { return !h.members[i].up.Accepts(c.wd.req) || c.cls.declinedBy(h.members[i].state) })
-	}
+	// Only providers its front accepts, and that did not decline it
+	// already.
+	order = slices.DeleteFunc(order, func(i int) bool {
+		return !c.front.accepts(h.members[i].up) || c.cls.declinedBy(h.members[i].state)
+	})
 	if !h.routed || c.cls.proto != upstreams.ProtocolPlaywright {
 		return c.byOptions(order)
 	}
@@ -416,22 +407,19 @@ func (c *connect) attemptInTurn(ctx context.Context, ps *passState) passEnd {
 		if failed != nil {
 			c.h.reg.Metrics().Failover(failed.up.Name)
 		}
-		res := c.attempt(ctx, m)
+		res := c.front.attempt(ctx, c, m)
 		c.record(m, res.Outcome)
 		switch c.h.conclude(ps, m, t, res, false) {
 		case verdictSuccess:
 			c.won(t)
-			if res.WebDriver != nil {
-				return c.establishWebDriver(m, res.WebDriver)
-			}
-			return c.establish(m, res.Conn)
+			return c.front.establish(c, m, res)
 		case verdictRelay:
 			c.finish(c.relayed(res))
 			return passAnswered
 		case verdictGone:
 			return passClientGone
 		}
-		if ctx.Err() != nil && c.r.Context().Err() != nil {
+		if ctx.Err() != nil && c.ctx.Err() != nil {
 			return passClientGone
 		}
 		failed = m
@@ -484,7 +472,7 @@ func (c *connect) attemptHedged(ctx context.Context, ps *passState) passEnd {
 			c.hedgesStarted++
 			c.h.reg.Metrics().HedgeStarted(m.up.Name)
 		}
-		go func() { results <- landing{f: f, res: f.m.up.Connect(actx, c.hs, c.replaceAt(f.m))} }()
+		go func() { results <- landing{f: f, res: c.front.attempt(actx, c, f.m)} }()
 		// hedge_after counts from the newest attempt.
 		timer.Reset(time.Duration(h.HedgeAfter))
 		return true
@@ -512,7 +500,7 @@ func (c *connect) attemptHedged(ctx context.Context, ps *passState) passEnd {
 				}
 				c.abandon(live, results)
 				c.won(l.f.t)
-				return c.establish(l.f.m, l.res.Conn)
+				return c.front.establish(c, l.f.m, l.res)
 			case verdictRelay:
 				c.abandon(live, results)
 				c.finish(c.relayed(l.res))
@@ -523,12 +511,12 @@ func (c *connect) attemptHedged(ctx context.Context, ps *passState) passEnd {
 			}
 			// Failed on its own: with nothing else in flight the next
 			// candidate starts at once, as without hedging.
-			if len(live) == 0 && !(ctx.Err() != nil && c.r.Context().Err() != nil) && launch(false) {
+			if len(live) == 0 && !(ctx.Err() != nil && c.ctx.Err() != nil) && launch(false) {
 				c.h.reg.Metrics().Failover(l.f.m.up.Name)
 			}
 		}
 	}
-	if ctx.Err() != nil && c.r.Context().Err() != nil {
+	if ctx.Err() != nil && c.ctx.Err() != nil {
 		return passClientGone
 	}
 	return passNothing
@@ -558,4 +546,64 @@ func (c *connect) abandon(live map[*flight]struct{}, results <-chan landing) {
 			h.conclude(nil, l.f.m, l.f.t, l.res, true)
 		}
 	}()
+}
+
+// Declines. A provider may decline what the client asked for (a WebDriver
+// "session not created" other than full: its word on those capabilities,
+// not a failure). The client's way goes on without it: its later passes
+// do not ask it again, and it does not wait in the queue for it (nor hold
+// back a newcomer who could use it). The client waits only while some
+// provider that has not declined could serve it later (busy: full, in
+// cooldown, at its create_rate, left to earlier waiters); when none is
+// left, it gets the last decline as the provider sent it. A client that
+// waits until its queue timeout gets the timeout's answer.
+
+// noteDeclined takes in the providers that declined the client in pass
+// ps: its class names them (declinedBy), so its later passes leave them
+// out and it waits in the queue for the others only (usable).
+func (c *connect) noteDeclined(ps *passState) {
+	if len(ps.declined) == 0 {
+		return
+	}
+	c.last = &ps.declined[len(ps.declined)-1]
+	// A new set, never a change to the one a reload may be reading.
+	set := map[string]bool{}
+	if old := c.cls.declined.Load(); old != nil {
+		maps.Copy(set, *old)
+	}
+	for _, d := range ps.declined {
+		set[d.resource] = true
+	}
+	c.cls.declined.Store(&set)
+	if c.waiter != nil {
+		c.waiter.Want(c.h.usable(c.cls))
+	}
+}
+
+// declinedBy reports whether provider p declined the client already.
+func (cl *class) declinedBy(p *pool.Provider) bool {
+	d := cl.declined.Load()
+	return d != nil && (*d)[p.Resource()]
+}
+
+// one is a way of one attempt at m, admitted on its own (not a pass: no
+// order, no queue, no answer to anyone): a warm-up's. Its session is
+// established by the front, like any; a refused or failed attempt ends
+// here, settled.
+func (c *connect) one(m *member) passEnd {
+	t, ok := c.admit(&passState{}, m)
+	if !ok {
+		return passNothing
+	}
+	res := c.front.attempt(c.ctx, c, m)
+	c.record(m, res.Outcome)
+	if c.h.conclude(nil, m, t, res, false) != verdictSuccess {
+		if res.Conn != nil {
+			res.Conn.Close()
+		}
+		t.Release()
+		return passNothing
+	}
+	c.won(t)
+	return c.front.establish(c, m, res)
 }

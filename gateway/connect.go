@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"context"
 	"math"
 	"net/http"
 	"slices"
@@ -14,21 +15,64 @@ import (
 	"github.com/browserfailover/caddy-browser-failover/options"
 	"github.com/browserfailover/caddy-browser-failover/pool"
 	"github.com/browserfailover/caddy-browser-failover/queue"
+	"github.com/browserfailover/caddy-browser-failover/sessions"
 	"github.com/browserfailover/caddy-browser-failover/spend"
 	"github.com/browserfailover/caddy-browser-failover/upstreams"
 )
 
-// One client's state as the chain's steps see it (connect), what it holds
-// and gives back (holds), and how its attempts are recorded for the logs
-// and the 503 body. Files above this one (steps, resume, chain) act on a
-// connect; the helpers below it (config, handler) know nothing of one.
+// One client's state as the chain's steps see it (connect), the kind of
+// client it is (its front), what the queue knows of it (class), and how
+// its attempts are recorded for the logs and refusals. Files above this
+// one (the fronts, the chain, its steps) act on a connect; the helpers
+// below it (handler, session IDs) know nothing of one.
 
 // maxLoggedAttempts bounds the attempts kept for the 503 body and logs.
 const maxLoggedAttempts = 50
 
+// A front is one kind of client the chain serves: a WebSocket upgrade
+// (front_upgrade.go), a WebDriver create (front_webdriver.go), or a
+// warm-up, a session made before any client asks (front_warm.go). The
+// chain's steps are the same for every front; what differs, the chain
+// asks the client's front.
+type front interface {
+	// protocol is what the client speaks: its protocol, and for a
+	// Playwright client its major.minor.
+	protocol() (upstreams.Protocol, string)
+	// accepts reports whether provider up may serve the client, beyond
+	// its protocol and session options (a WebDriver create: the browser
+	// it asks for).
+	accepts(up *upstreams.Provider) bool
+	// noneAccepts is the 502 message when no provider of the client's
+	// pool accepts it.
+	noneAccepts() string
+	// options reads the session options the client stated (they are not
+	// forwarded); an error names the bad one.
+	options(c *connect) (options.Set, error)
+	// hedged reports whether the client's attempts may run side by side
+	// (hedge_after).
+	hedged() bool
+	// shortcut is offered the pass's ordered candidates before any
+	// attempt, and reports whether it served the client (a warm session).
+	shortcut(c *connect, order []int) (passEnd, bool)
+	// attempt is one attempt at m, through the provider's way of making
+	// a session of this kind.
+	attempt(ctx context.Context, c *connect, m *member) upstreams.Result
+	// establish makes the session of a successful attempt at m live (its
+	// ticket now the session's) and tells the client.
+	establish(c *connect, m *member, res upstreams.Result) passEnd
+	// answer gives the client refusal rf, in its own words.
+	answer(c *connect, rf *refusal)
+}
+
 // connect is one client's way through the chain.
 type connect struct {
-	h       *Gateway // the handler serving it; a reload may hand it on
+	h     *Gateway // the handler serving it; a reload may hand it on
+	front front
+	// ctx is the client's: it ends when the client goes away (a
+	// warm-up's never does).
+	ctx context.Context
+	// w and r are the client's request (nil for a warm-up), hs its
+	// WebSocket handshake (nil but for an upgrade, and a warm-up's own).
 	w       http.ResponseWriter
 	r       *http.Request
 	hs      *upstreams.Handshake
@@ -64,19 +108,22 @@ type connect struct {
 	ticket *pool.Ticket
 	// resuming: the client takes back a parked session (resume.go).
 	resuming bool
-	// wd is a WebDriver create's part (webdriver.go); nil for upgrades.
-	wd *wdCreate
 	// opts are the session options the client stated
 	// (session_options.go).
 	opts options.Set
 	// unsupported are the providers its options rule out (the last
 	// pass's), shown in 503 and 502 bodies.
 	unsupported []unsupported
-	// warm: the client was handed a warm session (warm.go).
-	warm bool
-	// ahead is, for a warm-up, what its provider's budget must still be
-	// able to pay: the cost of a session of expected_duration there.
+	// warm is the lifecycle of the warm session the client was handed
+	// (warm.go), which its session goes on with; nil: none.
+	warm *sessions.Session
+	// ahead is what the provider's budget must still be able to pay on
+	// admission besides this session's first cost: for a warm-up, a
+	// session of expected_duration there.
 	ahead float64
+	// last is the last answer a provider declined the client with
+	// (nil: none), given to it when no other provider is left.
+	last *declined
 
 	// allIncompatible: the last pass found every provider it could use
 	// answering 428 (a Playwright server of another version).
@@ -97,16 +144,24 @@ type class struct {
 	quota string
 	// quotaTemplate is the client_limit key it was counted under.
 	quotaTemplate string
-	// opts are the session options it stated, and wd the WebDriver
-	// create it sent (nil: none): it waits only for providers that
-	// honour them and start the browser asked for (usable).
-	opts options.Set
-	wd   *upstreams.CreateRequest
-	// declined names in the queue the providers that answered its
-	// WebDriver create session not created (webdriver.go): it waits for
-	// none of them. Replaced as it grows, never changed: a reload reads
-	// it (usable) while the client runs a pass.
+	// opts are the session options it stated, and accepts its front's
+	// own choice of providers (nil: any): it waits only for providers
+	// that honour the options and that accepts takes (usable).
+	opts    options.Set
+	accepts func(*upstreams.Provider) bool
+	// declined names in the queue the providers that declined what it
+	// asked for (chain.go): it waits for none of them. Replaced as it
+	// grows, never changed: a reload reads it (usable) while the client
+	// runs a pass.
 	declined atomic.Pointer[map[string]bool]
+}
+
+// declined is a provider's answer declining what the client asked for
+// (a WebDriver "session not created"): not a failure, and the client
+// gets it when no other provider is left.
+type declined struct {
+	provider, resource string
+	res                upstreams.Result
 }
 
 // passEnd is how one pass over the candidates ended.
@@ -136,8 +191,8 @@ type passState struct {
 	clientOver *spend.Over
 	// quotaOver: a resume's client_limit share could not be taken.
 	quotaOver bool
-	// declined: the WebDriver providers that answered session not
-	// created in this pass; not waited for.
+	// declined: the providers that declined what the client asked for
+	// in this pass; not waited for.
 	declined []declined
 }
 
@@ -221,20 +276,20 @@ func (h *Gateway) resources(members []int) []string {
 
 // usable names in the queue the providers of the handler a client of
 // class cl can use: those of its pool (its protocol and Playwright
-// version) that honour its session options and, for a WebDriver create,
-// start the browser it asks for and did not decline it. A waiter waits
-// for these only, so it holds back no newcomer from a provider it could
-// never take.
+// version) that honour its session options, that its front accepts (a
+// WebDriver create: those that start the browser it asks for), and that
+// did not decline it. A waiter waits for these only, so it holds back no
+// newcomer from a provider it could never take.
 func (h *Gateway) usable(cl *class) []string {
 	p := h.poolFor(cl)
-	if cl.opts.Empty() && cl.wd == nil {
+	declined := cl.declined.Load()
+	if cl.opts.Empty() && cl.accepts == nil && declined == nil {
 		return p.resources
 	}
-	declined := cl.declined.Load()
 	out := make([]string, 0, len(p.members))
 	for j, i := range p.members {
 		up := h.members[i].up
-		if cl.wd != nil && !up.Accepts(cl.wd) {
+		if cl.accepts != nil && !cl.accepts(up) {
 			continue
 		}
 		if declined != nil && (*declined)[p.resources[j]] {

@@ -62,7 +62,7 @@ func serveDiscovery(w http.ResponseWriter, r *http.Request) error {
 	// Session options in the query go on to the upgrade with the URL;
 	// bad ones are refused here already.
 	if _, _, err := options.FromRequest(r.URL.RawQuery, r.Header, ResumeQuery, ResumeTokenQuery); err != nil {
-		badOptions(err).write(w, r)
+		writeRefusal(w, r, badOptions(err))
 		return nil
 	}
 	body := map[string]string{

@@ -1,7 +1,6 @@
 package gateway
 
 import (
-	"errors"
 	"net/http"
 	"sync"
 	"sync/atomic"
@@ -185,8 +184,10 @@ func (h *Gateway) Cleanup() error {
 	return nil
 }
 
-// ServeHTTP checks the request and runs the failover chain for an upgrade;
-// it answers discovery requests itself and anything else with 426.
+// ServeHTTP serves a request with the front of its kind of client: a
+// WebDriver request (a create, a command, a session's socket, the status)
+// when the handler has WebDriver providers, a WebSocket upgrade; it
+// answers discovery requests itself and anything else with 426.
 func (h *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) error {
 	if h.webdriver {
 		if wr, ok := parseWebDriverPath(r.URL.Path); ok {
@@ -199,29 +200,19 @@ func (h *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) error {
 			}
 		}
 	}
-	if !upstreams.IsUpgrade(r) {
-		if h.discovery && isDiscoveryPath(r) {
-			return serveDiscovery(w, r)
-		}
-		return writeJSON(w, http.StatusUpgradeRequired, map[string]string{
-			"error": "this endpoint serves WebSocket upgrades for browser automation clients (CDP, WebDriver BiDi or Playwright)",
-		}, func(hd http.Header) {
-			hd.Set("Upgrade", "websocket")
-			hd.Set("Connection", "Upgrade")
-		})
+	if upstreams.IsUpgrade(r) {
+		h.serveUpgrade(w, r)
+		return nil
 	}
-	hs, err := upstreams.Check(r)
-	if err != nil {
-		var ce *upstreams.CheckError
-		errors.As(err, &ce)
-		return writeJSON(w, ce.Status, map[string]string{"error": ce.Msg}, func(hd http.Header) {
-			if ce.Status == http.StatusUpgradeRequired {
-				hd.Set("Sec-WebSocket-Version", "13")
-			}
-		})
+	if h.discovery && isDiscoveryPath(r) {
+		return serveDiscovery(w, r)
 	}
-	h.chain(w, r, hs)
-	return nil
+	return writeJSON(w, http.StatusUpgradeRequired, map[string]string{
+		"error": "this endpoint serves WebSocket upgrades for browser automation clients (CDP, WebDriver BiDi or Playwright)",
+	}, func(hd http.Header) {
+		hd.Set("Upgrade", "websocket")
+		hd.Set("Connection", "Upgrade")
+	})
 }
 
 // resetRecovered reports a provider that a reset (an operator's, here or

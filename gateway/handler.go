@@ -3,6 +3,7 @@ package gateway
 import (
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"go.uber.org/zap"
 
@@ -11,11 +12,13 @@ import (
 	"github.com/browserfailover/caddy-browser-failover/observe"
 	"github.com/browserfailover/caddy-browser-failover/pool"
 	"github.com/browserfailover/caddy-browser-failover/queue"
+	"github.com/browserfailover/caddy-browser-failover/sessions"
 	"github.com/browserfailover/caddy-browser-failover/upstreams"
 )
 
-// What Provision builds for a Handler, and the handler's view of one
-// provider (member). Everything else in the package builds on these.
+// What Provision builds for a handler (Gateway), the handler's view of one
+// provider (member), and what every session of the handler runs with.
+// Everything else in the package builds on these.
 
 // Gateway is what a browser_failover handler runs: its configuration
 // and what Provision builds from it.
@@ -49,7 +52,7 @@ type Gateway struct {
 	origins config.OriginSet
 	// warmers are the warm sessions' keepers of its providers with warm
 	// (warm.go); cleaned is set once Cleanup began.
-	warmers []*warmer
+	warmers []pool.Warmer
 	cleaned *atomic.Bool
 	// key tells this handler apart from the other handlers of the
 	// gateway, the same across reloads and nodes for the same config
@@ -68,7 +71,7 @@ type member struct {
 	expectedCost float64
 	// warm keeps this handler's warm sessions of the provider (nil:
 	// none; warm.go).
-	warm *warmer
+	warm pool.Warmer
 }
 
 // shared is a handler's use of a store.
@@ -77,4 +80,22 @@ type shared struct {
 	reject bool // on_unavailable reject
 	cancel func()
 	stop   chan struct{} // closed on Cleanup
+}
+
+// sessionDeps are what the handler's sessions report to and run on.
+func (h *Gateway) sessionDeps() sessions.Deps {
+	return sessions.Deps{Clock: h.reg.Clock(), Logger: h.logger, Metrics: h.reg.Metrics()}
+}
+
+// limits are the handler's session limits (its session block); idle, when
+// not 0, is the idle timeout when the block sets none.
+func (h *Gateway) limits(idle time.Duration) sessions.Limits {
+	l := sessions.Limits{Idle: idle}
+	if s := h.Session; s != nil {
+		if s.IdleTimeout > 0 {
+			l.Idle = time.Duration(s.IdleTimeout)
+		}
+		l.MaxDuration = time.Duration(s.MaxDuration)
+	}
+	return l
 }

@@ -43,12 +43,6 @@ import (
 // it counts against: its slot (max_concurrent), its client_limit share
 // and its cluster-wide slot, until it is resumed or its window ends.
 
-// Where a client names the session it resumes, with its token.
-const (
-	ResumeQuery  = "bf_resume"
-	ResumeHeader = "Browser-Failover-Resume"
-)
-
 // A resume token is minResumeToken to maxResumeToken URL-safe characters
 // (A-Z, a-z, 0-9, - and _): at least 128 bits of a client's randomness in
 // base64url.
@@ -128,11 +122,9 @@ func (c *connect) prepareResume() bool {
 		return true
 	}
 	if !validResumeToken(c.token) {
-		c.finish(&reply{status: http.StatusBadRequest, reason: "resume bad_token", write: func(w http.ResponseWriter, _ *http.Request) {
-			writeJSON(w, http.StatusBadRequest, map[string]string{"error": fmt.Sprintf(
-				"%s must be %d to %d URL-safe characters (A-Z, a-z, 0-9, - and _), such as 16 random bytes in base64url",
-				ResumeTokenQuery, minResumeToken, maxResumeToken)}, nil)
-		}})
+		c.finish(&refusal{status: http.StatusBadRequest, reason: "resume bad_token", msg: fmt.Sprintf(
+			"%s must be %d to %d URL-safe characters (A-Z, a-z, 0-9, - and _), such as 16 random bytes in base64url",
+			ResumeTokenQuery, minResumeToken, maxResumeToken)})
 		return false
 	}
 	return true
@@ -220,7 +212,7 @@ func (c *connect) claim(token string) (e *pool.Parked, ok, unreachable bool) {
 	if !sh.s.Usable() {
 		return down("", nil)
 	}
-	v, left, found, err := sh.s.Store().ClaimResume(c.r.Context(), token, key)
+	v, left, found, err := sh.s.Store().ClaimResume(c.ctx, token, key)
 	if err != nil {
 		return down("claim resume", err)
 	}
@@ -246,7 +238,7 @@ func (c *connect) claim(token string) (e *pool.Parked, ok, unreachable bool) {
 		return nil, false, false
 	}
 	// The node that parked it forgets it.
-	if err := sh.s.Store().News().AnnounceResumed(c.r.Context(), sp.Provider, token); err != nil {
+	if err := sh.s.Store().News().AnnounceResumed(c.ctx, sp.Provider, token); err != nil {
 		sh.s.Failed("announce resumed", err)
 	}
 	now := c.h.reg.Now()
@@ -304,7 +296,7 @@ func (c *connect) awaitLeaving(token string) {
 			}
 		case <-t.C:
 			return
-		case <-c.r.Context().Done():
+		case <-c.ctx.Done():
 			return
 		}
 	}
@@ -330,7 +322,7 @@ func (c *connect) giveBack(e *pool.Parked) {
 	}
 	left := e.Until.Sub(c.h.reg.Now())
 	v, _ := json.Marshal(sharedParked{ID: e.ID, Provider: e.Provider, Point: sp, Started: e.Started, Options: e.Options})
-	if err := sh.s.Store().ParkResume(context.WithoutCancel(c.r.Context()), e.Token, e.Key, v, left); err != nil {
+	if err := sh.s.Store().ParkResume(context.WithoutCancel(c.ctx), e.Token, e.Key, v, left); err != nil {
 		sh.s.Failed("park resume", err)
 	}
 }
@@ -393,7 +385,7 @@ func (c *connect) redial(e *pool.Parked) {
 		})
 		return
 	}
-	res := m.up.Reconnect(c.r.Context(), c.hs, e.Point, c.replaceAt(m))
+	res := m.up.Reconnect(c.ctx, c.hs, e.Point, c.replaceAt(m))
 	c.record(m, res.Outcome)
 	if res.Outcome.Kind == upstreams.Failure && strings.HasPrefix(res.Outcome.Word, "status_") {
 		// The provider answered: that browser is gone (Chrome answers a
@@ -409,7 +401,7 @@ func (c *connect) redial(e *pool.Parked) {
 		c.h.reg.Metrics().Resume(observe.ResumeOK)
 		h.logger.Info("session resumed", zap.String("session_id", c.id), zap.String("resumed_from", e.ID),
 			zap.String("provider", m.up.Name), zap.Bool("held", false))
-		c.establish(m, res.Conn)
+		c.establishSocket(m, res.Conn)
 		return
 	case verdictGone:
 		if !hadKept {
@@ -427,7 +419,7 @@ func (c *connect) redial(e *pool.Parked) {
 
 // overOrUnavailableQuota is the 429 of a resuming client over its
 // client_limit.
-func (c *connect) overOrUnavailableQuota() *reply {
+func (c *connect) overOrUnavailableQuota() *refusal {
 	c.inQuota = true
 	return c.overOrUnavailable("client limit")
 }

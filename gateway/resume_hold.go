@@ -56,7 +56,7 @@ func (c *connect) joinHeld(e *pool.Parked) {
 	if sub != "" {
 		fields = append(fields, upstreams.HeaderField{Name: "Sec-Websocket-Protocol", Value: sub})
 	}
-	ho, err := c.handOver(switching(c.hs.Key, sub, c.id), fields)
+	ho, err := handOver(c.w, c.r, c.hs, switching(c.hs.Key, sub, c.id), fields)
 	if err != nil {
 		c.resumeBroke(e, err)
 		return

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"net/http"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -23,13 +22,6 @@ import (
 // made (kept by the keyed hash of its token, and in Redis when nothing of
 // it is local), and its holds wait for the window's end or a resume. The
 // relay's step calls it; taking a parked session back is resume.go's.
-
-// Where a client brings its own resume token on its first connect, and
-// where the gateway hands one out on the 101 when the client brought none.
-const (
-	ResumeTokenQuery  = "bf_resume_token"
-	ResumeTokenHeader = "Browser-Failover-Resume-Token"
-)
 
 // parking is what a resumable session needs to be parked when its client
 // ends it: where its browser is, and under which token and key.
@@ -279,21 +271,15 @@ const resumeRetryAfter = 2
 // refuseResume answers a resume that cannot be served.
 func (c *connect) refuseResume(f resumeFailure) {
 	c.h.reg.Metrics().Resume(f.result)
-	body := map[string]any{"error": f.msg}
+	rf := &refusal{status: f.status, reason: "resume " + f.result, msg: f.msg}
 	if len(c.attempts) > 0 {
-		body["attempts"] = c.attempts
+		rf.more = map[string]any{"attempts": c.attempts}
+		rf.provider = c.attempts[len(c.attempts)-1].Provider
 	}
-	provider := ""
-	if len(c.attempts) > 0 {
-		provider = c.attempts[len(c.attempts)-1].Provider
+	if f.status == http.StatusServiceUnavailable {
+		rf.retryAfter = resumeRetryAfter
 	}
-	c.finish(&reply{status: f.status, reason: "resume " + f.result, provider: provider, write: func(w http.ResponseWriter, _ *http.Request) {
-		writeJSON(w, f.status, body, func(hd http.Header) {
-			if f.status == http.StatusServiceUnavailable {
-				hd.Set("Retry-After", strconv.Itoa(resumeRetryAfter))
-			}
-		})
-	}})
+	c.finish(rf)
 }
 
 // EndResumeWindow is the close reason a held session's provider side gets

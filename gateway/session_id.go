@@ -103,3 +103,16 @@ func remoteIP(r *http.Request) string {
 	}
 	return host
 }
+
+// Where a client names the session it resumes, with its token.
+const (
+	ResumeQuery  = "bf_resume"
+	ResumeHeader = "Browser-Failover-Resume"
+)
+
+// Where a client brings its own resume token on its first connect, and
+// where the gateway hands one out on the 101 when the client brought none.
+const (
+	ResumeTokenQuery  = "bf_resume_token"
+	ResumeTokenHeader = "Browser-Failover-Resume-Token"
+)

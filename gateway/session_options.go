@@ -1,12 +1,11 @@
 package gateway
 
 import (
-	"errors"
+	"encoding/json"
 	"net/http"
 	"slices"
 	"strings"
 
-	"github.com/browserfailover/caddy-browser-failover/observe"
 	"github.com/browserfailover/caddy-browser-failover/options"
 	"github.com/browserfailover/caddy-browser-failover/upstreams"
 )
@@ -18,47 +17,22 @@ import (
 // only through {bf.option.<name>} placeholders in that provider's own
 // words (options.Provider).
 
-// readOptions reads the client's session options (step 0, check): its bf_
-// query items, its Browser-Failover-Options header and, on a WebDriver
-// create, its bf:options capability. A bad one is answered 400 before any
-// provider is asked; the query items are taken out of what pass_query
-// passes on (the header is never forwarded, the capability never sent).
-func (c *connect) readOptions() bool {
-	raw := c.r.URL.RawQuery
-	if c.hs != nil {
-		raw = c.hs.RawQuery
-	}
-	s, rest, err := options.FromRequest(raw, c.r.Header, ResumeQuery, ResumeTokenQuery)
-	if err == nil && c.wd != nil {
-		if capRaw := c.wd.req.Extension(options.Capability); capRaw != nil {
-			var o options.Set
-			if o, err = options.FromCapability(capRaw); err == nil {
-				s, err = s.Merge(o, options.Capability)
-			}
+// readOptions reads the session options a client states (step 0, check):
+// its bf_ query items in rawQuery, its Browser-Failover-Options header
+// and, on a WebDriver create, its bf:options capability (nil: none). rest
+// is rawQuery without the bf_ items (pass_query passes on the rest); the
+// header is never forwarded, the capability never sent. An error names
+// the bad option: the client is answered 400 before any provider is
+// asked.
+func readOptions(rawQuery string, header http.Header, capability json.RawMessage) (s options.Set, rest string, err error) {
+	s, rest, err = options.FromRequest(rawQuery, header, ResumeQuery, ResumeTokenQuery)
+	if err == nil && capability != nil {
+		var o options.Set
+		if o, err = options.FromCapability(capability); err == nil {
+			s, err = s.Merge(o, options.Capability)
 		}
 	}
-	if err != nil {
-		c.finish(badOptions(err))
-		return false
-	}
-	if c.hs != nil {
-		c.hs.RawQuery = rest
-	}
-	c.opts = s
-	return true
-}
-
-// badOptions is the 400 of a client whose options cannot be read; the
-// body names the option.
-func badOptions(err error) *reply {
-	body := map[string]string{"error": err.Error()}
-	var e *options.Error
-	if errors.As(err, &e) && e.Option != "" {
-		body["option"] = e.Option
-	}
-	return &reply{status: http.StatusBadRequest, reason: observe.ReasonBadOptions, write: func(w http.ResponseWriter, _ *http.Request) {
-		writeJSON(w, http.StatusBadRequest, body, nil)
-	}}
+	return s, rest, err
 }
 
 // parkedOptions are the options a parked session was made with.

@@ -4,7 +4,6 @@ import (
 	"net/http"
 	"time"
 
-	"github.com/caddyserver/caddy/v2"
 	"go.uber.org/zap"
 
 	"github.com/browserfailover/caddy-browser-failover/cluster"
@@ -14,12 +13,12 @@ import (
 	"github.com/browserfailover/caddy-browser-failover/upstreams"
 )
 
-// The steps a new connect and a resume both walk: admission (the one
-// step that decides whether an attempt may be made at a provider, and
-// makes its ticket), the settling of an attempt's outcome, establishing
-// the session, the hand-over to the client (hijack or stream, 101 or 200)
-// and the relay. The chain (chain.go) and resume (resume.go,
-// resume_hold.go) call them; they call only what lies below them.
+// The steps every way through the gateway walks, whatever its front, and
+// a resume too: admission (the one step that decides whether an attempt
+// may be made at a provider, and makes its ticket), the settling of an
+// attempt's outcome, and taking a served client out of the queue. The
+// chain (chain.go) and resume (resume.go, resume_hold.go) call them; they
+// call only what lies below them.
 
 // 3. Admit: the one admission step of an attempt at m, for a new client's
 // pass as for a resume. In order: not drained; not left to clients that
@@ -128,7 +127,7 @@ func (c *connect) admit(ps *passState, m *member) (t *pool.Ticket, ok bool) {
 		return nil, false
 	}
 	// Last, so that only an attempt made from here takes a start.
-	start, ok, retryAt := c.h.takeRate(c.r.Context(), m)
+	start, ok, retryAt := c.h.takeRate(c.ctx, m)
 	if !ok {
 		// Nothing was asked of the provider: no failure, and no offer
 		// now (a trial permit goes back quietly, the slot as a failed
@@ -339,199 +338,6 @@ func (h *Gateway) healthChanged(st *pool.Provider, change cooldown.Change, undec
 			st.Notify()
 		}
 	}
-}
-
-// 6. Establish: the client is handed over to the provider's connection
-// (handOver), and its session relayed. It is told of its session — the
-// provider's 101, naming the session — only once the session counts as
-// live, so a client never holds a session that status and max_concurrent
-// do not see yet.
-func (c *connect) establish(m *member, up *upstreams.Conn) passEnd {
-	if caddy.Exiting() {
-		// An attempt that was in flight when the process began to exit:
-		// its provider session is ended and released, the client gets
-		// 503 rather than a session that shutdown would end at once.
-		go up.CloseWith(upstreams.CloseGoingAway, upstreams.EndShutdown)
-		c.finish(c.shuttingDown())
-		return passAnswered
-	}
-	fields := c.answerHeaders()
-	for _, k := range []string{"Sec-Websocket-Protocol", "Sec-Websocket-Extensions"} {
-		for _, v := range up.Answer.Header.Values(k) {
-			fields = append(fields, upstreams.HeaderField{Name: k, Value: v})
-		}
-	}
-	ho, err := c.handOver(up.Answer.RawWithHeaders(c.answerHeaders()...), fields)
-	if err != nil {
-		up.Close()
-		c.h.logger.Error("cannot take over the client connection", zap.Error(err))
-		return passClientGone
-	}
-	s := c.relay(m, ho.conn, up, ho.pending, ho.greet)
-	ho.await(s, c.leftHeld)
-	return passEstablished
-}
-
-// handOff is a client connection taken over for a session.
-type handOff struct {
-	conn netConn
-	// pending are the bytes the client pipelined behind its handshake.
-	pending []byte
-	// greet tells the client its upgrade succeeded.
-	greet func() error
-	// stream: an HTTP/2 or HTTP/3 stream, which lives only as long as
-	// its request.
-	stream bool
-}
-
-// handOver takes over the client's connection, for a new session as for a
-// resumed one: an HTTP/1.1 client is hijacked from the server itself
-// (hijack; the bytes it pipelined behind its handshake kept), and its
-// greeting is the raw 101 answer; an HTTP/2 or HTTP/3 client (extended
-// CONNECT) gets a stream, and its greeting is a 200 with fields. The resume token handed out in fields is
-// taken out of the header map once sent: Caddy's access log reads it
-// again, and must not show it.
-func (c *connect) handOver(answer []byte, fields []upstreams.HeaderField) (handOff, error) {
-	if c.hs.ExtendedConnect {
-		hd := c.w.Header()
-		for _, f := range fields {
-			hd.Add(f.Name, f.Value)
-		}
-		rc := http.NewResponseController(c.w)
-		return handOff{conn: newStreamConn(c.r, c.w, rc), stream: true, greet: func() error {
-			c.w.WriteHeader(http.StatusOK)
-			err := rc.Flush()
-			hd.Del(ResumeTokenHeader)
-			return err
-		}}, nil
-	}
-	conn, brw, err := hijack(c.w)
-	if err != nil {
-		return handOff{}, err
-	}
-	conn.SetDeadline(time.Time{})
-	var pending []byte
-	if n := brw.Reader.Buffered(); n > 0 {
-		pending = make([]byte, n)
-		brw.Read(pending)
-	}
-	return handOff{conn: conn, pending: pending, greet: func() error {
-		_, err := conn.Write(answer)
-		return err
-	}}, nil
-}
-
-// await returns, for a stream, only once the relay is done with the
-// ResponseWriter: the session has ended, or its client has been let go
-// (left, closed when a held session's client leaves; nil otherwise). A
-// hijacked connection needs no wait.
-func (ho handOff) await(s *upstreams.Session, left <-chan struct{}) {
-	if !ho.stream {
-		return
-	}
-	select {
-	case <-s.Done():
-	case <-left:
-	}
-}
-
-// answerHeaders are the gateway's own fields on the client's 101 (or
-// 200): the session ID, and a resume token the gateway made for it.
-func (c *connect) answerHeaders() []upstreams.HeaderField {
-	if c.handOut {
-		return []upstreams.HeaderField{{Name: SessionHeader, Value: c.id}, {Name: ResumeTokenHeader, Value: c.token}}
-	}
-	return []upstreams.HeaderField{{Name: SessionHeader, Value: c.id}}
-}
-
-// 7. Relay: relay registers the session with its provider and in the
-// session registry, hands it what the client held (its quota share, its
-// cluster-wide slot), sets the placeholders of what the chain learnt,
-// answers the client (greet) and runs the relay. A greeting that fails
-// ends the session at once (its slot freed), never resumable.
-func (c *connect) relay(m *member, client netConn, up *upstreams.Conn, pending []byte, greet func() error) *upstreams.Session {
-	c.served(m)
-	end := &sessionEnd{
-		metrics:   c.h.reg.Metrics(),
-		logger:    c.h.logger,
-		attempts:  c.attempts,
-		waited:    c.waited,
-		hedges:    int32(c.hedgesStarted),
-		wasted:    int32(c.hedgesWasted),
-		keepalive: c.h.Keepalive > 0,
-		options:   c.opts.Map(),
-		warm:      c.warm,
-	}
-	// The session holds the client's ticket from here.
-	t := c.ticket
-	c.ticket = nil
-	var idle, maxDur time.Duration
-	if s := c.h.Session; s != nil {
-		idle, maxDur = time.Duration(s.IdleTimeout), time.Duration(s.MaxDuration)
-	}
-	// A session its client ends may be taken back (resume.go).
-	pk := c.newParking(m, up, t)
-	// The provider's 101 is relayed (a parking keeps what it needs of
-	// it): a live session does not carry its header block.
-	up.Answer = nil
-	opts := upstreams.SessionOptions{
-		ClientPending: pending,
-		IdleTimeout:   idle,
-		MaxDuration:   maxDur,
-		Keepalive:     time.Duration(c.h.Keepalive),
-	}
-	if pk != nil && pk.hold && !pk.compressed() {
-		opts.Hold, opts.OnPark = true, pk.onPark
-		c.leftHeld = pk.joined
-	}
-	if c.cls.proto == upstreams.ProtocolBiDi {
-		// Firefox keeps a BiDi session its client dropped until
-		// session.end: the gateway ends it when the client leaves.
-		opts.Farewell = upstreams.BiDiFarewell()
-	}
-	// The closure outlives the request: it must not hold c, whose
-	// request and writer keep the server's buffers of the connection.
-	reg := c.h.reg
-	remote := up.Remote // nor up: the session relays its connection
-	up.Remote = nil     // its ticket releases it
-	opts.OnEnd = func(s *upstreams.Session) {
-		var id string
-		if pk != nil {
-			// A held session may end while parked; its ID may
-			// have changed with resumes.
-			pk.left()
-			id = pk.currentID()
-			reg.Unpark(id)
-		} else {
-			id = t.SessionID()
-		}
-		// The provider session created for it (session_api) is
-		// released in the background, and what the session holds
-		// given back, unless the session is parked with them: then
-		// at the end of its window, or by its resume.
-		meter := t.Meter()
-		if !pk.ended(s, t) {
-			t.Release()
-		}
-		end.log(s, id, t.Provider().Name(), meter.Accrued())
-	}
-	s := upstreams.NewSession(client, up, opts)
-	info := pool.SessionInfo{ID: c.id, Protocol: string(c.cls.proto), RemoteIP: remoteIP(c.r), Attempts: c.tries, Options: end.options}
-	if pk != nil {
-		info.ResumeToken = pk.token
-	}
-	meter := t.Establish(s, info, remote)
-	if pk != nil {
-		pk.meter = meter
-	}
-	c.learnt(m.up.Name)
-	if greet != nil {
-		if err := greet(); err != nil {
-			s.Close(upstreams.CloseGoingAway, upstreams.EndClientError)
-		}
-	}
-	s.Run()
-	return s
 }
 
 // served takes a client that got its session out of the queue, before the

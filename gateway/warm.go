@@ -1,10 +1,8 @@
 package gateway
 
 import (
-	"context"
 	"encoding/json"
 	"errors"
-	"net/http"
 	"os"
 	"slices"
 	"strconv"
@@ -18,6 +16,7 @@ import (
 	"github.com/browserfailover/caddy-browser-failover/config"
 	"github.com/browserfailover/caddy-browser-failover/options"
 	"github.com/browserfailover/caddy-browser-failover/pool"
+	"github.com/browserfailover/caddy-browser-failover/sessions"
 	"github.com/browserfailover/caddy-browser-failover/upstreams"
 )
 
@@ -41,15 +40,18 @@ import (
 // value. What is compared is a keyed hash of the settings, never the
 // values.
 //
-// A warm-up is a connect without a client: it walks the chain's own
-// admission step (not drained, no waiter first, not full, its budget able
-// to pay for a session of expected_duration, a health permit, a slot, the
-// cluster-wide lease) and its attempt is settled like any other, so a
-// failed warm-up cools the provider down and warm sessions count wherever
-// live ones do. Its ticket's meter runs from the warm-up: a warm session
-// is billed whether or not a client takes it. A provider that closes an
-// idle warm session gets its close frame answered, and the session is
-// replaced.
+// A warm-up is a client of its own front (front_warm.go), with no client
+// behind it: it walks the chain's admission step (not drained, no waiter
+// first, not full, its budget able to pay for a session of
+// expected_duration, a health permit, a slot, the cluster-wide lease) and
+// its attempt is settled like any other, so a failed warm-up cools the
+// provider down and warm sessions count wherever live ones do. Its
+// ticket's meter runs from the warm-up: a warm session is billed whether
+// or not a client takes it. A warm session has the lifecycle of every
+// session (package sessions) from its warm-up: warm_max_age is its time
+// limit while it waits, and the client it is handed to takes it over
+// (Handover). A provider that closes an idle warm session gets its close
+// frame answered, and the session is replaced.
 
 // defaultWarmMaxAge is how long a warm session waits for a client.
 const defaultWarmMaxAge = 5 * time.Minute
@@ -114,11 +116,13 @@ type warmer struct {
 // warmSession is one warm session: its provider connection, the ticket
 // it holds and the print of the settings it was made with.
 type warmSession struct {
-	w     *warmer
-	up    *upstreams.Conn
-	t     *pool.Ticket
+	w  *warmer
+	up *upstreams.Conn
+	t  *pool.Ticket
+	// life is its lifecycle, from its warm-up: warm_max_age its time
+	// limit until a client takes it over.
+	life  *sessions.Session
 	made  time.Time
-	age   *time.Timer
 	print string
 	// watched ends when the watch stops: alive tells whether the
 	// connection is still good, extra what the provider sent meanwhile.
@@ -301,7 +305,8 @@ func (w *warmer) endStale(stale []*warmSession) {
 // h owns goes back to the handler it took it from while that one still
 // runs (a config load that failed), and is closed otherwise.
 func (h *Gateway) cleanupWarm() {
-	for _, w := range h.warmers {
+	for _, pw := range h.warmers {
+		w := pw.(*warmer)
 		w.mu.Lock()
 		mine := w.h == h
 		back := mine && w.prev != nil && !w.prev.cleaned.Load() && !caddy.Exiting()
@@ -418,26 +423,18 @@ func (w *warmer) publish() {
 	}
 }
 
-// warmUp makes one warm session at m through the chain's admission and
-// attempt, as h's, whose provider's settings print as fp.
-func (w *warmer) warmUp(h *Gateway, m *member, fp string) {
-	ws := h.warmUp(m, w.opts)
+// add takes in the warm session a warm-up made, whose provider's
+// settings printed as fp: ready for a client, and watched. One not wanted
+// any more (the warmer closed or full, or made with the settings of an
+// owner before a reload that changed them) is closed at once.
+func (w *warmer) add(ws *warmSession, m *member) {
 	w.mu.Lock()
-	w.making--
-	if ws == nil {
-		w.mu.Unlock()
-		return
-	}
-	ws.print = fp
-	if w.closed || len(w.ready) >= w.target || fp != w.print {
-		// Not wanted any more, or made with the settings of an owner
-		// before a reload that changed them.
+	if w.closed || len(w.ready) >= w.target || ws.print != w.print {
 		w.mu.Unlock()
 		ws.end(upstreams.CloseGoingAway, upstreams.EndShutdown, nil)
 		return
 	}
 	ws.w, ws.watched = w, make(chan watchResult, 1)
-	ws.age = time.AfterFunc(w.maxAge, func() { w.drop(ws, upstreams.CloseNormal, EndWarmAge) })
 	go ws.watch()
 	w.ready = append(w.ready, ws)
 	w.publish()
@@ -446,39 +443,22 @@ func (w *warmer) warmUp(h *Gateway, m *member, fp string) {
 	m.state.Notify()
 }
 
-// warmUp is one warm-up at m: a connect without a client, with session
-// options opts, which the provider's budget must be able to pay for in
-// full.
-func (h *Gateway) warmUp(m *member, opts options.Set) *warmSession {
-	if caddy.Exiting() {
-		return nil
+// warmBody is a warm session waiting for a client, as its lifecycle sees
+// it: no activity (it has no idle timeout), and its time limit
+// (warm_max_age) drops it.
+type warmBody struct{ ws *warmSession }
+
+func (b warmBody) Activity() (int64, bool) { return 0, false }
+func (b warmBody) BytesUp() int64          { return 0 }
+func (b warmBody) BytesDown() int64        { return 0 }
+
+// Close drops the warm session when it is still waiting (its age reached
+// warm_max_age: a reason of its own).
+func (b warmBody) Close(code int, reason string) {
+	if reason == upstreams.EndMaxDuration {
+		code, reason = upstreams.CloseNormal, EndWarmAge
 	}
-	r, _ := http.NewRequestWithContext(context.Background(), http.MethodGet, "/", nil)
-	repl := caddy.NewReplacer()
-	c := &connect{h: h, r: r, start: time.Now(), ticket: h.reg.NewTicket(),
-		// No request: its placeholders render empty.
-		replace: func(s string) string { return repl.ReplaceAll(s, "") },
-		hs:      &upstreams.Handshake{Key: upstreams.NewKey(), Header: http.Header{}}, opts: opts,
-		ahead: m.expectedCost}
-	defer c.ticket.Release()
-	t, ok := c.admit(&passState{}, m)
-	if !ok {
-		return nil
-	}
-	res := m.up.Connect(r.Context(), c.hs, c.replaceAt(m))
-	c.record(m, res.Outcome)
-	if h.conclude(nil, m, t, res, false) != verdictSuccess {
-		if res.Conn != nil {
-			res.Conn.Close()
-		}
-		t.Release()
-		if ce := h.logger.Check(zap.DebugLevel, "warm-up failed"); ce != nil {
-			ce.Write(zap.String("provider", m.up.Name), zap.String("outcome", res.Outcome.Word))
-		}
-		return nil
-	}
-	t.Warm()
-	return &warmSession{up: res.Conn, t: t, made: time.Now()}
+	b.ws.w.drop(b.ws, code, reason)
 }
 
 // watch reads the idle connection, so that a provider that closes it is
@@ -570,16 +550,13 @@ func (ws *warmSession) end(code int, reason string, done func()) {
 	ws.taken = true // the watch, if any, stops for good
 	answered := ws.answered
 	ws.mu.Unlock()
-	if ws.age != nil {
-		ws.age.Stop()
-	}
 	go func() {
 		if answered {
 			ws.up.Close()
 		} else {
 			ws.up.CloseWith(code, reason)
 		}
-		ws.t.Release()
+		ws.life.Ended(reason)
 		if done != nil {
 			done()
 		}
@@ -635,7 +612,6 @@ func (ws *warmSession) claim() bool {
 	}
 	ws.taken = true
 	ws.mu.Unlock()
-	ws.age.Stop()
 	ws.up.Conn.SetReadDeadline(time.Unix(1, 0))
 	r := <-ws.watched
 	if !r.alive {
@@ -648,7 +624,7 @@ func (ws *warmSession) claim() bool {
 
 // serves reports whether a warm session of w's provider may go to c.
 func (w *warmer) serves(c *connect, m *member) bool {
-	if c.wd != nil || c.resuming || c.hs == nil || !(c.opts.Empty() || c.opts.Equal(w.opts)) || c.hs.Header.Get("Sec-Websocket-Protocol") != "" {
+	if c.resuming || !(c.opts.Empty() || c.opts.Equal(w.opts)) || c.hs.Header.Get("Sec-Websocket-Protocol") != "" {
 		return false
 	}
 	if m.up.PassesQuery() && c.hs.RawQuery != "" {
@@ -675,7 +651,7 @@ func (c *connect) tryWarm(order []int) (passEnd, bool) {
 	for _, i := range order {
 		m := c.h.members[i]
 		contended := c.waiter == nil && c.h.reg.Waiting.Contended(m.state.Resource())
-		if w := m.warm; w != nil && !contended && w.serves(c, m) && !m.state.Draining() {
+		if w, _ := m.warm.(*warmer); w != nil && !contended && w.serves(c, m) && !m.state.Draining() {
 			if !c.mayChargeWarm() {
 				return 0, false
 			}
@@ -728,7 +704,7 @@ func (c *connect) chargeWarm(ws *warmSession) bool {
 func (c *connect) establishWarm(m *member, ws *warmSession) passEnd {
 	c.add(attempt{Provider: m.up.Name, Outcome: WordWarm})
 	c.tries++
-	c.warm = true
+	c.warm = ws.life
 	if c.opts.Empty() {
 		// The session has the options it was made with.
 		c.opts = ws.w.opts
@@ -739,7 +715,7 @@ func (c *connect) establishWarm(m *member, ws *warmSession) passEnd {
 	a := up.Answer
 	up.Answer = &upstreams.Answer{Status: a.Status, Header: a.Header,
 		Raw: a.RawWithHeaders(upstreams.HeaderField{Name: "Sec-WebSocket-Accept", Value: upstreams.AcceptFor(c.hs.Key)})}
-	return c.establish(m, up)
+	return c.establishSocket(m, up)
 }
 
 // WordWarm is the attempt word of a client handed a warm session.

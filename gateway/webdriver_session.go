@@ -2,7 +2,6 @@ package gateway
 
 import (
 	"context"
-	"net/http"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -13,7 +12,7 @@ import (
 	"github.com/browserfailover/caddy-browser-failover/cluster"
 	"github.com/browserfailover/caddy-browser-failover/options"
 	"github.com/browserfailover/caddy-browser-failover/pool"
-	"github.com/browserfailover/caddy-browser-failover/queue"
+	"github.com/browserfailover/caddy-browser-failover/sessions"
 	"github.com/browserfailover/caddy-browser-failover/upstreams"
 )
 
@@ -27,8 +26,10 @@ import (
 // covers until the provider confirms it); its sockets get close frames;
 // its ticket is released once; later commands get "invalid session id".
 
-// wdSession is one live WebDriver session; it is the session registry's
-// pool.Live for it.
+// wdSession is one live WebDriver session: the session registry's
+// pool.Live for it, and its lifecycle's body (package sessions), which
+// runs its idle timeout (no command and no socket open, here nor on
+// another node), its time limit, its end entry and the ticket's give-back.
 type wdSession struct {
 	h *Gateway // the handler that created it (its logger, registry, shared state)
 	// id is its operator's session ID (the sessions list, logs, the
@@ -42,11 +43,8 @@ type wdSession struct {
 	// opts are the session options its create stated: its sockets'
 	// header_up renders them as its create's did.
 	opts    options.Set
-	t       *pool.Ticket
+	life    *sessions.Session
 	started time.Time
-	idleFor time.Duration
-	maxAge  time.Duration
-	log     *sessionEnd
 	// shared: its route is in the shared state, under the key route
 	// (pool.Registry.RouteKey of its path ID) as rt says.
 	shared bool
@@ -54,49 +52,41 @@ type wdSession struct {
 	rt     cluster.Route
 
 	commands  atomic.Int64
-	last      atomic.Int64 // unix nanoseconds of the last command or socket activity
+	activity  atomic.Int64 // moves with each command and socket's activity
 	lastCmd   atomic.Int64 // unix nanoseconds of the last command
 	bytesUp   atomic.Int64
 	bytesDown atomic.Int64
 
 	mu      sync.Mutex
 	over    bool
-	reason  string
 	sockets map[*upstreams.Session]struct{}
-	timer   queue.Timer
-	ageT    queue.Timer
 	done    chan struct{}
 }
 
 // newWebDriverSession makes the session of a create that ps answered at
 // m, which its client is to name by pathID: it takes the client's ticket,
 // and is listed, bound to the handler and the client's key.
-func (c *connect) newWebDriverSession(m *member, ps *upstreams.WebDriverSession, pathID string) *wdSession {
+func (c *connect) newWebDriverSession(m *member, ps *upstreams.WebDriverSession, pathID, browser string) *wdSession {
 	h := c.h
-	now := time.Now()
 	s := &wdSession{
-		h: h, id: c.id, provider: m.up.Name, browser: c.wd.req.Browser(), m: m, ps: ps, opts: c.opts,
-		started: now, idleFor: h.webDriverIdle(), done: make(chan struct{}),
-		log: &sessionEnd{
-			metrics:  h.reg.Metrics(),
-			logger:   h.logger,
-			attempts: c.attempts,
-			waited:   c.waited,
-			options:  c.opts.Map(),
-		},
+		h: h, id: c.id, provider: m.up.Name, browser: browser, m: m, ps: ps, opts: c.opts,
+		started: time.Now(), done: make(chan struct{}),
 	}
-	if cfg := h.Session; cfg != nil {
-		s.maxAge = time.Duration(cfg.MaxDuration)
+	t := c.ticket
+	c.ticket = nil
+	entry := sessions.Entry{ID: c.id, Provider: m.up.Name, Attempts: attempts(c.attempts), Waited: c.waited,
+		Fields: []zap.Field{zap.String("protocol", string(upstreams.ProtocolWebDriver))}}
+	if opts := c.opts.Map(); opts != nil {
+		entry.Fields = append(entry.Fields, zap.Any("options", opts))
 	}
-	s.last.Store(now.UnixNano())
-	s.t, c.ticket = c.ticket, nil
+	s.life = sessions.New(h.sessionDeps(), t, s, h.limits(defaultWebDriverIdle), entry)
 	keys := h.clientKeys()
 	values := clientValues(keys, c.replace)
 	bound := pool.Bound{Path: pool.PathHash(pathID), Handler: h.key, Keys: keys}
 	if keys != nil {
 		bound.Client = pool.ClientHash(values)
 	}
-	info := pool.SessionInfo{ID: c.id, Protocol: string(upstreams.ProtocolWebDriver), RemoteIP: remoteIP(c.r), Attempts: c.tries, Options: s.log.options, Bound: bound}
+	info := pool.SessionInfo{ID: c.id, Protocol: string(upstreams.ProtocolWebDriver), RemoteIP: remoteIP(c.r), Attempts: c.tries, Options: c.opts.Map(), Bound: bound}
 	if h.shared != nil {
 		s.route = h.reg.RouteKey(pathID)
 		s.rt = cluster.Route{Provider: s.provider, ProviderID: ps.ID, SocketURL: ps.SocketURL(), CDPURL: ps.CDPURL(),
@@ -105,7 +95,7 @@ func (c *connect) newWebDriverSession(m *member, ps *upstreams.WebDriverSession,
 			s.rt.Client = h.reg.SharedClientHash(values)
 		}
 	}
-	s.t.Establish(s, info, ps.Remote)
+	t.Establish(s, info, ps.Remote)
 	if h.shared != nil {
 		// (rebind changes rt only once shared is set.)
 		shared := h.shareRoute(s.route, s.rt)
@@ -165,49 +155,33 @@ func (h *Gateway) webDriverSessionByRoute(key string) *wdSession {
 	return nil
 }
 
-// run starts its timers: idleness and its time limit.
-func (s *wdSession) run() {
-	clock := s.h.reg.Clock()
+// The session as its lifecycle sees it (sessions.Body).
+
+// Activity moves with each command and each socket's activity; a session
+// with a socket open is busy, never idle.
+func (s *wdSession) Activity() (int64, bool) {
 	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.over {
-		return
-	}
-	s.timer = clock.AfterFunc(s.idleFor, s.idleCheck)
-	if s.maxAge > 0 {
-		s.ageT = clock.AfterFunc(s.maxAge, func() { s.endByGateway(upstreams.EndMaxDuration) })
-	}
+	busy := len(s.sockets) > 0
+	s.mu.Unlock()
+	return s.activity.Load(), busy
 }
 
-// idleCheck ends the session when it has been idle for its timeout: no
-// command and no socket here, nor (under shared state) on another node.
-func (s *wdSession) idleCheck() {
+// IdleElsewhere is, under shared state, how long ago any node last noted
+// the session's activity.
+func (s *wdSession) IdleElsewhere() (time.Duration, bool) {
 	s.mu.Lock()
-	if s.over {
-		s.mu.Unlock()
-		return
-	}
-	busy, shared := len(s.sockets) > 0, s.shared
+	shared := s.shared
 	s.mu.Unlock()
-	idle := time.Since(time.Unix(0, s.last.Load()))
-	if !busy && shared {
-		if age, ok := s.sharedIdle(); ok && age < idle {
-			idle = age
-		}
+	if !shared {
+		return 0, false
 	}
-	if busy || idle < s.idleFor {
-		wait := s.idleFor - idle
-		if busy {
-			wait = s.idleFor
-		}
-		s.mu.Lock()
-		if !s.over {
-			s.timer = s.h.reg.Clock().AfterFunc(max(wait, time.Second), s.idleCheck)
-		}
-		s.mu.Unlock()
-		return
-	}
-	s.endByGateway(upstreams.EndIdle)
+	return s.sharedIdle()
+}
+
+// EndFields are what its end entry says besides every session's.
+func (s *wdSession) EndFields() []zap.Field {
+	n, _ := s.Commands()
+	return []zap.Field{zap.Int64("commands", n)}
 }
 
 // sharedIdle is how long ago the last activity any node noted was.
@@ -231,14 +205,13 @@ func (s *wdSession) sharedIdle() (time.Duration, bool) {
 func (s *wdSession) upNow() *upstreams.Provider { return s.m.up }
 
 // touch notes activity.
-func (s *wdSession) touch() { s.last.Store(time.Now().UnixNano()) }
+func (s *wdSession) touch() { s.activity.Add(1) }
 
 // command counts a command.
-func (s *wdSession) command(r *http.Request) {
-	now := time.Now().UnixNano()
+func (s *wdSession) command() {
 	s.commands.Add(1)
-	s.lastCmd.Store(now)
-	s.last.Store(now)
+	s.lastCmd.Store(time.Now().UnixNano())
+	s.activity.Add(1)
 }
 
 // counted adds a command's bytes.
@@ -304,12 +277,6 @@ func (s *wdSession) Commands() (int64, time.Time) {
 	return n, time.Unix(0, at)
 }
 
-// endByGateway ends it for the gateway's own reason (idle, its time
-// limit).
-func (s *wdSession) endByGateway(reason string) {
-	s.endWith(upstreams.CloseNormal, reason, true)
-}
-
 // end ends it; byGateway tells whether the provider is to get DELETE (not
 // when the client deleted it, nor when the provider ended it itself: its
 // provider session is then known gone).
@@ -317,19 +284,18 @@ func (s *wdSession) end(reason string, byGateway bool) {
 	s.endWith(upstreams.CloseNormal, reason, byGateway)
 }
 
+// endWith is the session's end, whatever ended it: its sockets get close
+// frames with code and reason, its provider session is ended (DELETE,
+// through its ticket) unless byGateway is false, its lifecycle ends
+// (the ticket given back, the end entry), and its route leaves the
+// shared state.
 func (s *wdSession) endWith(code int, reason string, byGateway bool) {
 	s.mu.Lock()
 	if s.over {
 		s.mu.Unlock()
 		return
 	}
-	s.over, s.reason = true, reason
-	if s.timer != nil {
-		s.timer.Stop()
-	}
-	if s.ageT != nil {
-		s.ageT.Stop()
-	}
+	s.over = true
 	sockets, shared := s.sockets, s.shared
 	s.sockets = nil
 	s.mu.Unlock()
@@ -341,14 +307,11 @@ func (s *wdSession) endWith(code int, reason string, byGateway bool) {
 		// ledger entry goes.
 		s.ps.Remote.Confirmed()
 	}
-	meter := s.t.Meter()
-	s.t.Release()
+	s.life.Ended(reason)
 	if shared {
 		s.h.dropRoute(s.route)
 	}
 	close(s.done)
-	n, _ := s.Commands()
-	s.log.logWebDriver(s, reason, n, meter.Accrued())
 }
 
 // dropRoute takes a session's route (under the key id) out of the shared
@@ -368,24 +331,73 @@ func (h *Gateway) dropRoute(id string) {
 	}
 }
 
-// logWebDriver writes a WebDriver session's end entry.
-func (e *sessionEnd) logWebDriver(s *wdSession, reason string, commands int64, cost float64) {
-	e.metrics.SessionEnded(s.provider, time.Since(s.started))
-	var opts []zap.Field
-	if e.options != nil {
-		opts = append(opts, zap.Any("options", e.options))
+// The default idle timeout of a WebDriver session: its client sends
+// commands, so one that sent none for this long (with no socket open) has
+// gone.
+const defaultWebDriverIdle = 5 * time.Minute
+
+// clientKeys are the client key placeholders the handler's WebDriver
+// sessions are bound to: client_limit's, then client_budget's when it is
+// another; nil without either.
+func (h *Gateway) clientKeys() []string {
+	var keys []string
+	if cl := h.ClientLimit; cl != nil {
+		keys = append(keys, cl.Key)
 	}
-	e.logger.Info("session ended", append([]zap.Field{
-		zap.String("session_id", s.id),
-		zap.String("provider", s.provider),
-		zap.String("protocol", string(upstreams.ProtocolWebDriver)),
-		zap.Array("attempts", e.attempts),
-		zap.Float64("queue_wait_ms", roundMS(e.waited)),
-		zap.Float64("duration_ms", roundMS(time.Since(s.started))),
-		zap.Int64("bytes_up", s.BytesUp()),
-		zap.Int64("bytes_down", s.BytesDown()),
-		zap.String("close_reason", reason),
-		zap.Int64("commands", commands),
-		zap.Float64("cost", roundCost(cost)),
-	}, opts...)...)
+	if cb := h.ClientBudget; cb != nil && !slices.Contains(keys, cb.Key) {
+		keys = append(keys, cb.Key)
+	}
+	return keys
 }
+
+// clientValues resolves keys with replace (nil: every value empty).
+func clientValues(keys []string, replace func(string) string) []string {
+	out := make([]string, len(keys))
+	for i, k := range keys {
+		if replace != nil {
+			out[i] = replace(k)
+		}
+	}
+	return out
+}
+
+// webDriverRouteTTL is how long a session's route stays in the shared
+// state without activity: past its idle timeout, the owner has ended it.
+func (h *Gateway) webDriverRouteTTL() time.Duration {
+	return 2*h.webDriverIdle() + time.Minute
+}
+
+// webDriverIdle is the idle timeout of the handler's WebDriver sessions.
+func (h *Gateway) webDriverIdle() time.Duration {
+	if s := h.Session; s != nil && s.IdleTimeout > 0 {
+		return time.Duration(s.IdleTimeout)
+	}
+	return defaultWebDriverIdle
+}
+
+// shareRoute puts a session's route rt in the shared state under key (its
+// owner this node).
+func (h *Gateway) shareRoute(key string, rt cluster.Route) bool {
+	sh := h.shared
+	if sh == nil || !sh.s.Usable() {
+		return false
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	rt.Node = sh.s.Store().Node()
+	if err := sh.s.Store().Routes().Put(ctx, key, rt, h.webDriverRouteTTL()); err != nil {
+		sh.s.Failed("put route", err)
+		return false
+	}
+	sh.s.Worked()
+	return true
+}
+
+// End reasons of WebDriver sessions that are their own.
+const (
+	EndClientDelete = "client deleted the session"
+	EndProviderGone = "provider ended the session"
+	// EndElsewhere: another node served its end (the client's DELETE,
+	// the provider's invalid session id).
+	EndElsewhere = "ended through another node"
+)

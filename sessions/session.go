@@ -75,7 +75,8 @@ type Fielder interface {
 
 // Entry is what a session's end entry says of the client's way to it.
 type Entry struct {
-	// ID is the session's ID as operators see it.
+	// ID is the session's ID as operators see it; "" for a session no
+	// client holds (yet), which writes no end entry.
 	ID string
 	// Provider is the provider's name.
 	Provider string
@@ -273,8 +274,9 @@ func (s *Session) Done() <-chan struct{} { return s.done }
 
 // Ended is the one way a session ends: its body calls it once it has
 // ended, for reason. The timers stop, the ticket is given back (unless
-// the keeper keeps it), the end is measured and logged, and Done closes.
-// A second call does nothing.
+// the keeper keeps it), the end is measured and logged — a session no
+// client held (a warm session never handed out: its entry has no ID) is
+// neither —, and Done closes. A second call does nothing.
 func (s *Session) Ended(reason string) {
 	s.mu.Lock()
 	if s.over {
@@ -283,14 +285,18 @@ func (s *Session) Ended(reason string) {
 	}
 	s.over, s.reason = true, reason
 	s.stopLocked()
-	body, entry, keep, start := s.body, s.entry, s.keep, s.start
+	keep := s.keep
 	s.mu.Unlock()
 
 	meter := s.t.Meter()
 	if keep == nil || !keep() {
 		s.t.Release()
 	}
-	if !start.IsZero() {
+	// (After the keeper, which may rename the session.)
+	s.mu.Lock()
+	body, entry, start := s.body, s.entry, s.start
+	s.mu.Unlock()
+	if !start.IsZero() && entry.ID != "" {
 		d := s.deps.Clock.Now().Sub(start)
 		s.deps.Metrics.SessionEnded(entry.Provider, d)
 		s.log(body, entry, reason, d, meter.Accrued())

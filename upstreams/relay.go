@@ -74,8 +74,7 @@ type Session struct {
 	done     chan struct{}
 	onEnd    func(*Session)
 	onPark   func(*Session)
-	farewell *Farewell // nil: none (farewell.go)
-	idle     time.Duration
+	farewell *Farewell  // nil: none (farewell.go)
 	ka       *keepalive // nil: off
 	// bytes relayed to each side (BytesUp, BytesDown).
 	bytes [2]atomic.Int64
@@ -94,10 +93,6 @@ type Session struct {
 	closeCode   int
 	closeReason string
 	closeBy     time.Time
-	// The idle timeout's last sample of the byte counters, and since when
-	// they have not moved.
-	idleBytes int64
-	idleSince time.Time
 	// Hold (hold.go): why the client looks gone, and for how many
 	// keepalive ticks (leaving: leaveByWrite, below); the answer to its
 	// close frame (parking); the client waiting to join (joining); what
@@ -123,11 +118,6 @@ type SessionOptions struct {
 	// ClientPending are bytes the client sent behind its handshake; they go
 	// to the provider first.
 	ClientPending []byte
-	// IdleTimeout closes the session after this long without bytes either
-	// way (0: never).
-	IdleTimeout time.Duration
-	// MaxDuration closes the session at this age (0: never).
-	MaxDuration time.Duration
 	// Keepalive pings a side that has been sent no frame for this long,
 	// and ends the session when a side answers no ping (0: never).
 	Keepalive time.Duration
@@ -159,7 +149,6 @@ func NewSession(client net.Conn, up *Conn, o SessionOptions) *Session {
 		// the client leaves, to end it there.
 		hold:     o.Hold || o.Farewell != nil,
 		farewell: o.Farewell,
-		idle:     o.IdleTimeout,
 		running:  2,
 	}
 	if o.Keepalive > 0 {
@@ -167,47 +156,39 @@ func NewSession(client net.Conn, up *Conn, o SessionOptions) *Session {
 	}
 	s.up = s.newDirection(client, up.Conn, toProvider, o.ClientPending)
 	s.down = s.newDirection(up.Conn, client, toClient, up.Leftover)
-	s.arm(o.MaxDuration)
+	s.arm()
 	return s
 }
 
-// tickEvery is how often tick samples the session: a quarter of the idle
-// timeout or of the keepalive interval, whichever is shorter (0: never).
+// tickEvery is how often tick samples the session: a quarter of the
+// keepalive interval (0: never).
 func (s *Session) tickEvery() time.Duration {
-	d := s.idle
-	if s.ka != nil && (d == 0 || s.ka.interval < d) {
-		d = s.ka.interval
-	}
-	if d == 0 {
+	if s.ka == nil {
 		return 0
 	}
-	return max(d/4, time.Millisecond)
+	return max(s.ka.interval/4, time.Millisecond)
 }
 
-// tick samples the byte counters the relay keeps anyway, so its hot path
-// pays nothing for the idle timeout and keepalive: the session closes
-// between idle and idle*5/4 after its last byte (a session without its
-// client is not idle: it waits for one), and keepalive pings the sides.
-// Under s.mu.
+// tick has keepalive ping the sides; it samples what the relay keeps
+// anyway, so its hot path pays nothing for keepalive. Under s.mu.
 func (s *Session) tick() {
 	if s.phase == over {
 		return
 	}
-	now := time.Now()
-	if s.idle > 0 {
-		b := s.bytes[toProvider].Load() + s.bytes[toClient].Load()
-		if b != s.idleBytes || s.phase.withoutClient() || s.phase == leaving {
-			s.idleBytes, s.idleSince = b, now
-		}
-		if now.Sub(s.idleSince) >= s.idle {
-			s.step(change{ev: evClose, code: CloseNormal, reason: EndIdle})
-			return
-		}
-	}
-	if s.ka != nil {
-		s.keepaliveTick(now)
-	}
+	s.keepaliveTick(time.Now())
 	s.ticker.Reset(s.tickEvery())
+}
+
+// Activity is what its session's lifecycle reads of the relay for the
+// idle timeout: the bytes relayed both ways (the gateway's own pings and
+// pongs are not among them), and whether the session waits for its
+// client (held without one, or its client leaving), which is not idle.
+func (s *Session) Activity() (n int64, waiting bool) {
+	n = s.bytes[toProvider].Load() + s.bytes[toClient].Load()
+	s.mu.Lock()
+	waiting = s.phase.withoutClient() || s.phase == leaving
+	s.mu.Unlock()
+	return n, waiting
 }
 
 // Run starts both directions in their own goroutines and returns at once.
