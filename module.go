@@ -20,7 +20,7 @@ import (
 
 	"github.com/browserfailover/caddy-browser-failover/config"
 	"github.com/browserfailover/caddy-browser-failover/gateway"
-	_ "github.com/browserfailover/caddy-browser-failover/status" // registers the admin API module
+	"github.com/browserfailover/caddy-browser-failover/status" // also registers the admin API module
 )
 
 func init() {
@@ -48,7 +48,7 @@ func (Handler) CaddyModule() caddy.ModuleInfo {
 // Provision builds the handler's gateway.
 func (h *Handler) Provision(ctx caddy.Context) error {
 	var err error
-	h.gw, err = gateway.New(ctx, &h.Handler)
+	h.gw, err = gateway.New(ctx, &h.Handler, status.Gauges)
 	return err
 }
 

@@ -49,10 +49,6 @@ import (
 // Every client that gets no session ends with one refusal, through finish
 // (refusal.go), which its front renders.
 
-// WordQueued is the skip word of a provider left to clients that have been
-// waiting for it longer: a newcomer never takes it from them.
-const WordQueued = "queued"
-
 // newConnect starts one client's way through front f: its session ID,
 // set as a placeholder at once, and its ticket. r is nil for a warm-up.
 func (h *Gateway) newConnect(w http.ResponseWriter, r *http.Request, f front) *connect {

@@ -164,6 +164,37 @@ type declined struct {
 	res                upstreams.Result
 }
 
+// refusal is the answer of a client that gets no session.
+type refusal struct {
+	status int
+	// reason is the rejection reason of metrics, events and the log.
+	reason string
+	// provider is the one whose answer the client gets, if any.
+	provider string
+	// msg says what went wrong.
+	msg string
+	// attempts are the providers tried and passed over, for a refusal
+	// that lists them (a 503's; nil for the others).
+	attempts []attempt
+	// retryAfter is when to come back, in seconds (0: no Retry-After).
+	retryAfter int
+	// unsupported are the providers the client's options ruled out.
+	unsupported []unsupported
+	// more are the other members of a JSON answer (a client limit's, a
+	// client budget's, the option at fault).
+	more map[string]any
+	// relayed is a provider's own answer, which the client gets as it
+	// is (nil: none).
+	relayed *upstreams.Result
+}
+
+// unsupported is a provider the client's options rule out, and what of
+// them it cannot honour (the unsupported list of 503 and 502 bodies).
+type unsupported struct {
+	Provider string   `json:"provider"`
+	Lacks    []string `json:"lacks"`
+}
+
 // passEnd is how one pass over the candidates ended.
 type passEnd int
 

@@ -9,6 +9,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/browserfailover/caddy-browser-failover/options"
+	"github.com/browserfailover/caddy-browser-failover/pool"
 	"github.com/browserfailover/caddy-browser-failover/sessions"
 	"github.com/browserfailover/caddy-browser-failover/upstreams"
 )
@@ -21,6 +22,40 @@ import (
 // key; the client's 101 is made from the provider's at hand-out), its
 // session options those the warmer makes sessions with, and what it
 // establishes is a warm session, ready for a client of its handler.
+
+// provisionWarm starts, or takes over from the config before, the
+// handler's warmer of each provider with warm.
+func (h *Gateway) provisionWarm() {
+	for i, pc := range h.Providers {
+		if pc.Warm <= 0 {
+			continue
+		}
+		m := h.members[i]
+		key := pool.WarmKey{Handler: h.key, Provider: pc.Name}
+		maxAge := time.Duration(pc.WarmMaxAge)
+		if maxAge <= 0 {
+			maxAge = defaultWarmMaxAge
+		}
+		set := newWarmSettings(pc)
+		fp := set.print(h.reg)
+		if old, _ := h.reg.Warmer(key).(*warmer); old != nil && old.st == m.state && old.adopt(h, m, fp, pc.Warm, maxAge) {
+			m.warm = old
+			h.warmers = append(h.warmers, old)
+			continue
+		}
+		opts, _ := pc.WarmSet() // checked with the config
+		w := &warmer{key: key, reg: h.reg, st: m.state, set: set, opts: opts, kick: make(chan struct{}, 1), done: make(chan struct{}),
+			h: h, m: m, print: fp, target: pc.Warm, maxAge: maxAge}
+		w.makeOne = w.warmUp
+		if prev := h.reg.SetWarmer(key, w); prev != nil {
+			prev.Close()
+		}
+		m.warm = w
+		h.warmers = append(h.warmers, w)
+		m.state.SetWarm(key.Handler, 0, pc.Warm)
+		go w.run()
+	}
+}
 
 // warmUp is the front of one warm-up at a provider of warmer w, whose
 // settings printed as print when it began.

@@ -8,27 +8,29 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 
 	// Extended CONNECT on, so HTTP/2 clients can open WebSockets.
 	"github.com/browserfailover/caddy-browser-failover/config"
 	_ "github.com/browserfailover/caddy-browser-failover/internal/xconnect"
 	"github.com/browserfailover/caddy-browser-failover/observe"
-	"github.com/browserfailover/caddy-browser-failover/pool"
-	"github.com/browserfailover/caddy-browser-failover/status" // also registers the admin API module
+	"github.com/browserfailover/caddy-browser-failover/pool" // also registers the admin API module
 	"github.com/browserfailover/caddy-browser-failover/upstreams"
 )
 
 // New provisions the gateway of configuration cfg: it resolves
 // placeholders, builds the providers, claims their process-wide state and
-// takes the handler's line in the wait queue. On an error, what it took is
-// given back by Cleanup, which is safe on the gateway it returns.
-func New(ctx caddy.Context, cfg *config.Handler) (*Gateway, error) {
+// takes the handler's line in the wait queue; the metrics' gauges read the
+// registry through gauges (what operators see is above the gateway). On
+// an error, what it took is given back by Cleanup, which is safe on the
+// gateway it returns.
+func New(ctx caddy.Context, cfg *config.Handler, gauges func(*pool.Registry) prometheus.Collector) (*Gateway, error) {
 	h := &Gateway{Handler: cfg}
-	return h, h.provision(ctx)
+	return h, h.provision(ctx, gauges)
 }
 
-func (h *Gateway) provision(ctx caddy.Context) error {
+func (h *Gateway) provision(ctx caddy.Context, gauges func(*pool.Registry) prometheus.Collector) error {
 	h.logger = ctx.Logger()
 	h.cleaned = new(atomic.Bool)
 	if err := h.Validate(); err != nil {
@@ -36,7 +38,7 @@ func (h *Gateway) provision(ctx caddy.Context) error {
 	}
 	h.reg = pool.Acquire(setupRegistry)
 	var err error
-	if err := observe.Register(ctx.GetMetricsRegistry(), h.reg.Metrics(), status.Gauges(h.reg)); err != nil {
+	if err := observe.Register(ctx.GetMetricsRegistry(), h.reg.Metrics(), gauges(h.reg)); err != nil {
 		return err
 	}
 	if h.obs, err = observe.New(ctx, h.logger, h.Webhooks, h.reg.Metrics()); err != nil {
@@ -92,7 +94,7 @@ func (h *Gateway) provision(ctx caddy.Context) error {
 		state.OnReset(h, func() { h.resetRecovered(state) })
 		h.members = append(h.members, &member{up: up, state: state, expectedCost: pc.Cost.Of(expected)})
 	}
-	if err := h.provisionShared(known); err != nil {
+	if err := h.provisionShared(known, h.webDriverNews); err != nil {
 		return err
 	}
 	h.provisionLedger(ctx, known)

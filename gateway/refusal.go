@@ -27,30 +27,6 @@ import (
 // finish, once: it leaves the queue, gives back its holds, gets its
 // answer (none when it went away), and is counted, observed and logged.
 
-// refusal is the answer of a client that gets no session.
-type refusal struct {
-	status int
-	// reason is the rejection reason of metrics, events and the log.
-	reason string
-	// provider is the one whose answer the client gets, if any.
-	provider string
-	// msg says what went wrong.
-	msg string
-	// attempts are the providers tried and passed over, for a refusal
-	// that lists them (a 503's; nil for the others).
-	attempts []attempt
-	// retryAfter is when to come back, in seconds (0: no Retry-After).
-	retryAfter int
-	// unsupported are the providers the client's options ruled out.
-	unsupported []unsupported
-	// more are the other members of a JSON answer (a client limit's, a
-	// client budget's, the option at fault).
-	more map[string]any
-	// relayed is a provider's own answer, which the client gets as it
-	// is (nil: none).
-	relayed *upstreams.Result
-}
-
 // finish ends the way of a client that got no session: rf is its answer,
 // nil when it went away. Only the first call does anything.
 func (c *connect) finish(rf *refusal) {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net/http"
 	"strings"
 	"sync"
@@ -343,3 +344,53 @@ func extensionNames(v string) string {
 	}
 	return strings.Join(names, ", ")
 }
+
+// prepareResume readies the resume token of a client whose session may be
+// resumed (resume on, CDP, a resume_key value when one is set): the token
+// it brought, which must have a token's form, or one the gateway hands out
+// on the 101. Other clients' tokens are ignored. It reports false when the
+// client got its answer (400 for a malformed token).
+func (c *connect) prepareResume() bool {
+	h := c.h
+	if h.Resume == nil || !c.cls.proto.Resumable() || (h.ResumeKey != "" && c.resumeKeyValue() == "") {
+		c.token = ""
+		return true
+	}
+	if c.token == "" {
+		c.token, c.handOut = newResumeToken(), true
+		return true
+	}
+	if !validResumeToken(c.token) {
+		c.finish(&refusal{status: http.StatusBadRequest, reason: "resume bad_token", msg: fmt.Sprintf(
+			"%s must be %d to %d URL-safe characters (A-Z, a-z, 0-9, - and _), such as 16 random bytes in base64url",
+			ResumeTokenQuery, minResumeToken, maxResumeToken)})
+		return false
+	}
+	return true
+}
+
+// A resume token is minResumeToken to maxResumeToken URL-safe characters
+// (A-Z, a-z, 0-9, - and _): at least 128 bits of a client's randomness in
+// base64url.
+const (
+	minResumeToken = 22
+	maxResumeToken = 256
+)
+
+// validResumeToken reports whether t has a token's form.
+func validResumeToken(t string) bool {
+	if len(t) < minResumeToken || len(t) > maxResumeToken {
+		return false
+	}
+	for i := 0; i < len(t); i++ {
+		c := t[i]
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '_') {
+			return false
+		}
+	}
+	return true
+}
+
+// newResumeToken is a token the gateway makes for a client that brought
+// none: as random as a session ID, and never one.
+func newResumeToken() string { return newSessionID() }

@@ -41,13 +41,6 @@ func parkedOptions(q string) options.Set {
 	return s
 }
 
-// unsupported is a provider the client's options rule out, and what of
-// them it cannot honour (the unsupported list of 503 and 502 bodies).
-type unsupported struct {
-	Provider string   `json:"provider"`
-	Lacks    []string `json:"lacks"`
-}
-
 // byOptions keeps of order the providers that honour the client's
 // options, those of its first region first, then its next region's
 // (order kept within), and lists the others in c.unsupported.

@@ -43,8 +43,9 @@ func sharedHooks(reg *pool.Registry) cluster.Hooks {
 const WordStateUnavailable = "state_unavailable"
 
 // provisionShared opens the handler's shared state, its placeholders
-// resolved by known, and subscribes to the other nodes' news.
-func (h *Gateway) provisionShared(known func(string) string) error {
+// resolved by known, and subscribes to the other nodes' news; the news of
+// WebDriver sessions goes to webdriver.
+func (h *Gateway) provisionShared(known func(string) string, webdriver func(cluster.Event)) error {
 	st := h.State
 	if st == nil {
 		for _, m := range h.members {
@@ -83,18 +84,8 @@ func (h *Gateway) provisionShared(known func(string) string) error {
 	}
 	h.shared.cancel = s.Store().News().Subscribe(func(e cluster.Event) {
 		switch e.Kind {
-		case cluster.EventWebDriverEnd:
-			// Another node saw this node's WebDriver session end (its
-			// client's DELETE, its provider's end): its ticket goes.
-			if e.Node != s.Store().Node() {
-				if wd := h.webDriverSessionByRoute(e.Session); wd != nil {
-					wd.end(EndElsewhere, false)
-				}
-			}
-			return
-		case cluster.EventWebDriverEnded:
-			// Its owner ended it: its sockets here close.
-			h.reg.Sockets.CloseSession(e.Session, upstreams.CloseNormal, "session ended")
+		case cluster.EventWebDriverEnd, cluster.EventWebDriverEnded:
+			webdriver(e)
 			return
 		}
 		if e.Kind == cluster.EventResumed {

@@ -20,6 +20,10 @@ import (
 // chain (chain.go) and resume (resume.go, resume_hold.go) call them; they
 // call only what lies below them.
 
+// WordQueued is the skip word of a provider left to clients that have been
+// waiting for it longer: a newcomer never takes it from them.
+const WordQueued = "queued"
+
 // 3. Admit: the one admission step of an attempt at m, for a new client's
 // pass as for a resume. In order: not drained; not left to clients that
 // have waited longer (a newcomer's pass); not full (its slots, a learnt

@@ -81,8 +81,11 @@ const (
 // clients only.
 type warmer struct {
 	key pool.WarmKey
-	reg *pool.Registry
-	st  *pool.Provider
+	// makeOne makes one warm session at m, as h's, whose provider's
+	// settings print as fp (front_warm.go's warm-up).
+	makeOne func(h *Gateway, m *member, fp string)
+	reg     *pool.Registry
+	st      *pool.Provider
 	// set is what the warm sessions are made with, as configured; opts
 	// are the session options among it.
 	set  warmSettings
@@ -138,39 +141,6 @@ type warmSession struct {
 type watchResult struct {
 	alive bool
 	extra []byte
-}
-
-// provisionWarm starts, or takes over from the config before, the
-// handler's warmer of each provider with warm.
-func (h *Gateway) provisionWarm() {
-	for i, pc := range h.Providers {
-		if pc.Warm <= 0 {
-			continue
-		}
-		m := h.members[i]
-		key := pool.WarmKey{Handler: h.key, Provider: pc.Name}
-		maxAge := time.Duration(pc.WarmMaxAge)
-		if maxAge <= 0 {
-			maxAge = defaultWarmMaxAge
-		}
-		set := newWarmSettings(pc)
-		fp := set.print(h.reg)
-		if old, _ := h.reg.Warmer(key).(*warmer); old != nil && old.st == m.state && old.adopt(h, m, fp, pc.Warm, maxAge) {
-			m.warm = old
-			h.warmers = append(h.warmers, old)
-			continue
-		}
-		opts, _ := pc.WarmSet() // checked with the config
-		w := &warmer{key: key, reg: h.reg, st: m.state, set: set, opts: opts, kick: make(chan struct{}, 1), done: make(chan struct{}),
-			h: h, m: m, print: fp, target: pc.Warm, maxAge: maxAge}
-		if prev := h.reg.SetWarmer(key, w); prev != nil {
-			prev.Close()
-		}
-		m.warm = w
-		h.warmers = append(h.warmers, w)
-		m.state.SetWarm(key.Handler, 0, pc.Warm)
-		go w.run()
-	}
 }
 
 // warmSettings are the provider settings a handler's warm sessions of one
@@ -411,7 +381,7 @@ func (w *warmer) fill() {
 	w.mu.Unlock()
 	w.endStale(stale)
 	for range need {
-		go w.warmUp(h, m, fp)
+		go w.makeOne(h, m, fp)
 	}
 }
 

@@ -11,6 +11,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/browserfailover/caddy-browser-failover/cluster"
 	"github.com/browserfailover/caddy-browser-failover/observe"
 	"github.com/browserfailover/caddy-browser-failover/options"
 	"github.com/browserfailover/caddy-browser-failover/pool"
@@ -313,4 +314,22 @@ func (h *Gateway) serveWebDriverSocket(w http.ResponseWriter, r *http.Request, w
 	s.Run()
 	ho.await(s, nil)
 	return true
+}
+
+// webDriverNews is what the other nodes say of WebDriver sessions, under
+// shared state: one saw this node's session end (its client's DELETE, its
+// provider's end), so its ticket goes; or a session's owner ended it, so
+// its sockets here close.
+func (h *Gateway) webDriverNews(e cluster.Event) {
+	s := h.shared.s
+	switch e.Kind {
+	case cluster.EventWebDriverEnd:
+		if e.Node != s.Store().Node() {
+			if wd := h.webDriverSessionByRoute(e.Session); wd != nil {
+				wd.end(EndElsewhere, false)
+			}
+		}
+	case cluster.EventWebDriverEnded:
+		h.reg.Sockets.CloseSession(e.Session, upstreams.CloseNormal, "session ended")
+	}
 }

@@ -44,46 +44,7 @@ import (
 // longer matches a violation fails the test, so this list can only shrink;
 // removing an entry makes the check stricter. Nothing is added here: a new
 // back-reference is fixed, or the order in docs/design.md changes.
-var allowed = map[string]string{
-	// gateway imports status for the metrics' gauges it registers at
-	// provision, and for the admin API module that the root registers too.
-	"gateway/gateway.go imports status": "status.Gauges at provision: the root, above both, would register them",
-
-	// The WebDriver entry's file holds steps of the chain and the state of
-	// a create; they belong on the floors of the steps and of connect.
-	"gateway/chain.go uses connect.anyAccepts (gateway/webdriver.go)":                "a join check of the chain, with the WebDriver entry",
-	"gateway/chain.go uses connect.attempt (gateway/webdriver.go)":                   "the attempt step (WebDriver create or upgrade), with the WebDriver entry",
-	"gateway/chain.go uses connect.establishWebDriver (gateway/webdriver.go)":        "the establish step of a create, with the WebDriver entry",
-	"gateway/chain.go uses connect.noProviderStarts (gateway/webdriver.go)":          "the 502 text of a create, with the WebDriver entry",
-	"gateway/chain.go uses wdCreate.req (gateway/webdriver.go)":                      "a create's state, declared with the WebDriver entry",
-	"gateway/connect.go uses wdCreate (gateway/webdriver.go)":                        "connect's field wd, of a type declared with the WebDriver entry",
-	"gateway/session_options.go uses wdCreate.req (gateway/webdriver.go)":            "a create's capabilities, declared with the WebDriver entry",
-	"gateway/webdriver_session.go uses wdCreate.req (gateway/webdriver.go)":          "a create's browser, declared with the WebDriver entry",
-	"gateway/webdriver_session.go uses Gateway.shareRoute (gateway/webdriver.go)":    "a session's route under state redis, with the WebDriver entry",
-	"gateway/webdriver_session.go uses Gateway.webDriverIdle (gateway/webdriver.go)": "a session's idle limit, with the WebDriver entry",
-	"gateway/respond.go uses webDriverAnswer (gateway/webdriver.go)":                 "the single exit's WebDriver form, with the WebDriver entry",
-	"gateway/shared.go uses EndElsewhere (gateway/webdriver.go)":                     "an end reason, declared with the WebDriver entry",
-	"gateway/webdriver_session.go uses Gateway.clientKeys (gateway/webdriver.go)":    "a session's client binding, with the WebDriver entry",
-	"gateway/webdriver_session.go uses clientValues (gateway/webdriver.go)":          "a session's client binding, with the WebDriver entry",
-
-	// Types and names a lower file needs, declared in a file above it.
-	"gateway/connect.go uses unsupported (gateway/session_options.go)":          "connect's field unsupported, of a type declared with the options",
-	"gateway/respond.go uses unsupported (gateway/session_options.go)":          "the 502 body lists it, a type declared with the options",
-	"gateway/handler.go uses warmer (gateway/warm.go)":                          "the Gateway's field warmers, of a type declared with warm sessions",
-	"gateway/session_options.go uses ResumeQuery (gateway/resume.go)":           "a query name the options reader leaves, declared with resume",
-	"gateway/session_options.go uses ResumeTokenQuery (gateway/resume_park.go)": "a query name the options reader leaves, declared with parking",
-	"gateway/chain.go uses class.declinedBy (gateway/webdriver.go)":             "the WebDriver create's declined providers, with the WebDriver entry",
-	"gateway/chain.go uses connect.noteDeclined (gateway/webdriver.go)":         "the WebDriver create's declined providers, with the WebDriver entry",
-	"gateway/chain.go uses declined.provider (gateway/webdriver.go)":            "the WebDriver create's declined providers, with the WebDriver entry",
-	"gateway/chain.go uses declined.res (gateway/webdriver.go)":                 "the WebDriver create's declined providers, with the WebDriver entry",
-	"gateway/chain.go uses wdCreate.last (gateway/webdriver.go)":                "the WebDriver create's declined providers, with the WebDriver entry",
-	"gateway/connect.go uses declined (gateway/webdriver.go)":                   "the WebDriver create's declined providers, with the WebDriver entry",
-	"gateway/steps.go uses declined (gateway/webdriver.go)":                     "the WebDriver create's declined providers, with the WebDriver entry",
-	"gateway/steps.go uses declined.provider (gateway/webdriver.go)":            "the WebDriver create's declined providers, with the WebDriver entry",
-	"gateway/steps.go uses declined.res (gateway/webdriver.go)":                 "the WebDriver create's declined providers, with the WebDriver entry",
-	"gateway/steps.go uses declined.resource (gateway/webdriver.go)":            "the WebDriver create's declined providers, with the WebDriver entry",
-	"gateway/steps.go uses WordQueued (gateway/chain.go)":                       "a skip word, declared with the chain",
-}
+var allowed = map[string]string{}
 
 // TestLayers checks the module against the order in docs/design.md.
 func TestLayers(t *testing.T) {
