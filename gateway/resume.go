@@ -79,9 +79,16 @@ func resumeRequest(r *http.Request, hs *upstreams.Handshake) (presented, token s
 	return presented, token
 }
 
-// resume serves a client that presents the resume token of a session it
-// takes back. It never contacts any provider but the session's.
-func (c *connect) resume(presented string) {
+// resume is the way of a client that presents the resume token of a
+// session it takes back: a way beside the chain, for upgrade clients,
+// through its steps (admit, conclude) but with no order and no queue. It
+// never contacts any provider but the session's.
+type resume struct {
+	*connect
+}
+
+// take serves the client: the session it names back, or a refusal.
+func (c resume) take(presented string) {
 	h := c.h
 	if h.Resume == nil {
 		c.refuseResume(resumeFailure{observe.ResumeNotResumable, http.StatusGone, "sessions are not resumable here"})
@@ -140,7 +147,7 @@ func (c *connect) resume(presented string) {
 // this node's registry, or from the shared one. unreachable reports that
 // the shared registry, which may hold the entry or know that another node
 // took it, cannot be asked: the entry is left where it was.
-func (c *connect) claim(token string) (e *pool.Parked, ok, unreachable bool) {
+func (c resume) claim(token string) (e *pool.Parked, ok, unreachable bool) {
 	key := c.resumeKey()
 	c.awaitLeaving(token)
 	e, ok = c.h.reg.ClaimParked(token, key)
@@ -197,7 +204,7 @@ func (c *connect) claim(token string) (e *pool.Parked, ok, unreachable bool) {
 
 // memberNamed is the member of the client's pool called name, nil when
 // none.
-func (c *connect) memberNamed(name string) *member {
+func (c resume) memberNamed(name string) *member {
 	for _, i := range c.pool.members {
 		if m := c.h.members[i]; m.up.Name == name {
 			return m
@@ -221,7 +228,7 @@ const leavingStart = 150 * time.Millisecond
 // is ending but not parked yet, so that it is parked by the time the
 // resume looks for it. A session whose client is still connected stays
 // live: after leavingStart the resume finds nothing to take.
-func (c *connect) awaitLeaving(token string) {
+func (c resume) awaitLeaving(token string) {
 	ls, ok := c.h.reg.SessionByResumeToken(token)
 	if !ok {
 		return
@@ -253,7 +260,7 @@ func (c *connect) awaitLeaving(token string) {
 
 // giveBack puts a claimed entry back for the rest of its window: the
 // resume failed for a reason that is not the session's.
-func (c *connect) giveBack(e *pool.Parked) {
+func (c resume) giveBack(e *pool.Parked) {
 	if !e.Shared {
 		c.h.reg.Unclaim(e)
 		return
@@ -284,7 +291,7 @@ func (c *connect) giveBack(e *pool.Parked) {
 // resume instead. When the provider cannot be asked, the entry stays for
 // another try, with its ticket; when it refuses, the session is lost, and
 // what it held is given back with the client's ticket.
-func (c *connect) redial(e *pool.Parked) {
+func (c resume) redial(e *pool.Parked) {
 	h := c.h
 	m := c.memberNamed(e.Provider)
 	pk, _ := e.Data.(*parking)
@@ -350,7 +357,7 @@ func (c *connect) redial(e *pool.Parked) {
 		c.h.reg.Metrics().Resume(observe.ResumeOK)
 		h.logger.Info("session resumed", zap.String("session_id", c.id), zap.String("resumed_from", e.ID),
 			zap.String("provider", m.up.Name), zap.Bool("held", false))
-		c.establishSocket(m, res.Conn)
+		socket{c.connect}.establish(m, res.Conn)
 		return
 	case verdictGone:
 		if !hadKept {
@@ -368,7 +375,21 @@ func (c *connect) redial(e *pool.Parked) {
 
 // overOrUnavailableQuota is the 429 of a resuming client over its
 // client_limit.
-func (c *connect) overOrUnavailableQuota() *refusal {
+func (c resume) overOrUnavailableQuota() *refusal {
 	c.inQuota = true
 	return c.overOrUnavailable("client limit")
+}
+
+// refuseResume answers a resume that cannot be served.
+func (c resume) refuseResume(f resumeFailure) {
+	c.h.reg.Metrics().Resume(f.result)
+	rf := &refusal{status: f.status, reason: "resume " + f.result, msg: f.msg}
+	if len(c.attempts) > 0 {
+		rf.more = map[string]any{"attempts": c.attempts}
+		rf.provider = c.attempts[len(c.attempts)-1].Provider
+	}
+	if f.status == http.StatusServiceUnavailable {
+		rf.retryAfter = resumeRetryAfter
+	}
+	c.finish(rf)
 }

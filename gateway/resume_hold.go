@@ -24,7 +24,7 @@ import (
 // cannot take the session as it is (it does not offer its subprotocol, or
 // the session negotiated an extension such as compression, whose state a
 // new connection cannot share) gets 409 and the session stays parked.
-func (c *connect) joinHeld(e *pool.Parked) {
+func (c resume) joinHeld(e *pool.Parked) {
 	pk, _ := e.Data.(*parking)
 	s := e.Held
 	if pk == nil || !s.Parked() {
@@ -91,7 +91,7 @@ func (c *connect) joinHeld(e *pool.Parked) {
 // it ended meanwhile, or the client's connection failed before the join.
 // A session still parked is given back, under its own ID, for the rest of
 // its window.
-func (c *connect) resumeBroke(e *pool.Parked, err error) {
+func (c resume) resumeBroke(e *pool.Parked, err error) {
 	if pk, ok := e.Data.(*parking); ok && e.Held.Parked() {
 		pk.mu.Lock()
 		pk.id, pk.remoteIP = e.ID, e.RemoteIP
@@ -163,7 +163,7 @@ var heldResetIDs = [][]byte{strconv.AppendInt(nil, heldResetAutoAttachID, 10), s
 
 // heldReset is how the resuming client joins: the reset commands first,
 // their answers awaited. from is the session ID it resumes (for the log).
-func (c *connect) heldReset(pending []byte, from string) upstreams.ResumeOptions {
+func (c resume) heldReset(pending []byte, from string) upstreams.ResumeOptions {
 	logger, id := c.h.logger, c.id
 	return upstreams.ResumeOptions{
 		Pending:   pending,

@@ -269,20 +269,6 @@ type resumeFailure struct {
 // registry cannot be asked: about when the shared state is tried again.
 const resumeRetryAfter = 2
 
-// refuseResume answers a resume that cannot be served.
-func (c *connect) refuseResume(f resumeFailure) {
-	c.h.reg.Metrics().Resume(f.result)
-	rf := &refusal{status: f.status, reason: "resume " + f.result, msg: f.msg}
-	if len(c.attempts) > 0 {
-		rf.more = map[string]any{"attempts": c.attempts}
-		rf.provider = c.attempts[len(c.attempts)-1].Provider
-	}
-	if f.status == http.StatusServiceUnavailable {
-		rf.retryAfter = resumeRetryAfter
-	}
-	c.finish(rf)
-}
-
 // EndResumeWindow is the close reason a held session's provider side gets
 // when its window ends without a resume.
 const EndResumeWindow = "resume window over"

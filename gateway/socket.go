@@ -20,12 +20,18 @@ import (
 // entry, the ticket given back — or, for a session its client may take
 // back, kept by its parking (resume_park.go).
 
-// establishSocket hands the client over to the provider's connection up
+// socket is a client's way once its upgrade got a provider's 101: its
+// session, a relayed socket.
+type socket struct {
+	*connect
+}
+
+// establish hands the client over to the provider's connection up
 // at m, and relays its session. It is told of its session — the
 // provider's 101, naming the session — only once the session counts as
 // live, so a client never holds a session that status and max_concurrent
 // do not see yet.
-func (c *connect) establishSocket(m *member, up *upstreams.Conn) passEnd {
+func (c socket) establish(m *member, up *upstreams.Conn) passEnd {
 	if caddy.Exiting() {
 		// An attempt that was in flight when the process began to exit:
 		// its provider session is ended and released, the client gets
@@ -117,7 +123,7 @@ func (ho handOff) await(s *upstreams.Session, left <-chan struct{}) {
 
 // answerHeaders are the gateway's own fields on the client's 101 (or
 // 200): the session ID, and a resume token the gateway made for it.
-func (c *connect) answerHeaders() []upstreams.HeaderField {
+func (c socket) answerHeaders() []upstreams.HeaderField {
 	if c.handOut {
 		return []upstreams.HeaderField{{Name: SessionHeader, Value: c.id}, {Name: ResumeTokenHeader, Value: c.token}}
 	}
@@ -145,7 +151,7 @@ func (b socketBody) EndFields() []zap.Field {
 // lifecycle starts, the placeholders of what the chain learnt are set,
 // the client is answered (greet) and the relay runs. A greeting that
 // fails ends the session at once (its slot freed), never resumable.
-func (c *connect) relay(m *member, client netConn, up *upstreams.Conn, pending []byte, greet func() error) *upstreams.Session {
+func (c socket) relay(m *member, client netConn, up *upstreams.Conn, pending []byte, greet func() error) *upstreams.Session {
 	c.served(m)
 	// The session holds the client's ticket from here.
 	t := c.ticket
@@ -216,7 +222,7 @@ func (c *connect) relay(m *member, client netConn, up *upstreams.Conn, pending [
 }
 
 // entry is what the client's way says in its session's end entry.
-func (c *connect) entry(m *member) sessions.Entry {
+func (c socket) entry(m *member) sessions.Entry {
 	e := sessions.Entry{ID: c.id, Provider: m.up.Name, Attempts: attempts(c.attempts), Waited: c.waited,
 		Fields: []zap.Field{zap.Int("hedges_started", c.hedgesStarted), zap.Int("hedges_wasted", c.hedgesWasted)}}
 	if opts := c.opts.Map(); opts != nil {
