@@ -1,9 +1,17 @@
 package upstreams
 
+// Releases: each provider session a creator made (a Remote) ended once,
+// off the request path, by the Releaser, through the ledger.
+
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -270,4 +278,110 @@ func (r *Releaser) Wait(deadline time.Time) bool {
 		r.idle.Wait()
 	}
 	return r.pending == 0
+}
+
+// Remote is one browser session the provider created: released exactly
+// once, off the request path.
+type Remote struct {
+	api     *sessionAPI
+	id      string
+	headers []Header // resolved at create time
+	once    chanOnce
+	// recorded: the ledger holds its entry; from is the gone owner an
+	// adopted session came from; rounds counts the rounds of release
+	// tries that failed.
+	recorded bool
+	from     string
+	rounds   int
+}
+
+// ID is the provider's session ID.
+func (r *Remote) ID() string { return r.id }
+
+// Adopt returns, for release, session id that another process created at
+// this provider and left behind (from names that process; its ledger entry
+// is now this one's). The release call's headers are resolved with known,
+// without a request: a header that needs the request's placeholders is sent
+// without their values. A webdriver provider's is released with DELETE
+// <base>/session/<id>. Nil when the provider creates no sessions.
+func (p *Provider) Adopt(id, from string, known func(string) string) *Remote {
+	if p.wd != nil {
+		// Its header_up values were resolved when the config loaded.
+		return &Remote{api: p.wd.api, id: id, headers: headerList(p.wdHeader(nil)), recorded: true, from: from}
+	}
+	if p.api == nil {
+		return nil
+	}
+	headers, _ := p.api.prepare(known)
+	return &Remote{api: p.api, id: id, headers: headers, recorded: true, from: from}
+}
+
+// Release hands the session to the background releaser (at most once; a
+// nil Remote is a no-op). It never blocks.
+func (r *Remote) Release() {
+	if r == nil || !r.once.do() {
+		return
+	}
+	r.api.rel.submit(r)
+}
+
+// Confirmed books the session as released without a release call, at
+// most once and only if Release was not called (a nil Remote is a no-op):
+// the provider already confirmed its end, as when a WebDriver client's own
+// DELETE, sent on, was answered 2xx, 404 or 410. Its ledger entry is
+// removed off the request path; it never blocks.
+func (r *Remote) Confirmed() {
+	if r == nil || !r.once.do() {
+		return
+	}
+	rel := r.api.rel
+	rel.mu.Lock()
+	rel.pending++
+	rel.mu.Unlock()
+	go func() {
+		defer rel.finished()
+		r.confirm()
+	}()
+}
+
+// release makes one release call within ctx; ok reports that the provider
+// no longer holds the session. An ID refused by CheckSessionID is never
+// put in a release path: the error then wraps errBadSessionID.
+func (r *Remote) release(ctx context.Context) (ok bool, err error) {
+	a := r.api
+	if err := CheckSessionID(r.id); err != nil && a.idInPath {
+		return false, err
+	}
+	base := &url.URL{Scheme: a.createURL.Scheme, Host: a.createURL.Host}
+	u, err := resolveCall(base, a.releaseURL(r.id))
+	if err != nil {
+		return false, err
+	}
+	var body io.Reader
+	if a.hasRelBody {
+		body = bytes.NewReader(fill(a.relBody, func(s string) string {
+			return strings.ReplaceAll(s, SessionIDPlaceholder, r.id)
+		}))
+	}
+	req, err := http.NewRequestWithContext(ctx, a.ReleaseMethod, u.String(), body)
+	if err != nil {
+		return false, err
+	}
+	setHeaders(req, r.headers, a.hasRelBody)
+	resp, err := a.client.Do(req)
+	if err != nil {
+		var ue *url.Error
+		if errors.As(err, &ue) {
+			err = ue.Err
+		}
+		return false, err
+	}
+	io.Copy(io.Discard, io.LimitReader(resp.Body, MaxRelayedBody))
+	resp.Body.Close()
+	switch {
+	case resp.StatusCode >= 200 && resp.StatusCode <= 299,
+		resp.StatusCode == http.StatusNotFound, resp.StatusCode == http.StatusGone:
+		return true, nil
+	}
+	return false, fmt.Errorf("release answered %d", resp.StatusCode)
 }
