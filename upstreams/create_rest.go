@@ -19,9 +19,11 @@ import (
 	"time"
 )
 
-// sessionAPI is a SessionAPI checked and ready.
+// sessionAPI is a SessionAPI checked and ready: the REST session API's
+// creator.
 type sessionAPI struct {
 	SessionAPI
+	sessionKeeper
 	createURL  *url.URL
 	optQuery   bool     // createURL's query holds option placeholders
 	listURL    *url.URL // nil without a list call
@@ -29,14 +31,7 @@ type sessionAPI struct {
 	hasBody    bool
 	relBody    any
 	hasRelBody bool
-	client     *http.Client
-	books      *Books
-	rel        *Releaser
-	provider   string
 	hosts      hostRule
-	// idInPath: the release URL holds {session_id} before its query, so
-	// a refused ID cannot be released safely.
-	idInPath bool
 }
 
 // newSessionAPI readies a, its placeholders resolved, for provider p (its
@@ -47,14 +42,7 @@ func newSessionAPI(p *Provider, a SessionAPI, d Defaults) (*sessionAPI, error) {
 	if err := ValidateSessionAPI(a); err != nil {
 		return nil, err
 	}
-	books, rel := d.Books, d.Releaser
-	if books == nil {
-		books = &Books{}
-	}
-	if rel == nil {
-		rel = NewReleaser()
-	}
-	s := &sessionAPI{SessionAPI: a, books: books, rel: rel, provider: p.Name}
+	s := &sessionAPI{SessionAPI: a}
 	base := &url.URL{Scheme: p.httpScheme, Host: p.host}
 	var err error
 	if s.createURL, err = resolveCall(base, a.CreateURL); err != nil {
@@ -62,8 +50,6 @@ func newSessionAPI(p *Provider, a SessionAPI, d Defaults) (*sessionAPI, error) {
 	}
 	s.hosts = newHostRule(s.createURL.Hostname(), a.ConnectHosts)
 	s.optQuery = queryHasOptions(s.createURL.Query())
-	relPath, _, _ := strings.Cut(a.ReleaseURL, "?")
-	s.idInPath = strings.Contains(relPath, SessionIDPlaceholder)
 	if _, err := resolveCall(base, strings.ReplaceAll(a.ReleaseURL, SessionIDPlaceholder, "x")); err != nil {
 		return nil, fmt.Errorf("release: %w", err)
 	}
@@ -91,10 +77,14 @@ func newSessionAPI(p *Provider, a SessionAPI, d Defaults) (*sessionAPI, error) {
 	} else if tr == nil {
 		tr = NewAPITransport()
 	}
-	s.client = &http.Client{Transport: tr, CheckRedirect: func(*http.Request, []*http.Request) error {
+	client := &http.Client{Transport: tr, CheckRedirect: func(*http.Request, []*http.Request) error {
 		// A redirect could carry the API key elsewhere.
 		return http.ErrUseLastResponse
 	}}
+	// An ID the release URL holds before its query cannot be released
+	// safely once CheckSessionID refused it.
+	relPath, _, _ := strings.Cut(a.ReleaseURL, "?")
+	s.sessionKeeper = newSessionKeeper(p.Name, client, d, strings.Contains(relPath, SessionIDPlaceholder), "the release URL holds it in its path")
 	return s, nil
 }
 
@@ -121,10 +111,6 @@ func resolveCall(base *url.URL, s string) (*url.URL, error) {
 	return u, nil
 }
 
-// HasSessionAPI reports whether the provider creates its sessions over a
-// session API.
-func (p *Provider) HasSessionAPI() bool { return p.api != nil }
-
 // ReapsUntracked reports whether the provider's listed sessions that no
 // ledger names are to be released (reap_untracked).
 func (p *Provider) ReapsUntracked() bool {
@@ -140,17 +126,8 @@ func (p *Provider) ListSessions(ctx context.Context, known func(string) string) 
 		return nil, errors.New("no list call")
 	}
 	headers, _ := a.prepare(known)
-	req, err := http.NewRequestWithContext(ctx, a.ListMethod, a.listURL.String(), nil)
+	resp, err := call{method: a.ListMethod, url: a.listURL.String(), header: fieldsHeader(headers, false)}.do(ctx, a.client)
 	if err != nil {
-		return nil, fmt.Errorf("list: %w", err)
-	}
-	setHeaders(req, headers, false)
-	resp, err := a.client.Do(req)
-	if err != nil {
-		var ue *url.Error
-		if errors.As(err, &ue) {
-			err = ue.Err
-		}
 		return nil, fmt.Errorf("list: %w", err)
 	}
 	defer resp.Body.Close()
@@ -195,13 +172,6 @@ func (p *Provider) ListSessions(ctx context.Context, known func(string) string) 
 	return ids, nil
 }
 
-// created is the result of a create call.
-type created struct {
-	remote     *Remote
-	connectURL string
-	res        *Result // set when create did not give a usable session
-}
-
 // prepare resolves the create call's headers and body for one attempt
 // (request placeholders are read now, on the request's goroutine).
 func (a *sessionAPI) prepare(replace func(string) string) ([]Header, []byte) {
@@ -233,53 +203,34 @@ func (a *sessionAPI) createTarget(replace func(string) string) string {
 	return u.String()
 }
 
-// create makes the create call within ctx. A session the provider created
-// is never lost: when the answer cannot be used but names a session ID, the
-// session is released at once; when a 2xx answer names none the gateway
-// can read, it is counted as an orphan.
-func (a *sessionAPI) create(ctx context.Context, target string, headers []Header, payload []byte) created {
-	var body io.Reader
-	if a.hasBody {
-		body = bytes.NewReader(payload)
+// createCall is the create call of one attempt, its request placeholders
+// resolved with replace.
+func (a *sessionAPI) createCall(replace func(string) string) createCall {
+	headers, body := a.prepare(replace)
+	return createCall{
+		call:    call{method: a.CreateMethod, url: a.createTarget(replace), header: fieldsHeader(headers, a.hasBody), body: body},
+		release: headers,
 	}
-	req, err := http.NewRequestWithContext(ctx, a.CreateMethod, target, body)
-	if err != nil {
-		return created{res: &Result{Outcome: Outcome{Err: fmt.Errorf("create: %w", err)}}}
+}
+
+// refused is the outcome of a create answered with a status other than
+// 2xx: 408 and 429 are Capacity (with their Retry-After), anything else
+// WordCreateFailed.
+func (a *sessionAPI) refused(resp *http.Response) Result {
+	io.Copy(io.Discard, io.LimitReader(resp.Body, MaxRelayedBody))
+	word, kind := ClassifyStatus(resp.StatusCode)
+	r := Result{Outcome: Outcome{Word: word, Kind: kind, Refused: refusedWith(resp.StatusCode), Err: fmt.Errorf("create answered %d", resp.StatusCode)}}
+	if kind == Capacity {
+		r.Outcome.RetryAfter = ParseRetryAfter(resp.Header.Get("Retry-After"), time.Now())
+	} else {
+		r.Outcome.Word, r.Outcome.Kind = WordCreateFailed, Failure
 	}
-	setHeaders(req, headers, a.hasBody)
-	resp, err := a.client.Do(req)
-	if err != nil {
-		// url.Error names the URL: keep only its cause.
-		var ue *url.Error
-		if errors.As(err, &ue) {
-			err = ue.Err
-		}
-		return created{res: &Result{Outcome: Outcome{Err: fmt.Errorf("create: %w", err)}}}
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode < 200 || resp.StatusCode > 299 {
-		io.Copy(io.Discard, io.LimitReader(resp.Body, MaxRelayedBody))
-		word, kind := ClassifyStatus(resp.StatusCode)
-		r := Result{Outcome: Outcome{Word: word, Kind: kind, Refused: refusedWith(resp.StatusCode), Err: fmt.Errorf("create answered %d", resp.StatusCode)}}
-		if kind == Capacity {
-			r.Outcome.RetryAfter = ParseRetryAfter(resp.Header.Get("Retry-After"), time.Now())
-		} else {
-			r.Outcome.Word, r.Outcome.Kind = WordCreateFailed, Failure
-		}
-		return created{res: &r}
-	}
-	// One byte more than the limit tells an answer at the limit from a
-	// larger one.
-	raw, rerr := io.ReadAll(io.LimitReader(resp.Body, MaxCreateAnswer+1))
-	// fault is why the answer cannot be used ("" when it can).
-	var fault string
-	switch {
-	case rerr != nil:
-		fault = "the answer was cut short"
-	case len(raw) > MaxCreateAnswer:
-		fault = fmt.Sprintf("the answer is larger than %d bytes", MaxCreateAnswer)
-		raw = raw[:MaxCreateAnswer]
-	}
+	return r
+}
+
+// read reads a create answer: the session ID at its SessionID pointer,
+// and the connect URL at its ConnectURL pointer, which it keeps.
+func (a *sessionAPI) read(raw []byte, fault string) answer {
 	var doc any
 	if fault == "" {
 		dec := json.NewDecoder(bytes.NewReader(raw))
@@ -287,12 +238,6 @@ func (a *sessionAPI) create(ctx context.Context, target string, headers []Header
 		if err := dec.Decode(&doc); err != nil {
 			fault = "the answer is not JSON"
 		}
-	}
-	failed := func(why string) created {
-		if rerr != nil {
-			return created{res: &Result{Outcome: Outcome{Err: fmt.Errorf("create: reading the answer: %w", rerr)}}}
-		}
-		return created{res: &Result{Outcome: Outcome{Word: WordBadCreate, Kind: Failure, Err: fmt.Errorf("%w: %s", errBadCreate, why)}}}
 	}
 	var id string
 	var ok bool
@@ -303,167 +248,84 @@ func (a *sessionAPI) create(ctx context.Context, target string, headers []Header
 		id, ok = findPointer(raw, a.SessionID)
 	}
 	if !ok {
-		why := fault
-		if why == "" {
-			why = "no session ID at " + a.SessionID
-		} else {
-			why += ", and no session ID at " + a.SessionID + " could be read"
+		if fault == "" {
+			return answer{noID: "no session ID at " + a.SessionID}
 		}
-		a.orphan(why)
-		return failed(why)
+		return answer{noID: fault + ", and no session ID at " + a.SessionID + " could be read"}
 	}
-	if err := CheckSessionID(id); err != nil {
-		// A release call would name something else than the session; it
-		// is made only where the ID is escaped whole (a query, a body).
-		if a.idInPath {
-			a.orphan(fmt.Sprintf("%v (at %s), and the release URL holds it in its path", err, a.SessionID))
-		} else {
-			a.books.Created.Add(1)
-			(&Remote{api: a, id: id, headers: headers}).Release()
+	r := answer{id: id, idAt: "at " + a.SessionID, fault: fault}
+	if fault == "" {
+		if r.kept, ok = pointer(doc, a.ConnectURL); !ok {
+			r.fault = "no connect URL at " + a.ConnectURL
 		}
-		if rerr != nil {
-			return failed("")
-		}
-		return created{res: &Result{Outcome: Outcome{Word: WordBadSessionID, Kind: Failure, Err: fmt.Errorf("%w: %w", errBadCreate, err)}}}
 	}
-	r := &Remote{api: a, id: id, headers: headers}
-	a.books.Created.Add(1)
-	if fault != "" {
-		r.Release()
-		return failed(fault)
-	}
-	cu, ok := pointer(doc, a.ConnectURL)
-	if !ok {
-		r.Release()
-		return failed("no connect URL at " + a.ConnectURL)
-	}
-	if l := a.rel.Ledger; l != nil {
-		// Never a dial without an entry: a session the ledger does not
-		// name would outlive a crash of this process.
-		if err := l.Record(ctx, a.provider, id); err != nil {
-			a.rel.ledgerError(a.provider, err)
-			r.Release()
-			return created{res: &Result{Outcome: Outcome{Word: WordLedger, Kind: Gateway, Err: err}}}
-		}
-		r.recorded = true
-	}
-	return created{remote: r, connectURL: cu}
+	return r
 }
 
-// orphan books a session a 2xx create answer may have made that cannot be
-// released (its ID unknown), and tells its releaser's OnOrphan.
-func (a *sessionAPI) orphan(why string) {
-	a.books.Orphans.Add(1)
-	if f := a.rel.OnOrphan; f != nil {
-		f(a.provider, why)
+// releaseCall is the release call of session id: {session_id} in the
+// release URL and body replaced.
+func (a *sessionAPI) releaseCall(id string, fields []Header) (call, error) {
+	u, err := idURL(a.createURL, a.ReleaseURL, id)
+	if err != nil {
+		return call{}, err
 	}
+	c := call{method: a.ReleaseMethod, url: u, header: fieldsHeader(fields, a.hasRelBody)}
+	if a.hasRelBody {
+		c.body = fill(a.relBody, func(s string) string {
+			return strings.ReplaceAll(s, SessionIDPlaceholder, id)
+		})
+	}
+	return c, nil
 }
 
-func setHeaders(req *http.Request, headers []Header, hasBody bool) {
-	req.Header.Set("Accept", "application/json")
-	if hasBody {
-		req.Header.Set("Content-Type", "application/json")
-	}
-	for _, h := range headers {
-		if strings.EqualFold(h.Field, "Host") {
-			req.Host = h.Value
-			continue
-		}
-		req.Header.Set(h.Field, h.Value)
-	}
-}
-
-// releaseURL is the release call's URL for session id: {session_id} is
-// replaced by id escaped as one path segment before the "?", and as one
-// query value after it, so that the ID can neither climb the path nor add
-// query items.
-func (a *sessionAPI) releaseURL(id string) string {
-	path, query, hasQuery := strings.Cut(a.ReleaseURL, "?")
+// idURL is the URL of a call about session id, resolved against base's
+// scheme and host: {session_id} in template is replaced by id escaped as
+// one path segment before the "?", and as one query value after it, so
+// that the ID can neither climb the path nor add query items.
+func idURL(base *url.URL, template, id string) (string, error) {
+	path, query, hasQuery := strings.Cut(template, "?")
 	s := strings.ReplaceAll(path, SessionIDPlaceholder, url.PathEscape(id))
 	if hasQuery {
 		s += "?" + strings.ReplaceAll(query, SessionIDPlaceholder, url.QueryEscape(id))
 	}
-	return s
+	u, err := resolveCall(&url.URL{Scheme: base.Scheme, Host: base.Host}, s)
+	if err != nil {
+		return "", err
+	}
+	return u.String(), nil
 }
 
-// connectAPI is one attempt at a provider with a session API: create,
-// then dial the connect URL of the answer, all within actx. The created
-// session goes with the connection on success and is released on every
-// other end. From the create call's start until what it created is
-// settled (released, or handed to the connection) the attempt counts as
-// pending for WaitReleases; once StopCreates is called no create starts,
-// and a session created after it is released, not dialed.
-func (p *Provider) connectAPI(ctx, actx context.Context, deadline time.Time, hs *Handshake, replace func(string) string) Result {
-	fail := func(err error) Result {
-		word, kind := ClassifyError(err, errors.Is(ctx.Err(), context.Canceled))
-		return Result{Outcome: Outcome{Word: word, Kind: kind, Err: err}}
-	}
-	settled, ok := p.api.rel.startCreate()
-	if !ok {
-		return stoppedResult()
-	}
-	defer func() {
-		if settled != nil {
-			settled()
+// connect is one attempt at p through its session API, within actx (ctx
+// is the client's): a session created, then the connect URL of the
+// answer dialed. The session goes with the connection on success and is
+// released on every other end.
+func (a *sessionAPI) connect(p *Provider, ctx, actx context.Context, deadline time.Time, hs *Handshake, replace func(string) string) Result {
+	return createWithin(ctx, actx, deadline, a, a.createCall(replace), func(m made) Result {
+		connectURL := m.kept.(string)
+		t, err := p.retarget(connectURL)
+		if err != nil {
+			m.remote.Release()
+			word := WordBadCreate
+			if errors.Is(err, errBadConnectURL) {
+				word = WordBadConnectURL
+			}
+			return Result{Outcome: Outcome{Word: word, Kind: Failure, Err: fmt.Errorf("%w: %w", errBadCreate, err)}}
 		}
-	}()
-	headers, body := p.api.prepare(replace)
-	target := p.api.createTarget(replace)
-	// The call is not cut when the attempt ends: a session created after
-	// that is still learnt and released.
-	cctx, ccancel := context.WithDeadline(context.WithoutCancel(ctx), deadline.Add(p.api.rel.CreateGrace))
-	answer := make(chan created, 1)
-	go func() {
-		defer ccancel()
-		answer <- p.api.create(cctx, target, headers, body)
-	}()
-	var c created
-	select {
-	case c = <-answer:
-	case <-actx.Done():
-		done := settled
-		settled = nil
-		go func() {
-			// Release first: the release is pending before the create
-			// stops being so.
-			(<-answer).remote.Release()
-			done()
-		}()
-		return fail(actx.Err())
-	}
-	if c.res != nil {
-		if c.res.Outcome.Kind == 0 {
-			return fail(c.res.Outcome.Err)
+		res := t.attempt(ctx, actx, deadline, hs, replace)
+		// The session was started, whatever its upgrade is answered.
+		res.Outcome.Refused = 0
+		if res.Outcome.Kind != Success {
+			m.remote.Release()
+			return res
 		}
-		return *c.res
-	}
-	if p.api.rel.CreatesStopped() {
-		c.remote.Release()
-		return stoppedResult()
-	}
-	t, err := p.retarget(c.connectURL)
-	if err != nil {
-		c.remote.Release()
-		word := WordBadCreate
-		if errors.Is(err, errBadConnectURL) {
-			word = WordBadConnectURL
-		}
-		return Result{Outcome: Outcome{Word: word, Kind: Failure, Err: fmt.Errorf("%w: %w", errBadCreate, err)}}
-	}
-	res := t.attempt(ctx, actx, deadline, hs, replace)
-	// The session was started, whatever its upgrade is answered.
-	res.Outcome.Refused = 0
-	if res.Outcome.Kind == Success {
-		res.Conn.Remote = c.remote
-		res.Conn.Point.ConnectURL = c.connectURL
-		if p.api.rel.CreatesStopped() {
+		res.Conn.Remote = m.remote
+		res.Conn.Point.ConnectURL = connectURL
+		if a.rel.CreatesStopped() {
 			res.Conn.Close() // releases the session
 			return stoppedResult()
 		}
-	} else {
-		c.remote.Release()
-	}
-	return res
+		return res
+	})
 }
 
 // retarget returns a copy of p that dials raw, the connect URL a create

@@ -21,19 +21,25 @@ import (
 	"github.com/browserfailover/caddy-browser-failover/options"
 )
 
-// webDriver is what a webdriver provider has besides the common parts.
+// webDriver is what a webdriver provider has besides the common parts: the
+// WebDriver creator, whose sessions are made with POST <base>/session and
+// released with DELETE <base>/session/<id>, and what every call to the
+// provider carries.
 type webDriver struct {
-	base     string // scheme://host[:port][/base], without user info or a trailing slash
-	query    string // the provider URL's raw query ("": none)
-	host     string // the configured host name, for loopback socket URLs
-	addr     string // the configured host[:port], in lower case
+	sessionKeeper
+	base     string   // scheme://host[:port][/base], without user info or a trailing slash
+	origin   *url.URL // scheme://host[:port]
+	query    string   // the provider URL's raw query ("": none)
+	host     string   // the configured host name, for loopback socket URLs
+	addr     string   // the configured host[:port], in lower case
 	browsers []string
-	caps     any // the capabilities template, load placeholders resolved (nil: none)
-	client   *http.Client
-	// api releases its sessions: DELETE <base>/session/{session_id},
-	// through the releaser and the ledger, counted in its books.
-	api   *sessionAPI
-	hosts hostRule // where socket URLs may point
+	caps     any      // the capabilities template, load placeholders resolved (nil: none)
+	release  string   // DELETE's URL, {session_id} for the ID
+	hosts    hostRule // where socket URLs may point
+	// auth and ops are the provider's: its URL's user info as Basic auth
+	// ("": none) and its header_up operations.
+	auth string
+	ops  []HeaderOp
 }
 
 // newWebDriver readies the webdriver side of p, configured at u (its
@@ -43,11 +49,14 @@ func newWebDriver(p *Provider, u *url.URL, c Config, d Defaults, known func(stri
 	basePath := strings.TrimRight(u.EscapedPath(), "/")
 	w := &webDriver{
 		base:     p.httpScheme + "://" + u.Host + basePath,
+		origin:   &url.URL{Scheme: p.httpScheme, Host: u.Host},
 		query:    u.RawQuery,
 		host:     u.Hostname(),
 		addr:     asciiLower(u.Host),
 		browsers: c.Browsers,
 		hosts:    newHostRule(u.Hostname(), nil),
+		auth:     p.basicAuth,
+		ops:      p.headerOps,
 	}
 	if hasCapabilities(c.Capabilities) {
 		var t any
@@ -82,26 +91,13 @@ func newWebDriver(p *Provider, u *url.URL, c Config, d Defaults, known func(stri
 		// A redirect could carry the credentials elsewhere.
 		return http.ErrUseLastResponse
 	}}
-	w.client = client
-	books, rel := d.Books, d.Releaser
-	if books == nil {
-		books = &Books{}
-	}
-	if rel == nil {
-		rel = NewReleaser()
-	}
-	release := basePath + "/session/" + SessionIDPlaceholder
+	w.release = basePath + "/session/" + SessionIDPlaceholder
 	if w.query != "" {
-		release += "?" + w.query
+		w.release += "?" + w.query
 	}
-	base, _ := url.Parse(w.base) // built from a parsed URL
-	w.api = &sessionAPI{
-		SessionAPI: SessionAPI{ReleaseMethod: http.MethodDelete, ReleaseURL: release},
-		createURL:  base, client: client, books: books, rel: rel, provider: p.Name,
-		// DELETE names the session in its path: an ID CheckSessionID
-		// refuses is never sent.
-		idInPath: true,
-	}
+	// DELETE names the session in its path: an ID CheckSessionID refuses
+	// is never sent.
+	w.sessionKeeper = newSessionKeeper(p.Name, client, d, true, "DELETE names it in its path")
 	return w, nil
 }
 
@@ -134,12 +130,12 @@ func (w *webDriver) url(path, rawQuery string) string {
 // with replace; with replace nil (no request to read) an operation whose
 // value holds a placeholder is left out. A value with a line break is
 // left out too.
-func (p *Provider) wdHeader(replace func(string) string) http.Header {
+func (w *webDriver) header(replace func(string) string) http.Header {
 	h := http.Header{}
-	if p.basicAuth != "" {
-		h.Set("Authorization", p.basicAuth)
+	if w.auth != "" {
+		h.Set("Authorization", w.auth)
 	}
-	for _, op := range p.headerOps {
+	for _, op := range w.ops {
 		if replace == nil && strings.Contains(op.Value, "{") {
 			continue
 		}
@@ -157,18 +153,6 @@ func (p *Provider) wdHeader(replace func(string) string) http.Header {
 		}
 	}
 	return h
-}
-
-// setHeader puts h on req (a Host field sets the request's Host).
-func setHeader(req *http.Request, h http.Header) {
-	for k, vs := range h {
-		if k == "Host" {
-			req.Host = vs[len(vs)-1]
-			continue
-		}
-		req.Header[k] = vs
-	}
-	req.Header.Set("Accept", "application/json")
 }
 
 // headerList is h as a release call's fields, the values of one field
@@ -239,112 +223,52 @@ func (p *Provider) CreateWebDriver(ctx context.Context, r *CreateRequest, replac
 	if w == nil || r == nil {
 		return Result{Outcome: Outcome{Word: WordBadCreate, Kind: Gateway, Err: fmt.Errorf("provider %q is not a webdriver provider", p.Name)}}
 	}
-	fail := func(err error) Result {
-		word, kind := ClassifyError(err, errors.Is(ctx.Err(), context.Canceled))
-		return Result{Outcome: Outcome{Word: word, Kind: kind, Err: err}}
-	}
-	deadline := start.Add(p.ConnectTimeout)
-	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
-		deadline = d
-	}
-	actx, cancel := context.WithDeadline(ctx, deadline)
+	actx, deadline, cancel := within(ctx, start, p.ConnectTimeout)
 	defer cancel()
-	rel := w.api.rel
-	settled, ok := rel.startCreate()
-	if !ok {
-		return stoppedResult()
-	}
-	defer func() {
-		if settled != nil {
-			settled()
-		}
-	}()
-	header := p.wdHeader(replace)
+	cc, header, secrets := w.createCall(r, replace)
+	return createWithin(ctx, actx, deadline, w, cc, func(m made) Result {
+		return Result{Outcome: Outcome{Word: WordOK, Kind: Success}, WebDriver: w.session(m, header, secrets)}
+	})
+}
+
+// createCall is the create call of one attempt: r with the provider's
+// capabilities merged in, their request placeholders and header_up's
+// resolved with replace. header is what every call of the session
+// carries, secrets the provider's capability values.
+func (w *webDriver) createCall(r *CreateRequest, replace func(string) string) (cc createCall, header http.Header, secrets []string) {
+	header = w.header(replace)
 	caps, secrets := w.capsFor(replace)
-	body := r.body(caps)
-	cctx, ccancel := context.WithDeadline(context.WithoutCancel(ctx), deadline.Add(rel.CreateGrace))
-	answer := make(chan wdCreated, 1)
-	go func() {
-		defer ccancel()
-		answer <- p.wdCreate(cctx, header, body, secrets)
-	}()
-	var c wdCreated
-	select {
-	case c = <-answer:
-	case <-actx.Done():
-		done := settled
-		settled = nil
-		go func() {
-			// Deleted first: the release is pending before the create
-			// stops being so.
-			if s := (<-answer).session; s != nil {
-				s.Remote.Release()
-			}
-			done()
-		}()
-		return fail(actx.Err())
+	h := header.Clone()
+	h.Set("Accept", "application/json")
+	h.Set("Content-Type", "application/json; charset=utf-8")
+	cc = createCall{
+		call:    call{method: http.MethodPost, url: w.url("/session", ""), header: h, body: r.body(caps)},
+		release: headerList(header),
 	}
-	if c.res != nil {
-		if c.res.Outcome.Kind == 0 {
-			return fail(c.res.Outcome.Err)
-		}
-		return *c.res
-	}
-	if rel.CreatesStopped() {
-		c.session.Remote.Release()
-		return stoppedResult()
-	}
-	return Result{Outcome: Outcome{Word: WordOK, Kind: Success}, WebDriver: c.session}
+	return cc, header, secrets
 }
 
-// wdCreated is the result of a create call: a session, or res.
-type wdCreated struct {
-	session *WebDriverSession
-	res     *Result // Kind 0: a transport error to classify
+// refused is the outcome of a create answered with a status other than
+// 2xx (see classifyWebDriverCreate), of which it reads MaxRelayedBody
+// bytes.
+func (w *webDriver) refused(resp *http.Response) Result {
+	b, _ := io.ReadAll(io.LimitReader(resp.Body, MaxRelayedBody))
+	// What is left, within bounds, so that the connection is kept.
+	io.Copy(io.Discard, io.LimitReader(resp.Body, MaxRelayedBody))
+	return classifyWebDriverCreate(resp.StatusCode, resp.Header, b)
 }
 
-// wdCreate makes the create call within ctx. A session the provider
-// created is never lost: when the answer cannot be used but names a
-// session ID, the session is deleted at once; when a 2xx answer names none
-// the gateway can read, it is counted as an orphan.
-func (p *Provider) wdCreate(ctx context.Context, header http.Header, body []byte, secrets []string) wdCreated {
-	w, a := p.wd, p.wd.api
-	transport := func(err error) wdCreated {
-		var ue *url.Error
-		if errors.As(err, &ue) {
-			err = ue.Err // its text names the URL
-		}
-		return wdCreated{res: &Result{Outcome: Outcome{Err: fmt.Errorf("create: %w", err)}}}
-	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, w.url("/session", ""), bytes.NewReader(body))
-	if err != nil {
-		return transport(err)
-	}
-	setHeader(req, header)
-	req.Header.Set("Content-Type", "application/json; charset=utf-8")
-	resp, err := w.client.Do(req)
-	if err != nil {
-		return transport(err)
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode < 200 || resp.StatusCode > 299 {
-		b, _ := io.ReadAll(io.LimitReader(resp.Body, MaxRelayedBody))
-		// What is left, within bounds, so that the connection is kept.
-		io.Copy(io.Discard, io.LimitReader(resp.Body, MaxRelayedBody))
-		r := classifyWebDriverCreate(resp.StatusCode, resp.Header, b)
-		return wdCreated{res: &r}
-	}
-	// One byte more than the limit tells an answer at the limit from a
-	// larger one.
-	raw, rerr := io.ReadAll(io.LimitReader(resp.Body, MaxCreateAnswer+1))
-	var fault string // why the answer cannot be used ("": it can)
-	switch {
-	case rerr != nil:
-		fault = "the answer was cut short"
-	case len(raw) > MaxCreateAnswer:
-		fault = fmt.Sprintf("the answer is larger than %d bytes", MaxCreateAnswer)
-		raw = raw[:MaxCreateAnswer]
-	}
+// wdAnswer is what the WebDriver creator keeps of a create answer: all of
+// it, for the client (WebDriverSession.Answer), and its value object.
+type wdAnswer struct {
+	raw   []byte
+	value map[string]json.RawMessage
+}
+
+// read reads a create answer: the session ID at value.sessionId, a
+// string; or, in an answer that cannot be used, wherever WebDriver puts
+// it, or the older JSON wire protocol did.
+func (w *webDriver) read(raw []byte, fault string) answer {
 	var ans struct {
 		Value map[string]json.RawMessage `json:"value"`
 	}
@@ -356,67 +280,25 @@ func (p *Provider) wdCreate(ctx context.Context, header http.Header, body []byte
 			fault = "the answer has no string value.sessionId"
 		}
 	}
-	failed := func(why string) wdCreated {
-		if rerr != nil {
-			return transport(fmt.Errorf("reading the answer: %w", rerr))
-		}
-		return wdCreated{res: &Result{Outcome: Outcome{Word: WordBadCreate, Kind: Failure, Err: fmt.Errorf("%w: %s", errBadCreate, why)}}}
-	}
 	if fault != "" {
-		// What was read may still name a session: where WebDriver puts
-		// its ID, or where the older JSON wire protocol did.
 		var ok bool
 		if id, ok = findPointer(raw, "/value/sessionId"); !ok {
 			id, ok = findPointer(raw, "/sessionId")
 		}
 		if !ok {
-			a.orphan(fault + ", and no session ID could be read")
-			return failed(fault)
+			return answer{noID: fault + ", and no session ID could be read"}
 		}
 	}
-	if err := CheckSessionID(id); err != nil {
-		a.orphan(fmt.Sprintf("%v (value.sessionId), and DELETE names it in its path", err))
-		return wdCreated{res: &Result{Outcome: Outcome{Word: WordBadSessionID, Kind: Failure, Err: fmt.Errorf("%w: %w", errBadCreate, err)}}}
+	return answer{id: id, idAt: "value.sessionId", fault: fault, kept: wdAnswer{raw: raw, value: ans.Value}}
+}
+
+// releaseCall is DELETE <base>/session/<id>.
+func (w *webDriver) releaseCall(id string, fields []Header) (call, error) {
+	u, err := idURL(w.origin, w.release, id)
+	if err != nil {
+		return call{}, err
 	}
-	remote := &Remote{api: a, id: id, headers: headerList(header)}
-	a.books.Created.Add(1)
-	if fault != "" {
-		remote.Release()
-		return failed(fault)
-	}
-	if l := a.rel.Ledger; l != nil {
-		// Recorded before it is handed on: a session the ledger does not
-		// name would outlive a crash of this process.
-		if err := l.Record(ctx, p.Name, id); err != nil {
-			a.rel.ledgerError(p.Name, err)
-			remote.Release()
-			return wdCreated{res: &Result{Outcome: Outcome{Word: WordLedger, Kind: Gateway, Err: err}}}
-		}
-		remote.recorded = true
-	}
-	s := &WebDriverSession{ID: id, Remote: remote, answer: raw, header: header, own: map[string]bool{}}
-	for k := range capsKeys(w.caps) {
-		s.own[k] = true
-	}
-	var caps map[string]json.RawMessage
-	json.Unmarshal(ans.Value["capabilities"], &caps)
-	var errs []error
-	s.socket, s.hosts, errs = w.takeSocket(capString(caps, "webSocketUrl"), "webSocketUrl", s.hosts, errs)
-	s.cdp, s.hosts, errs = w.takeSocket(capString(caps, "se:cdp"), "se:cdp", s.hosts, errs)
-	s.sockErr = errors.Join(errs...)
-	s.hosts = append(s.hosts, w.addr)
-	if pw, ok := userPassword(p.basicAuth); ok {
-		secrets = append(secrets, pw...)
-	}
-	for _, vs := range header {
-		secrets = append(secrets, vs...)
-	}
-	for _, v := range secrets {
-		if len(v) >= minSecretLen {
-			s.secrets = append(s.secrets, v)
-		}
-	}
-	return wdCreated{session: s}
+	return call{method: http.MethodDelete, url: u, header: fieldsHeader(fields, false)}, nil
 }
 
 // classifyWebDriverCreate is the outcome of a create answered with a

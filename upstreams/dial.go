@@ -89,7 +89,7 @@ func (p *Provider) Connect(ctx context.Context, hs *Handshake, replace func(stri
 	defer cancel()
 	defer func() { res.Outcome.Elapsed = time.Since(start) }()
 	if p.api != nil {
-		return p.connectAPI(ctx, actx, deadline, hs, replace)
+		return p.api.connect(p, ctx, actx, deadline, hs, replace)
 	}
 	return p.attempt(ctx, actx, deadline, hs, replace)
 }

@@ -65,6 +65,9 @@ type Provider struct {
 
 	api *sessionAPI // nil without a session API
 	wd  *webDriver  // nil but for protocol webdriver
+	// creates is its creator, api or wd (nil: neither; it makes its
+	// sessions by WebSocket upgrade only).
+	creates creator
 
 	// conf is the configuration it was built from: an option that needs
 	// no preparing is read from here where it is used.
@@ -165,6 +168,10 @@ func New(c Config, d Defaults, known func(string) string) (*Provider, error) {
 	}
 	p.address = net.JoinHostPort(u.Hostname(), port)
 	p.path = u.EscapedPath()
+	if u.User != nil {
+		pw, _ := u.User.Password()
+		p.basicAuth = "Basic " + base64.StdEncoding.EncodeToString([]byte(u.User.Username()+":"+pw))
+	}
 	// Both checked by Validate.
 	p.proto, _ = ParseProtocol(c.Protocol)
 	if c.PlaywrightVersion != "" {
@@ -179,6 +186,7 @@ func New(c Config, d Defaults, known func(string) string) (*Provider, error) {
 		if p.wd, err = newWebDriver(p, u, c, d, known); err != nil {
 			return fail(err)
 		}
+		p.creates = p.wd
 	}
 	if p.proto == ProtocolBiDi && p.httpURL {
 		// WebDriver BiDi's endpoint is <base>/session; there is nothing
@@ -193,10 +201,6 @@ func New(c Config, d Defaults, known func(string) string) (*Provider, error) {
 	p.optQuery = queryHasOptions(p.query)
 	p.honours = c.Honours()
 	p.usesOpts = c.usesOptions()
-	if u.User != nil {
-		pw, _ := u.User.Password()
-		p.basicAuth = "Basic " + base64.StdEncoding.EncodeToString([]byte(u.User.Username()+":"+pw))
-	}
 	for _, op := range ops {
 		if op.Op != "delete" && strings.EqualFold(op.Field, "Authorization") {
 			p.setsAuth = true
@@ -208,6 +212,7 @@ func New(c Config, d Defaults, known func(string) string) (*Provider, error) {
 		if p.api, err = newSessionAPI(p, *api, d); err != nil {
 			return nil, fmt.Errorf("provider %q: session_api: %w", c.Name, err)
 		}
+		p.creates = p.api
 	}
 	if p.scheme == "wss" {
 		if p.tlsConfig, err = p.dialTLS(u.Hostname()); err != nil {
@@ -227,20 +232,17 @@ func (p *Provider) PlaywrightVersion() string { return p.pwVersion }
 // Books are the counts of the sessions the provider creates: over its
 // session API, or as a webdriver provider; nil for other providers.
 func (p *Provider) Books() *Books {
-	switch {
-	case p.api != nil:
-		return p.api.books
-	case p.wd != nil:
-		return p.wd.api.books
+	if p.creates == nil {
+		return nil
 	}
-	return nil
+	return p.creates.keeper().books
 }
 
 // CreatesSessions reports whether the provider creates sessions that the
 // gateway must end itself (a session API's, or a webdriver provider's):
 // they go through the releaser and its ledger, and Adopt takes back those
 // a gone process left.
-func (p *Provider) CreatesSessions() bool { return p.api != nil || p.wd != nil }
+func (p *Provider) CreatesSessions() bool { return p.creates != nil }
 
 // Key is the provider's resolved URL: two providers of one name are the
 // same when their keys are. Never shown (it may hold secrets).

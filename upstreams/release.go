@@ -4,14 +4,11 @@ package upstreams
 // off the request path, by the Releaser, through the ledger.
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"io"
 	"net/http"
-	"net/url"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -168,78 +165,6 @@ func (r *Releaser) submit(s *Remote) {
 	}()
 }
 
-// run releases s: up to Tries calls, waiting n×Backoff before try n+1.
-// With a ledger, a confirmed release removes the session's entry, and a
-// session whose round of tries failed gets another round later: its entry
-// stays until then, so a process that exits meanwhile leaves it to be
-// reaped.
-func (s *Remote) run() {
-	b, r := s.api.books, s.api.rel
-	for try := 1; try <= r.Tries; try++ {
-		if try > 1 {
-			r.Sleep(time.Duration(try-1) * r.Backoff)
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), r.Timeout)
-		ok, err := s.release(ctx)
-		cancel()
-		if errors.Is(err, errBadSessionID) {
-			// No call can release it safely, now or later: an orphan.
-			s.api.orphan(fmt.Sprintf("%v, and the release URL holds it in its path", err))
-			return
-		}
-		if ok {
-			s.confirm()
-			return
-		}
-		b.ReleaseFailures.Add(1)
-		if f := r.OnFailure; f != nil {
-			f(s.api.provider, err)
-		}
-	}
-	if r.Ledger != nil && s.recorded {
-		s.rounds++
-		r.Later(roundWait(s.rounds), func() { r.submit(s) })
-	}
-}
-
-// roundWait is the wait before round n+1 of a kept session's tries: 10 s,
-// doubling, at most 5 minutes.
-func roundWait(n int) time.Duration {
-	return min(10*time.Second<<min(n-1, 5), 5*time.Minute)
-}
-
-// confirm books a confirmed release: in the books, and with the ledger.
-func (s *Remote) confirm() {
-	if s.from == "" {
-		s.api.books.Released.Add(1)
-	} else {
-		s.api.books.Reaped.Add(1)
-	}
-	s.released()
-}
-
-// released books a confirmed release with the ledger.
-func (s *Remote) released() {
-	r := s.api.rel
-	if r.Ledger == nil || !s.recorded {
-		return
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), r.Timeout)
-	err := r.Ledger.Remove(ctx, s.api.provider, s.id)
-	cancel()
-	if err != nil {
-		// The ledger deletes the entry again later; should the process
-		// end first, a reaper releases the session once more, and the
-		// provider answers it as released.
-		r.ledgerError(s.api.provider, err)
-	}
-	if s.from != "" {
-		if f := r.OnReaped; f != nil {
-			f(s.api.provider, s.id, s.from)
-		}
-	}
-}
-
 func (r *Releaser) ledgerError(provider string, err error) {
 	if f := r.OnLedgerError; f != nil {
 		f(provider, err)
@@ -280,10 +205,10 @@ func (r *Releaser) Wait(deadline time.Time) bool {
 	return r.pending == 0
 }
 
-// Remote is one browser session the provider created: released exactly
-// once, off the request path.
+// Remote is one browser session a provider's creator made: released
+// exactly once, off the request path, through its creator's release call.
 type Remote struct {
-	api     *sessionAPI
+	by      creator
 	id      string
 	headers []Header // resolved at create time
 	once    chanOnce
@@ -305,15 +230,17 @@ func (r *Remote) ID() string { return r.id }
 // without their values. A webdriver provider's is released with DELETE
 // <base>/session/<id>. Nil when the provider creates no sessions.
 func (p *Provider) Adopt(id, from string, known func(string) string) *Remote {
-	if p.wd != nil {
+	var headers []Header
+	switch {
+	case p.wd != nil:
 		// Its header_up values were resolved when the config loaded.
-		return &Remote{api: p.wd.api, id: id, headers: headerList(p.wdHeader(nil)), recorded: true, from: from}
-	}
-	if p.api == nil {
+		headers = headerList(p.wd.header(nil))
+	case p.api != nil:
+		headers, _ = p.api.prepare(known)
+	default:
 		return nil
 	}
-	headers, _ := p.api.prepare(known)
-	return &Remote{api: p.api, id: id, headers: headers, recorded: true, from: from}
+	return &Remote{by: p.creates, id: id, headers: headers, recorded: true, from: from}
 }
 
 // Release hands the session to the background releaser (at most once; a
@@ -322,7 +249,7 @@ func (r *Remote) Release() {
 	if r == nil || !r.once.do() {
 		return
 	}
-	r.api.rel.submit(r)
+	r.by.keeper().rel.submit(r)
 }
 
 // Confirmed books the session as released without a release call, at
@@ -334,7 +261,7 @@ func (r *Remote) Confirmed() {
 	if r == nil || !r.once.do() {
 		return
 	}
-	rel := r.api.rel
+	rel := r.by.keeper().rel
 	rel.mu.Lock()
 	rel.pending++
 	rel.mu.Unlock()
@@ -344,36 +271,94 @@ func (r *Remote) Confirmed() {
 	}()
 }
 
+// run releases s: up to Tries calls, waiting n×Backoff before try n+1.
+// With a ledger, a confirmed release removes the session's entry, and a
+// session whose round of tries failed gets another round later: its entry
+// stays until then, so a process that exits meanwhile leaves it to be
+// reaped.
+func (s *Remote) run() {
+	k := s.by.keeper()
+	b, r := k.books, k.rel
+	for try := 1; try <= r.Tries; try++ {
+		if try > 1 {
+			r.Sleep(time.Duration(try-1) * r.Backoff)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), r.Timeout)
+		ok, err := s.release(ctx)
+		cancel()
+		if errors.Is(err, errBadSessionID) {
+			// No call can release it safely, now or later: an orphan.
+			k.orphan(fmt.Sprintf("%v, and the release URL holds it in its path", err))
+			return
+		}
+		if ok {
+			s.confirm()
+			return
+		}
+		b.ReleaseFailures.Add(1)
+		if f := r.OnFailure; f != nil {
+			f(k.provider, err)
+		}
+	}
+	if r.Ledger != nil && s.recorded {
+		s.rounds++
+		r.Later(roundWait(s.rounds), func() { r.submit(s) })
+	}
+}
+
+// roundWait is the wait before round n+1 of a kept session's tries: 10 s,
+// doubling, at most 5 minutes.
+func roundWait(n int) time.Duration {
+	return min(10*time.Second<<min(n-1, 5), 5*time.Minute)
+}
+
+// confirm books a confirmed release: in the books, and with the ledger.
+func (s *Remote) confirm() {
+	if b := s.by.keeper().books; s.from == "" {
+		b.Released.Add(1)
+	} else {
+		b.Reaped.Add(1)
+	}
+	s.released()
+}
+
+// released books a confirmed release with the ledger.
+func (s *Remote) released() {
+	k := s.by.keeper()
+	r := k.rel
+	if r.Ledger == nil || !s.recorded {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), r.Timeout)
+	err := r.Ledger.Remove(ctx, k.provider, s.id)
+	cancel()
+	if err != nil {
+		// The ledger deletes the entry again later; should the process
+		// end first, a reaper releases the session once more, and the
+		// provider answers it as released.
+		r.ledgerError(k.provider, err)
+	}
+	if s.from != "" {
+		if f := r.OnReaped; f != nil {
+			f(k.provider, s.id, s.from)
+		}
+	}
+}
+
 // release makes one release call within ctx; ok reports that the provider
 // no longer holds the session. An ID refused by CheckSessionID is never
 // put in a release path: the error then wraps errBadSessionID.
 func (r *Remote) release(ctx context.Context) (ok bool, err error) {
-	a := r.api
-	if err := CheckSessionID(r.id); err != nil && a.idInPath {
+	k := r.by.keeper()
+	if err := CheckSessionID(r.id); err != nil && k.idInPath {
 		return false, err
 	}
-	base := &url.URL{Scheme: a.createURL.Scheme, Host: a.createURL.Host}
-	u, err := resolveCall(base, a.releaseURL(r.id))
+	c, err := r.by.releaseCall(r.id, r.headers)
 	if err != nil {
 		return false, err
 	}
-	var body io.Reader
-	if a.hasRelBody {
-		body = bytes.NewReader(fill(a.relBody, func(s string) string {
-			return strings.ReplaceAll(s, SessionIDPlaceholder, r.id)
-		}))
-	}
-	req, err := http.NewRequestWithContext(ctx, a.ReleaseMethod, u.String(), body)
+	resp, err := c.do(ctx, k.client)
 	if err != nil {
-		return false, err
-	}
-	setHeaders(req, r.headers, a.hasRelBody)
-	resp, err := a.client.Do(req)
-	if err != nil {
-		var ue *url.Error
-		if errors.As(err, &ue) {
-			err = ue.Err
-		}
 		return false, err
 	}
 	io.Copy(io.Discard, io.LimitReader(resp.Body, MaxRelayedBody))

@@ -125,7 +125,7 @@ func (p *Provider) WebDriverCommand(ctx context.Context, s *WebDriverSession, me
 	}
 	header := s.header
 	if header == nil {
-		header = p.wdHeader(nil)
+		header = p.wd.header(nil)
 	}
 	setHeader(req, header)
 	if n != 0 {
@@ -283,4 +283,16 @@ func (p *Provider) WebDriverSocket(ctx context.Context, hs *Handshake, s *WebDri
 		hs = &c
 	}
 	return t.upgrade(ctx, actx, deadline, hs, target{host: u.Host, requestURI: u.RequestURI()}, replace)
+}
+
+// setHeader puts h on req (a Host field sets the request's Host).
+func setHeader(req *http.Request, h http.Header) {
+	for k, vs := range h {
+		if k == "Host" {
+			req.Host = vs[len(vs)-1]
+			continue
+		}
+		req.Header[k] = vs
+	}
+	req.Header.Set("Accept", "application/json")
 }

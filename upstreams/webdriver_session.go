@@ -170,7 +170,7 @@ func (p *Provider) WebDriverSessionOf(id, socketURL, cdpURL string) (*WebDriverS
 	if err := CheckSessionID(id); err != nil {
 		return nil, err
 	}
-	s := &WebDriverSession{ID: id, header: p.wdHeader(nil)}
+	s := &WebDriverSession{ID: id, header: p.wd.header(nil)}
 	var err error
 	if s.socket, err = p.wd.checkSocket(socketURL); err != nil {
 		return nil, fmt.Errorf("webSocketUrl: %w", err)
@@ -279,4 +279,33 @@ func (s *WebDriverSession) names(str string) bool {
 		}
 	}
 	return false
+}
+
+// session is the session m made, its calls carrying header, and secrets
+// (the provider's capability values) kept from its client.
+func (w *webDriver) session(m made, header http.Header, secrets []string) *WebDriverSession {
+	a := m.kept.(wdAnswer)
+	s := &WebDriverSession{ID: m.remote.id, Remote: m.remote, answer: a.raw, header: header, own: map[string]bool{}}
+	for k := range capsKeys(w.caps) {
+		s.own[k] = true
+	}
+	var caps map[string]json.RawMessage
+	json.Unmarshal(a.value["capabilities"], &caps)
+	var errs []error
+	s.socket, s.hosts, errs = w.takeSocket(capString(caps, "webSocketUrl"), "webSocketUrl", s.hosts, errs)
+	s.cdp, s.hosts, errs = w.takeSocket(capString(caps, "se:cdp"), "se:cdp", s.hosts, errs)
+	s.sockErr = errors.Join(errs...)
+	s.hosts = append(s.hosts, w.addr)
+	if pw, ok := userPassword(w.auth); ok {
+		secrets = append(secrets, pw...)
+	}
+	for _, vs := range header {
+		secrets = append(secrets, vs...)
+	}
+	for _, v := range secrets {
+		if len(v) >= minSecretLen {
+			s.secrets = append(s.secrets, v)
+		}
+	}
+	return s
 }
