@@ -7,12 +7,10 @@ package upstreams
 import (
 	"bytes"
 	"context"
-	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"net/url"
 	"strings"
@@ -326,57 +324,4 @@ func (a *sessionAPI) connect(p *Provider, ctx, actx context.Context, deadline ti
 		}
 		return res
 	})
-}
-
-// retarget returns a copy of p that dials raw, the connect URL a create
-// answer gave (ws, wss, http or https; never discovered).
-func (p *Provider) retarget(raw string) (*Provider, error) {
-	u, err := url.Parse(raw)
-	if err != nil || u.Host == "" || u.Hostname() == "" {
-		return nil, errors.New("the connect URL is not an absolute URL")
-	}
-	if p.api != nil && !p.api.hosts.allows(u.Hostname()) {
-		// The host is named (never the URL: its query may hold a token).
-		return nil, fmt.Errorf("%w: host %q is neither the create call's host, under its domain, nor in connect_hosts", errBadConnectURL, u.Hostname())
-	}
-	t := *p
-	t.api, t.Discover, t.tlsConfig, t.optQuery = nil, false, nil, false
-	switch strings.ToLower(u.Scheme) {
-	case "ws", "http":
-		t.scheme, t.httpScheme = "ws", "http"
-	case "wss", "https":
-		t.scheme, t.httpScheme = "wss", "https"
-	default:
-		return nil, errors.New("the connect URL must be ws://, wss://, http:// or https://")
-	}
-	if a := p.api; a != nil && t.scheme == "ws" && a.createURL.Scheme == "https" && !a.InsecureConnect {
-		// The dial carries header_up values and the URL's user info: a
-		// create call over https says they are not meant for clear text.
-		return nil, fmt.Errorf("%w: a plain %s:// connect URL after a create call over https (insecure_connect allows it)", errBadConnectURL, strings.ToLower(u.Scheme))
-	}
-	t.host = u.Host
-	port := u.Port()
-	if port == "" {
-		port = "80"
-		if t.scheme == "wss" {
-			port = "443"
-		}
-	}
-	t.address = net.JoinHostPort(u.Hostname(), port)
-	t.path = u.EscapedPath()
-	if t.path == "" {
-		t.path = "/"
-	}
-	t.rawQuery, t.query = u.RawQuery, u.Query()
-	t.basicAuth = ""
-	if u.User != nil {
-		pw, _ := u.User.Password()
-		t.basicAuth = "Basic " + base64.StdEncoding.EncodeToString([]byte(u.User.Username()+":"+pw))
-	}
-	if t.scheme == "wss" {
-		if t.tlsConfig, err = p.dialTLS(u.Hostname()); err != nil {
-			return nil, err
-		}
-	}
-	return &t, nil
 }

@@ -1,7 +1,9 @@
 // Package upstreams owns what a browser provider is and how the gateway talks
 // to one: the provider model and its redacted form, the upstream handshake
 // request, one connection attempt inside its deadline (TCP, TLS, discovery,
-// upgrade answer), the classification of what came back into an outcome word,
+// upgrade answer), the provider sessions it creates first over a session API
+// or with WebDriver's create (one creator each, around one create step) and
+// their release, the classification of what came back into an outcome word,
 // the strategies that order candidates, the byte relay after 101, and
 // WebDriver over HTTP (create, commands, the session's sockets).
 //
@@ -10,10 +12,8 @@ package upstreams
 
 import (
 	"crypto/tls"
-	"encoding/base64"
 	"errors"
 	"fmt"
-	"net"
 	"net/url"
 	"strings"
 	"time"
@@ -25,7 +25,14 @@ import (
 // DefaultConnectTimeout bounds one attempt when nothing else is configured.
 const DefaultConnectTimeout = 10 * time.Second
 
-// Provider is one configured browser provider, ready to be dialed.
+// Provider is one configured browser provider, ready to be dialed. Its
+// methods are what the gateway asks of a provider: what it is and serves,
+// the ways to its browser (Connect, Reconnect, CreateWebDriver,
+// WebDriverSocket, WebDriverCommand) and the release of what it created
+// (Adopt, ListSessions). How each way works is its own type's: the
+// WebSocket upgrade (upgrader, dial.go), the session API's creator
+// (sessionAPI, create_rest.go) and WebDriver's (webDriver,
+// create_webdriver.go).
 type Provider struct {
 	// Name, Priority, Weight and ConnectTimeout are the options it was
 	// built from, defaults applied.
@@ -42,16 +49,10 @@ type Provider struct {
 	setsAuth  bool
 	forward   *forwardRule // nil: the default fields only
 
-	scheme     string // ws or wss after mapping http(s)
-	httpURL    bool   // configured as http:// or https://
-	httpScheme string // http or https, for discovery
-	address    string // host:port to dial
-	host       string // Host header value
-	path       string // escaped path, never empty
-	query      url.Values
-	rawQuery   string
-	basicAuth  string // "Basic …" from user info, or ""
-	tlsConfig  *tls.Config
+	scheme     string    // ws or wss after mapping http(s)
+	httpURL    bool      // configured as http:// or https://
+	httpScheme string    // http or https, for discovery
+	endpoint             // its URL's: where its own upgrades go
 	tls        *conf.TLS // its TLS settings (nil: the defaults)
 	key        string    // the resolved URL
 	redacted   string
@@ -158,20 +159,7 @@ func New(c Config, d Defaults, known func(string) string) (*Provider, error) {
 	}
 	p.httpURL = strings.HasPrefix(strings.ToLower(u.Scheme), "http")
 	p.Discover = p.httpURL && (c.Discover == nil || *c.Discover)
-	p.host = u.Host
-	port := u.Port()
-	if port == "" {
-		port = "80"
-		if p.scheme == "wss" {
-			port = "443"
-		}
-	}
-	p.address = net.JoinHostPort(u.Hostname(), port)
-	p.path = u.EscapedPath()
-	if u.User != nil {
-		pw, _ := u.User.Password()
-		p.basicAuth = "Basic " + base64.StdEncoding.EncodeToString([]byte(u.User.Username()+":"+pw))
-	}
+	p.endpoint = endpointOf(u, p.scheme == "wss")
 	// Both checked by Validate.
 	p.proto, _ = ParseProtocol(c.Protocol)
 	if c.PlaywrightVersion != "" {
@@ -196,8 +184,6 @@ func New(c Config, d Defaults, known func(string) string) (*Provider, error) {
 	if p.path == "" {
 		p.path = "/"
 	}
-	p.rawQuery = u.RawQuery
-	p.query = u.Query()
 	p.optQuery = queryHasOptions(p.query)
 	p.honours = c.Honours()
 	p.usesOpts = c.usesOptions()
@@ -215,7 +201,7 @@ func New(c Config, d Defaults, known func(string) string) (*Provider, error) {
 		p.creates = p.api
 	}
 	if p.scheme == "wss" {
-		if p.tlsConfig, err = p.dialTLS(u.Hostname()); err != nil {
+		if p.tlsConfig, err = dialTLS(p.tls, u.Hostname()); err != nil {
 			return fail(err)
 		}
 	}
@@ -252,11 +238,11 @@ func (p *Provider) Key() string { return p.key }
 // provider URL's (pass_query).
 func (p *Provider) PassesQuery() bool { return p.conf.PassQuery }
 
-// dialTLS is the TLS configuration of a connection to host with the
-// provider's TLS settings, for an upgrade or a probe: the upstream side
+// dialTLS is the TLS configuration of a connection to host with a
+// provider's TLS settings o, for an upgrade or a probe: the upstream side
 // always speaks HTTP/1.1.
-func (p *Provider) dialTLS(host string) (*tls.Config, error) {
-	cfg, err := p.tls.Config(host)
+func dialTLS(o *conf.TLS, host string) (*tls.Config, error) {
+	cfg, err := o.Config(host)
 	if err != nil {
 		return nil, err
 	}

@@ -65,6 +65,14 @@ const (
 // client and a provider. It ends when both directions have ended; when the
 // gateway ends it (Close), each side gets a close frame at a frame boundary.
 // Its phases are in relay_state.go.
+//
+// It has more methods than a type should, for a reason: they are what the
+// gateway asks of a live session (Run, Done, Close, its bytes and reason,
+// keepalive's pings, hold's Parked and Resume) and the steps its phases
+// take (sync, step, cut, end, tick), each in the file of the feature that
+// adds it (hold.go, keepalive.go, farewell.go). Split into types, they
+// would share its lock and its one table of phases, the only place its
+// state changes.
 type Session struct {
 	upstream net.Conn
 	start    time.Time
@@ -297,6 +305,12 @@ func (s *Session) end() {
 
 // direction is one half of the relay: src to dst. Its fields are its
 // goroutine's, but for the few under s.mu.
+//
+// Its many methods are the steps of that one goroutine's loop, each in the
+// file of the feature it serves (hold.go: park, let go, join;
+// keepalive.go: ping, pong; farewell*.go; relay_raw_*.go: raw reads), most
+// of them saying whether the loop goes on. A type per feature would need
+// the same fields and run on the same goroutine.
 type direction struct {
 	s        *Session
 	src, dst net.Conn

@@ -38,13 +38,9 @@ func (p *Provider) Reconnect(ctx context.Context, hs *Handshake, rp ResumePoint,
 	if rp.IsZero() {
 		return Result{Outcome: Outcome{Word: WordBadHandshake, Kind: Failure, Err: errNoPoint}}
 	}
-	deadline := start.Add(p.ConnectTimeout)
-	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
-		deadline = d
-	}
-	actx, cancel := context.WithDeadline(ctx, deadline)
+	actx, deadline, cancel := within(ctx, start, p.ConnectTimeout)
 	defer cancel()
-	via := p
+	via := p.own()
 	if rp.ConnectURL != "" {
 		t, err := p.retarget(rp.ConnectURL)
 		if err != nil {

@@ -268,11 +268,7 @@ func (p *Provider) WebDriverSocket(ctx context.Context, hs *Handshake, s *WebDri
 	}
 	// The socket is the provider's own: its credentials go with it.
 	t.basicAuth = p.basicAuth
-	deadline := start.Add(p.ConnectTimeout)
-	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
-		deadline = d
-	}
-	actx, cancel := context.WithDeadline(ctx, deadline)
+	actx, deadline, cancel := within(ctx, start, p.ConnectTimeout)
 	defer cancel()
 	if _, ok := hs.Header["Authorization"]; ok {
 		// The client's credential for the gateway, whatever
