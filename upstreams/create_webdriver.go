@@ -1,9 +1,9 @@
 package upstreams
 
-// The WebDriver creator: a webdriver provider's create (POST
-// <base>/session) inside the attempt's deadline, its answer classified,
-// the session released with DELETE; the credentials and capabilities
-// every call to the provider carries.
+// The WebDriver creator: which webdriver providers may take a create
+// request, the create (POST <base>/session) inside the attempt's
+// deadline, its answer classified, the session released with DELETE; the
+// credentials and capabilities every call to the provider carries.
 
 import (
 	"bytes"
@@ -357,6 +357,39 @@ func saysFull(msg string) bool {
 	for _, p := range fullPhrases {
 		if strings.Contains(msg, p) {
 			return true
+		}
+	}
+	return false
+}
+
+// Accepts reports whether p may serve the create request r: some
+// alternative (a firstMatch entry merged with alwaysMatch; no firstMatch
+// is one empty entry) asks for no browserName, or for one of p's
+// browsers (ASCII case ignored). A provider that is not a webdriver one
+// accepts none.
+func (p *Provider) Accepts(r *CreateRequest) bool {
+	if p.wd == nil || r == nil {
+		return false
+	}
+	if len(p.wd.browsers) == 0 {
+		return true
+	}
+	first := r.first
+	if len(first) == 0 {
+		first = []map[string]json.RawMessage{nil}
+	}
+	for _, m := range first {
+		b := capString(r.always, "browserName")
+		if b == "" {
+			b = capString(m, "browserName")
+		}
+		if b == "" {
+			return true
+		}
+		for _, want := range p.wd.browsers {
+			if asciiEqualFold(b, want) {
+				return true
+			}
 		}
 	}
 	return false

@@ -24,12 +24,6 @@ import (
 // answer.
 const MaxRelayedBody = 64 << 10
 
-var (
-	errBadHandshake = errors.New("bad handshake")
-	errBadDiscovery = errors.New("bad discovery answer")
-	errTLS          = errors.New("TLS handshake failed")
-)
-
 // aLongTimeAgo is a deadline that makes blocked I/O return at once.
 var aLongTimeAgo = time.Unix(1, 0)
 
@@ -60,6 +54,22 @@ func (c *Conn) Close() error {
 // Release releases the connection's provider session, if any, once; the
 // call does not wait for the provider.
 func (c *Conn) Release() { c.Remote.Release() }
+
+// ResumePoint is where an established connection was made: the upgrade's
+// Host and request URI as sent (a discovered provider's
+// webSocketDebuggerUrl, a provider's query, a merged client query), and,
+// for a session created over a session API, the connect URL its create
+// answer gave. Dialling it again reaches the same browser, for as long as
+// the provider keeps that browser. It may hold the provider's tokens: it
+// is never shown.
+type ResumePoint struct {
+	ConnectURL string `json:"connect_url,omitempty"`
+	Host       string `json:"host"`
+	URI        string `json:"uri"`
+}
+
+// IsZero reports whether the point is unset.
+func (rp ResumePoint) IsZero() bool { return rp.URI == "" }
 
 // Result is what one attempt produced.
 type Result struct {
@@ -386,23 +396,6 @@ func (u *upgrader) discoveryGET(ctx context.Context, deadline time.Time, host st
 		return 0, nil, nil, remote, err
 	}
 	return ans.Status, ans, body, remote, nil
-}
-
-// CloseLost ends a connection that won its handshake too late (another
-// provider's hedged attempt won the race): it sends close 1000 "hedge lost"
-// so the provider ends that browser at once, waits up to CloseWait for the
-// provider to close, then closes the socket.
-func (c *Conn) CloseLost() { c.CloseWith(CloseNormal, EndHedgeLost) }
-
-// CloseWith ends an established connection that no client will use: a
-// close frame with code and reason, at most CloseWait for the provider to
-// answer it, then the socket; its provider session is released.
-func (c *Conn) CloseWith(code int, reason string) {
-	c.SetDeadline(time.Now().Add(CloseWait))
-	if _, err := c.Write(closeFrame(code, reason, true)); err == nil {
-		io.Copy(io.Discard, c.Conn)
-	}
-	c.Close()
 }
 
 // retarget is the upgrader at raw, a URL that a create answer, a resume

@@ -277,6 +277,23 @@ func (s *Session) Close(code int, reason string) {
 	s.sync(change{ev: evClose, code: code, reason: reason})
 }
 
+// CloseLost ends a connection that won its handshake too late (another
+// provider's hedged attempt won the race): it sends close 1000 "hedge lost"
+// so the provider ends that browser at once, waits up to CloseWait for the
+// provider to close, then closes the socket.
+func (c *Conn) CloseLost() { c.CloseWith(CloseNormal, EndHedgeLost) }
+
+// CloseWith ends an established connection that no client will use: a
+// close frame with code and reason, at most CloseWait for the provider to
+// answer it, then the socket; its provider session is released.
+func (c *Conn) CloseWith(code int, reason string) {
+	c.SetDeadline(time.Now().Add(CloseWait))
+	if _, err := c.Write(closeFrame(code, reason, true)); err == nil {
+		io.Copy(io.Discard, c.Conn)
+	}
+	c.Close()
+}
+
 // cut gives the session reason (unless it has one; "" gives none) and
 // closes both sockets at once; it reports false, for a direction that
 // ends with it.
