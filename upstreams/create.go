@@ -37,6 +37,11 @@ type creator interface {
 	read(raw []byte, fault string) answer
 	// releaseCall is the call that ends session id, carrying fields.
 	releaseCall(id string, fields []Header) (call, error)
+	// adoptedFields are the fields of the release calls of a session
+	// another process created (see Provider.Adopt): no request is there
+	// to read, its placeholders known when the config loads are resolved
+	// with known.
+	adoptedFields(known func(string) string) []Header
 }
 
 // sessionKeeper is what every creator keeps its sessions with: the

@@ -276,6 +276,13 @@ func (a *sessionAPI) releaseCall(id string, fields []Header) (call, error) {
 	return c, nil
 }
 
+// adoptedFields are the release's headers resolved with known: a header
+// that needs a request's placeholders is sent without their values.
+func (a *sessionAPI) adoptedFields(known func(string) string) []Header {
+	headers, _ := a.prepare(known)
+	return headers
+}
+
 // idURL is the URL of a call about session id, resolved against base's
 // scheme and host: {session_id} in template is replaced by id escaped as
 // one path segment before the "?", and as one query value after it, so

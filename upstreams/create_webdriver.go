@@ -301,6 +301,13 @@ func (w *webDriver) releaseCall(id string, fields []Header) (call, error) {
 	return call{method: http.MethodDelete, url: u, header: fieldsHeader(fields, false)}, nil
 }
 
+// adoptedFields are the provider's credentials: its header_up values
+// were resolved when the config loaded, and one that needs a request's
+// placeholders is left out.
+func (w *webDriver) adoptedFields(func(string) string) []Header {
+	return headerList(w.header(nil))
+}
+
 // classifyWebDriverCreate is the outcome of a create answered with a
 // status other than 2xx, and body (its first MaxRelayedBody bytes).
 func classifyWebDriverCreate(status int, h http.Header, body []byte) Result {

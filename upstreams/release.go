@@ -230,17 +230,10 @@ func (r *Remote) ID() string { return r.id }
 // without their values. A webdriver provider's is released with DELETE
 // <base>/session/<id>. Nil when the provider creates no sessions.
 func (p *Provider) Adopt(id, from string, known func(string) string) *Remote {
-	var headers []Header
-	switch {
-	case p.wd != nil:
-		// Its header_up values were resolved when the config loaded.
-		headers = headerList(p.wd.header(nil))
-	case p.api != nil:
-		headers, _ = p.api.prepare(known)
-	default:
+	if p.creates == nil {
 		return nil
 	}
-	return &Remote{by: p.creates, id: id, headers: headers, recorded: true, from: from}
+	return &Remote{by: p.creates, id: id, headers: p.creates.adoptedFields(known), recorded: true, from: from}
 }
 
 // Release hands the session to the background releaser (at most once; a
