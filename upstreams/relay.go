@@ -65,6 +65,14 @@ const (
 // client and a provider. It ends when both directions have ended; when the
 // gateway ends it (Close), each side gets a close frame at a frame boundary.
 // Its phases are in relay_state.go.
+//
+// It has more methods than a type should, for a reason: they are what the
+// gateway asks of a live session (Run, Done, Close, its bytes and reason,
+// keepalive's pings, hold's Parked and Resume) and the steps its phases
+// take (sync, step, cut, end, tick), each in the file of the feature that
+// adds it (hold.go, keepalive.go, farewell.go). Split into types, they
+// would share its lock and its one table of phases, the only place its
+// state changes.
 type Session struct {
 	upstream net.Conn
 	start    time.Time
@@ -250,6 +258,23 @@ func (s *Session) Close(code int, reason string) {
 	s.sync(change{ev: evClose, code: code, reason: reason})
 }
 
+// CloseLost ends a connection that won its handshake too late (another
+// provider's hedged attempt won the race): it sends close 1000 "hedge lost"
+// so the provider ends that browser at once, waits up to CloseWait for the
+// provider to close, then closes the socket.
+func (c *Conn) CloseLost() { c.CloseWith(CloseNormal, EndHedgeLost) }
+
+// CloseWith ends an established connection that no client will use: a
+// close frame with code and reason, at most CloseWait for the provider to
+// answer it, then the socket; its provider session is released.
+func (c *Conn) CloseWith(code int, reason string) {
+	c.SetDeadline(time.Now().Add(CloseWait))
+	if _, err := c.Write(closeFrame(code, reason, true)); err == nil {
+		io.Copy(io.Discard, c.Conn)
+	}
+	c.Close()
+}
+
 // cut gives the session reason (unless it has one; "" gives none) and
 // closes both sockets at once; it reports false, for a direction that
 // ends with it.
@@ -278,6 +303,12 @@ func (s *Session) end() {
 
 // direction is one half of the relay: src to dst. Its fields are its
 // goroutine's, but for the few under s.mu.
+//
+// Its many methods are the steps of that one goroutine's loop, each in the
+// file of the feature it serves (hold.go: park, let go, join;
+// keepalive.go: ping, pong; farewell*.go; relay_raw_*.go: raw reads), most
+// of them saying whether the loop goes on. A type per feature would need
+// the same fields and run on the same goroutine.
 type direction struct {
 	s        *Session
 	src, dst net.Conn
