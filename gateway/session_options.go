@@ -16,7 +16,7 @@ import (
 // captcha solving, recording, a timeout). They are read when the client
 // is checked, choose and order its candidates, and reach each provider
 // only through {bf.option.<name>} placeholders in that provider's own
-// words (options.Provider).
+// words (options.Honours).
 
 // readOptions reads the client's session options (step 0, check): its bf_
 // query items, its Browser-Failover-Options header and, on a WebDriver
