@@ -80,7 +80,7 @@ const (
 type warmer struct {
 	key pool.WarmKey
 	reg *pool.Registry
-	st  *pool.Provider
+	st  *pool.ProviderState
 	// set is what the warm sessions are made with, as configured; opts
 	// are the session options among it.
 	set  warmSettings
@@ -151,7 +151,7 @@ func (h *Gateway) provisionWarm() {
 		}
 		set := newWarmSettings(pc)
 		fp := set.print(h.reg)
-		if old, _ := h.reg.Warmer(key).(*warmer); old != nil && old.st == m.state && old.adopt(h, m, fp, pc.Warm, maxAge) {
+		if old, _ := h.reg.Warmers.Of(key).(*warmer); old != nil && old.st == m.state && old.adopt(h, m, fp, pc.Warm, maxAge) {
 			m.warm = old
 			h.warmers = append(h.warmers, old)
 			continue
@@ -159,7 +159,7 @@ func (h *Gateway) provisionWarm() {
 		opts, _ := pc.WarmSet() // checked with the config
 		w := &warmer{key: key, reg: h.reg, st: m.state, set: set, opts: opts, kick: make(chan struct{}, 1), done: make(chan struct{}),
 			h: h, m: m, print: fp, target: pc.Warm, maxAge: maxAge}
-		if prev := h.reg.SetWarmer(key, w); prev != nil {
+		if prev := h.reg.Warmers.Set(key, w); prev != nil {
 			prev.Close()
 		}
 		m.warm = w
@@ -237,7 +237,7 @@ func secretPlaceholders(v any, names []string) []string {
 }
 
 // print is the settings' print with their placeholders resolved now: a
-// keyed hash (pool.Registry.WarmPrint), so no resolved value is kept.
+// keyed hash (pool.Warmers.Print), so no resolved value is kept.
 func (s *warmSettings) print(reg *pool.Registry) string {
 	b := slices.Clip(s.conf)
 	if len(s.names) > 0 {
@@ -249,7 +249,7 @@ func (s *warmSettings) print(reg *pool.Registry) string {
 			b = append(append(b, 0), v...)
 		}
 	}
-	return reg.WarmPrint(b)
+	return reg.Warmers.Print(b)
 }
 
 // adopt makes h the owner, its provider's settings printing as fp;
@@ -316,7 +316,7 @@ func (h *Gateway) cleanupWarm() {
 		}
 		w.mu.Unlock()
 		if mine && !back {
-			h.reg.DropWarmer(w.key, w)
+			h.reg.Warmers.Drop(w.key, w)
 			w.Close()
 		}
 	}
@@ -691,7 +691,7 @@ func (c *connect) tryWarm(order []int) (passEnd, bool) {
 				return c.establishWarm(m, ws), true
 			}
 		}
-		if !m.state.Draining() && !m.state.Full() && m.state.Health.Until().IsZero() {
+		if !m.state.Draining() && !m.state.Slots.Full() && m.state.Health.Until().IsZero() {
 			return 0, false
 		}
 	}
