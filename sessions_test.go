@@ -294,7 +294,7 @@ func TestEndSession(t *testing.T) {
 		t.Fatalf("sessions %+v, want only %s", list, firstID)
 	}
 	s := list[0]
-	if s.Provider != "end-rec" || s.Protocol != "cdp" || s.Client == nil || *s.Client != pool.Current().ShownKey("team-blue") ||
+	if s.Provider != "end-rec" || s.Protocol != "cdp" || s.Client == nil || *s.Client != pool.Current().Hashes.ShownKey("team-blue") ||
 		s.BytesUp < int64(len("first session")) || s.BytesDown < int64(len("first session")) ||
 		time.Since(s.Started) > time.Minute || s.Started.After(time.Now()) {
 		t.Fatalf("listed %+v", s)
@@ -330,7 +330,7 @@ func TestEndSession(t *testing.T) {
 	if len(list) != 1 || list[0].ID != wid || list[0].Protocol != "playwright" {
 		t.Fatalf("sessions after the end: %+v, want only %s (playwright)", list, wid)
 	}
-	if n := pool.Current().QuotaActive(pool.QuotaKey{Template: "{http.request.header.X-Team}", Value: "team-blue"}); n != 1 {
+	if n := pool.Current().Quotas.Active(pool.QuotaKey{Template: "{http.request.header.X-Team}", Value: "team-blue"}); n != 1 {
 		t.Fatalf("team-blue holds %d sessions, want 1", n)
 	}
 	var e map[string]any

@@ -46,7 +46,7 @@ func TestPuppeteerThroughSessionAPI(t *testing.T) {
 	}
 	waitIdle(t, "sa-chrome")
 	testgw.Eventually(t, 15*time.Second, "every created session released once", func() bool {
-		gb, ok := pool.Current().LookupBooks("sa-chrome")
+		gb, ok := pool.Current().Books.Lookup("sa-chrome")
 		return rest.Books().Balanced() == nil && ok && gb.Unreleased() == 0
 	})
 	if b := down.Books(); len(b.Created) != 0 || len(b.Released) != 0 {

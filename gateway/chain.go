@@ -183,8 +183,8 @@ func (c *connect) join() bool {
 	}
 	// Over the limit, or others of its key wait: wait behind them.
 	c.inQuota = true
-	c.h.reg.AddQuotaWaiting(k, 1)
-	defer c.h.reg.AddQuotaWaiting(k, -1)
+	c.h.reg.Quotas.AddWaiting(k, 1)
+	defer c.h.reg.Quotas.AddWaiting(k, -1)
 	if !c.enqueue([]string{k.Resource()}) {
 		return false
 	}
@@ -203,7 +203,7 @@ func (c *connect) join() bool {
 			c.inQuota = false
 			// Its place in the queue is kept: now it waits for a provider.
 			c.waiter.Want(c.h.usable(c.cls))
-			if c.h.reg.QuotaActive(k) < cl.Limit {
+			if c.h.reg.Quotas.Active(k) < cl.Limit {
 				c.h.reg.Waiting.Offer(k.Resource())
 			}
 			return true
@@ -342,10 +342,10 @@ func (c *connect) order(advance bool) []int {
 		cands := make([]upstreams.Candidate, 0, len(c.pool.members))
 		for _, i := range c.pool.members {
 			m := h.members[i]
-			ms, has := m.state.HandshakeMS()
+			ms, has := m.state.Stats.HandshakeMS()
 			cands = append(cands, upstreams.Candidate{
 				Index: i, Priority: m.up.Priority, Weight: m.up.Weight,
-				Active: m.state.Reserved(), LatencyMS: ms, HasLatency: has, Cost: m.expectedCost,
+				Active: m.state.Slots.Reserved(), LatencyMS: ms, HasLatency: has, Cost: m.expectedCost,
 			})
 		}
 		order = c.pool.strategy.Order(cands, advance, make([]int, 0, len(cands)))
@@ -577,7 +577,7 @@ func (c *connect) noteDeclined(ps *passState) {
 }
 
 // declinedBy reports whether provider p declined the client already.
-func (cl *class) declinedBy(p *pool.Provider) bool {
+func (cl *class) declinedBy(p *pool.ProviderState) bool {
 	d := cl.declined.Load()
 	return d != nil && (*d)[p.Resource()]
 }

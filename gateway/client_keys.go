@@ -14,7 +14,7 @@ import (
 )
 
 // The status shows each client_limit key value as a keyed hash
-// (pool.Registry.ShownKey): HMAC-SHA256 with a random secret of the deployment,
+// (pool.Hashes.ShownKey): HMAC-SHA256 with a random secret of the deployment,
 // made once and kept in Caddy's storage, so the shown keys stay the same
 // across restarts; under state redis every node agrees on one secret
 // through Redis, so they are the same on every node. Without the secret a
@@ -49,7 +49,7 @@ func (h *Gateway) provisionClientKeys(ctx caddy.Context) {
 		h.logger.Warn("client key secret not kept in storage; client keys in the status change on restart",
 			zap.Error(err))
 	}
-	h.reg.SetClientKeySecret(secret)
+	h.reg.Hashes.SetSecret(secret)
 	sh := h.shared
 	if sh == nil {
 		return
@@ -64,7 +64,7 @@ func (h *Gateway) provisionClientKeys(ctx caddy.Context) {
 		if err != nil {
 			return false
 		}
-		h.reg.SetClientKeySecret(agreed)
+		h.reg.Hashes.SetSecret(agreed)
 		if !equalBytes(agreed, secret) {
 			// Kept here too, so a restart without Redis keeps it.
 			if err := storeSecret(ctx, agreed); err != nil {

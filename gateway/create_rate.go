@@ -29,7 +29,7 @@ import (
 // create_rate allows every start.
 func (h *Gateway) takeRate(ctx context.Context, m *member) (s pool.Start, ok bool, retryAt time.Time) {
 	st := m.state
-	r := st.CreateRate()
+	r := st.Starts.Rate()
 	if r.N <= 0 {
 		return pool.Start{}, true, time.Time{}
 	}
@@ -44,7 +44,7 @@ func (h *Gateway) takeRate(ctx context.Context, m *member) (s pool.Start, ok boo
 				}
 				// This node's window counts it too, for when Redis
 				// cannot be reached.
-				return st.RecordStart(start.ID), true, time.Time{}
+				return st.Starts.Record(start.ID), true, time.Time{}
 			case ctx.Err() != nil:
 				return pool.Start{}, false, h.reg.Now()
 			}
@@ -54,7 +54,7 @@ func (h *Gateway) takeRate(ctx context.Context, m *member) (s pool.Start, ok boo
 			return pool.Start{}, false, time.Time{}
 		}
 	}
-	return st.TakeStart()
+	return st.Starts.Take()
 }
 
 // giveBackStart gives back the create_rate start t's attempt took at m
@@ -77,5 +77,5 @@ func (h *Gateway) giveBackStart(m *member, t *pool.Ticket) {
 			sh.s.Worked()
 		}
 	}
-	m.state.GiveBackStart(s)
+	m.state.Starts.GiveBack(s)
 }

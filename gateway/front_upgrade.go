@@ -124,7 +124,7 @@ func (upgrade) shortcut(c *connect, order []int) (passEnd, bool) {
 				return establishWarm(c, m, ws), true
 			}
 		}
-		if !m.state.Draining() && !m.state.Full() && m.state.Health.Until().IsZero() {
+		if !m.state.Draining() && !m.state.Slots.Full() && m.state.Health.Until().IsZero() {
 			return 0, false
 		}
 	}

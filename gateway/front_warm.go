@@ -38,7 +38,7 @@ func (h *Gateway) provisionWarm() {
 		}
 		set := newWarmSettings(pc)
 		fp := set.print(h.reg)
-		if old, _ := h.reg.Warmer(key).(*warmer); old != nil && old.st == m.state && old.adopt(h, m, fp, pc.Warm, maxAge) {
+		if old, _ := h.reg.Warmers.Of(key).(*warmer); old != nil && old.st == m.state && old.adopt(h, m, fp, pc.Warm, maxAge) {
 			m.warm = old
 			h.warmers = append(h.warmers, old)
 			continue
@@ -47,7 +47,7 @@ func (h *Gateway) provisionWarm() {
 		w := &warmer{key: key, reg: h.reg, st: m.state, set: set, opts: opts, kick: make(chan struct{}, 1), done: make(chan struct{}),
 			h: h, m: m, print: fp, target: pc.Warm, maxAge: maxAge}
 		w.makeOne = w.warmUp
-		if prev := h.reg.SetWarmer(key, w); prev != nil {
+		if prev := h.reg.Warmers.Set(key, w); prev != nil {
 			prev.Close()
 		}
 		m.warm = w

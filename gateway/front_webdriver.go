@@ -133,7 +133,7 @@ func (h *Gateway) webDriverStatus(w http.ResponseWriter) {
 	ready := false
 	for _, m := range h.members {
 		if m.up.Protocol() == upstreams.ProtocolWebDriver && m.state.HasRoom() {
-			if over, _ := m.state.OverBudget(); !over {
+			if over, _ := m.state.Spend.OverBudget(); !over {
 				ready = true
 				break
 			}

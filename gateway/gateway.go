@@ -65,7 +65,7 @@ func (h *Gateway) provision(ctx caddy.Context, gauges func(*pool.Registry) prome
 		d := defaults
 		if pc.SessionAPI != nil || pc.Protocol == string(upstreams.ProtocolWebDriver) {
 			// Its counts outlive the config load, as its sessions do.
-			d.Books = h.reg.Books(pc.Name)
+			d.Books = h.reg.Books.Of(pc.Name)
 		}
 		up, err := upstreams.New(pc.Config, d, known)
 		if err != nil {
@@ -79,12 +79,12 @@ func (h *Gateway) provision(ctx caddy.Context, gauges func(*pool.Registry) prome
 			return err
 		}
 		h.claimed = append(h.claimed, pc.Name)
-		state.SetPricing(pool.Pricing{Cost: pc.Cost, Budget: pc.Budget, Auto: pc.MaxConcurrent.Auto, Interval: time.Duration(cfg.WithDefaults().Duration)})
+		state.Spend.SetPricing(pool.Pricing{Cost: pc.Cost, Budget: pc.Budget, Auto: pc.MaxConcurrent.Auto, Interval: time.Duration(cfg.WithDefaults().Duration)})
 		var rate pool.CreateRate
 		if r := pc.CreateRate; r != nil {
 			rate = pool.CreateRate{N: r.N, Window: r.Window()}
 		}
-		state.SetCreateRate(rate)
+		state.Starts.SetRate(rate)
 		if up.Protocol() != upstreams.ProtocolAny {
 			h.routed = true
 		}
@@ -118,10 +118,10 @@ func (h *Gateway) provision(ctx caddy.Context, gauges func(*pool.Registry) prome
 		all[i], names[i] = i, m.up.Name
 	}
 	h.line = h.reg.Waiting.NewLine(h, size, timeout, h.resources(all), h.wants)
-	h.reg.RegisterQueue(h, h.line, names)
+	h.reg.Queues.Register(h, h.line, names)
 	// What it makes for its clients serves only its own (and, after a
 	// reload that changes its block, its successor's).
-	h.reg.RegisterHandler(h, h.gen, h.key, names)
+	h.reg.Handlers.Register(h, h.gen, h.key, names)
 	// A provider still cooling down from before a reload is offered when
 	// its cooldown ends.
 	for _, m := range h.members {
@@ -146,7 +146,7 @@ func (h *Gateway) Cleanup() error {
 	}
 	defer pool.Release()
 	h.cleaned.Store(true)
-	h.reg.ForgetLoad(h.gen)
+	h.reg.Handlers.ForgetLoad(h.gen)
 	h.retireKey()
 	h.cleanupWarm()
 	for _, m := range h.members {
@@ -157,7 +157,7 @@ func (h *Gateway) Cleanup() error {
 		h.obs.Close()
 	}
 	h.cleanupShared()
-	h.reg.UnregisterQueue(h)
+	h.reg.Queues.Unregister(h)
 	if h.line != nil {
 		if caddy.Exiting() {
 			h.line.Close()
@@ -179,7 +179,7 @@ func (h *Gateway) Cleanup() error {
 	if caddy.Exiting() {
 		// Parked sessions end with the process: held ones are closed,
 		// created provider sessions waiting for their window released.
-		h.reg.ExpireAll()
+		h.reg.Parked.ExpireAll()
 		closeAllSessions(h.reg)
 		finishReleases(h.reg, h.logger)
 	}
@@ -219,7 +219,7 @@ func (h *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) error {
 
 // resetRecovered reports a provider that a reset (an operator's, here or
 // on another node) took out of cooldown.
-func (h *Gateway) resetRecovered(st *pool.Provider) {
+func (h *Gateway) resetRecovered(st *pool.ProviderState) {
 	h.logger.Info("provider recovered", zap.String("provider", st.Name()), zap.String("by", "reset"))
 	h.obs.Recovered(st.Name())
 }
@@ -245,7 +245,7 @@ func closeOnExit(ctx caddy.Context, h *Gateway) {
 				h.line.Close()
 			}
 			h.reg.Releaser().StopCreates()
-			h.reg.ExpireAll()
+			h.reg.Parked.ExpireAll()
 			closeAllSessions(h.reg)
 		}
 	})
@@ -255,5 +255,5 @@ func closeOnExit(ctx caddy.Context, h *Gateway) {
 // waits (a bounded time) until they have ended.
 func closeAllSessions(reg *pool.Registry) {
 	reg.Sockets.CloseAll(upstreams.CloseGoingAway, upstreams.EndShutdown)
-	reg.CloseAll(upstreams.CloseGoingAway, upstreams.EndShutdown, time.Now().Add(2*upstreams.CloseWait))
+	reg.Sessions.CloseAll(upstreams.CloseGoingAway, upstreams.EndShutdown, time.Now().Add(2*upstreams.CloseWait))
 }

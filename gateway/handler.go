@@ -47,7 +47,7 @@ type Gateway struct {
 	shared *shared // state redis; nil when state is per node
 	// probes are the providers whose probe loop has this handler's
 	// health check.
-	probes []*pool.Provider
+	probes []*pool.ProviderState
 	// origins are the web-page origins whose upgrades are served.
 	origins config.OriginSet
 	// warmers are the warm sessions' keepers of its providers with warm
@@ -64,7 +64,7 @@ type Gateway struct {
 // whom it serves) and its process-wide state.
 type member struct {
 	up    *upstreams.Provider
-	state *pool.Provider
+	state *pool.ProviderState
 	// expectedCost is what a session of expected_duration costs there,
 	// for the cheapest strategy and for the warm-ups its budget must be
 	// able to pay for.

@@ -6,7 +6,7 @@ import (
 	"encoding/json"
 )
 
-// provisionKey names the handler (pool.Registry.HandlerKey): a hash of its
+// provisionKey names the handler (pool.Handlers.Key): a hash of its
 // configuration as loaded (placeholders unresolved, so a secret's value is
 // never part of it) and its place among the handlers of its config load
 // with the same configuration. What the handler makes for its clients
@@ -23,7 +23,7 @@ func (h *Gateway) provisionKey() {
 		b, _ = json.Marshal(cfg) // object keys in order: the same bytes for the same config
 	}
 	sum := sha256.Sum256(b)
-	h.key = h.reg.HandlerKey(h.gen, hex.EncodeToString(sum[:12]))
+	h.key = h.reg.Handlers.Key(h.gen, hex.EncodeToString(sum[:12]))
 }
 
 // retireKey takes the handler off the registry's live handlers (its
@@ -32,7 +32,7 @@ func (h *Gateway) provisionKey() {
 // registry's Retired), and those whose route is in the shared state have
 // it written again with the new key.
 func (h *Gateway) retireKey() {
-	ret, ok := h.reg.RetireHandler(h)
+	ret, ok := h.reg.Handlers.Retire(h)
 	if !ok || ret.Successor == "" {
 		return
 	}

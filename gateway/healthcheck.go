@@ -34,8 +34,9 @@ func (h *Gateway) provisionProbes(known func(string) string) error {
 			return err
 		}
 		pw := &probeWatch{h: h, st: m.state, count: h.reg.Metrics().ProbeCounter(pc.Name)}
-		m.state.Probe(h, pool.ProbeConfig{Prober: pr, Interval: time.Duration(hc.Interval),
+		m.state.Probes.Add(h, pool.ProbeConfig{Prober: pr, Interval: time.Duration(hc.Interval),
 			ReadsCapacity: pr.ReadsCapacity(), Report: pw.report})
+
 		h.probes = append(h.probes, m.state)
 		h.logger.Debug("health check", zap.String("provider", pc.Name), zap.String("target", pr.Target()),
 			zap.Duration("interval", time.Duration(hc.Interval)), zap.String("capacity", hc.Capacity))
@@ -48,14 +49,14 @@ func (h *Gateway) provisionProbes(known func(string) string) error {
 func (h *Gateway) cleanupProbes() {
 	// (h.probes stays: the events app may read the handler meanwhile.)
 	for _, st := range h.probes {
-		st.Unprobe(h)
+		st.Probes.Remove(h)
 	}
 }
 
 // probeWatch is what the handler does with one provider's probe news.
 type probeWatch struct {
 	h     *Gateway
-	st    *pool.Provider
+	st    *pool.ProviderState
 	count func(outcome string) // probes_total
 	// capacityBroken: the last passing probe's answer could not be read
 	// for capacity (logged once per change).
@@ -79,7 +80,7 @@ func (w *probeWatch) report(rep pool.ProbeReport) {
 		if o.Err != nil {
 			fields = append(fields, zap.String("cause", o.Err.Error()))
 		}
-		if c, ok := st.Capacity(); ok {
+		if c, ok := st.Probes.Capacity(); ok {
 			fields = append(fields, zap.Int("running", c.Running), zap.Int("max", c.Max), zap.Int("queued", c.Queued))
 		}
 		ce.Write(fields...)

@@ -32,7 +32,7 @@ func TestAbandonClosesLateWinner(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Its provider charges per session: the loser's session is charged.
-	st.SetPricing(pool.Pricing{Cost: &spend.Cost{Amount: 0.5, Per: spend.PerSession}})
+	st.Spend.SetPricing(pool.Pricing{Cost: &spend.Cost{Amount: 0.5, Per: spend.PerSession}})
 	permit, ok := st.Health.Acquire()
 	if !ok {
 		t.Fatal("no permit")
@@ -76,7 +76,7 @@ func TestAbandonClosesLateWinner(t *testing.T) {
 	provider.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	for st.Reserved() != 0 {
+	for st.Slots.Reserved() != 0 {
 		if ctx.Err() != nil {
 			t.Fatal("slot not given back")
 		}
@@ -85,7 +85,7 @@ func TestAbandonClosesLateWinner(t *testing.T) {
 	if snap := st.Health.Snapshot(); snap.Failures != 0 || !snap.Healthy {
 		t.Fatalf("health %+v", snap)
 	}
-	for b := st.Book().Read(); b.Spent != 0.5 || b.Live != 0; b = st.Book().Read() {
+	for b := st.Spend.Book().Read(); b.Spent != 0.5 || b.Live != 0; b = st.Spend.Book().Read() {
 		if ctx.Err() != nil {
 			t.Fatalf("the loser's session: spent %v, live meters %d; want its price, 0.5", b.Spent, b.Live)
 		}

@@ -93,11 +93,11 @@ func (h *Gateway) provisionLedger(ctx caddy.Context, known func(string) string) 
 		o.Legacy = s.Store().Ledger().Legacy()
 		s.Retain()
 		o.OnClose = s.Release
-		if !h.reg.OpenLedger(o) {
+		if !h.reg.Ledger.Open(o) {
 			s.Release()
 		}
 	} else {
-		h.reg.OpenLedger(o)
+		h.reg.Ledger.Open(o)
 	}
 	for _, m := range apis {
 		up := m.up
@@ -105,6 +105,6 @@ func (h *Gateway) provisionLedger(ctx caddy.Context, known func(string) string) 
 		if up.ReapsUntracked() {
 			a.List = func(ctx context.Context) ([]string, error) { return up.ListSessions(ctx, known) }
 		}
-		h.reg.SetAdopter(up.Name, a)
+		h.reg.Ledger.SetAdopter(up.Name, a)
 	}
 }

@@ -268,10 +268,10 @@ func (h *Gateway) retryAfter() int {
 	best := time.Duration(0)
 	for _, m := range h.members {
 		u := m.state.Health.Until()
-		if over, turn := m.state.OverBudget(); over {
+		if over, turn := m.state.Spend.OverBudget(); over {
 			u = turn
 		}
-		if r := m.state.RefusedUntil(); r.After(u) {
+		if r := m.state.Starts.RefusedUntil(); r.After(u) {
 			u = r
 		}
 		if u.After(now) {

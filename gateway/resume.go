@@ -116,7 +116,7 @@ func (c resume) take(presented string) {
 		c.refuseResume(unknown)
 		return
 	}
-	token := c.h.reg.ResumeTokenHash(presented)
+	token := c.h.reg.Hashes.ResumeToken(presented)
 	e, ok, unreachable := c.claim(token)
 	switch {
 	case unreachable:
@@ -128,7 +128,7 @@ func (c resume) take(presented string) {
 		return
 	}
 	if e.Refuse != "" {
-		c.h.reg.Unclaim(e)
+		c.h.reg.Parked.Unclaim(e)
 		c.refuseResume(resumeFailure{observe.ResumeConflict, http.StatusConflict, e.Refuse})
 		return
 	}
@@ -150,7 +150,7 @@ func (c resume) take(presented string) {
 func (c resume) claim(token string) (e *pool.Parked, ok, unreachable bool) {
 	key := c.resumeKey()
 	c.awaitLeaving(token)
-	e, ok = c.h.reg.ClaimParked(token, key)
+	e, ok = c.h.reg.Parked.Claim(token, key)
 	sh := c.h.shared
 	if sh == nil || (ok && !e.Shared) {
 		// Only this node could have parked it, and nobody else taken it.
@@ -161,7 +161,7 @@ func (c resume) claim(token string) (e *pool.Parked, ok, unreachable bool) {
 			sh.s.Failed(op, err)
 		}
 		if ok {
-			c.h.reg.Unclaim(e)
+			c.h.reg.Parked.Unclaim(e)
 		}
 		return nil, false, true
 	}
@@ -229,7 +229,7 @@ const leavingStart = 150 * time.Millisecond
 // resume looks for it. A session whose client is still connected stays
 // live: after leavingStart the resume finds nothing to take.
 func (c resume) awaitLeaving(token string) {
-	ls, ok := c.h.reg.SessionByResumeToken(token)
+	ls, ok := c.h.reg.Sessions.ByResumeToken(token)
 	if !ok {
 		return
 	}
@@ -262,11 +262,11 @@ func (c resume) awaitLeaving(token string) {
 // resume failed for a reason that is not the session's.
 func (c resume) giveBack(e *pool.Parked) {
 	if !e.Shared {
-		c.h.reg.Unclaim(e)
+		c.h.reg.Parked.Unclaim(e)
 		return
 	}
 	sh := c.h.shared
-	if !c.h.reg.Unclaim(e) || sh == nil || !sh.s.Usable() {
+	if !c.h.reg.Parked.Unclaim(e) || sh == nil || !sh.s.Usable() {
 		return
 	}
 	sp, ok := e.Data.(upstreams.SharedPoint)
@@ -314,7 +314,7 @@ func (c resume) redial(e *pool.Parked) {
 		refuse()
 	}
 	if m == nil {
-		c.h.reg.Unpark(e.ID)
+		c.h.reg.Parked.Remove(e.ID)
 		c.refuseResume(resumeFailure{observe.ResumeUnavailable, http.StatusGone, "the session's provider is no longer configured here"})
 		return
 	}

@@ -32,7 +32,7 @@ func (c resume) joinHeld(e *pool.Parked) {
 		return
 	}
 	conflict := func(msg string) {
-		c.h.reg.Unclaim(e)
+		c.h.reg.Parked.Unclaim(e)
 		c.refuseResume(resumeFailure{observe.ResumeConflict, http.StatusConflict, msg})
 	}
 	sub := pk.answer.Header.Get("Sec-Websocket-Protocol")
@@ -48,7 +48,7 @@ func (c resume) joinHeld(e *pool.Parked) {
 	pk.joined = make(chan struct{})
 	joined := pk.joined
 	pk.mu.Unlock()
-	c.h.reg.RenameSession(s, c.id, pk.remoteIP)
+	c.h.reg.Sessions.Rename(s, c.id, pk.remoteIP)
 
 	// The chain's hand-over, greeted at once: the provider's answer was
 	// given to the first client; this one gets the gateway's.
@@ -96,8 +96,8 @@ func (c resume) resumeBroke(e *pool.Parked, err error) {
 		pk.mu.Lock()
 		pk.id, pk.remoteIP = e.ID, e.RemoteIP
 		pk.mu.Unlock()
-		c.h.reg.RenameSession(e.Held, e.ID, e.RemoteIP)
-		c.h.reg.Unclaim(e)
+		c.h.reg.Sessions.Rename(e.Held, e.ID, e.RemoteIP)
+		c.h.reg.Parked.Unclaim(e)
 	}
 	c.h.reg.Metrics().Resume(observe.ResumeRefused)
 	c.h.logger.Info("resume failed", zap.String("session_id", c.id), zap.String("resumed_from", e.ID),

@@ -69,7 +69,7 @@ func (c *connect) newParking(m *member, up *upstreams.Conn, t *pool.Ticket) *par
 		h:        h,
 		window:   time.Duration(h.Resume.Window),
 		hold:     h.Resume.Hold,
-		token:    c.h.reg.ResumeTokenHash(c.token),
+		token:    c.h.reg.Hashes.ResumeToken(c.token),
 		key:      c.resumeKey(),
 		provider: m.up.Name,
 		up:       m.up,
@@ -83,7 +83,7 @@ func (c *connect) newParking(m *member, up *upstreams.Conn, t *pool.Ticket) *par
 		joined:   make(chan struct{}),
 	}
 	if k, ok := t.Share(); ok {
-		pk.client = c.h.reg.Shown(k)
+		pk.client = c.h.reg.Hashes.ShownKey(k.Value)
 	}
 	if h.shared != nil {
 		pk.store = h.shared.s
@@ -233,9 +233,8 @@ func (pk *parking) park(held *upstreams.Session, code int) {
 	}
 	logger := pk.h.logger
 	store := pk.store
-	pk.h.reg.Park(e, func(e *pool.Parked) {
-		// The window ran out (or an operator ended it, or the process
-		// is exiting).
+	pk.h.reg.Parked.Add(e, func(e *pool.Parked) {
+
 		if e.Shared && store != nil && store.Usable() {
 			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 			store.Store().DropResume(ctx, e.Token, e.Key)
@@ -249,6 +248,7 @@ func (pk *parking) park(held *upstreams.Session, code int) {
 		logger.Info("resume window over", zap.String("session_id", e.ID), zap.String("provider", e.Provider),
 			zap.Bool("held", e.Held != nil))
 	})
+
 	logger.Info("session parked",
 		zap.String("session_id", e.ID),
 		zap.String("provider", e.Provider),
@@ -279,7 +279,7 @@ func (c *connect) resumeKey() string {
 	if c.h.ResumeKey == "" {
 		return ""
 	}
-	return c.h.reg.ResumeKeyHash(c.resumeKeyValue())
+	return c.h.reg.Hashes.ResumeKey(c.resumeKeyValue())
 }
 
 // resumeKeyValue is the client's resume_key value ("" without one, or

@@ -58,7 +58,7 @@ func validSessionID(id string) bool {
 // operators see: a path ID is made for each WebDriver session, 192 random
 // bits (32 characters of URL-safe base64), shown to its client only, in
 // its create answer. The gateway keeps only hashes of it
-// (pool.PathHash, and pool.Registry.RouteKey under shared state). It has
+// (pool.PathHash, and pool.Hashes.RouteKey under shared state). It has
 // a length of its own, so an operator's session ID never even has its
 // form.
 const pathIDBytes = 24

@@ -15,7 +15,7 @@ import (
 // captcha solving, recording, a timeout). They are read when the client
 // is checked, choose and order its candidates, and reach each provider
 // only through {bf.option.<name>} placeholders in that provider's own
-// words (options.Provider).
+// words (options.Honours).
 
 // readOptions reads the session options a client states (step 0, check):
 // its bf_ query items in rawQuery, its Browser-Failover-Options header

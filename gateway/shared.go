@@ -34,7 +34,7 @@ func sharedHooks(reg *pool.Registry) cluster.Hooks {
 		Failover: m.SharedStateFailover,
 		// Once the leases are back after an outage or a failover, the
 		// ledger is written again too.
-		Reasserted: reg.ReassertLedger,
+		Reasserted: reg.Ledger.Reassert,
 	}
 }
 
@@ -92,7 +92,7 @@ func (h *Gateway) provisionShared(known func(string) string, webdriver func(clus
 			// Taken back through another node: this node's entry of it
 			// is stale.
 			if e.Node != s.Store().Node() {
-				h.reg.UnparkToken(e.Session)
+				h.reg.Parked.RemoveShared(e.Session)
 			}
 			return
 		}
@@ -142,7 +142,7 @@ func (h *Gateway) cleanupShared() {
 func (h *Gateway) adoptHold(m *member, hold cluster.Hold) {
 	if !hold.CooldownUntil.IsZero() && m.state.Health.Adopt(hold.CooldownUntil, hold.Streak) {
 		m.state.WakeAt(hold.CooldownUntil)
-		m.state.ProbeBy(hold.CooldownUntil)
+		m.state.Probes.NextBy(hold.CooldownUntil)
 		h.logger.Info("provider cooling down",
 			zap.String("provider", m.up.Name),
 			zap.Time("until", hold.CooldownUntil),
@@ -150,7 +150,7 @@ func (h *Gateway) adoptHold(m *member, hold cluster.Hold) {
 	}
 	if !hold.SkipUntil.IsZero() && m.state.Health.AdoptSkip(hold.SkipUntil) {
 		m.state.WakeAt(hold.SkipUntil)
-		m.state.ProbeBy(hold.SkipUntil)
+		m.state.Probes.NextBy(hold.SkipUntil)
 		h.logger.Info("provider skipped",
 			zap.String("provider", m.up.Name),
 			zap.Time("until", hold.SkipUntil),
@@ -160,7 +160,7 @@ func (h *Gateway) adoptHold(m *member, hold cluster.Hold) {
 
 // publishHold tells the other nodes of a cooldown or a 408/429 skip that
 // started here (change says which), with its end on this node's clock.
-func (h *Gateway) publishHold(st *pool.Provider, change cooldown.Change) {
+func (h *Gateway) publishHold(st *pool.ProviderState, change cooldown.Change) {
 	sh := h.shared
 	if sh == nil {
 		return
@@ -203,7 +203,7 @@ func (c *connect) claimShared(ps *passState, m *member) (*cluster.Lease, bool) {
 	}
 	var g cluster.Grant
 	var err error
-	if m.state.LearntCap() == nil && m.state.Limit() == 0 && !sh.reject && sh.s.Store().News().Hearing() {
+	if m.state.Slots.LearntCap() == nil && m.state.Slots.Limit() == 0 && !sh.reject && sh.s.Store().News().Hearing() {
 		// No cap to hold across the nodes: the slot is only counted,
 		// written in the background with others, and the connect waits
 		// for no round trip. A shared cooldown or skip reaches this
@@ -217,16 +217,16 @@ func (c *connect) claimShared(ps *passState, m *member) (*cluster.Lease, bool) {
 		}
 		return l, true
 	}
-	if l := m.state.LearntCap(); l != nil {
+	if l := m.state.Slots.LearntCap(); l != nil {
 		// The cap learnt over every node, in the same round trip.
-		g, err = sh.s.Store().Leases().AcquireLearnt(c.r.Context(), m.up.Name, m.state.Pricing().Interval)
+		g, err = sh.s.Store().Leases().AcquireLearnt(c.r.Context(), m.up.Name, m.state.Spend.Pricing().Interval)
 		if err == nil && g.Cap > 0 {
 			l.Adopt(int64(g.Cap), c.h.reg.Now())
 		}
 	} else if sh.reject {
-		g, err = sh.s.Store().Leases().AcquireAsking(c.r.Context(), m.up.Name, int(m.state.Limit()))
+		g, err = sh.s.Store().Leases().AcquireAsking(c.r.Context(), m.up.Name, int(m.state.Slots.Limit()))
 	} else {
-		g, err = sh.s.Store().Leases().Acquire(c.r.Context(), m.up.Name, int(m.state.Limit()))
+		g, err = sh.s.Store().Leases().Acquire(c.r.Context(), m.up.Name, int(m.state.Slots.Limit()))
 	}
 	if err != nil {
 		if c.r.Context().Err() != nil {
@@ -242,7 +242,7 @@ func (c *connect) claimShared(ps *passState, m *member) (*cluster.Lease, bool) {
 		c.skip(m, upstreams.WordCooldown)
 		return nil, false
 	case g.Full:
-		m.state.SkippedFull()
+		m.state.Slots.SkippedFull()
 		c.skip(m, upstreams.WordFull)
 		// A slot freed on another node wakes waiters through pub/sub;
 		// should that news be lost, they retry every second.
@@ -286,12 +286,12 @@ func (h *Gateway) syncSpend() {
 		var windows []cluster.SpendWindow
 		var books []*spend.Book
 		for _, m := range h.members {
-			b := m.state.Book()
+			b := m.state.Spend.Book()
 			windows = append(windows, cluster.SpendWindow{Scope: cluster.ProviderScope(m.up.Name), Start: b.Read().WindowStart})
 			books = append(books, b)
 		}
 		if h.ClientBudget != nil {
-			for _, cb := range h.reg.ClientBooks() {
+			for _, cb := range h.reg.ClientBooks.Entries() {
 				windows = append(windows, cluster.SpendWindow{Scope: cluster.ClientScope(cb.Scope), Start: cb.Book.Read().WindowStart})
 				books = append(books, cb.Book)
 			}
@@ -312,7 +312,7 @@ func (h *Gateway) syncSpend() {
 // learnSharedCap learns a provider's cap over every node from its 429:
 // its live leases, less the refused attempt's own. It reports the cap (0:
 // nothing live) and whether the store answered.
-func (h *Gateway) learnSharedCap(st *pool.Provider) (int, bool) {
+func (h *Gateway) learnSharedCap(st *pool.ProviderState) (int, bool) {
 	sh := h.shared
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
@@ -323,7 +323,7 @@ func (h *Gateway) learnSharedCap(st *pool.Provider) (int, bool) {
 	}
 	sh.s.Worked()
 	if n > 0 {
-		st.Refused(int64(n))
+		st.Slots.Refused(int64(n))
 	}
 	return n, true
 }

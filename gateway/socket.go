@@ -197,7 +197,7 @@ func (c socket) relay(m *member, client netConn, up *upstreams.Conn, pending []b
 		life.SetKeeper(func() bool {
 			pk.left()
 			id := pk.currentID()
-			reg.Unpark(id)
+			reg.Parked.Remove(id)
 			life.SetID(id)
 			return pk.ended(s, t)
 		})

@@ -38,12 +38,12 @@ func (c *connect) joinClientBudget() bool {
 // client key's (answer 429). A warm-up is refused as well when the
 // provider's budget could not pay for a session of expected_duration
 // (c.ahead) besides what it spent, accrued and holds.
-func (c *connect) reserveSpend(st *pool.Provider) (*spend.Hold, *spend.Over) {
+func (c *connect) reserveSpend(st *pool.ProviderState) (*spend.Hold, *spend.Over) {
 	book, amount := c.ticket.ClientBook(), 0.0
 	if cb := c.h.ClientBudget; cb != nil && book != nil {
 		amount = cb.Amount
 	}
-	return st.Reserve(book, amount, c.ahead)
+	return st.Spend.Reserve(book, amount, c.ahead)
 }
 
 // clientBookOf has the client's ticket take the book of its key under cb.

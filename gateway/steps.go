@@ -55,12 +55,12 @@ func (c *connect) admit(ps *passState, m *member) (t *pool.Ticket, ok bool) {
 		c.skip(m, WordQueued)
 		return nil, false
 	}
-	if !kept && st.Full() {
-		st.SkippedFull()
+	if !kept && st.Slots.Full() {
+		st.Slots.SkippedFull()
 		c.skip(m, upstreams.WordFull)
 		return nil, false
 	}
-	if over, _ := st.OverBudget(); over && !resume {
+	if over, _ := st.Spend.OverBudget(); over && !resume {
 		// Its window's budget is spent: nothing until it turns.
 		ps.overBudget++
 		c.skip(m, upstreams.WordBudget)
@@ -111,7 +111,7 @@ func (c *connect) admit(ps *passState, m *member) (t *pool.Ticket, ok bool) {
 	if t = st.Admit(permit); t == nil {
 		hold.Drop()
 		c.h.settle(st, permit, cooldown.Neutral, 0)
-		st.SkippedFull()
+		st.Slots.SkippedFull()
 		c.skip(m, upstreams.WordFull)
 		return nil, false
 	}
@@ -119,7 +119,7 @@ func (c *connect) admit(ps *passState, m *member) (t *pool.Ticket, ok bool) {
 	// own skip).
 	lease, ok := c.claimShared(ps, m)
 	var store *cluster.Shared
-	if sh := c.h.shared; sh != nil && (lease != nil || st.Pricing().Cost != nil) {
+	if sh := c.h.shared; sh != nil && (lease != nil || st.Spend.Pricing().Cost != nil) {
 		// Kept open for the lease's release and the cost's write.
 		store = sh.s
 	}
@@ -146,7 +146,7 @@ func (c *connect) admit(ps *passState, m *member) (t *pool.Ticket, ok bool) {
 			ps.stateDown++
 			return nil, false
 		}
-		st.RateRefused(retryAt)
+		st.Starts.Refused(retryAt)
 		c.skip(m, upstreams.WordRate)
 		return nil, false
 	}
@@ -205,7 +205,7 @@ func (h *Gateway) conclude(ps *passState, m *member, t *pool.Ticket, res upstrea
 		h.giveBackStart(m, t)
 	}
 	if o.Kind == upstreams.Failure || o.Kind == upstreams.Capacity || o.Kind == upstreams.Incompatible || o.Kind == upstreams.Gateway {
-		st.SetLastError(o.Word)
+		st.Stats.SetLastError(o.Word)
 	}
 	v := verdictNext
 	switch o.Kind {
@@ -218,7 +218,7 @@ func (h *Gateway) conclude(ps *passState, m *member, t *pool.Ticket, res upstrea
 			break
 		}
 		h.settle(st, permit, cooldown.Success, 0)
-		st.ObserveHandshake(o.Elapsed)
+		st.Stats.ObserveHandshake(o.Elapsed)
 		return verdictSuccess
 	case upstreams.Failure:
 		if ps != nil && o.Word == upstreams.WordTimeout && !ps.deadline.IsZero() &&
@@ -286,7 +286,7 @@ func (h *Gateway) conclude(ps *passState, m *member, t *pool.Ticket, res upstrea
 // skipped as for any capacity answer.
 func (h *Gateway) learnCap(m *member, o upstreams.Outcome) bool {
 	st := m.state
-	if st.LearntCap() == nil || o.RetryAfter > 0 || o.Word != upstreams.StatusWord(http.StatusTooManyRequests) {
+	if st.Slots.LearntCap() == nil || o.RetryAfter > 0 || o.Word != upstreams.StatusWord(http.StatusTooManyRequests) {
 		return false
 	}
 	if h.shared != nil && h.shared.s.Usable() {
@@ -294,12 +294,12 @@ func (h *Gateway) learnCap(m *member, o upstreams.Outcome) bool {
 			return n > 0
 		}
 	}
-	return st.Refused(st.Active())
+	return st.Slots.Refused(st.Slots.Active())
 }
 
 // settle records an attempt's result in st's health and reacts to what
 // changed: logs, events, shared state and offers to the queue.
-func (h *Gateway) settle(st *pool.Provider, p cooldown.Permit, r cooldown.Result, retryAfter time.Duration) cooldown.Change {
+func (h *Gateway) settle(st *pool.ProviderState, p cooldown.Permit, r cooldown.Result, retryAfter time.Duration) cooldown.Change {
 	change := st.Health.Done(p, r, retryAfter)
 	h.healthChanged(st, change, p.Trial() && r == cooldown.Neutral, "")
 	return change
@@ -309,23 +309,23 @@ func (h *Gateway) settle(st *pool.Provider, p cooldown.Permit, r cooldown.Result
 // attempt or a probe (by names it then) caused it: logs, events, shared
 // state, offers to the queue, and the probe that will be the trial.
 // undecided: a trial ended without a verdict.
-func (h *Gateway) healthChanged(st *pool.Provider, change cooldown.Change, undecided bool, by string) {
+func (h *Gateway) healthChanged(st *pool.ProviderState, change cooldown.Change, undecided bool, by string) {
 	switch change {
 	case cooldown.CooledDown, cooldown.Skipped:
 		until := st.Health.Until()
 		st.WakeAt(until)
-		st.ProbeBy(until)
+		st.Probes.NextBy(until)
 		h.publishHold(st, change)
 		fields := []zap.Field{
 			zap.String("provider", st.Name()),
 			zap.Time("until", until),
-			zap.String("reason", st.LastError()),
+			zap.String("reason", st.Stats.LastError()),
 		}
 		if by != "" {
 			fields = append(fields, zap.String("by", by))
 		}
 		h.logger.Info("provider cooling down", fields...)
-		h.obs.Cooldown(st.Name(), until, st.LastError())
+		h.obs.Cooldown(st.Name(), until, st.Stats.LastError())
 	case cooldown.Recovered:
 		fields := []zap.Field{zap.String("provider", st.Name())}
 		if by != "" {

@@ -85,7 +85,7 @@ type warmer struct {
 	// settings print as fp (front_warm.go's warm-up).
 	makeOne func(h *Gateway, m *member, fp string)
 	reg     *pool.Registry
-	st      *pool.Provider
+	st      *pool.ProviderState
 	// set is what the warm sessions are made with, as configured; opts
 	// are the session options among it.
 	set  warmSettings
@@ -211,7 +211,7 @@ func secretPlaceholders(v any, names []string) []string {
 }
 
 // print is the settings' print with their placeholders resolved now: a
-// keyed hash (pool.Registry.WarmPrint), so no resolved value is kept.
+// keyed hash (pool.Warmers.Print), so no resolved value is kept.
 func (s *warmSettings) print(reg *pool.Registry) string {
 	b := slices.Clip(s.conf)
 	if len(s.names) > 0 {
@@ -223,7 +223,7 @@ func (s *warmSettings) print(reg *pool.Registry) string {
 			b = append(append(b, 0), v...)
 		}
 	}
-	return reg.WarmPrint(b)
+	return reg.Warmers.Print(b)
 }
 
 // adopt makes h the owner, its provider's settings printing as fp;
@@ -291,7 +291,7 @@ func (h *Gateway) cleanupWarm() {
 		}
 		w.mu.Unlock()
 		if mine && !back {
-			h.reg.DropWarmer(w.key, w)
+			h.reg.Warmers.Drop(w.key, w)
 			w.Close()
 		}
 	}

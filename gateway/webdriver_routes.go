@@ -45,15 +45,15 @@ type webDriverTarget struct {
 // webDriverTargetOf finds the session that r names by pathID; ok is false
 // when it is not a live WebDriver session of this gateway that r may use:
 // one bound to this handler (or to one it succeeds,
-// pool.Registry.HandlerServes) and, when bound to client key
+// pool.Handlers.Serves) and, when bound to client key
 // placeholders, to the values r gives them (sameClient).
 func (h *Gateway) webDriverTargetOf(r *http.Request, pathID string) (webDriverTarget, bool) {
 	if !validPathID(pathID) {
 		return webDriverTarget{}, false
 	}
-	if ls, ok := h.reg.SessionByPath(pool.PathHash(pathID)); ok {
+	if ls, ok := h.reg.Sessions.ByPath(pool.PathHash(pathID)); ok {
 		s, ok := ls.Session.(*wdSession)
-		if !ok || !h.reg.HandlerServes(ls.Bound.Handler, h) || !sameClient(ls.Bound.Keys, ls.Bound.Client, r, pool.ClientHash) {
+		if !ok || !h.reg.Handlers.Serves(ls.Bound.Handler, h) || !sameClient(ls.Bound.Keys, ls.Bound.Client, r, pool.ClientHash) {
 			return webDriverTarget{}, false
 		}
 		return webDriverTarget{local: s, up: s.upNow(), ps: s.ps, provider: s.provider, id: s.id, route: s.route}, true
@@ -62,14 +62,14 @@ func (h *Gateway) webDriverTargetOf(r *http.Request, pathID string) (webDriverTa
 	if sh == nil || !sh.s.Usable() {
 		return webDriverTarget{}, false
 	}
-	key := h.reg.RouteKey(pathID)
+	key := h.reg.Hashes.RouteKey(pathID)
 	rt, ok, err := sh.s.Store().Routes().Get(r.Context(), key)
 	if err != nil {
 		h.logger.Warn("WebDriver route from the shared state not read", zap.String("cause", err.Error()))
 		return webDriverTarget{}, false
 	}
-	if !ok || rt.Session == "" || !slices.ContainsFunc(rt.Handlers, func(k string) bool { return h.reg.HandlerServes(k, h) }) ||
-		!sameClient(rt.Keys, rt.Client, r, h.reg.SharedClientHash) {
+	if !ok || rt.Session == "" || !slices.ContainsFunc(rt.Handlers, func(k string) bool { return h.reg.Handlers.Serves(k, h) }) ||
+		!sameClient(rt.Keys, rt.Client, r, h.reg.Hashes.SharedClient) {
 		return webDriverTarget{}, false
 	}
 	m := h.memberByName(rt.Provider)

@@ -46,7 +46,7 @@ type wdSession struct {
 	life    *sessions.Session
 	started time.Time
 	// shared: its route is in the shared state, under the key route
-	// (pool.Registry.RouteKey of its path ID) as rt says.
+	// (pool.Hashes.RouteKey of its path ID) as rt says.
 	shared bool
 	route  string
 	rt     cluster.Route
@@ -88,11 +88,11 @@ func (c *connect) newWebDriverSession(m *member, ps *upstreams.WebDriverSession,
 	}
 	info := pool.SessionInfo{ID: c.id, Protocol: string(upstreams.ProtocolWebDriver), RemoteIP: remoteIP(c.r), Attempts: c.tries, Options: c.opts.Map(), Bound: bound}
 	if h.shared != nil {
-		s.route = h.reg.RouteKey(pathID)
+		s.route = h.reg.Hashes.RouteKey(pathID)
 		s.rt = cluster.Route{Provider: s.provider, ProviderID: ps.ID, SocketURL: ps.SocketURL(), CDPURL: ps.CDPURL(),
 			Session: s.id, Handlers: []string{h.key}, Keys: keys}
 		if keys != nil {
-			s.rt.Client = h.reg.SharedClientHash(values)
+			s.rt.Client = h.reg.Hashes.SharedClient(values)
 		}
 	}
 	t.Establish(s, info, ps.Remote)
@@ -147,7 +147,7 @@ func (h *Gateway) webDriverSessionByRoute(key string) *wdSession {
 	if key == "" {
 		return nil
 	}
-	for _, ls := range h.reg.Sessions() {
+	for _, ls := range h.reg.Sessions.List() {
 		if wd, ok := ls.Session.(*wdSession); ok && wd.route == key {
 			return wd
 		}

@@ -161,7 +161,7 @@ func TestIdle(t *testing.T) {
 	default:
 		t.Fatal("not done")
 	}
-	if n := reg.QuotaActive(k); n != 0 {
+	if n := reg.Quotas.Active(k); n != 0 {
 		t.Fatalf("share still held: %d", n)
 	}
 	es := logs.FilterMessage("session ended").All()
@@ -212,11 +212,11 @@ func TestKeeperKeepsTicket(t *testing.T) {
 	s, _, reg, k, _ := setup(t, fb, fb, Limits{})
 	s.SetKeeper(func() bool { return true })
 	fb.Close(1000, upstreams.EndClientClosed)
-	if n := reg.QuotaActive(k); n != 1 {
+	if n := reg.Quotas.Active(k); n != 1 {
 		t.Fatalf("a kept ticket gave back its share: %d", n)
 	}
 	s.Ticket().Release()
-	if n := reg.QuotaActive(k); n != 0 {
+	if n := reg.Quotas.Active(k); n != 0 {
 		t.Fatalf("share %d after the keeper released", n)
 	}
 }

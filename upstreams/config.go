@@ -102,8 +102,8 @@ type Config struct {
 
 // Honours is what the provider honours of the clients' session options,
 // and how it words them.
-func (c *Config) Honours() options.Provider {
-	return options.Provider{Regions: c.Region, Supports: c.Supports, Map: c.OptionMap}
+func (c *Config) Honours() options.Honours {
+	return options.Honours{Regions: c.Region, Supports: c.Supports, Map: c.OptionMap}
 }
 
 // HeaderOp is one change to the handshake sent to a provider (the

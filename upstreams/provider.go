@@ -61,7 +61,7 @@ type Provider struct {
 	// honours is what it honours of the session options; optQuery: its
 	// URL's query holds {bf.option.<name>} placeholders, rendered at each
 	// attempt.
-	honours  options.Provider
+	honours  options.Honours
 	optQuery bool
 	usesOpts bool // anything it sends holds an option placeholder
 
@@ -78,7 +78,7 @@ type Provider struct {
 
 // Honours is what the provider honours of the clients' session options,
 // and how it words them.
-func (p *Provider) Honours() *options.Provider { return &p.honours }
+func (p *Provider) Honours() *options.Honours { return &p.honours }
 
 // UsesOptions reports whether anything the provider sends holds a
 // {bf.option.<name>} placeholder.
