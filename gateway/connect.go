@@ -64,7 +64,15 @@ type front interface {
 	answer(c *connect, rf *refusal)
 }
 
-// connect is one client's way through the chain.
+// connect is one client's way through the chain. Its methods (about 45,
+// more than a type should have) are the chain's steps and what they ask
+// of one client's way, in the chain's files: the way itself (chain.go),
+// admission and settling (steps.go), the admission's parts (spend.go,
+// shared.go, session_options.go, resume_park.go), its refusals
+// (refusal.go) and its record of attempts (connect.go). Splitting them
+// would split one client's state; the ways beside the chain are types of
+// their own (resume, socket), and so is what differs per kind of client
+// (its front).
 type connect struct {
 	h     *Gateway // the handler serving it; a reload may hand it on
 	front front

@@ -91,7 +91,7 @@ func joinSegments(segs []string) string {
 }
 
 // serveWebDriver answers a WebDriver request that is not an upgrade.
-func (h *Gateway) serveWebDriver(w http.ResponseWriter, r *http.Request, wr wdRequest) {
+func (h webDrivers) serveWebDriver(w http.ResponseWriter, r *http.Request, wr wdRequest) {
 	if !h.origins.Allows(r.Header.Values("Origin")) {
 		h.obs.Rejected(http.StatusForbidden, observe.ReasonOrigin, 0)
 		w.Header().Set("Content-Type", "application/json; charset=utf-8")
@@ -129,7 +129,7 @@ func writeWebDriverError(w http.ResponseWriter, status int, code, msg string) {
 
 // webDriverStatus answers GET <base>/status: ready while some webdriver
 // provider admits a session now.
-func (h *Gateway) webDriverStatus(w http.ResponseWriter) {
+func (h webDrivers) webDriverStatus(w http.ResponseWriter) {
 	ready := false
 	for _, m := range h.members {
 		if m.up.Protocol() == upstreams.ProtocolWebDriver && m.state.HasRoom() {
@@ -160,7 +160,7 @@ type create struct {
 // webDriverCreate serves POST <base>/session through the chain: a body
 // that is not a create request, or is over 1 MiB, is an invalid argument
 // before any provider is asked.
-func (h *Gateway) webDriverCreate(w http.ResponseWriter, r *http.Request, wr wdRequest) {
+func (h webDrivers) webDriverCreate(w http.ResponseWriter, r *http.Request, wr wdRequest) {
 	body, err := io.ReadAll(io.LimitReader(r.Body, upstreams.MaxWebDriverCreate+1))
 	if err != nil {
 		return // the client went away

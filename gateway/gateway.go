@@ -94,7 +94,7 @@ func (h *Gateway) provision(ctx caddy.Context, gauges func(*pool.Registry) prome
 		state.OnReset(h, func() { h.resetRecovered(state) })
 		h.members = append(h.members, &member{up: up, state: state, expectedCost: pc.Cost.Of(expected)})
 	}
-	if err := h.provisionShared(known, h.webDriverNews); err != nil {
+	if err := h.provisionShared(known, webDrivers{h}.webDriverNews); err != nil {
 		return err
 	}
 	h.provisionLedger(ctx, known)
@@ -193,11 +193,12 @@ func (h *Gateway) Cleanup() error {
 func (h *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) error {
 	if h.webdriver {
 		if wr, ok := parseWebDriverPath(r.URL.Path); ok {
+			wd := webDrivers{h}
 			if !upstreams.IsUpgrade(r) {
-				h.serveWebDriver(w, r, wr)
+				wd.serveWebDriver(w, r, wr)
 				return nil
 			}
-			if h.serveWebDriverSocket(w, r, wr) {
+			if wd.serveWebDriverSocket(w, r, wr) {
 				return nil
 			}
 		}

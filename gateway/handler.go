@@ -21,7 +21,17 @@ import (
 // Everything else in the package builds on these.
 
 // Gateway is what a browser_failover handler runs: its configuration
-// and what Provision builds from it.
+// and what Provision builds from it. Its methods (about 35, more than a
+// type should have) are what concerns the handler as a whole, in the
+// files of each part: a part's provisioning and cleanup, one pair per
+// part (gateway.go, shared.go, healthcheck.go, front_warm.go, warm.go,
+// ledger.go, client_keys.go, handler_key.go); the entry of each request
+// (ServeHTTP, serveUpgrade); what concerns all its providers together —
+// their health as attempts settle (steps.go), their pools and what a
+// waiter may use (connect.go), their shared state (shared.go), their
+// create_rate (create_rate.go); and what every session runs with
+// (handler.go). A client's way is connect's, a WebDriver session's
+// webDrivers', so none of theirs is here.
 type Gateway struct {
 	*config.Handler
 

@@ -47,7 +47,7 @@ type webDriverTarget struct {
 // one bound to this handler (or to one it succeeds,
 // pool.Handlers.Serves) and, when bound to client key
 // placeholders, to the values r gives them (sameClient).
-func (h *Gateway) webDriverTargetOf(r *http.Request, pathID string) (webDriverTarget, bool) {
+func (h webDrivers) webDriverTargetOf(r *http.Request, pathID string) (webDriverTarget, bool) {
 	if !validPathID(pathID) {
 		return webDriverTarget{}, false
 	}
@@ -100,7 +100,7 @@ func sameClient(keys []string, want string, r *http.Request, hash func([]string)
 }
 
 // memberByName is the handler's member called name, nil when none.
-func (h *Gateway) memberByName(name string) *member {
+func (h webDrivers) memberByName(name string) *member {
 	for _, m := range h.members {
 		if m.up.Name == name {
 			return m
@@ -111,7 +111,7 @@ func (h *Gateway) memberByName(name string) *member {
 
 // active notes a command or a socket's activity for the session's idle
 // timeout, here or (another node's) in the shared state.
-func (h *Gateway) active(t webDriverTarget) {
+func (h webDrivers) active(t webDriverTarget) {
 	if t.local != nil {
 		t.local.touch()
 	}
@@ -129,7 +129,7 @@ func (h *Gateway) active(t webDriverTarget) {
 // ends now, its provider session known gone when gone is set (else the
 // gateway sends DELETE itself); another node's hears it from the shared
 // state.
-func (h *Gateway) ended(t webDriverTarget, reason string, gone bool) {
+func (h webDrivers) ended(t webDriverTarget, reason string, gone bool) {
 	if t.local != nil {
 		t.local.end(reason, !gone)
 		return
@@ -154,7 +154,7 @@ func noSuchSession(w http.ResponseWriter) {
 // webDriverCommand forwards a command to its session's provider session,
 // and streams the answer back with the provider's session ID replaced by
 // the client's.
-func (h *Gateway) webDriverCommand(w http.ResponseWriter, r *http.Request, wr wdRequest) {
+func (h webDrivers) webDriverCommand(w http.ResponseWriter, r *http.Request, wr wdRequest) {
 	t, ok := h.webDriverTargetOf(r, wr.id)
 	if !ok {
 		noSuchSession(w)
@@ -225,7 +225,7 @@ func (h *Gateway) webDriverCommand(w http.ResponseWriter, r *http.Request, wr wd
 // session; it reports false when the upgrade's path is not a session's
 // socket (it then goes the chain's way). A session's socket that is not
 // live, or not this client's, is an unknown session, as for commands.
-func (h *Gateway) serveWebDriverSocket(w http.ResponseWriter, r *http.Request, wr wdRequest) bool {
+func (h webDrivers) serveWebDriverSocket(w http.ResponseWriter, r *http.Request, wr wdRequest) bool {
 	if wr.id == "" || (wr.rest != "" && wr.rest != "/se/cdp") {
 		return false
 	}
@@ -320,7 +320,7 @@ func (h *Gateway) serveWebDriverSocket(w http.ResponseWriter, r *http.Request, w
 // shared state: one saw this node's session end (its client's DELETE, its
 // provider's end), so its ticket goes; or a session's owner ended it, so
 // its sockets here close.
-func (h *Gateway) webDriverNews(e cluster.Event) {
+func (h webDrivers) webDriverNews(e cluster.Event) {
 	s := h.shared.s
 	switch e.Kind {
 	case cluster.EventWebDriverEnd:

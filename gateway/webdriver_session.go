@@ -26,12 +26,20 @@ import (
 // covers until the provider confirms it); its sockets get close frames;
 // its ticket is released once; later commands get "invalid session id".
 
+// webDrivers is the handler's WebDriver side: the sessions its creates
+// made, their routes (here and, under shared state, in Redis), and the
+// requests that reach them beside the chain (webdriver_routes.go,
+// front_webdriver.go).
+type webDrivers struct {
+	*Gateway
+}
+
 // wdSession is one live WebDriver session: the session registry's
 // pool.Live for it, and its lifecycle's body (package sessions), which
 // runs its idle timeout (no command and no socket open, here nor on
 // another node), its time limit, its end entry and the ticket's give-back.
 type wdSession struct {
-	h *Gateway // the handler that created it (its logger, registry, shared state)
+	h webDrivers // the handler that created it (its logger, registry, shared state)
 	// id is its operator's session ID (the sessions list, logs, the
 	// Browser-Failover-Session header); its client names it by another,
 	// its path ID, which the session does not keep.
@@ -67,7 +75,7 @@ type wdSession struct {
 // m, which its client is to name by pathID: it takes the client's ticket,
 // and is listed, bound to the handler and the client's key.
 func (c *connect) newWebDriverSession(m *member, ps *upstreams.WebDriverSession, pathID, browser string) *wdSession {
-	h := c.h
+	h := webDrivers{c.h}
 	s := &wdSession{
 		h: h, id: c.id, provider: m.up.Name, browser: browser, m: m, ps: ps, opts: c.opts,
 		started: time.Now(), done: make(chan struct{}),
@@ -143,7 +151,7 @@ const maxRouteHandlers = 4
 
 // webDriverSessionByRoute is this node's WebDriver session whose route's
 // key is key; nil when none.
-func (h *Gateway) webDriverSessionByRoute(key string) *wdSession {
+func (h webDrivers) webDriverSessionByRoute(key string) *wdSession {
 	if key == "" {
 		return nil
 	}
@@ -316,7 +324,7 @@ func (s *wdSession) endWith(code int, reason string, byGateway bool) {
 
 // dropRoute takes a session's route (under the key id) out of the shared
 // state and tells the other nodes, whose sockets of it close.
-func (h *Gateway) dropRoute(id string) {
+func (h webDrivers) dropRoute(id string) {
 	sh := h.shared
 	if sh == nil || !sh.s.Usable() {
 		return
@@ -339,7 +347,7 @@ const defaultWebDriverIdle = 5 * time.Minute
 // clientKeys are the client key placeholders the handler's WebDriver
 // sessions are bound to: client_limit's, then client_budget's when it is
 // another; nil without either.
-func (h *Gateway) clientKeys() []string {
+func (h webDrivers) clientKeys() []string {
 	var keys []string
 	if cl := h.ClientLimit; cl != nil {
 		keys = append(keys, cl.Key)
@@ -363,12 +371,12 @@ func clientValues(keys []string, replace func(string) string) []string {
 
 // webDriverRouteTTL is how long a session's route stays in the shared
 // state without activity: past its idle timeout, the owner has ended it.
-func (h *Gateway) webDriverRouteTTL() time.Duration {
+func (h webDrivers) webDriverRouteTTL() time.Duration {
 	return 2*h.webDriverIdle() + time.Minute
 }
 
 // webDriverIdle is the idle timeout of the handler's WebDriver sessions.
-func (h *Gateway) webDriverIdle() time.Duration {
+func (h webDrivers) webDriverIdle() time.Duration {
 	if s := h.Session; s != nil && s.IdleTimeout > 0 {
 		return time.Duration(s.IdleTimeout)
 	}
@@ -377,7 +385,7 @@ func (h *Gateway) webDriverIdle() time.Duration {
 
 // shareRoute puts a session's route rt in the shared state under key (its
 // owner this node).
-func (h *Gateway) shareRoute(key string, rt cluster.Route) bool {
+func (h webDrivers) shareRoute(key string, rt cluster.Route) bool {
 	sh := h.shared
 	if sh == nil || !sh.s.Usable() {
 		return false
