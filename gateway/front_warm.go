@@ -111,8 +111,8 @@ func (warmUp) attempt(ctx context.Context, c *connect, m *member) upstreams.Resu
 }
 
 // establish makes the warm session: its ticket's meter starts (a warm
-// session is billed whether or not a client takes it), its lifecycle
-// starts with warm_max_age for a time limit, and the warmer takes it in.
+// session is billed whether or not a client takes it), its lifecycle has
+// warm_max_age for a time limit, and the warmer takes it in.
 func (f warmUp) establish(c *connect, m *member, res upstreams.Result) passEnd {
 	t := c.ticket
 	c.ticket = nil
@@ -121,9 +121,8 @@ func (f warmUp) establish(c *connect, m *member, res upstreams.Result) passEnd {
 	f.w.mu.Lock()
 	maxAge := f.w.maxAge
 	f.w.mu.Unlock()
-	ws.life = sessions.New(c.h.sessionDeps(), t, warmBody{ws}, sessions.Limits{MaxDuration: maxAge}, sessions.Entry{Provider: m.up.Name})
 	ws.w = f.w
-	ws.life.Run()
+	ws.life = sessions.New(c.h.sessionDeps(), t, warmBody{ws}, sessions.Limits{MaxDuration: maxAge}, sessions.Entry{Provider: m.up.Name})
 	f.w.add(ws, m)
 	return passEstablished
 }

@@ -35,7 +35,12 @@ func (c *connect) finish(rf *refusal) {
 	}
 	c.finished = true
 	if c.waiter != nil {
-		c.waiter.Leave()
+		if rf == nil {
+			// Gone: what it was retrying goes to the next waiter.
+			c.waiter.Gone()
+		} else {
+			c.waiter.Leave()
+		}
 		c.waited = time.Since(c.joined)
 	}
 	c.ticket.Release()

@@ -8,6 +8,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 )
 
 // streamConn presents an HTTP/2 or HTTP/3 extended CONNECT stream as a
@@ -23,9 +25,13 @@ import (
 // the wait for it, and a write deadline is handed to the stream only for
 // the time of a Write.
 type streamConn struct {
-	body      io.ReadCloser
-	w         http.ResponseWriter
-	rc        *http.ResponseController
+	body io.ReadCloser
+	w    http.ResponseWriter
+	rc   *http.ResponseController
+	// stop is the stream's own controller, below Caddy's idle timeout
+	// writer, for Close to cut a blocked Write: that writer's deadlines
+	// are not made to be set while another goroutine writes through it.
+	stop      *http.ResponseController
 	local     net.Addr
 	remote    net.Addr
 	closeOnce sync.Once
@@ -42,13 +48,28 @@ type streamConn struct {
 
 func newStreamConn(r *http.Request, w http.ResponseWriter, rc *http.ResponseController) *streamConn {
 	sc := &streamConn{
-		body: r.Body, w: w, rc: rc, done: make(chan struct{}),
+		body: r.Body, w: w, rc: rc, stop: http.NewResponseController(belowIdleTimeout(w)), done: make(chan struct{}),
 		local: streamAddr("local"), remote: streamAddr(r.RemoteAddr),
 		chunks: make(chan []byte), taken: make(chan struct{}, 1),
 		readDL: makeDeadline(),
 	}
 	go sc.pump()
 	return sc
+}
+
+// belowIdleTimeout is w without Caddy's idle timeout writer, when w wraps
+// one.
+func belowIdleTimeout(w http.ResponseWriter) http.ResponseWriter {
+	for inner := w; ; {
+		if iw, ok := inner.(*caddyhttp.IdleTimeoutWriter); ok {
+			return iw.ResponseWriter
+		}
+		u, ok := inner.(interface{ Unwrap() http.ResponseWriter })
+		if !ok {
+			return w
+		}
+		inner = u.Unwrap()
+	}
 }
 
 // streamChunk is the most one body read takes.
@@ -133,7 +154,7 @@ func (s *streamConn) Close() error {
 		// too: a past deadline resets the stream (only then, so that a
 		// session that ends cleanly ends its stream cleanly).
 		if s.writing.Load() {
-			s.rc.SetWriteDeadline(time.Unix(1, 0))
+			s.stop.SetWriteDeadline(time.Unix(1, 0))
 		}
 	})
 	return nil

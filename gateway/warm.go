@@ -393,8 +393,8 @@ func (w *warmer) publish() {
 	}
 }
 
-// add takes in the warm session a warm-up made, whose provider's
-// settings printed as fp: ready for a client, and watched. One not wanted
+// add takes in the warm session ws a warm-up made for w (ws.w is w): ready
+// for a client, watched, and its lifecycle running. One not wanted
 // any more (the warmer closed or full, or made with the settings of an
 // owner before a reload that changed them) is closed at once.
 func (w *warmer) add(ws *warmSession, m *member) {
@@ -404,11 +404,14 @@ func (w *warmer) add(ws *warmSession, m *member) {
 		ws.end(upstreams.CloseGoingAway, upstreams.EndShutdown, nil)
 		return
 	}
-	ws.w, ws.watched = w, make(chan watchResult, 1)
+	ws.watched = make(chan watchResult, 1)
 	go ws.watch()
 	w.ready = append(w.ready, ws)
 	w.publish()
 	w.mu.Unlock()
+	// Its time limit counts from here: one that ran out before it was
+	// ready would find nothing to drop.
+	ws.life.Run()
 	// A client waiting for the provider may take it now.
 	m.state.Notify()
 }

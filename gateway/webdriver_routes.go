@@ -53,7 +53,7 @@ func (h webDrivers) webDriverTargetOf(r *http.Request, pathID string) (webDriver
 	}
 	if ls, ok := h.reg.Sessions.ByPath(pool.PathHash(pathID)); ok {
 		s, ok := ls.Session.(*wdSession)
-		if !ok || !h.reg.Handlers.Serves(ls.Bound.Handler, h) || !sameClient(ls.Bound.Keys, ls.Bound.Client, r, pool.ClientHash) {
+		if !ok || !h.reg.Handlers.Serves(ls.Bound.Handler, h.Gateway) || !sameClient(ls.Bound.Keys, ls.Bound.Client, r, pool.ClientHash) {
 			return webDriverTarget{}, false
 		}
 		return webDriverTarget{local: s, up: s.upNow(), ps: s.ps, provider: s.provider, id: s.id, route: s.route}, true
@@ -68,7 +68,7 @@ func (h webDrivers) webDriverTargetOf(r *http.Request, pathID string) (webDriver
 		h.logger.Warn("WebDriver route from the shared state not read", zap.String("cause", err.Error()))
 		return webDriverTarget{}, false
 	}
-	if !ok || rt.Session == "" || !slices.ContainsFunc(rt.Handlers, func(k string) bool { return h.reg.Handlers.Serves(k, h) }) ||
+	if !ok || rt.Session == "" || !slices.ContainsFunc(rt.Handlers, func(k string) bool { return h.reg.Handlers.Serves(k, h.Gateway) }) ||
 		!sameClient(rt.Keys, rt.Client, r, h.reg.Hashes.SharedClient) {
 		return webDriverTarget{}, false
 	}
