@@ -58,6 +58,15 @@ func waitIdle(t *testing.T, names ...string) {
 	})
 }
 
+// endedAtLeast waits until the log holds at least n "session ended"
+// entries (a session's entry follows the give-back of its slot) and
+// returns them.
+func endedAtLeast(t *testing.T, g *testgw.Gateway, n int) []sessionLog {
+	t.Helper()
+	testgw.Eventually(t, 10*time.Second, fmt.Sprintf("%d sessions' end in the log", n), func() bool { return len(ended(g)) >= n })
+	return ended(g)
+}
+
 // ended returns the "session ended" entries, each as provider and the
 // attempts' "provider:outcome" words.
 func ended(g *testgw.Gateway) []sessionLog {
