@@ -42,10 +42,10 @@ func TestBiDiMaxConcurrentDefault(t *testing.T) {
 		if err != nil {
 			t.Fatalf("%s: %v", js, err)
 		}
-		if got := fromCF.Providers[0].maxConcurrent(); got != tc.want {
+		if got := fromCF.Providers[0].EffectiveMaxConcurrent(); got != tc.want {
 			t.Errorf("Caddyfile %q: max_concurrent %d, want %d", tc.opts, got, tc.want)
 		}
-		if got := fromJS.Providers[0].maxConcurrent(); got != tc.want {
+		if got := fromJS.Providers[0].EffectiveMaxConcurrent(); got != tc.want {
 			t.Errorf("JSON %s: max_concurrent %d, want %d", js, got, tc.want)
 		}
 	}

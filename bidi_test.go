@@ -19,7 +19,7 @@ import (
 
 	"github.com/coder/websocket"
 
-	browserfailover "github.com/browserfailover/caddy-browser-failover"
+	"github.com/browserfailover/caddy-browser-failover/gateway"
 	"github.com/browserfailover/caddy-browser-failover/internal/fakes"
 	"github.com/browserfailover/caddy-browser-failover/internal/testgw"
 	"github.com/browserfailover/caddy-browser-failover/status"
@@ -305,17 +305,17 @@ func TestBiDiNotResumable(t *testing.T) {
 	ff := newBiDiFake(t)
 	g := testgw.Start(t, handler(`"resume":{"window":"30s"}`, provider("rs-ff", ff.URL(), `"protocol":"bidi"`)))
 	token := strings.Repeat("A", 30)
-	c, resp, err := dial(t, g.WS("/session?"+browserfailover.ResumeTokenQuery+"="+token), nil)
+	c, resp, err := dial(t, g.WS("/session?"+gateway.ResumeTokenQuery+"="+token), nil)
 	if err != nil {
 		t.Fatalf("a BiDi client with a resume token: %v", err)
 	}
-	if h := resp.Header.Get(browserfailover.ResumeTokenHeader); h != "" {
+	if h := resp.Header.Get(gateway.ResumeTokenHeader); h != "" {
 		t.Errorf("a BiDi session was handed resume token %q", h)
 	}
 	c.CloseNow()
 	ff.waitEnded(t)
 	testgw.Eventually(t, 10*time.Second, "the session to end", func() bool { return len(sessionsOf(t, g)) == 0 })
-	if code := refusedAt(t, g, "/session?"+browserfailover.ResumeQuery+"="+token); code != http.StatusGone {
+	if code := refusedAt(t, g, "/session?"+gateway.ResumeQuery+"="+token); code != http.StatusGone {
 		t.Errorf("a BiDi resume got %d, want 410", code)
 	}
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
 	"github.com/browserfailover/caddy-browser-failover/cluster"
+	"github.com/browserfailover/caddy-browser-failover/config"
 	"github.com/browserfailover/caddy-browser-failover/internal/conf"
 	"github.com/browserfailover/caddy-browser-failover/observe"
 	"github.com/browserfailover/caddy-browser-failover/spend"
@@ -226,21 +227,21 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		if err != nil {
 			return err
 		}
-		h.given.add(opt)
-		if err := top.check(errors.Join(h.validateOwn(), h.Affinity.validate(), h.ClientLimit.validate(), h.ClientBudget.validate()), opt); err != nil {
+		h.Stated().Add(opt)
+		if err := top.check(errors.Join(h.ValidateOwn(), h.Affinity.Validate(), h.ClientLimit.Validate(), h.ClientBudget.Validate()), opt); err != nil {
 			return err
 		}
 	}
-	if err := top.finish(h.validateOwn()); err != nil {
+	if err := top.finish(h.ValidateOwn()); err != nil {
 		return err
 	}
 	// A provider's cooldown override against the handler's cooldown,
 	// which may come before or after it: the later of the two options.
 	for _, p := range h.Providers {
-		var clash *cooldownClash
-		if errors.As(h.Cooldown.clash(p), &clash) {
-			at := providerCooldowns[p].at[clash.ownOpt]
-			if m := handlerCooldown.at[clash.handlerOpt()]; m.seq > at.seq {
+		var clash *config.CooldownClash
+		if errors.As(h.Cooldown.Clash(p), &clash) {
+			at := providerCooldowns[p].at[clash.OwnOpt()]
+			if m := handlerCooldown.at[clash.HandlerOpt()]; m.seq > at.seq {
 				at = m
 			}
 			return errAt(at.tok, clash)
@@ -263,12 +264,12 @@ func (r *reader) parseProvider() (*ProviderConfig, *block, error) {
 	p := &ProviderConfig{}
 	p.Name, p.URL = args[0], args[1]
 	b.note("name", "url")
-	if err := b.check(p.validate(), "name", "url"); err != nil {
+	if err := b.check(p.Validate(), "name", "url"); err != nil {
 		return nil, nil, err
 	}
 	var cooldownBlock *block
 	what := fmt.Sprintf("provider %q", p.Name)
-	err := b.each(what, &p.given, p.validate, func(opt string) (err error) {
+	err := b.each(what, p.Stated(), p.Validate, func(opt string) (err error) {
 		switch opt {
 		case "priority":
 			var n int
@@ -402,8 +403,8 @@ func (r *reader) parseCooldown(prefix string) (*CooldownConfig, *block, error) {
 	}
 	b := r.open()
 	c := &CooldownConfig{}
-	validate := func() error { return within(prefix, c.validate()) }
-	err := b.each("cooldown", &c.given, validate, func(opt string) (err error) {
+	validate := func() error { return config.Within(prefix, c.Validate()) }
+	err := b.each("cooldown", c.Stated(), validate, func(opt string) (err error) {
 		switch opt {
 		case "duration":
 			c.Duration, err = durationArg(d)
@@ -432,7 +433,7 @@ func (r *reader) parseQueue() (*QueueConfig, error) {
 		return nil, d.ArgErr()
 	}
 	q := &QueueConfig{}
-	return q, r.open().each("queue", &q.given, q.validate, func(opt string) (err error) {
+	return q, r.open().each("queue", q.Stated(), q.Validate, func(opt string) (err error) {
 		switch opt {
 		case "size":
 			var n int
@@ -454,7 +455,7 @@ func (r *reader) parseSession() (*SessionConfig, error) {
 		return nil, d.ArgErr()
 	}
 	s := &SessionConfig{}
-	return s, r.open().each("session", nil, s.validate, func(opt string) (err error) {
+	return s, r.open().each("session", nil, s.Validate, func(opt string) (err error) {
 		switch opt {
 		case "idle_timeout":
 			s.IdleTimeout, err = durationArg(d)
@@ -545,13 +546,13 @@ func (r *reader) parseState() (*StateConfig, error) {
 	rc := st.Redis
 	if len(args) == 2 {
 		rc.Address = args[1]
-		rc.given.add("address")
+		rc.Stated().Add("address")
 		b.note("state", "address")
-		if err := b.check(st.validate(), "state", "address"); err != nil {
+		if err := b.check(st.Validate(), "state", "address"); err != nil {
 			return nil, err
 		}
 	}
-	return st, b.each("state", &rc.given, st.validate, func(opt string) (err error) {
+	return st, b.each("state", rc.Stated(), st.Validate, func(opt string) (err error) {
 		switch opt {
 		case "address":
 			rc.Address, err = oneArg(d)

@@ -37,7 +37,7 @@ func FuzzCaddyfile(f *testing.F) {
 			}
 			return
 		}
-		if err := h.check(); err != nil {
+		if err := h.Validate(); err != nil {
 			t.Fatalf("parsed, but check() rejects it: %v", err)
 		}
 		b, err := json.Marshal(&h)
@@ -48,7 +48,7 @@ func FuzzCaddyfile(f *testing.F) {
 		if err := json.Unmarshal(b, &back); err != nil {
 			t.Fatalf("its JSON does not load: %v\n%s", err, b)
 		}
-		if err := back.check(); err != nil {
+		if err := back.Validate(); err != nil {
 			t.Fatalf("its JSON fails check(): %v\n%s", err, b)
 		}
 	})

@@ -3,6 +3,8 @@ package browserfailover
 import (
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+
+	"github.com/browserfailover/caddy-browser-failover/config"
 )
 
 // parseHealthCheck reads `health_check off` or
@@ -17,20 +19,20 @@ import (
 //
 // Each setting appears at most once; an error names its line.
 func parseHealthCheck(d *caddyfile.Dispenser) (*HealthCheckConfig, error) {
-	c := &HealthCheckConfig{at: caddyfile.NewDispenser([]caddyfile.Token{d.Token()})}
-	c.at.Next()
+	c := &HealthCheckConfig{At: caddyfile.NewDispenser([]caddyfile.Token{d.Token()})}
+	c.At.Next()
 	if d.NextArg() {
 		if d.Val() != "off" || d.NextArg() {
 			return nil, d.Errf("health_check takes a block, or off")
 		}
 		c.Off = true
-		c.given.add("off")
+		c.Stated().Add("off")
 		if d.NextBlock(d.Nesting()) {
 			return nil, d.Errf("health_check off takes no block")
 		}
 		return c, nil
 	}
-	err := (&reader{d: d}).open().each("health_check", &c.given, c.validate, func(opt string) (err error) {
+	err := (&reader{d: d}).open().each("health_check", c.Stated(), c.Validate, func(opt string) (err error) {
 		switch opt {
 		case "uri":
 			c.URI, err = oneArg(d)
@@ -58,15 +60,15 @@ func parseHealthCheck(d *caddyfile.Dispenser) (*HealthCheckConfig, error) {
 // provider's health_check, or else of the handler's.
 func (h *Handler) checkProbeTargets(d *caddyfile.Dispenser) error {
 	for _, p := range h.Providers {
-		err := checkProbeTarget(p, effectiveHealthCheck(h.HealthCheck, p.HealthCheck))
+		err := config.CheckProbeTarget(p, config.EffectiveHealthCheck(h.HealthCheck, p.HealthCheck))
 		if err == nil {
 			continue
 		}
 		at := d
-		if p.HealthCheck != nil && p.HealthCheck.at != nil {
-			at = p.HealthCheck.at
-		} else if h.HealthCheck != nil && h.HealthCheck.at != nil {
-			at = h.HealthCheck.at
+		if p.HealthCheck != nil && p.HealthCheck.At != nil {
+			at = p.HealthCheck.At
+		} else if h.HealthCheck != nil && h.HealthCheck.At != nil {
+			at = h.HealthCheck.At
 		}
 		return at.Err(err.Error())
 	}

@@ -8,6 +8,7 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 
+	"github.com/browserfailover/caddy-browser-failover/config"
 	"github.com/browserfailover/caddy-browser-failover/internal/conf"
 )
 
@@ -75,7 +76,7 @@ func (b *block) note(opts ...string) {
 // just read, at their line. Other problems wait: those of options still
 // to come, and those judged on the whole block.
 func (b *block) check(err error, opts ...string) error {
-	for _, e := range problems(err) {
+	for _, e := range config.Problems(err) {
 		var p *conf.Problem
 		if !errors.As(e, &p) || p.Whole {
 			continue
@@ -98,7 +99,7 @@ var errUnknownOption = errors.New("unknown option")
 // know), given (nil: none) records it as stated, and a problem that
 // validate finds with it is reported at its line. At the block's end,
 // whatever validate still finds is reported by finish.
-func (b *block) each(what string, given *explicit, validate func() error, read func(opt string) error) error {
+func (b *block) each(what string, given *config.Explicit, validate func() error, read func(opt string) error) error {
 	d := b.r.d
 	for nesting := d.Nesting(); d.NextBlock(nesting); {
 		opt := d.Val()
@@ -112,7 +113,7 @@ func (b *block) each(what string, given *explicit, validate func() error, read f
 			return err
 		}
 		if given != nil {
-			given.add(opt)
+			given.Add(opt)
 		}
 		if err := b.check(validate(), opt); err != nil {
 			return err
@@ -127,7 +128,7 @@ func (b *block) each(what string, given *explicit, validate func() error, read f
 func (b *block) finish(err error) error {
 	var first error
 	var at mark
-	for _, e := range problems(err) {
+	for _, e := range config.Problems(err) {
 		m := b.start
 		var p *conf.Problem
 		if errors.As(e, &p) {

@@ -1,6 +1,7 @@
 package browserfailover
 
 import (
+	"github.com/browserfailover/caddy-browser-failover/config"
 	"github.com/browserfailover/caddy-browser-failover/upstreams"
 )
 
@@ -34,7 +35,7 @@ func (r *reader) parseSessionAPI(prefix string) (*upstreams.SessionAPI, error) {
 		return nil, d.ArgErr()
 	}
 	c := &upstreams.SessionAPI{}
-	validate := func() error { return within(prefix, upstreams.ValidateSessionAPI(*c)) }
+	validate := func() error { return config.Within(prefix, upstreams.ValidateSessionAPI(*c)) }
 	err := r.open("header", "connect_hosts").each(prefix+"session_api", nil, validate, func(opt string) (err error) {
 		switch opt {
 		case "create":

@@ -10,6 +10,7 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig"
 
+	"github.com/browserfailover/caddy-browser-failover/config"
 	"github.com/browserfailover/caddy-browser-failover/upstreams"
 )
 
@@ -418,7 +419,7 @@ func fromJSON(b []byte) (*Handler, error) {
 	if err := caddy.StrictUnmarshalJSON(b, h); err != nil {
 		return nil, err
 	}
-	return h, h.check()
+	return h, h.Validate()
 }
 
 // findHandler returns the first browser_failover handler object in doc.
@@ -461,7 +462,7 @@ func TestJSONStatedZero(t *testing.T) {
 		h := new(Handler)
 		err := json.Unmarshal([]byte(js), h)
 		if err == nil {
-			err = h.check()
+			err = h.Validate()
 		}
 		if (err == nil) != ok {
 			t.Errorf("%s: error %v, want ok=%v", js, err, ok)
@@ -494,7 +495,7 @@ func TestPlaceholderURLAtProvision(t *testing.T) {
 		if err := json.Unmarshal([]byte(strings.Replace(handler, `"handler":"browser_failover",`, "", 1)), &h); err != nil {
 			t.Fatal(err)
 		}
-		if err := h.check(); err != nil {
+		if err := h.Validate(); err != nil {
 			t.Fatalf("%q: check() rejects a whole placeholder: %v", tc.url, err)
 		}
 		cfg := `{"admin":{"disabled":true},"apps":{"http":{"servers":{"s":{"listen":["127.0.0.1:0"],"routes":[{"handle":[` + handler + `]}]}}}}}`
@@ -532,7 +533,7 @@ func TestHealthCheckImplicitDefaults(t *testing.T) {
 		{"merged", &HealthCheckConfig{ProbeOptions: upstreams.ProbeOptions{Timeout: ms(1000)}}, &HealthCheckConfig{ProbeOptions: upstreams.ProbeOptions{Interval: ms(400)}}, ms(400), ms(1000)},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			c := effectiveHealthCheck(tc.handler, tc.own)
+			c := config.EffectiveHealthCheck(tc.handler, tc.own)
 			if c.Interval != tc.interval || c.Timeout != tc.timeout {
 				t.Fatalf("interval %v timeout %v, want %v and %v", time.Duration(c.Interval), time.Duration(c.Timeout),
 					time.Duration(tc.interval), time.Duration(tc.timeout))

@@ -104,7 +104,7 @@ func TestPoolsDoNotBlockEachOther(t *testing.T) {
 	c2 := mustServe(t, cdpWaiter, 10*time.Second, "CDP waiter")
 	c2.CloseNow()
 	testgw.Eventually(t, 10*time.Second, "every session to end", func() bool {
-		return state(t, "fq1-cdp").Active()+state(t, "fq1-pw").Active() == 1 // c still open
+		return state(t, "fq1-cdp").Slots.Active()+state(t, "fq1-pw").Slots.Active() == 1 // c still open
 	})
 }
 

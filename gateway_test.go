@@ -89,7 +89,7 @@ func active(name string) int64 {
 	if !ok {
 		return -1
 	}
-	return p.Active()
+	return p.Slots.Active()
 }
 
 // TestFailoverChain: every failing kind of provider is tried once, in
@@ -516,11 +516,11 @@ func TestBurstCountsReturnToZero(t *testing.T) {
 	testgw.Eventually(t, 10*time.Second, "every count back to 0", func() bool {
 		for _, n := range []string{"echo", "s500", "hang"} {
 			p, _ := pool.Current().Lookup(n)
-			if p.Active() != 0 || p.Reserved() != 0 {
+			if p.Slots.Active() != 0 || p.Slots.Reserved() != 0 {
 				return false
 			}
 		}
-		return pool.Current().LiveSessions() == 0
+		return pool.Current().Sessions.Count() == 0
 	})
 }
 
@@ -566,8 +566,8 @@ func TestTryDurationIsNotTheProvidersFault(t *testing.T) {
 		t.Fatalf("body %s", body)
 	}
 	p, _ := pool.Current().Lookup("slow")
-	if snap := p.Health.Snapshot(); !snap.Healthy || snap.Failures != 0 || p.Reserved() != 0 {
-		t.Fatalf("try_duration counted against the provider: %+v reserved %d", snap, p.Reserved())
+	if snap := p.Health.Snapshot(); !snap.Healthy || snap.Failures != 0 || p.Slots.Reserved() != 0 {
+		t.Fatalf("try_duration counted against the provider: %+v reserved %d", snap, p.Slots.Reserved())
 	}
 }
 

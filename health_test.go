@@ -152,7 +152,7 @@ func hold(t *testing.T, g *testgw.Gateway) *websocket.Conn {
 	return c
 }
 
-func state(t testing.TB, name string) *pool.Provider {
+func state(t testing.TB, name string) *pool.ProviderState {
 	t.Helper()
 	p, ok := pool.Current().Lookup(name)
 	if !ok {
@@ -355,8 +355,8 @@ func TestCooldownTrialAndDoubling(t *testing.T) {
 	if lo, hi := t0.Add(2*time.Second), t1.Add(2*time.Second); s.Until.Before(lo) || s.Until.After(hi) {
 		t.Fatalf("second cooldown ends %v, want between %v and %v (doubled)", s.Until, lo, hi)
 	}
-	if st := state(t, "cd-bad"); st.LastError() != "status_500" {
-		t.Fatalf("last error %q", st.LastError())
+	if st := state(t, "cd-bad"); st.Stats.LastError() != "status_500" {
+		t.Fatalf("last error %q", st.Stats.LastError())
 	}
 }
 
@@ -393,8 +393,8 @@ func TestCapacitySkip(t *testing.T) {
 			if s.Healthy || s.Until.IsZero() || s.Attempts != 0 || s.Failures != 0 || s.Cooldowns != 0 || s.Streak != 0 {
 				t.Fatalf("after %d: %+v", tc.status, s)
 			}
-			if st := state(t, busyName); st.LastError() != fmt.Sprintf("status_%d", tc.status) {
-				t.Fatalf("last error %q", st.LastError())
+			if st := state(t, busyName); st.Stats.LastError() != fmt.Sprintf("status_%d", tc.status) {
+				t.Fatalf("last error %q", st.Stats.LastError())
 			}
 			for time.Since(start) < tc.quiet {
 				mustRoundTrip(t, g, nil)
@@ -514,7 +514,7 @@ func TestStrategyLeastConn(t *testing.T) {
 	}
 	// Free C: A holds 2, B 1, C 0.
 	held[2].Close(websocket.StatusNormalClosure, "")
-	testgw.Eventually(t, 5*time.Second, "lc-c's slot to free", func() bool { return state(t, "lc-c").Reserved() == 0 })
+	testgw.Eventually(t, 5*time.Second, "lc-c's slot to free", func() bool { return state(t, "lc-c").Slots.Reserved() == 0 })
 	contacts.Reset()
 	for range 3 {
 		hold(t, g)
@@ -522,7 +522,7 @@ func TestStrategyLeastConn(t *testing.T) {
 	if got := strings.Join(contacts.List(), ","); got != "lc-c,lc-b,lc-c" {
 		t.Fatalf("with A=2 B=1 C=0 the next sessions went to %s, want lc-c,lc-b,lc-c", got)
 	}
-	if a, b, c := state(t, "lc-a").Active(), state(t, "lc-b").Active(), state(t, "lc-c").Active(); a != 2 || b != 2 || c != 2 {
+	if a, b, c := state(t, "lc-a").Slots.Active(), state(t, "lc-b").Slots.Active(), state(t, "lc-c").Slots.Active(); a != 2 || b != 2 || c != 2 {
 		t.Fatalf("active %d %d %d", a, b, c)
 	}
 }
@@ -542,8 +542,8 @@ func TestStrategyLatency(t *testing.T) {
 	if got := strings.Join(contacts.List(), ","); got != "lat-slow,lat-fast,lat-fast,lat-fast,lat-fast,lat-fast" {
 		t.Fatalf("contacts %s", got)
 	}
-	slowMS, _ := state(t, "lat-slow").HandshakeMS()
-	fastMS, _ := state(t, "lat-fast").HandshakeMS()
+	slowMS, _ := state(t, "lat-slow").Stats.HandshakeMS()
+	fastMS, _ := state(t, "lat-fast").Stats.HandshakeMS()
 	if slowMS < 200 || fastMS >= slowMS {
 		t.Fatalf("handshake averages slow %.1f fast %.1f", slowMS, fastMS)
 	}
@@ -631,11 +631,11 @@ func TestDrain(t *testing.T) {
 		t.Fatalf("contacts %s", got)
 	}
 	echoOnce(t, live, []byte("still here"))
-	if st.Active() != 1 {
-		t.Fatalf("dr-a active %d", st.Active())
+	if st.Slots.Active() != 1 {
+		t.Fatalf("dr-a active %d", st.Slots.Active())
 	}
 	live.Close(websocket.StatusNormalClosure, "")
-	testgw.Eventually(t, 5*time.Second, "dr-a's slot to free", func() bool { return st.Active() == 0 && st.Reserved() == 0 })
+	testgw.Eventually(t, 5*time.Second, "dr-a's slot to free", func() bool { return st.Slots.Active() == 0 && st.Slots.Reserved() == 0 })
 	st.SetDraining(false)
 	contacts.Reset()
 	mustRoundTrip(t, g, nil)

@@ -323,7 +323,7 @@ func TestCapacityBrowserlessFull(t *testing.T) {
 		t.Fatalf("%d upgrades at hc-bl", bl.upgrades.Load())
 	}
 	// The learnt maxConcurrent is its limit here.
-	if lim := state(t, "hc-bl").Limit(); lim != 4 {
+	if lim := state(t, "hc-bl").Slots.Limit(); lim != 4 {
 		t.Fatalf("limit %d, want the learnt maxConcurrent 4", lim)
 	}
 }
@@ -614,7 +614,7 @@ func TestHealthCheckReloads(t *testing.T) {
 	if err := g.Reload(handler("", provider("hc-reload", p.httpURL(), ""))); err != nil {
 		t.Fatal(err)
 	}
-	testgw.Eventually(t, 5*time.Second, "the loop to stop", func() bool { return !state(t, "hc-reload").Probed() })
+	testgw.Eventually(t, 5*time.Second, "the loop to stop", func() bool { return !state(t, "hc-reload").Probes.Running() })
 	settledAt := p.probes.Load()
 	time.Sleep(time.Second)
 	if p.probes.Load() != settledAt {

@@ -38,7 +38,7 @@ func settled(t *testing.T, names ...string) {
 	testgw.Eventually(t, 10*time.Second, "every slot given back", func() bool {
 		for _, n := range names {
 			p := state(t, n)
-			if p.Active() != 0 || p.Reserved() != 0 {
+			if p.Slots.Active() != 0 || p.Slots.Reserved() != 0 {
 				return false
 			}
 		}

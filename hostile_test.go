@@ -395,7 +395,7 @@ func rawDial(t *testing.T, g *testgw.Gateway) (net.Conn, *bufio.Reader) {
 
 func reserved(name string) int64 {
 	if p, ok := pool.Current().Lookup(name); ok {
-		return p.Reserved()
+		return p.Slots.Reserved()
 	}
 	return -1
 }

@@ -416,7 +416,7 @@ func TestHTTP2WaiterLeavesQueueWhenServed(t *testing.T) {
 	}
 	waiting := func() int {
 		n := 0
-		for _, q := range pool.Current().Queues() {
+		for _, q := range pool.Current().Queues.Counts() {
 			n += q.Waiting
 		}
 		return n

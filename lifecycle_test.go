@@ -499,8 +499,8 @@ func TestReloadsKeepSessions(t *testing.T) {
 			t.Fatalf("after reload %d: active %d, want %d", r, n, sessions)
 		}
 		p, _ := pool.Current().Lookup("rec")
-		if p.Reserved() != sessions || p.MaxConcurrent() != sessions {
-			t.Fatalf("after reload %d: reserved %d max %d", r, p.Reserved(), p.MaxConcurrent())
+		if p.Slots.Reserved() != sessions || p.Slots.MaxConcurrent() != sessions {
+			t.Fatalf("after reload %d: reserved %d max %d", r, p.Slots.Reserved(), p.Slots.MaxConcurrent())
 		}
 	}
 	time.Sleep(100 * time.Millisecond)
@@ -525,7 +525,7 @@ func TestReloadsKeepSessions(t *testing.T) {
 	}
 	testgw.Eventually(t, 5*time.Second, "every slot freed", func() bool {
 		p, _ := pool.Current().Lookup("rec")
-		return p.Active() == 0 && p.Reserved() == 0 && pool.Current().LiveSessions() == 0
+		return p.Slots.Active() == 0 && p.Slots.Reserved() == 0 && pool.Current().Sessions.Count() == 0
 	})
 	// A session's slot is freed just before its end is logged.
 	testgw.Eventually(t, 5*time.Second, "every session's end logged", func() bool {

@@ -61,7 +61,7 @@ func TestDistinctClientKeysLeaveNoHeap(t *testing.T) {
 		t.Errorf("live heap grew by %.1f MiB over %d distinct client_limit keys, want < %d MiB", float64(growth)/(1<<20), n, limit>>20)
 	}
 	for _, i := range []int{0, warmUp, warmUp + n - 1} {
-		if a := pool.Current().QuotaActive(pool.QuotaKey{Template: memKeyTemplate, Value: memKey(i)}); a != 0 {
+		if a := pool.Current().Quotas.Active(pool.QuotaKey{Template: memKeyTemplate, Value: memKey(i)}); a != 0 {
 			t.Errorf("key %d still counts %d sessions", i, a)
 		}
 	}

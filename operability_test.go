@@ -27,6 +27,7 @@ import (
 	"github.com/coder/websocket"
 
 	browserfailover "github.com/browserfailover/caddy-browser-failover"
+	"github.com/browserfailover/caddy-browser-failover/config"
 	"github.com/browserfailover/caddy-browser-failover/internal/fakes"
 	"github.com/browserfailover/caddy-browser-failover/internal/testgw"
 	"github.com/browserfailover/caddy-browser-failover/observe"
@@ -925,10 +926,10 @@ browser_failover {
 			t.Errorf("%q: error %v does not name line %d", tc.body, err, tc.line)
 		}
 	}
-	h := browserfailover.Handler{
+	h := browserfailover.Handler{Handler: config.Handler{
 		Providers: []*browserfailover.ProviderConfig{{Config: upstreams.Config{Name: "a", URL: "ws://h:1"}}},
 		Webhooks:  []*observe.WebhookConfig{{URL: "gopher://h/?secret=zz"}, {URL: "http://h/", Events: []string{"nope"}}},
-	}
+	}}
 	err = h.Validate()
 	if err == nil || !strings.Contains(err.Error(), `webhook 1: webhook URL scheme "gopher"`) || !strings.Contains(err.Error(), `webhook 2: webhook: unknown event "nope"`) || strings.Contains(err.Error(), "zz") {
 		t.Fatalf("Validate: %v", err)

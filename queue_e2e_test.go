@@ -26,7 +26,7 @@ import (
 // waiting is the number of clients waiting in the queue of the handler
 // that lists provider name (-1 when no handler does).
 func waiting(name string) int {
-	for _, q := range pool.Current().Queues() {
+	for _, q := range pool.Current().Queues.Counts() {
 		for _, p := range q.Providers {
 			if p == name {
 				return q.Waiting
@@ -493,7 +493,7 @@ func TestQueueStorm(t *testing.T) {
 	}
 	testgw.Eventually(t, 15*time.Second, "every count back to 0", func() bool {
 		p := state(t, "qm-echo")
-		return p.Active() == 0 && p.Reserved() == 0 && pool.Current().LiveSessions() == 0 && waiting("qm-echo") == 0
+		return p.Slots.Active() == 0 && p.Slots.Reserved() == 0 && pool.Current().Sessions.Count() == 0 && waiting("qm-echo") == 0
 	})
 	if n := echo.Hits.Load(); n != clients {
 		t.Fatalf("provider contacted %d times for %d sessions", n, clients)

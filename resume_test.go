@@ -348,7 +348,7 @@ func TestResumeSameBrowser(t *testing.T) {
 	for _, x := range []string{id, id2, id3} {
 		resumeRefused(t, g.WS("/?bf_resume="+x), nil, http.StatusGone)
 	}
-	if _, ok := pool.Current().ParkedByID(id3); !ok {
+	if _, ok := pool.Current().Parked.ByID(id3); !ok {
 		t.Fatal("presenting session IDs spent the parked session")
 	}
 }
@@ -476,10 +476,10 @@ func TestResumeRefused(t *testing.T) {
 	if msg := refused("no resume here", g.WS("/?bf_resume="+tok), alice, http.StatusGone); !strings.Contains(msg, "not resumable") {
 		t.Fatalf("refusal without resume: %q", msg)
 	}
-	if _, ok := pool.Current().ParkedByID(id2); !ok {
+	if _, ok := pool.Current().Parked.ByID(id2); !ok {
 		t.Fatalf("%s is no longer parked: its window goes on", id2)
 	}
-	if _, ok := pool.Current().ParkedByID(id3); ok {
+	if _, ok := pool.Current().Parked.ByID(id3); ok {
 		t.Fatalf("%s still parked after its window", id3)
 	}
 }
@@ -598,7 +598,7 @@ func TestResumeVisible(t *testing.T) {
 	if code != 200 || !strings.Contains(string(body), `"parked":true`) {
 		t.Fatalf("DELETE of a parked session: %d %s", code, body)
 	}
-	if _, ok := pool.Current().ParkedByID(id2); ok {
+	if _, ok := pool.Current().Parked.ByID(id2); ok {
 		t.Fatal("still parked after DELETE")
 	}
 	resumeRefused(t, g.WS("/?bf_resume="+tok), nil, http.StatusGone)
@@ -728,7 +728,7 @@ func TestResumeHold(t *testing.T) {
 	if endReason, _ := waitLog(t, g, "session ended", id2)["close_reason"].(string); endReason != "resume window over" {
 		t.Fatalf("the held session ended with %q", endReason)
 	}
-	if n, held := pool.Current().ParkedCount(); held != 0 {
+	if n, held := pool.Current().Parked.Count(); held != 0 {
 		t.Fatalf("%d parked (%d held) after the window", n, held)
 	}
 }
@@ -911,17 +911,17 @@ func TestParkedSessionsCount(t *testing.T) {
 	if b := f.Books(); len(b.Created) != 1 || len(b.Released) != 0 {
 		t.Fatalf("created %d, released %d: want 1 and 0", len(b.Created), len(b.Released))
 	}
-	if st, ok := pool.Current().Lookup("pc-api"); !ok || st.Reserved() != 1 || st.Active() != 0 {
+	if st, ok := pool.Current().Lookup("pc-api"); !ok || st.Slots.Reserved() != 1 || st.Slots.Active() != 0 {
 		t.Fatal("the parked session does not hold its slot (or counts as connected)")
 	}
 
 	// The resume takes the slot and the share over: nothing more is taken.
 	c2, id2, _ := resumeConnect(t, g.WS("/?bf_resume="+tok), me)
 	echoOnce(t, c2, []byte("two"))
-	if st, _ := pool.Current().Lookup("pc-api"); st.Reserved() != 1 || active("pc-api") != 1 {
-		t.Fatalf("resumed: reserved %d, active %d; want 1 and 1", st.Reserved(), active("pc-api"))
+	if st, _ := pool.Current().Lookup("pc-api"); st.Slots.Reserved() != 1 || active("pc-api") != 1 {
+		t.Fatalf("resumed: reserved %d, active %d; want 1 and 1", st.Slots.Reserved(), active("pc-api"))
 	}
-	if n := pool.Current().QuotaActive(pool.QuotaKey{Template: "{http.request.header.X-Client}", Value: "c1"}); n != 1 {
+	if n := pool.Current().Quotas.Active(pool.QuotaKey{Template: "{http.request.header.X-Client}", Value: "c1"}); n != 1 {
 		t.Fatalf("the client's share counts %d sessions, want 1", n)
 	}
 	c2.Close(websocket.StatusNormalClosure, "")
@@ -934,9 +934,9 @@ func TestParkedSessionsCount(t *testing.T) {
 	waitBooks(t, f, "pc-api", 1)
 	testgw.Eventually(t, 10*time.Second, "the slot to be free", func() bool {
 		st, _ := pool.Current().Lookup("pc-api")
-		return st.Reserved() == 0
+		return st.Slots.Reserved() == 0
 	})
-	if n := pool.Current().QuotaActive(pool.QuotaKey{Template: "{http.request.header.X-Client}", Value: "c1"}); n != 0 {
+	if n := pool.Current().Quotas.Active(pool.QuotaKey{Template: "{http.request.header.X-Client}", Value: "c1"}); n != 0 {
 		t.Fatalf("the client's share still counts %d", n)
 	}
 	c3, _, _ := resumeConnect(t, g.WS("/"), me)

@@ -239,7 +239,7 @@ func TestClientLimitWaitsPerKey(t *testing.T) {
 			case <-time.After(2 * time.Millisecond):
 			}
 			for _, k := range keys {
-				if pool.Current().QuotaActive(pool.QuotaKey{Template: apiKeyTemplate, Value: k}) > 2 {
+				if pool.Current().Quotas.Active(pool.QuotaKey{Template: apiKeyTemplate, Value: k}) > 2 {
 					overLimit.Store(true)
 				}
 			}
@@ -297,7 +297,7 @@ func TestClientLimitWaitsPerKey(t *testing.T) {
 		}
 	}
 	testgw.Eventually(t, 10*time.Second, "quota counts back to 0", func() bool {
-		return len(pool.Current().Clients()) == 0 && active("cl-echo") == 0
+		return len(pool.Current().Quotas.Counts()) == 0 && active("cl-echo") == 0
 	})
 }
 
@@ -342,7 +342,7 @@ func TestClientLimit429(t *testing.T) {
 	if err := json.Unmarshal(st, &doc); err != nil {
 		t.Fatal(err)
 	}
-	want := map[string]int{pool.Current().ShownKey("sk-team-a-secret-777"): 2, pool.Current().ShownKey("sk-team-b-secret-888"): 1}
+	want := map[string]int{pool.Current().Hashes.ShownKey("sk-team-a-secret-777"): 2, pool.Current().Hashes.ShownKey("sk-team-b-secret-888"): 1}
 	if len(doc.Clients) != 2 {
 		t.Fatalf("clients %s", st)
 	}
@@ -381,8 +381,8 @@ func TestClientLimitOtherKeysPass(t *testing.T) {
 		waiterA <- err
 	}()
 	testgw.Eventually(t, 10*time.Second, "key-a's second client waiting", func() bool {
-		for _, c := range pool.Current().Clients() {
-			if c.Key == pool.Current().ShownKey("key-a") && c.Waiting == 1 {
+		for _, c := range pool.Current().Quotas.Counts() {
+			if c.Key == pool.Current().Hashes.ShownKey("key-a") && c.Waiting == 1 {
 				return true
 			}
 		}
@@ -409,7 +409,7 @@ func TestClientLimitOtherKeysPass(t *testing.T) {
 	case <-time.After(15 * time.Second):
 		t.Fatal("key a's waiter not woken when its session ended")
 	}
-	testgw.Eventually(t, 10*time.Second, "quota counts back to 0", func() bool { return len(pool.Current().Clients()) == 0 })
+	testgw.Eventually(t, 10*time.Second, "quota counts back to 0", func() bool { return len(pool.Current().Quotas.Counts()) == 0 })
 }
 
 func bytesContain(b []byte, s string) bool { return bytes.Contains(b, []byte(s)) }

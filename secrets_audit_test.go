@@ -274,7 +274,7 @@ func TestSecretsAudit(t *testing.T) {
 		keyed = append(keyed, c)
 	}
 	code, stBody := opAdmin(t, g, http.MethodGet, "/browser_failover/status")
-	if code != http.StatusOK || !bytes.Contains(stBody, []byte(pool.Current().ShownKey(apiKey))) || !bytes.Contains(stBody, []byte(`"cluster"`)) {
+	if code != http.StatusOK || !bytes.Contains(stBody, []byte(pool.Current().Hashes.ShownKey(apiKey))) || !bytes.Contains(stBody, []byte(`"cluster"`)) {
 		t.Fatalf("status without the hashed client key or the cluster: %s", stBody)
 	}
 	// The shown key is keyed with the deployment's secret kept in Caddy's
@@ -289,13 +289,13 @@ func TestSecretsAudit(t *testing.T) {
 	}
 	m := hmac.New(sha256.New, keySecret)
 	m.Write([]byte(apiKey))
-	if want := "hmac:" + hex.EncodeToString(m.Sum(nil)[:8]); pool.Current().ShownKey(apiKey) != want {
-		t.Fatalf("shown key %s, want the HMAC with the stored secret %s", pool.Current().ShownKey(apiKey), want)
+	if want := "hmac:" + hex.EncodeToString(m.Sum(nil)[:8]); pool.Current().Hashes.ShownKey(apiKey) != want {
+		t.Fatalf("shown key %s, want the HMAC with the stored secret %s", pool.Current().Hashes.ShownKey(apiKey), want)
 	}
 	forms = append(forms, secretForms(string(stored), string(keySecret))...)
 	record("status with client keys", stBody)
 	code, ssBody := opAdmin(t, g, http.MethodGet, "/browser_failover/sessions")
-	if code != http.StatusOK || !bytes.Contains(ssBody, []byte(pool.Current().ShownKey(apiKey))) {
+	if code != http.StatusOK || !bytes.Contains(ssBody, []byte(pool.Current().Hashes.ShownKey(apiKey))) {
 		t.Fatalf("sessions list without the hashed client key: %s", ssBody)
 	}
 	record("sessions with client keys", ssBody)
@@ -323,7 +323,7 @@ func TestSecretsAudit(t *testing.T) {
 	json.Unmarshal(ssBody, &live)
 	var ends []string
 	for _, s := range live.Sessions {
-		if s.Client == pool.Current().ShownKey(apiKey) {
+		if s.Client == pool.Current().Hashes.ShownKey(apiKey) {
 			ends = append(ends, s.ID)
 		}
 	}
@@ -375,7 +375,7 @@ func TestSecretsAudit(t *testing.T) {
 	for _, n := range names {
 		admin(n, "undrain")
 	}
-	testgw.Eventually(t, 5*time.Second, "sessions to end", func() bool { return pool.Current().LiveSessions() == 0 })
+	testgw.Eventually(t, 5*time.Second, "sessions to end", func() bool { return pool.Current().Sessions.Count() == 0 })
 	testgw.Eventually(t, 5*time.Second, "the rejection's webhook", func() bool {
 		bs, _ := rv.got()
 		return len(bs) > 0 && bytes.Contains(bs[len(bs)-1], []byte("browser_failover.rejected"))

@@ -64,7 +64,7 @@ func waitBooks(t *testing.T, f *fakes.REST, provider string, n int) {
 		t.Fatal(last)
 	}
 	testgw.Eventually(t, 10*time.Second, "the gateway's books", func() bool {
-		gb, ok := pool.Current().LookupBooks(provider)
+		gb, ok := pool.Current().Books.Lookup(provider)
 		return ok && gb.Unreleased() == 0
 	})
 }
@@ -129,7 +129,7 @@ func TestSessionAPICreateConnectRelease(t *testing.T) {
 	if err := json.Unmarshal(f.CreateBodies()[0], &body); err != nil || body.ProjectID != "proj-1" || body.UserMetadata.Client != `team "a"` {
 		t.Fatalf("create body %s: %v", f.CreateBodies()[0], err)
 	}
-	gb, _ := pool.Current().LookupBooks("api-main")
+	gb, _ := pool.Current().Books.Lookup("api-main")
 	if gb.Unreleased() != 1 {
 		t.Fatalf("unreleased while live: %d", gb.Unreleased())
 	}
@@ -533,7 +533,7 @@ func TestSessionAPIReleaseRetries(t *testing.T) {
 	// The gateway's registry is this test's (a fresh one with each
 	// start): no wait between the tries.
 	pool.Current().Releaser().Sleep = func(time.Duration) {}
-	gb, _ := pool.Current().LookupBooks("api-retry")
+	gb, _ := pool.Current().Books.Lookup("api-retry")
 	c, _, err := dial(t, g.WS("/"), nil)
 	if err != nil {
 		t.Fatal(err)

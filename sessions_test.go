@@ -23,7 +23,7 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"github.com/coder/websocket"
 
-	browserfailover "github.com/browserfailover/caddy-browser-failover"
+	"github.com/browserfailover/caddy-browser-failover/gateway"
 	"github.com/browserfailover/caddy-browser-failover/internal/fakes"
 	"github.com/browserfailover/caddy-browser-failover/internal/testgw"
 	"github.com/browserfailover/caddy-browser-failover/pool"
@@ -87,7 +87,7 @@ func TestSessionIDs(t *testing.T) {
 			t.Fatal(err)
 		}
 		conns = append(conns, c)
-		id := resp.Header.Get(browserfailover.SessionHeader)
+		id := resp.Header.Get(gateway.SessionHeader)
 		checkID(t, id)
 		if ids[id] {
 			t.Fatalf("session ID %q given twice", id)
@@ -129,7 +129,7 @@ func TestSessionIDs(t *testing.T) {
 		t.Fatal(err)
 	}
 	resp.Body.Close()
-	id := resp.Header.Get(browserfailover.SessionHeader)
+	id := resp.Header.Get(gateway.SessionHeader)
 	if resp.StatusCode != http.StatusServiceUnavailable {
 		t.Fatalf("drained: %d", resp.StatusCode)
 	}
@@ -201,7 +201,7 @@ http://%s {
 	if err != nil {
 		t.Fatal(err)
 	}
-	id := resp.Header.Get(browserfailover.SessionHeader)
+	id := resp.Header.Get(gateway.SessionHeader)
 	checkID(t, id)
 	echoOnce(t, c, []byte("logged"))
 	c.Close(websocket.StatusNormalClosure, "")
@@ -217,7 +217,7 @@ http://%s {
 		t.Fatal(err)
 	}
 	rresp.Body.Close()
-	rid := rresp.Header.Get(browserfailover.SessionHeader)
+	rid := rresp.Header.Get(gateway.SessionHeader)
 	checkID(t, rid)
 	// A deferred header op sees the placeholders on a rejection.
 	if v := rresp.Header.Get("X-Served-By"); v != "provider= attempts=0" {
@@ -266,7 +266,7 @@ func TestEndSession(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer first.CloseNow()
-	firstID := resp.Header.Get(browserfailover.SessionHeader)
+	firstID := resp.Header.Get(gateway.SessionHeader)
 	echoOnce(t, first, []byte("first session"))
 
 	// The same team's next client (a Playwright one) waits: its key is at
@@ -294,7 +294,7 @@ func TestEndSession(t *testing.T) {
 		t.Fatalf("sessions %+v, want only %s", list, firstID)
 	}
 	s := list[0]
-	if s.Provider != "end-rec" || s.Protocol != "cdp" || s.Client == nil || *s.Client != pool.Current().ShownKey("team-blue") ||
+	if s.Provider != "end-rec" || s.Protocol != "cdp" || s.Client == nil || *s.Client != pool.Current().Hashes.ShownKey("team-blue") ||
 		s.BytesUp < int64(len("first session")) || s.BytesDown < int64(len("first session")) ||
 		time.Since(s.Started) > time.Minute || s.Started.After(time.Now()) {
 		t.Fatalf("listed %+v", s)
@@ -325,12 +325,12 @@ func TestEndSession(t *testing.T) {
 	defer w.c.CloseNow()
 	w.c.SetReadLimit(-1)
 	echoOnce(t, w.c, []byte("the waiter's session"))
-	wid := w.resp.Header.Get(browserfailover.SessionHeader)
+	wid := w.resp.Header.Get(gateway.SessionHeader)
 	list = listSessions(t, g.Admin)
 	if len(list) != 1 || list[0].ID != wid || list[0].Protocol != "playwright" {
 		t.Fatalf("sessions after the end: %+v, want only %s (playwright)", list, wid)
 	}
-	if n := pool.Current().QuotaActive(pool.QuotaKey{Template: "{http.request.header.X-Team}", Value: "team-blue"}); n != 1 {
+	if n := pool.Current().Quotas.Active(pool.QuotaKey{Template: "{http.request.header.X-Team}", Value: "team-blue"}); n != 1 {
 		t.Fatalf("team-blue holds %d sessions, want 1", n)
 	}
 	var e map[string]any
@@ -367,7 +367,7 @@ func TestHTTP2SessionEnd(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.close()
-	id := c.resp.Header.Get(browserfailover.SessionHeader)
+	id := c.resp.Header.Get(gateway.SessionHeader)
 	checkID(t, id)
 	c.echo(t, 0x1, []byte("over h2"))
 	list := listSessions(t, g.admin)

@@ -571,26 +571,26 @@ func soakSettle(t *testing.T, g *testgw.Gateway, names []string, wait time.Durat
 				why = n + " is not configured"
 				return false
 			}
-			if p.Active() != 0 || p.Reserved() != 0 {
-				why = fmt.Sprintf("%s: active %d reserved %d", n, p.Active(), p.Reserved())
+			if p.Slots.Active() != 0 || p.Slots.Reserved() != 0 {
+				why = fmt.Sprintf("%s: active %d reserved %d", n, p.Slots.Active(), p.Slots.Reserved())
 				return false
 			}
 		}
-		if n := pool.Current().LiveSessions(); n != 0 {
+		if n := pool.Current().Sessions.Count(); n != 0 {
 			why = fmt.Sprintf("%d live sessions", n)
 			return false
 		}
-		for _, q := range pool.Current().Queues() {
+		for _, q := range pool.Current().Queues.Counts() {
 			if q.Waiting != 0 {
 				why = fmt.Sprintf("queue of %v: %d waiting", q.Providers, q.Waiting)
 				return false
 			}
 		}
-		if n, held := pool.Current().ParkedCount(); n != 0 {
+		if n, held := pool.Current().Parked.Count(); n != 0 {
 			why = fmt.Sprintf("%d sessions parked (%d held)", n, held)
 			return false
 		}
-		if cl := pool.Current().Clients(); len(cl) != 0 {
+		if cl := pool.Current().Quotas.Counts(); len(cl) != 0 {
 			why = fmt.Sprintf("client quotas still counted: %+v", cl)
 			return false
 		}
@@ -863,7 +863,7 @@ func waitReleased(t *testing.T, f *fakes.REST, provider string) fakes.Books {
 	testgw.Eventually(t, 30*time.Second, "every created session released once", func() bool {
 		b = f.Books()
 		last = b.Balanced()
-		gb, ok := pool.Current().LookupBooks(provider)
+		gb, ok := pool.Current().Books.Lookup(provider)
 		if last == nil && (!ok || gb.Unreleased() != 0) {
 			last = fmt.Errorf("the gateway counts sessions unreleased")
 		}

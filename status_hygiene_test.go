@@ -98,8 +98,8 @@ func TestClientKeysKeyedAndStable(t *testing.T) {
 	// the stored one.
 	fresh := make([]byte, 32)
 	_, _ = rand.Read(fresh)
-	pool.Current().SetClientKeySecret(fresh)
-	if pool.Current().ShownKey(key) == want {
+	pool.Current().Hashes.SetSecret(fresh)
+	if pool.Current().Hashes.ShownKey(key) == want {
 		t.Fatal("the process secret did not change")
 	}
 	if err := g.Reload(handler(`"max_attempts":3,"client_limit":{"key":"{http.request.header.X-Api-Key}","limit":3}`, provider("ck-echo", echo.URL(), ""))); err != nil {

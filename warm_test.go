@@ -166,8 +166,8 @@ func TestWarmReplaced(t *testing.T) {
 		if st := providerStatus(t, g, "warm-aging"); st.Warm.Ready > 2 {
 			t.Fatalf("%d warm sessions idle, target 2", st.Warm.Ready)
 		}
-		if p, _ := pool.Current().Lookup("warm-aging"); p.Reserved() > 2 {
-			t.Fatalf("%d slots held, target 2", p.Reserved())
+		if p, _ := pool.Current().Lookup("warm-aging"); p.Slots.Reserved() > 2 {
+			t.Fatalf("%d slots held, target 2", p.Slots.Reserved())
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
@@ -197,7 +197,7 @@ func TestWarmReloadAndDrain(t *testing.T) {
 	}
 	testgw.Eventually(t, 10*time.Second, "a new set for the changed handler, the old one closed", func() bool {
 		p, _ := pool.Current().Lookup("warm-reload")
-		return e.Hits.Load() == before+2 && p.Reserved() == 2
+		return e.Hits.Load() == before+2 && p.Slots.Reserved() == 2
 	})
 	waitWarm(t, g, "warm-reload", 2)
 	// A warm session still works.
@@ -214,7 +214,7 @@ func TestWarmReloadAndDrain(t *testing.T) {
 	waitWarm(t, g, "warm-reload", 0)
 	testgw.Eventually(t, 10*time.Second, "drained: no slot held", func() bool {
 		p, _ := pool.Current().Lookup("warm-reload")
-		return p.Reserved() == 0
+		return p.Slots.Reserved() == 0
 	})
 	g.AdminDo(http.MethodPost, "/browser_failover/providers/warm-reload/undrain", nil)
 	waitWarm(t, g, "warm-reload", 2)
@@ -223,7 +223,7 @@ func TestWarmReloadAndDrain(t *testing.T) {
 	}
 	testgw.Eventually(t, 10*time.Second, "no warm session without warm", func() bool {
 		p, _ := pool.Current().Lookup("warm-reload")
-		return p.Reserved() == 0
+		return p.Slots.Reserved() == 0
 	})
 	if st := providerStatus(t, g, "warm-reload"); st.Warm != nil {
 		t.Fatalf("status warm %+v without warm", st.Warm)

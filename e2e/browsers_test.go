@@ -42,7 +42,7 @@ func active(name string) int64 {
 	if !ok {
 		return -1
 	}
-	return p.Active()
+	return p.Slots.Active()
 }
 
 // waitIdle waits until the named providers hold no session.
@@ -56,6 +56,15 @@ func waitIdle(t *testing.T, names ...string) {
 		}
 		return true
 	})
+}
+
+// endedAtLeast waits until the log holds at least n "session ended"
+// entries (a session's entry follows the give-back of its slot) and
+// returns them.
+func endedAtLeast(t *testing.T, g *testgw.Gateway, n int) []sessionLog {
+	t.Helper()
+	testgw.Eventually(t, 10*time.Second, fmt.Sprintf("%d sessions' end in the log", n), func() bool { return len(ended(g)) >= n })
+	return ended(g)
 }
 
 // ended returns the "session ended" entries, each as provider and the
@@ -274,8 +283,8 @@ func TestPlaywrightServerBehindRefused(t *testing.T) {
 	if resp == nil || resp.StatusCode != http.StatusServiceUnavailable || !strings.Contains(string(body), `"provider":"pw-server","outcome":"status_428"`) {
 		t.Fatalf("mismatched client: %v %v %s", err, resp, body)
 	}
-	if st, _ := pool.Current().Lookup("pw-server"); st.LastError() != "status_428" {
-		t.Logf("pw-server last error %q", st.LastError())
+	if st, _ := pool.Current().Lookup("pw-server"); st.Stats.LastError() != "status_428" {
+		t.Logf("pw-server last error %q", st.Stats.LastError())
 	}
 
 	checkResult(t, RunNode(t, "client.mjs", "pw-connect", g.WS("/")), "pw-connect")
@@ -329,8 +338,8 @@ func TestChromiumKilledMidSession(t *testing.T) {
 	if s := ended(g)[1]; s.Provider != "kill-b" || strings.Join(s.Attempts, ",") != "kill-a:refused,kill-b:ok" {
 		t.Fatalf("second session %+v, want kill-a:refused then kill-b:ok", s)
 	}
-	if pool.Current().LiveSessions() != 0 {
-		t.Fatalf("%d sessions still live", pool.Current().LiveSessions())
+	if pool.Current().Sessions.Count() != 0 {
+		t.Fatalf("%d sessions still live", pool.Current().Sessions.Count())
 	}
 }
 

@@ -130,7 +130,7 @@ http://%[11]s {
 	// creates the browser and serves.
 	n := StartNode(t, "client.mjs", "puppeteer-hold", "ws://"+addr+"/")
 	n.Expect(t, "READY", 60*time.Second)
-	sessions := pool.Current().Sessions()
+	sessions := pool.Current().Sessions.List()
 	if len(sessions) != 1 || sessions[0].Provider != "dash-api" {
 		t.Fatalf("live sessions %+v, want one on dash-api", sessions)
 	}

@@ -132,7 +132,7 @@ func TestFirefoxBiDi(t *testing.T) {
 		syscall.Kill(-n.p.cmd.Process.Pid, syscall.SIGKILL)
 		waitIdle(t, "ff")
 		checkBiDiResult(t, RunNode(t, "client.mjs", mode, g.WS("/session"), "--bidi"), mode)
-		logs := ended(g)[before:]
+		logs := endedAtLeast(t, g, before+2)[before:]
 		if len(logs) != 2 || !strings.HasPrefix(logs[0].Reason, "client") {
 			t.Errorf("sessions ended: %+v, want the killed client's (a client end reason), then the next one's", logs)
 		}

@@ -110,7 +110,7 @@ func TestKeepaliveRealChromiumIdle(t *testing.T) {
 		t.Fatalf("session %v: want it ended by the client after several answered pings", e)
 	}
 	t.Logf("idle session lived %v with %v keepalive pings, ended: %v", time.Since(start).Round(time.Millisecond), pings, e["close_reason"])
-	if pool.Current().LiveSessions() != 0 {
-		t.Fatalf("%d sessions still live", pool.Current().LiveSessions())
+	if pool.Current().Sessions.Count() != 0 {
+		t.Fatalf("%d sessions still live", pool.Current().Sessions.Count())
 	}
 }

@@ -45,7 +45,7 @@ func TestSessionOptionsRealClients(t *testing.T) {
 	checkResult(t, RunNode(t, "client.mjs", "puppeteer-ws", g.WS("/")), "puppeteer-ws")
 	waitIdle(t, "opt-us", "opt-eu-plain", "opt-eu-api")
 
-	logs := ended(g)
+	logs := endedAtLeast(t, g, 4)
 	if len(logs) != 4 {
 		t.Fatalf("%d sessions ended, want 4", len(logs))
 	}

@@ -159,7 +159,7 @@ http://%[5]s {
 			t.Errorf("the create answer holds %q: %s", leak, raw)
 		}
 	}
-	if ls := pool.Current().Sessions(); len(ls) != 1 || ls[0].ID != op {
+	if ls := pool.Current().Sessions.List(); len(ls) != 1 || ls[0].ID != op {
 		t.Fatalf("sessions %+v, want the operator's ID %s", ls, op)
 	}
 	mine := "http://" + site1 + "/session/" + path

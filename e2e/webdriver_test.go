@@ -40,7 +40,7 @@ func TestWebDriverClients(t *testing.T) {
 		provider("cd-live", live.URL(), `"protocol":"webdriver","priority":2,"browsers":["chrome"]`)))
 	profiles := filepath.Join(os.TempDir(), "wd-chrome-")
 	before := BrowsersUnder(profiles)
-	for _, tc := range []struct {
+	for i, tc := range []struct {
 		client string
 		bidi   bool
 	}{{"selenium", false}, {"selenium", true}, {"wdio", false}, {"wdio", true}} {
@@ -57,8 +57,8 @@ func TestWebDriverClients(t *testing.T) {
 			checkWebDriverRun(t, out, tc.bidi)
 			waitIdle(t, "cd-live")
 			testgw.Eventually(t, 15*time.Second, "the client's browser closed", func() bool { return BrowsersUnder(profiles) <= before })
-			e := ended(g)
-			last := e[len(e)-1]
+			e := endedAtLeast(t, g, i+1)
+			last := e[i]
 			// The dead one is tried, until its failures cool it down.
 			if a := strings.Join(last.Attempts, " "); last.Provider != "cd-live" || last.Reason != "client deleted the session" ||
 				(a != "cd-dead:refused cd-live:ok" && a != "cd-dead:cooldown cd-live:ok") {
@@ -88,7 +88,7 @@ func TestWebDriverIdleClosesBrowser(t *testing.T) {
 	}
 	waitIdleFor(t, 20*time.Second, "cd-idle")
 	testgw.Eventually(t, 15*time.Second, "the browser closed at its idle end", func() bool { return BrowsersUnder(profiles) <= before })
-	if e := ended(g); len(e) != 1 || e[0].Reason != "idle timeout" {
+	if e := endedAtLeast(t, g, 1); len(e) != 1 || e[0].Reason != "idle timeout" {
 		t.Fatalf("session ended %+v", e)
 	}
 }

@@ -106,14 +106,14 @@ func TestAskedAndLacks(t *testing.T) {
 		t.Fatalf("asked %v (a boolean set to false asks for nothing)", got)
 	}
 	for _, tc := range []struct {
-		p     Provider
+		p     Honours
 		lacks []string
 		rank  int
 	}{
-		{Provider{Regions: []string{"eu"}, Supports: []string{Stealth, ProxyCountry}}, nil, 0},
-		{Provider{Regions: []string{"ap", "us"}, Supports: []string{Stealth, ProxyCountry, Record}}, nil, 1},
-		{Provider{Regions: []string{"ap"}, Supports: []string{Stealth}}, []string{Region, ProxyCountry}, -1},
-		{Provider{}, []string{Region, ProxyCountry, Stealth}, -1},
+		{Honours{Regions: []string{"eu"}, Supports: []string{Stealth, ProxyCountry}}, nil, 0},
+		{Honours{Regions: []string{"ap", "us"}, Supports: []string{Stealth, ProxyCountry, Record}}, nil, 1},
+		{Honours{Regions: []string{"ap"}, Supports: []string{Stealth}}, []string{Region, ProxyCountry}, -1},
+		{Honours{}, []string{Region, ProxyCountry, Stealth}, -1},
 	} {
 		if got := tc.p.Lacks(s); !reflect.DeepEqual(got, tc.lacks) {
 			t.Errorf("%+v lacks %v, want %v", tc.p, got, tc.lacks)
@@ -123,7 +123,7 @@ func TestAskedAndLacks(t *testing.T) {
 		}
 	}
 	var none Set
-	if l := (&Provider{}).Lacks(none); l != nil || (&Provider{}).Rank(none) != 0 {
+	if l := (&Honours{}).Lacks(none); l != nil || (&Honours{}).Rank(none) != 0 {
 		t.Fatalf("a client asking nothing: lacks %v", l)
 	}
 }
@@ -133,7 +133,7 @@ func TestRender(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := &Provider{Regions: []string{"us-east", "eu-central"}, Map: map[string]map[string]string{
+	p := &Honours{Regions: []string{"us-east", "eu-central"}, Map: map[string]map[string]string{
 		Region: {"eu-central": "eu-central-1"}, ProxyCountry: {"gb": "uk"},
 	}}
 	for in, want := range map[string]string{
@@ -152,7 +152,7 @@ func TestRender(t *testing.T) {
 		}
 	}
 	// The region rendered is the client's first that the provider has.
-	us := &Provider{Regions: []string{"us-east"}}
+	us := &Honours{Regions: []string{"us-east"}}
 	if got := us.Render(s, Region); got != "us-east" {
 		t.Errorf("region at a us-east provider: %q", got)
 	}

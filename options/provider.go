@@ -18,9 +18,9 @@ const TimeoutMS = "timeout_ms"
 // placeholderName reports whether name may follow bf.option.
 func placeholderName(name string) bool { return Known(name) || name == TimeoutMS }
 
-// Provider is what one provider honours and how it words each option.
-// The zero Provider honours nothing and translates nothing.
-type Provider struct {
+// Honours is what one provider honours and how it words each option.
+// The zero Honours honours nothing and translates nothing.
+type Honours struct {
 	// Regions are where it runs, or where its session API can create.
 	Regions []string
 	// Supports are the other options it honours.
@@ -105,7 +105,7 @@ func Has(s string) bool { return strings.Contains(s, PlaceholderPrefix) }
 // Lacks lists what of s the provider cannot honour: region when none of
 // its regions is on the client's list, then each other asked option it
 // does not support. Empty: it can serve s.
-func (p *Provider) Lacks(s Set) []string {
+func (p *Honours) Lacks(s Set) []string {
 	var out []string
 	if len(s.regions) > 0 && p.Rank(s) < 0 {
 		out = append(out, Region)
@@ -121,7 +121,7 @@ func (p *Provider) Lacks(s Set) []string {
 // Rank is the place on the client's region list of the first region the
 // provider has (0 when the client names none); -1 when it has none of
 // them.
-func (p *Provider) Rank(s Set) int {
+func (p *Honours) Rank(s Set) int {
 	if len(s.regions) == 0 {
 		return 0
 	}
@@ -138,7 +138,7 @@ func (p *Provider) Rank(s Set) int {
 // not state it. The region is the client's first that the provider has;
 // a country is lowercase; booleans are true or false; the timeout whole
 // seconds (timeout_ms: milliseconds).
-func (p *Provider) Render(s Set, name string) string {
+func (p *Honours) Render(s Set, name string) string {
 	var v string
 	switch name {
 	case Region:
@@ -169,7 +169,7 @@ func (p *Provider) Render(s Set, name string) string {
 // Replace replaces every option placeholder in text by its rendering at
 // this provider for s; other text, other placeholders included, is left
 // as it is.
-func (p *Provider) Replace(s Set, text string) string {
+func (p *Honours) Replace(s Set, text string) string {
 	if !Has(text) {
 		return text
 	}

@@ -25,7 +25,7 @@ type Bound struct {
 	// its operator's ID only).
 	Path string
 	// Handler is the key of the handler whose requests may use it (see
-	// RetireHandler: a reload moves it to the handler that replaces
+	// Handlers.Retire: a reload moves it to the handler that replaces
 	// that one).
 	Handler string
 	// Keys are the client key placeholders of that handler when the
@@ -53,22 +53,6 @@ func ClientHash(values []string) string {
 	return hex.EncodeToString(sum[:])
 }
 
-// RouteKey is the name of a session's route in the shared state: the
-// HMAC-SHA256 of its path secret keyed with the deployment's secret (the
-// one every node agrees on through the shared state), hex. Another node
-// finds the route from the secret a client sends; whoever reads Redis
-// cannot send it.
-func (r *Registry) RouteKey(secret string) string {
-	return r.keyedHash("webdriver session\x00", secret)
-}
-
-// SharedClientHash is how the client key values of a bound session are
-// kept in its route in the shared state: keyed like RouteKey, so that
-// likely values (user names, API keys) cannot be tried against it.
-func (r *Registry) SharedClientHash(values []string) string {
-	return r.keyedHash("webdriver client\x00", joinValues(values))
-}
-
 // joinValues joins values so that no two lists join alike: each is
 // preceded by its length.
 func joinValues(values []string) string {
@@ -81,26 +65,28 @@ func joinValues(values []string) string {
 	return b.String()
 }
 
-// SessionByPath finds the live session whose path secret hashes to path
+// ByPath finds the live session whose path secret hashes to path
 // (PathHash), with its binding as it is now.
-func (r *Registry) SessionByPath(path string) (LiveSession, bool) {
+func (l *LiveSessions) ByPath(path string) (LiveSession, bool) {
 	if path == "" {
 		return LiveSession{}, false
 	}
-	r.sessionsMu.Lock()
-	defer r.sessionsMu.Unlock()
-	e, ok := r.sessionPaths[path]
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	e, ok := l.byPath[path]
 	if !ok {
 		return LiveSession{}, false
 	}
 	return *e, true
 }
 
-// rebindLocked moves the live sessions bound to handler key from to key
-// to, and returns them.
-func (r *Registry) rebindLocked(from, to string) []Live {
+// rebind moves the live sessions bound to handler key from to key to,
+// and returns them.
+func (l *LiveSessions) rebind(from, to string) []Live {
+	l.mu.Lock()
+	defer l.mu.Unlock()
 	var moved []Live
-	for _, e := range r.sessionPaths {
+	for _, e := range l.byPath {
 		if e.Bound.Handler == from {
 			e.Bound.Handler = to
 			moved = append(moved, e.Session)

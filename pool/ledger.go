@@ -36,8 +36,13 @@ type Adopter struct {
 // provider listed and no ledger named.
 const untrackedOwner = "untracked"
 
-// ledgerState is the registry's side of its ledger.
-type ledgerState struct {
+// LedgerKeeper is the registry's side of its ledger: it opens it, beats
+// in it and reaps it on the registry's clock, and releases what it adopts
+// through the newest handler's provider of that name (SetAdopter).
+type LedgerKeeper struct {
+	clock    queue.Clock
+	releaser *upstreams.Releaser
+
 	mu       sync.Mutex
 	l        *ledger.Ledger
 	every    time.Duration
@@ -48,9 +53,9 @@ type ledgerState struct {
 	// waiting counts, per provider, the gone owners' entries the last
 	// reap found and could not take (no provider of that name in the
 	// config, or a store error).
-	waiting map[string]int
-	beat    queue.Timer
-	reap    queue.Timer
+	waiting   map[string]int
+	beatTimer queue.Timer
+	reapTimer queue.Timer
 	// reapAt is when the scheduled reap runs.
 	reapAt time.Time
 	// legacy, until what it holds has moved, is the ledger as an older
@@ -63,7 +68,11 @@ type ledgerState struct {
 	onClose func()
 }
 
-// LedgerOptions open the registry's ledger (OpenLedger).
+func newLedgerKeeper(clock queue.Clock, releaser *upstreams.Releaser) *LedgerKeeper {
+	return &LedgerKeeper{clock: clock, releaser: releaser}
+}
+
+// LedgerOptions open the registry's ledger (LedgerKeeper.Open).
 type LedgerOptions struct {
 	// Store keeps the ledger: Caddy's storage, or Redis under state
 	// redis (cluster.Store.Ledger).
@@ -88,11 +97,10 @@ type LedgerOptions struct {
 	Legacy ledger.Legacy
 }
 
-// OpenLedger opens the registry's ledger the first time it is called, and
+// Open opens the registry's ledger the first time it is called, and
 // starts its heartbeat and its reaper; it reports whether this call opened
 // it. Later calls only lower the reap interval.
-func (r *Registry) OpenLedger(o LedgerOptions) bool {
-	ls := &r.ledger
+func (ls *LedgerKeeper) Open(o LedgerOptions) bool {
 	ls.mu.Lock()
 	defer ls.mu.Unlock()
 	every := o.ReapEvery
@@ -102,11 +110,11 @@ func (r *Registry) OpenLedger(o LedgerOptions) bool {
 	if ls.l != nil {
 		if every < ls.every {
 			ls.every = every
-			ls.scheduleLocked(r, r.Now().Add(every))
+			ls.scheduleLocked(ls.clock.Now().Add(every))
 		}
 		return false
 	}
-	ls.l = ledger.New(o.Store, o.Node, r.Now)
+	ls.l = ledger.New(o.Store, o.Node, ls.clock.Now)
 	if o.Heartbeat > 0 && o.OwnerGone > 0 {
 		ls.l.SetTiming(o.Heartbeat, o.OwnerGone)
 	}
@@ -114,26 +122,25 @@ func (r *Registry) OpenLedger(o LedgerOptions) bool {
 	ls.adopters = map[string]Adopter{}
 	ls.waiting = map[string]int{}
 	ls.untracked = map[string]map[string]time.Time{}
-	r.releaser.Ledger = ls.l
+	ls.releaser.Ledger = ls.l
 	// The first heartbeat before any entry: an owner without one is
 	// gone to every other process.
 	beatOnce(ls.l, ls.onError)
-	ls.scheduleBeatLocked(r)
-	ls.scheduleLocked(r, r.Now())
+	ls.scheduleBeatLocked()
+	ls.scheduleLocked(ls.clock.Now())
 	return true
 }
 
-// Ledger is the registry's ledger, nil until a handler opened it.
-func (r *Registry) Ledger() *ledger.Ledger {
-	r.ledger.mu.Lock()
-	defer r.ledger.mu.Unlock()
-	return r.ledger.l
+// Opened is the registry's ledger, nil until a handler opened it.
+func (ls *LedgerKeeper) Opened() *ledger.Ledger {
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	return ls.l
 }
 
 // SetAdopter makes a the way to release the sessions left at provider
 // name (the newest handler's provider of that name).
-func (r *Registry) SetAdopter(name string, a Adopter) {
-	ls := &r.ledger
+func (ls *LedgerKeeper) SetAdopter(name string, a Adopter) {
 	ls.mu.Lock()
 	defer ls.mu.Unlock()
 	if ls.adopters == nil {
@@ -142,15 +149,15 @@ func (r *Registry) SetAdopter(name string, a Adopter) {
 	ls.adopters[name] = a
 	// A provider back in the config: what waited for it goes now.
 	if ls.waiting[name] > 0 {
-		ls.scheduleLocked(r, r.Now())
+		ls.scheduleLocked(ls.clock.Now())
 	}
 }
 
-// LedgerPending is the number of entries of provider name not confirmed
+// Pending is the number of entries of provider name not confirmed
 // released: this process's own (live sessions included) and the ones of
-// gone owners it found and has not taken yet.
-func (r *Registry) LedgerPending(name string) (int, bool) {
-	ls := &r.ledger
+// gone owners it found and has not taken yet; false while the ledger is
+// not open.
+func (ls *LedgerKeeper) Pending(name string) (int, bool) {
 	ls.mu.Lock()
 	l, waiting := ls.l, ls.waiting[name]
 	ls.mu.Unlock()
@@ -160,8 +167,7 @@ func (r *Registry) LedgerPending(name string) (int, bool) {
 	return l.PendingOf(name) + waiting, true
 }
 
-func (r *Registry) beatLedger() {
-	ls := &r.ledger
+func (ls *LedgerKeeper) beat() {
 	ls.mu.Lock()
 	l, onError, stopped := ls.l, ls.onError, ls.stopped
 	ls.mu.Unlock()
@@ -179,15 +185,14 @@ func (r *Registry) beatLedger() {
 	}
 	ls.mu.Lock()
 	defer ls.mu.Unlock()
-	ls.scheduleBeatLocked(r)
+	ls.scheduleBeatLocked()
 }
 
-// ReassertLedger writes the ledger's heartbeat and this process's entries
+// Reassert writes the ledger's heartbeat and this process's entries
 // again (the shared store lost writes in a failover, or came back empty),
 // telling the ledger's onError of a failure; nothing while no ledger is
 // open.
-func (r *Registry) ReassertLedger() {
-	ls := &r.ledger
+func (ls *LedgerKeeper) Reassert() {
 	ls.mu.Lock()
 	l, onError, stopped := ls.l, ls.onError, ls.stopped
 	ls.mu.Unlock()
@@ -214,31 +219,30 @@ func beatOnce(l *ledger.Ledger, onError func(op string, err error)) bool {
 }
 
 // scheduleBeatLocked makes the next heartbeat run a period from now.
-func (ls *ledgerState) scheduleBeatLocked(r *Registry) {
+func (ls *LedgerKeeper) scheduleBeatLocked() {
 	if !ls.stopped {
-		ls.beat = r.clock.AfterFunc(ls.l.HeartbeatEvery(), r.beatLedger)
+		ls.beatTimer = ls.clock.AfterFunc(ls.l.HeartbeatEvery(), ls.beat)
 	}
 }
 
 // scheduleLocked makes the next reap run at t, unless one runs sooner.
-func (ls *ledgerState) scheduleLocked(r *Registry, t time.Time) {
+func (ls *LedgerKeeper) scheduleLocked(t time.Time) {
 	if ls.stopped {
 		return
 	}
-	if ls.reap != nil && !ls.reapAt.IsZero() && !t.Before(ls.reapAt) {
+	if ls.reapTimer != nil && !ls.reapAt.IsZero() && !t.Before(ls.reapAt) {
 		return
 	}
-	if ls.reap != nil {
-		ls.reap.Stop()
+	if ls.reapTimer != nil {
+		ls.reapTimer.Stop()
 	}
 	ls.reapAt = t
-	ls.reap = r.clock.AfterFunc(max(t.Sub(r.Now()), 0), func() { r.reapLedger() })
+	ls.reapTimer = ls.clock.AfterFunc(max(t.Sub(ls.clock.Now()), 0), ls.reap)
 }
 
-// reapLedger adopts and releases the entries of gone owners, then
-// schedules the next reap.
-func (r *Registry) reapLedger() {
-	ls := &r.ledger
+// reap adopts and releases the entries of gone owners, then schedules
+// the next reap.
+func (ls *LedgerKeeper) reap() {
 	ls.mu.Lock()
 	l, stopped := ls.l, ls.stopped
 	ls.reapAt = time.Time{}
@@ -288,21 +292,21 @@ func (r *Registry) reapLedger() {
 			rem.Release()
 		}
 	}
-	r.reapUntracked(ctx, l)
-	moved := r.moveLegacy(l)
+	ls.reapUntracked(ctx, l)
+	moved := ls.moveLegacy(l)
 	ls.mu.Lock()
 	defer ls.mu.Unlock()
 	ls.waiting = waiting
-	at := r.Now().Add(ls.every)
+	at := ls.clock.Now().Add(ls.every)
 	if moved {
-		at = r.Now() // what moved is reaped now
+		at = ls.clock.Now() // what moved is reaped now
 	}
 	if !next.IsZero() && next.Before(at) {
 		// An owner is gone then: reap it right away, not a whole
 		// interval later.
 		at = next.Add(100 * time.Millisecond)
 	}
-	ls.scheduleLocked(r, at)
+	ls.scheduleLocked(at)
 }
 
 // legacyMoveTimeout bounds one pass over the ledger's old layout (a walk
@@ -312,8 +316,7 @@ const legacyMoveTimeout = 10 * time.Minute
 // moveLegacy moves what the ledger's old layout holds of gone owners into
 // the ledger, until a pass finds nothing more to move; it reports whether
 // it moved an entry (to be reaped now).
-func (r *Registry) moveLegacy(l *ledger.Ledger) bool {
-	ls := &r.ledger
+func (ls *LedgerKeeper) moveLegacy(l *ledger.Ledger) bool {
 	ls.mu.Lock()
 	old, stopped := ls.legacy, ls.stopped
 	ls.mu.Unlock()
@@ -340,8 +343,7 @@ func (r *Registry) moveLegacy(l *ledger.Ledger) bool {
 // still under way is not in a ledger yet, and is never taken for one. A
 // released one is first written to the ledger as this process's, so that
 // its release is followed like any other.
-func (r *Registry) reapUntracked(ctx context.Context, l *ledger.Ledger) {
-	ls := &r.ledger
+func (ls *LedgerKeeper) reapUntracked(ctx context.Context, l *ledger.Ledger) {
 	ls.mu.Lock()
 	lists := map[string]Adopter{}
 	for name, a := range ls.adopters {
@@ -356,7 +358,7 @@ func (r *Registry) reapUntracked(ctx context.Context, l *ledger.Ledger) {
 		if err == nil {
 			var known map[string]bool
 			if known, err = l.Known(ctx, name); err == nil {
-				r.untrackedOf(ctx, l, name, a, ids, known, every)
+				ls.untrackedOf(ctx, l, name, a, ids, known, every)
 				continue
 			}
 		}
@@ -366,9 +368,8 @@ func (r *Registry) reapUntracked(ctx context.Context, l *ledger.Ledger) {
 	}
 }
 
-func (r *Registry) untrackedOf(ctx context.Context, l *ledger.Ledger, name string, a Adopter, ids []string, known map[string]bool, every time.Duration) {
-	ls := &r.ledger
-	now := r.Now()
+func (ls *LedgerKeeper) untrackedOf(ctx context.Context, l *ledger.Ledger, name string, a Adopter, ids []string, known map[string]bool, every time.Duration) {
+	now := ls.clock.Now()
 	ls.mu.Lock()
 	first := ls.untracked[name]
 	if first == nil {
@@ -419,18 +420,17 @@ func (r *Registry) untrackedOf(ctx context.Context, l *ledger.Ledger, name strin
 	}
 }
 
-// closeLedger stops the heartbeat and the reaper, and takes this process
-// out of the ledger when it holds no entry.
-func (r *Registry) closeLedger() {
-	ls := &r.ledger
+// close stops the heartbeat and the reaper, and takes this process out
+// of the ledger when it holds no entry.
+func (ls *LedgerKeeper) close() {
 	ls.mu.Lock()
 	l := ls.l
 	ls.stopped = true
-	if ls.beat != nil {
-		ls.beat.Stop()
+	if ls.beatTimer != nil {
+		ls.beatTimer.Stop()
 	}
-	if ls.reap != nil {
-		ls.reap.Stop()
+	if ls.reapTimer != nil {
+		ls.reapTimer.Stop()
 	}
 	ls.mu.Unlock()
 	if l != nil {

@@ -21,21 +21,21 @@ import (
 // and entries again.
 func TestReassertLedger(t *testing.T) {
 	r := NewRegistry(nil)
-	defer r.closeLedger()
+	defer r.Ledger.close()
 	st := &certmagic.FileStorage{Path: t.TempDir()}
-	r.ReassertLedger() // no ledger open: nothing to do
-	if !r.OpenLedger(LedgerOptions{Store: st, Node: "n1"}) {
+	r.Ledger.Reassert() // no ledger open: nothing to do
+	if !r.Ledger.Open(LedgerOptions{Store: st, Node: "n1"}) {
 		t.Fatal("the ledger did not open")
 	}
 	ctx := context.Background()
-	l := r.Ledger()
+	l := r.Ledger.Opened()
 	if err := l.Record(ctx, "cloud", "s1"); err != nil {
 		t.Fatal(err)
 	}
 	if err := os.RemoveAll(st.Path); err != nil {
 		t.Fatal(err)
 	}
-	r.ReassertLedger()
+	r.Ledger.Reassert()
 	known, err := l.Known(ctx, "cloud")
 	if err != nil || !known["s1"] {
 		t.Fatalf("after the reassert the ledger knows %v (%v), want s1", known, err)
@@ -62,7 +62,7 @@ func TestReapRefusesBadSessionID(t *testing.T) {
 		}
 	}
 	r, clock := fakeRegistry(t, true)
-	defer r.closeLedger()
+	defer r.Ledger.close()
 	up, err := upstreams.New(upstreams.Config{Name: "cloud", URL: f.URL(), SessionAPI: &upstreams.SessionAPI{
 		CreateMethod: "POST", CreateURL: "/v1/sessions", ConnectURL: "/connectUrl", SessionID: "/id",
 		ReleaseMethod: "POST", ReleaseURL: "/v1/sessions/{session_id}/release",
@@ -71,8 +71,8 @@ func TestReapRefusesBadSessionID(t *testing.T) {
 		t.Fatal(err)
 	}
 	var errs []string
-	r.OpenLedger(LedgerOptions{Store: st, Node: "n1", OnError: func(op string, err error) { errs = append(errs, op+": "+err.Error()) }})
-	r.SetAdopter("cloud", Adopter{Adopt: func(id, from string) *upstreams.Remote { return up.Adopt(id, from, nil) }})
+	r.Ledger.Open(LedgerOptions{Store: st, Node: "n1", OnError: func(op string, err error) { errs = append(errs, op+": "+err.Error()) }})
+	r.Ledger.SetAdopter("cloud", Adopter{Adopt: func(id, from string) *upstreams.Remote { return up.Adopt(id, from, nil) }})
 	clock.Advance(0) // the first reap, in place
 	if !r.Releaser().Wait(time.Now().Add(10 * time.Second)) {
 		t.Fatal("releases still pending")
@@ -88,7 +88,7 @@ func TestReapRefusesBadSessionID(t *testing.T) {
 			t.Fatalf("report %q: want the provider named, never the ID's control byte", e)
 		}
 	}
-	if n, _ := r.LedgerPending("cloud"); n != 2 {
+	if n, _ := r.Ledger.Pending("cloud"); n != 2 {
 		t.Fatalf("pending %d, want the 2 refused entries", n)
 	}
 }
@@ -112,11 +112,11 @@ func (s *refusing) Delete(ctx context.Context, key string) error {
 // process.
 func TestLedgerRetriesRefusedRemoval(t *testing.T) {
 	r, clk := fakeRegistry(t, true)
-	defer r.closeLedger()
+	defer r.Ledger.close()
 	st := &refusing{FileStorage: &certmagic.FileStorage{Path: t.TempDir()}}
-	r.OpenLedger(LedgerOptions{Store: st, Node: "n1"})
+	r.Ledger.Open(LedgerOptions{Store: st, Node: "n1"})
 	ctx := context.Background()
-	l := r.Ledger()
+	l := r.Ledger.Opened()
 	if err := l.Record(ctx, "cloud", "s1"); err != nil {
 		t.Fatal(err)
 	}
@@ -129,7 +129,7 @@ func TestLedgerRetriesRefusedRemoval(t *testing.T) {
 	if known, err := l.Known(ctx, "cloud"); err != nil || len(known) != 0 {
 		t.Fatalf("the store still names %v (%v)", known, err)
 	}
-	if n, _ := r.LedgerPending("cloud"); n != 0 {
+	if n, _ := r.Ledger.Pending("cloud"); n != 0 {
 		t.Fatalf("pending %d, want 0", n)
 	}
 }
@@ -140,7 +140,7 @@ func TestLedgerRetriesRefusedRemoval(t *testing.T) {
 // again.
 func TestLedgerMovesLegacy(t *testing.T) {
 	r, clk := fakeRegistry(t, true)
-	defer r.closeLedger()
+	defer r.Ledger.close()
 	ctx := context.Background()
 	old := &certmagic.FileStorage{Path: t.TempDir()}
 	dead := ledger.New(old, "dead", clk.Now)
@@ -148,10 +148,10 @@ func TestLedgerMovesLegacy(t *testing.T) {
 		t.Fatal(err)
 	}
 	reads := &countingLegacy{Legacy: old}
-	r.OpenLedger(LedgerOptions{Store: &certmagic.FileStorage{Path: t.TempDir()}, Node: "n1", Legacy: reads})
+	r.Ledger.Open(LedgerOptions{Store: &certmagic.FileStorage{Path: t.TempDir()}, Node: "n1", Legacy: reads})
 	clk.Advance(time.Second)
 	// No adopter for the provider: the entry waits, counted as pending.
-	if n, _ := r.LedgerPending("cloud"); n != 1 {
+	if n, _ := r.Ledger.Pending("cloud"); n != 1 {
 		t.Fatalf("pending %d, want the moved entry", n)
 	}
 	if old.Exists(ctx, "browser_failover/ledger/owners/"+dead.Owner()) || len(mustList(t, old)) != 0 {

@@ -30,16 +30,16 @@ func TestReleaseClaimRestores(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if p.MaxConcurrent() != 1 || p.URL() != "ws://other:1/" {
-		t.Fatalf("the claims did not apply: max %d url %s", p.MaxConcurrent(), p.URL())
+	if p.Slots.MaxConcurrent() != 1 || p.URL() != "ws://other:1/" {
+		t.Fatalf("the claims did not apply: max %d url %s", p.Slots.MaxConcurrent(), p.URL())
 	}
 	r.ReleaseClaim("pool-unit", failed)
-	if p.MaxConcurrent() != 1 {
+	if p.Slots.MaxConcurrent() != 1 {
 		t.Fatal("restored before the failed load's last claim went")
 	}
 	r.ReleaseClaim("pool-unit", failed)
-	if p.MaxConcurrent() != 2 || p.URL() != "ws://h:1/" || p.Health.Config().MinRequests != 3 {
-		t.Fatalf("the failed load's settings stayed: max %d url %s min_requests %d", p.MaxConcurrent(), p.URL(), p.Health.Config().MinRequests)
+	if p.Slots.MaxConcurrent() != 2 || p.URL() != "ws://h:1/" || p.Health.Config().MinRequests != 3 {
+		t.Fatalf("the failed load's settings stayed: max %d url %s min_requests %d", p.Slots.MaxConcurrent(), p.URL(), p.Health.Config().MinRequests)
 	}
 
 	// A load that runs: the old load's release keeps the new settings.
@@ -47,8 +47,8 @@ func TestReleaseClaimRestores(t *testing.T) {
 		t.Fatal(err)
 	}
 	r.ReleaseClaim("pool-unit", running)
-	if p.MaxConcurrent() != 5 {
-		t.Fatalf("the replaced load's release changed the new settings: max %d", p.MaxConcurrent())
+	if p.Slots.MaxConcurrent() != 5 {
+		t.Fatalf("the replaced load's release changed the new settings: max %d", p.Slots.MaxConcurrent())
 	}
 	if q, ok := r.Lookup("pool-unit"); !ok || q != p {
 		t.Fatal("the entry went away while the new load holds it")
@@ -87,20 +87,20 @@ func TestProviderEventsReachTheQueue(t *testing.T) {
 	}
 	defer r.ReleaseClaim("pool-q", gen2)
 	want := []string{p.Resource()}
-	if !p.tryReserve() {
+	if !p.Slots.tryReserve() {
 		t.Fatal("no slot")
 	}
 	if woken, _ := wokenBy(t, r, want, func() {}); woken {
 		t.Fatal("woken with nothing offered")
 	}
-	if woken, _ := wokenBy(t, r, []string{Resource("other")}, p.unreserve); woken {
+	if woken, _ := wokenBy(t, r, []string{Resource("other")}, p.Slots.unreserve); woken {
 		t.Fatal("a waiter for another provider was woken by this one's slot")
 	}
-	p.tryReserve()
-	if woken, _ := wokenBy(t, r, want, p.unreserve); !woken {
+	p.Slots.tryReserve()
+	if woken, _ := wokenBy(t, r, want, p.Slots.unreserve); !woken {
 		t.Fatal("a freed slot did not reach the waiter")
 	}
-	p.tryReserve()
+	p.Slots.tryReserve()
 	if woken, _ := wokenBy(t, r, want, func() {
 		if _, err := r.Claim("pool-q", "ws://h:1/", "ws://h:1/", gen2, cfg, false, 2); err != nil {
 			t.Fatal(err)
@@ -109,7 +109,7 @@ func TestProviderEventsReachTheQueue(t *testing.T) {
 		t.Fatal("a reload that raised max_concurrent did not reach the waiter")
 	}
 	r.ReleaseClaim("pool-q", gen1)
-	p.unreserve()
+	p.Slots.unreserve()
 	if _, err := wokenBy(t, r, want, func() { p.SetDraining(true) }); !errors.Is(err, queue.ErrUnavailable) {
 		t.Fatalf("drain: waiter got %v, want ErrUnavailable", err)
 	}
@@ -120,10 +120,10 @@ func TestProviderEventsReachTheQueue(t *testing.T) {
 		t.Fatal("HasRoom false for an idle, healthy, undrained provider")
 	}
 	k := QuotaKey{Template: "{x}", Value: "v"}
-	if !r.takeQuota(k, 1) || r.takeQuota(k, 1) {
+	if !r.Quotas.take(k, 1) || r.Quotas.take(k, 1) {
 		t.Fatal("quota")
 	}
-	if woken, _ := wokenBy(t, r, []string{k.Resource()}, func() { r.releaseQuota(k) }); !woken {
+	if woken, _ := wokenBy(t, r, []string{k.Resource()}, func() { r.Quotas.release(k) }); !woken {
 		t.Fatal("a released quota did not reach its key's waiter")
 	}
 }

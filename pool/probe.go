@@ -85,7 +85,7 @@ type probeReg struct {
 	cfg   ProbeConfig
 }
 
-// probeLoop is the probe loop of one provider. Guarded by Provider.pmu.
+// probeLoop is the probe loop of one provider. Guarded by Probes.mu.
 type probeLoop struct {
 	regs   []probeReg // the newest last
 	active bool
@@ -116,15 +116,25 @@ func (l *probeLoop) newest() *probeReg {
 	return &l.regs[len(l.regs)-1]
 }
 
-// Probe registers, for owner (a handler), the provider's health check. The
+// Probes are a provider's probe loop: the health checks the handlers
+// registered, the newest of which it follows, its timer, and what its
+// last probe found.
+type Probes struct {
+	p *ProviderState
+
+	mu   sync.Mutex
+	loop probeLoop
+}
+
+// Add registers, for owner (a handler), the provider's health check. The
 // newest registration sets the loop's prober, interval and report; the
 // loop starts with the first registration, its first probe within its
 // first interval, and keeps its pace across later ones (a changed interval
 // applies from the last probe's start, at the new interval's probe times).
-func (p *Provider) Probe(owner any, cfg ProbeConfig) {
-	p.pmu.Lock()
-	defer p.pmu.Unlock()
-	l := &p.probe
+func (q *Probes) Add(owner any, cfg ProbeConfig) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	p, l := q.p, &q.loop
 	for i, r := range l.regs {
 		if r.owner == owner {
 			l.regs = append(l.regs[:i], l.regs[i+1:]...)
@@ -137,19 +147,19 @@ func (p *Provider) Probe(owner any, cfg ProbeConfig) {
 		l.ctx, l.cancel = context.WithCancel(context.Background())
 		p.Health.SetProbeTrials(true)
 		l.interval = cfg.Interval
-		p.paceLocked(p.reg.Now())
+		q.paceLocked(p.reg.Now())
 		return
 	}
-	p.followNewestLocked()
+	q.followNewestLocked()
 }
 
-// Unprobe removes owner's registration. With none left the loop stops: a
+// Remove removes owner's registration. With none left the loop stops: a
 // probe in flight is called off, the trial after a cooldown goes back to
 // clients, and the capacity read is forgotten (the provider is no longer
 // full for it).
-func (p *Provider) Unprobe(owner any) {
-	p.pmu.Lock()
-	l := &p.probe
+func (q *Probes) Remove(owner any) {
+	q.mu.Lock()
+	p, l := q.p, &q.loop
 	var removed Prober
 	for i, r := range l.regs {
 		if r.owner == owner {
@@ -159,25 +169,24 @@ func (p *Provider) Unprobe(owner any) {
 		}
 	}
 	if removed == nil {
-		p.pmu.Unlock()
+		q.mu.Unlock()
 		return
 	}
 	// Its kept connection closes once a probe it may be running is done.
 	go removed.Close()
 	if len(l.regs) > 0 {
-		p.followNewestLocked()
-		p.pmu.Unlock()
+		q.followNewestLocked()
+		q.mu.Unlock()
 		return
 	}
 	l.active = false
 	l.epoch++
-	p.unscheduleLocked()
+	q.unscheduleLocked()
 	l.cancel()
 	wasFull := l.capacity != nil && l.capacity.Full
 	l.capacity = nil
-	p.learntMax.Store(0)
-	p.capFull.Store(false)
-	p.pmu.Unlock()
+	p.Slots.probed(false, 0)
+	q.mu.Unlock()
 	p.Health.SetProbeTrials(false)
 	if wasFull || p.Health.Available() {
 		// No longer full for a probe, or its trial left to clients.
@@ -187,8 +196,8 @@ func (p *Provider) Unprobe(owner any) {
 
 // followNewestLocked applies a change of the newest registration's
 // interval to the pending timer.
-func (p *Provider) followNewestLocked() {
-	l := &p.probe
+func (q *Probes) followNewestLocked() {
+	l := &q.loop
 	n := l.newest()
 	if n.cfg.Interval == l.interval {
 		return
@@ -197,18 +206,18 @@ func (p *Provider) followNewestLocked() {
 	if l.running {
 		return // the probe's end schedules the next with it
 	}
-	t := p.reg.Now()
+	t := q.p.reg.Now()
 	if l.lastStart.IsZero() {
 		// The first probe keeps its time if that comes within the new
 		// interval.
 		if l.due.Sub(t) > l.interval {
-			p.paceLocked(t)
+			q.paceLocked(t)
 		} else {
-			p.scheduleLocked(later(l.due, t))
+			q.scheduleLocked(later(l.due, t))
 		}
 		return
 	}
-	p.paceLocked(later(l.lastStart.Add(l.interval), t))
+	q.paceLocked(later(l.lastStart.Add(l.interval), t))
 }
 
 // Probe times. A loop probes at the multiples of its interval counted from
@@ -234,23 +243,23 @@ func stepUp(t time.Time, interval, offset time.Duration) time.Time {
 
 // paceLocked makes the loop's next probe due at the first probe time from
 // t.
-func (p *Provider) paceLocked(t time.Time) {
-	p.scheduleLocked(stepUp(t, p.probe.interval, p.reg.probeOffset))
+func (q *Probes) paceLocked(t time.Time) {
+	q.scheduleLocked(stepUp(t, q.loop.interval, q.p.reg.probeOffset))
 }
 
 // scheduleLocked makes the loop's next probe due at t, on a timer of its
 // own.
-func (p *Provider) scheduleLocked(t time.Time) {
-	l := &p.probe
-	p.unscheduleLocked()
+func (q *Probes) scheduleLocked(t time.Time) {
+	l := &q.loop
+	q.unscheduleLocked()
 	l.due = t
 	seq := l.seq
-	l.timer = p.reg.clock.AfterFunc(max(t.Sub(p.reg.Now()), 0), func() { p.fire(seq) })
+	l.timer = q.p.reg.clock.AfterFunc(max(t.Sub(q.p.reg.Now()), 0), func() { q.fire(seq) })
 }
 
 // unscheduleLocked voids the loop's pending probe, if any.
-func (p *Provider) unscheduleLocked() {
-	l := &p.probe
+func (q *Probes) unscheduleLocked() {
+	l := &q.loop
 	if l.timer != nil {
 		l.timer.Stop()
 		l.timer = nil
@@ -258,27 +267,27 @@ func (p *Provider) unscheduleLocked() {
 	l.seq++ // a timer that could not be stopped finds out it is void
 }
 
-// ProbeBy moves the next probe to t when that is sooner. The failover
+// NextBy moves the next probe to t when that is sooner. The failover
 // chain calls it with the end of a cooldown or skip it started, so the
 // probe that is the trial runs as soon as it may.
-func (p *Provider) ProbeBy(t time.Time) {
-	p.pmu.Lock()
-	defer p.pmu.Unlock()
-	l := &p.probe
+func (q *Probes) NextBy(t time.Time) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	l := &q.loop
 	if !l.active || l.running || !t.Before(l.due) {
 		return
 	}
-	p.scheduleLocked(t)
+	q.scheduleLocked(t)
 }
 
 // fire runs the probe the loop's timer seq was set for, on the timer's
 // goroutine; nothing when the timer is void, a cooldown or skip still runs
 // (the probe then waits for its end), or another trial is in flight.
-func (p *Provider) fire(seq uint64) {
-	p.pmu.Lock()
-	l := &p.probe
+func (q *Probes) fire(seq uint64) {
+	q.mu.Lock()
+	p, l := q.p, &q.loop
 	if !l.active || l.seq != seq || l.running {
-		p.pmu.Unlock()
+		q.mu.Unlock()
 		return
 	}
 	l.timer = nil
@@ -286,13 +295,13 @@ func (p *Provider) fire(seq uint64) {
 	permit, ok := p.Health.AcquireProbe()
 	if !ok {
 		if u := p.Health.Until(); u.After(t) {
-			p.scheduleLocked(u)
+			q.scheduleLocked(u)
 		} else {
 			// Another trial is in flight (taken before the loop
 			// started): look again after an interval.
-			p.paceLocked(t.Add(l.interval))
+			q.paceLocked(t.Add(l.interval))
 		}
-		p.pmu.Unlock()
+		q.mu.Unlock()
 		return
 	}
 	l.running = true
@@ -304,8 +313,8 @@ func (p *Provider) fire(seq uint64) {
 	}
 	l.lastStart = due
 	j := probeJob{ctx: l.ctx, epoch: l.epoch, reg: *l.newest(), permit: permit, start: t, due: due}
-	p.pmu.Unlock()
-	p.applyProbe(j, j.reg.cfg.Prober.Probe(j.ctx))
+	q.mu.Unlock()
+	q.apply(j, j.reg.cfg.Prober.Probe(j.ctx))
 }
 
 // probeJob is one probe in flight.
@@ -317,9 +326,10 @@ type probeJob struct {
 	start, due time.Time
 }
 
-// applyProbe applies a probe's result, tells the handler, and schedules
-// the loop's next probe.
-func (p *Provider) applyProbe(j probeJob, res upstreams.ProbeResult) {
+// apply applies a probe's result, tells the handler, and schedules the
+// loop's next probe.
+func (q *Probes) apply(j probeJob, res upstreams.ProbeResult) {
+	p := q.p
 	epoch, permit, start, due := j.epoch, j.permit, j.start, j.due
 	o := res.Outcome
 	rep := ProbeReport{Result: res, Trial: permit.Trial()}
@@ -330,22 +340,22 @@ func (p *Provider) applyProbe(j probeJob, res upstreams.ProbeResult) {
 		// Called off: the loop stopped. Nothing is learnt.
 		p.Health.Done(permit, cooldown.Neutral, 0)
 	default:
-		p.SetLastError(o.Word)
+		p.Stats.SetLastError(o.Word)
 		rep.Change = p.Health.Done(permit, cooldown.Failure, 0)
 	}
 
-	p.pmu.Lock()
-	l := &p.probe
+	q.mu.Lock()
+	l := &q.loop
 	stopped := !l.active || l.epoch != epoch
 	if o.Kind != upstreams.ClientGone && !stopped {
 		l.last = ProbeRecord{At: start, Outcome: o.Word, MS: float64(o.Elapsed.Microseconds()) / 1000}
 		wasFull := l.capacity != nil && l.capacity.Full
+		var probedMax int64
 		if pr := res.Pressure; pr != nil && o.Kind == upstreams.Success {
 			l.capacity = &CapacityRecord{Running: pr.Running, Max: pr.MaxConcurrent, Queued: pr.Queued, Full: pr.Full()}
-			p.learntMax.Store(int64(pr.MaxConcurrent))
+			probedMax = int64(pr.MaxConcurrent)
 		} else {
 			l.capacity = nil
-			p.learntMax.Store(0)
 		}
 		rep.CapacityFull = l.capacity != nil && l.capacity.Full
 		rep.CapacityFreed = wasFull && !rep.CapacityFull
@@ -354,19 +364,19 @@ func (p *Provider) applyProbe(j probeJob, res upstreams.ProbeResult) {
 			// teaches the cap: the sessions the provider says it runs
 			// (its own count, not skewed by a session that is just
 			// starting or ending here), or else this gateway's.
-			n := p.Active()
+			n := p.Slots.Active()
 			if pr := res.Pressure; pr != nil && pr.Running > 0 {
 				n = int64(pr.Running)
 			}
-			p.Refused(n)
+			p.Slots.Refused(n)
 		}
-		p.capFull.Store(rep.CapacityFull)
+		p.Slots.probed(rep.CapacityFull, probedMax)
 	}
 	var report func(ProbeReport)
 	if n := l.newest(); n != nil && !stopped {
 		report = n.cfg.Report
 	}
-	p.pmu.Unlock()
+	q.mu.Unlock()
 
 	switch {
 	case o.Kind == upstreams.ClientGone || stopped:
@@ -388,8 +398,8 @@ func (p *Provider) applyProbe(j probeJob, res upstreams.ProbeResult) {
 		}
 	}
 
-	p.pmu.Lock()
-	defer p.pmu.Unlock()
+	q.mu.Lock()
+	defer q.mu.Unlock()
 	l.running = false
 	if !l.active || l.newest() == nil {
 		return
@@ -397,16 +407,16 @@ func (p *Provider) applyProbe(j probeJob, res upstreams.ProbeResult) {
 	if l.epoch != epoch {
 		// The loop was started again meanwhile; its first probe, whose
 		// timer may have come while this one ran, goes now at the latest.
-		p.scheduleLocked(later(l.due, p.reg.Now()))
+		q.scheduleLocked(later(l.due, p.reg.Now()))
 		return
 	}
 	// The next probe: at the end of a cooldown or skip that runs now, or
 	// an interval after this one started.
 	if u := p.Health.Until(); !u.IsZero() {
-		p.scheduleLocked(later(u, p.reg.Now()))
+		q.scheduleLocked(later(u, p.reg.Now()))
 		return
 	}
-	p.paceLocked(later(due.Add(l.interval), p.reg.Now()))
+	q.paceLocked(later(due.Add(l.interval), p.reg.Now()))
 }
 
 // later is the later of two times.
@@ -417,45 +427,39 @@ func later(a, b time.Time) time.Time {
 	return b
 }
 
-// LastProbe is the provider's last probe; false when it was never probed.
-func (p *Provider) LastProbe() (ProbeRecord, bool) {
-	p.pmu.Lock()
-	defer p.pmu.Unlock()
-	if p.probe.last.At.IsZero() {
+// Last is the provider's last probe; false when it was never probed.
+func (q *Probes) Last() (ProbeRecord, bool) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.loop.last.At.IsZero() {
 		return ProbeRecord{}, false
 	}
-	return p.probe.last, true
+	return q.loop.last, true
 }
 
 // Capacity is what the last capacity read said; false when there is none
 // (no capacity check, or its last probe failed).
-func (p *Provider) Capacity() (CapacityRecord, bool) {
-	p.pmu.Lock()
-	defer p.pmu.Unlock()
-	if p.probe.capacity == nil {
+func (q *Probes) Capacity() (CapacityRecord, bool) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.loop.capacity == nil {
 		return CapacityRecord{}, false
 	}
-	return *p.probe.capacity, true
+	return *q.loop.capacity, true
 }
 
 // ReadsCapacity reports whether the provider's running health check reads
 // its capacity.
-func (p *Provider) ReadsCapacity() bool {
-	p.pmu.Lock()
-	defer p.pmu.Unlock()
-	n := p.probe.newest()
-	return p.probe.active && n != nil && n.cfg.ReadsCapacity
+func (q *Probes) ReadsCapacity() bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	n := q.loop.newest()
+	return q.loop.active && n != nil && n.cfg.ReadsCapacity
 }
 
-// Probed reports whether a probe loop runs for the provider.
-func (p *Provider) Probed() bool {
-	p.pmu.Lock()
-	defer p.pmu.Unlock()
-	return p.probe.active
-}
-
-// probeState is embedded in Provider.
-type probeState struct {
-	pmu   sync.Mutex
-	probe probeLoop
+// Running reports whether a probe loop runs for the provider.
+func (q *Probes) Running() bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.loop.active
 }

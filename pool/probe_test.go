@@ -200,7 +200,7 @@ func (r *recorder[T]) list() []T {
 // reports collects what a registration is told.
 type reports = recorder[ProbeReport]
 
-func claimProbed(t *testing.T, r *Registry, name string, cfg cooldown.Config, max int) *Provider {
+func claimProbed(t *testing.T, r *Registry, name string, cfg cooldown.Config, max int) *ProviderState {
 	t.Helper()
 	gen := new(int)
 	p, err := r.Claim(name, "ws://h:1/"+name, "ws://h:1/"+name, gen, cfg, false, max)
@@ -222,8 +222,8 @@ func TestProbeFailuresTripCooldown(t *testing.T) {
 	fp.set(failing(upstreams.WordRefused))
 	var rs reports
 	owner := new(int)
-	p.Probe(owner, ProbeConfig{Prober: fp, Interval: time.Second, Report: rs.add})
-	defer p.Unprobe(owner)
+	p.Probes.Add(owner, ProbeConfig{Prober: fp, Interval: time.Second, Report: rs.add})
+	defer p.Probes.Remove(owner)
 
 	c.Advance(0) // the first probe: at once (the clock is at a probe time)
 	if fp.calls.Load() != 1 || !p.Health.Available() {
@@ -237,10 +237,10 @@ func TestProbeFailuresTripCooldown(t *testing.T) {
 	if len(got) != 2 || got[1].Change != cooldown.CooledDown || got[1].Result.Outcome.Word != upstreams.WordRefused {
 		t.Fatalf("reports %+v, want the second to be the cooldown", got)
 	}
-	if p.LastError() != upstreams.WordRefused {
-		t.Fatalf("last error %q", p.LastError())
+	if p.Stats.LastError() != upstreams.WordRefused {
+		t.Fatalf("last error %q", p.Stats.LastError())
 	}
-	if r, ok := p.LastProbe(); !ok || r.Outcome != upstreams.WordRefused || !r.At.Equal(c.Now()) {
+	if r, ok := p.Probes.Last(); !ok || r.Outcome != upstreams.WordRefused || !r.At.Equal(c.Now()) {
 		t.Fatalf("last probe %+v %v", r, ok)
 	}
 	snap := p.Health.Snapshot()
@@ -297,8 +297,8 @@ func TestProbesNeverOverlap(t *testing.T) {
 	owner := new(int)
 	var reported atomic.Int64
 	count := func(ProbeReport) { reported.Add(1) }
-	p.Probe(owner, ProbeConfig{Prober: fp, Interval: time.Second, Report: count})
-	defer p.Unprobe(owner)
+	p.Probes.Add(owner, ProbeConfig{Prober: fp, Interval: time.Second, Report: count})
+	defer p.Probes.Remove(owner)
 
 	c.Advance(0)
 	waitUntil(t, "the first probe to start", func() bool { return fp.inFlight.Load() == 1 })
@@ -307,8 +307,8 @@ func TestProbesNeverOverlap(t *testing.T) {
 	}
 	// A second registration (a reload) while the probe hangs.
 	owner2 := new(int)
-	p.Probe(owner2, ProbeConfig{Prober: fp, Interval: time.Second / 2, Report: count})
-	defer p.Unprobe(owner2)
+	p.Probes.Add(owner2, ProbeConfig{Prober: fp, Interval: time.Second / 2, Report: count})
+	defer p.Probes.Remove(owner2)
 	c.Advance(5 * time.Second)
 	if n := fp.calls.Load(); n != 1 {
 		t.Fatalf("%d probes started while the first hung", n)
@@ -341,19 +341,19 @@ func TestProbeReloadsKeepOneLoop(t *testing.T) {
 	}
 	var ra, rb, rd reports
 	gen1, gen2, gen3 := new(int), new(int), new(int)
-	p.Probe(gen1, ProbeConfig{Prober: a, Interval: 2 * time.Second, Report: ra.add})
+	p.Probes.Add(gen1, ProbeConfig{Prober: a, Interval: 2 * time.Second, Report: ra.add})
 	c.Advance(0)
 	if a.calls.Load() != 1 {
 		t.Fatal("no first probe")
 	}
 	c.Advance(time.Second)
 	// A reload: the new load registers, then the old one goes.
-	p.Probe(gen2, ProbeConfig{Prober: b, Interval: 2 * time.Second, Report: rb.add})
+	p.Probes.Add(gen2, ProbeConfig{Prober: b, Interval: 2 * time.Second, Report: rb.add})
 	c.Advance(500 * time.Millisecond)
 	if a.calls.Load()+b.calls.Load() != 1 {
 		t.Fatal("a reload started a probe out of turn (the loop was reset)")
 	}
-	p.Unprobe(gen1)
+	p.Probes.Remove(gen1)
 	if a.closed.Load() == 0 {
 		waitUntil(t, "the old prober to be closed", func() bool { return a.closed.Load() == 1 })
 	}
@@ -373,8 +373,8 @@ func TestProbeReloadsKeepOneLoop(t *testing.T) {
 	// A reload with a longer interval: the next probe is an interval after
 	// the last one (t=12s) at the earliest, at a probe time of the new
 	// interval (t=20s).
-	p.Probe(gen3, ProbeConfig{Prober: d, Interval: 5 * time.Second, Report: rd.add})
-	p.Unprobe(gen2)
+	p.Probes.Add(gen3, ProbeConfig{Prober: d, Interval: 5 * time.Second, Report: rd.add})
+	p.Probes.Remove(gen2)
 	c.Advance(5 * time.Second)
 	if d.calls.Load() != 0 {
 		t.Fatal("probed before the new interval's probe time")
@@ -384,11 +384,11 @@ func TestProbeReloadsKeepOneLoop(t *testing.T) {
 		t.Fatalf("%d probes at the new interval's probe time", d.calls.Load())
 	}
 	// The provider leaves the config: the loop stops.
-	p.Unprobe(gen3)
+	p.Probes.Remove(gen3)
 	for range 5 {
 		c.Advance(5 * time.Second)
 	}
-	if d.calls.Load() != 1 || p.Probed() {
+	if d.calls.Load() != 1 || p.Probes.Running() {
 		t.Fatalf("probes after the loop stopped: %d", d.calls.Load())
 	}
 	if n := c.pending(); n != 0 {
@@ -407,17 +407,17 @@ func TestProbeCapacity(t *testing.T) {
 	fp.set(pressure(2, 5, true))
 	var rs reports
 	owner := new(int)
-	p.Probe(owner, ProbeConfig{Prober: fp, Interval: time.Second, Report: rs.add})
+	p.Probes.Add(owner, ProbeConfig{Prober: fp, Interval: time.Second, Report: rs.add})
 	c.Advance(0)
-	if p.Full() || p.Limit() != 5 || p.MaxConcurrent() != 0 {
-		t.Fatalf("room left: full %v, limit %d, configured %d", p.Full(), p.Limit(), p.MaxConcurrent())
+	if p.Slots.Full() || p.Slots.Limit() != 5 || p.Slots.MaxConcurrent() != 0 {
+		t.Fatalf("room left: full %v, limit %d, configured %d", p.Slots.Full(), p.Slots.Limit(), p.Slots.MaxConcurrent())
 	}
-	if cr, ok := p.Capacity(); !ok || cr != (CapacityRecord{Running: 2, Max: 5}) {
+	if cr, ok := p.Probes.Capacity(); !ok || cr != (CapacityRecord{Running: 2, Max: 5}) {
 		t.Fatalf("capacity %+v %v", cr, ok)
 	}
 	fp.set(pressure(1, 5, false))
 	c.Advance(time.Second)
-	if !p.Full() || p.HasRoom() || p.tryReserve() {
+	if !p.Slots.Full() || p.HasRoom() || p.Slots.tryReserve() {
 		t.Fatal("isAvailable false: the provider is not full")
 	}
 	if got := rs.list(); !got[1].CapacityFull || got[1].Change != cooldown.NoChange {
@@ -425,51 +425,51 @@ func TestProbeCapacity(t *testing.T) {
 	}
 	fp.set(pressure(5, 5, true))
 	c.Advance(time.Second)
-	if !p.Full() {
+	if !p.Slots.Full() {
 		t.Fatal("running = maxConcurrent: the provider is not full")
 	}
 	fp.set(pressure(4, 5, true))
 	woken, _ := wokenBy(t, r, []string{p.Resource()}, func() { c.Advance(time.Second) })
-	if !woken || p.Full() || !rs.list()[3].CapacityFreed {
-		t.Fatalf("a freed slot: woken %v, full %v", woken, p.Full())
+	if !woken || p.Slots.Full() || !rs.list()[3].CapacityFreed {
+		t.Fatalf("a freed slot: woken %v, full %v", woken, p.Slots.Full())
 	}
 	// The learnt limit counts this gateway's own sessions.
 	for range 5 {
-		if !p.tryReserve() {
+		if !p.Slots.tryReserve() {
 			t.Fatal("no slot below the learnt limit")
 		}
 	}
-	if p.tryReserve() || !p.Full() {
+	if p.Slots.tryReserve() || !p.Slots.Full() {
 		t.Fatal("more slots than the learnt maxConcurrent")
 	}
 	for range 5 {
-		p.unreserveFailed()
+		p.Slots.unreserveFailed()
 	}
 	// A failing probe forgets the capacity (the cooldown rules decide).
 	fp.set(pressure(0, 5, false))
 	c.Advance(time.Second)
 	fp.set(failing(upstreams.StatusWord(503)))
 	c.Advance(time.Second)
-	if _, ok := p.Capacity(); ok || p.Full() || p.Limit() != 0 {
+	if _, ok := p.Probes.Capacity(); ok || p.Slots.Full() || p.Slots.Limit() != 0 {
 		t.Fatal("a failed probe kept the capacity read")
 	}
 	// A configured max_concurrent wins over the learnt one.
 	fp.set(pressure(0, 50, true))
 	c.Advance(time.Second)
-	p.max.Store(3)
-	if p.Limit() != 3 {
-		t.Fatalf("limit %d, want max_concurrent 3", p.Limit())
+	p.Slots.max.Store(3)
+	if p.Slots.Limit() != 3 {
+		t.Fatalf("limit %d, want max_concurrent 3", p.Slots.Limit())
 	}
-	p.max.Store(0)
+	p.Slots.max.Store(0)
 	// The loop stops while the provider reads full: it is full no more.
 	fp.set(pressure(9, 9, true))
 	c.Advance(time.Second)
-	if !p.Full() {
+	if !p.Slots.Full() {
 		t.Fatal("not full")
 	}
-	woken, _ = wokenBy(t, r, []string{p.Resource()}, func() { p.Unprobe(owner) })
-	if !woken || p.Full() || p.Limit() != 0 {
-		t.Fatalf("after the loop stopped: woken %v, full %v, limit %d", woken, p.Full(), p.Limit())
+	woken, _ = wokenBy(t, r, []string{p.Resource()}, func() { p.Probes.Remove(owner) })
+	if !woken || p.Slots.Full() || p.Slots.Limit() != 0 {
+		t.Fatalf("after the loop stopped: woken %v, full %v, limit %d", woken, p.Slots.Full(), p.Slots.Limit())
 	}
 }
 
@@ -482,15 +482,15 @@ func TestProbeBy(t *testing.T) {
 	fp.set(passing())
 	owner := new(int)
 	var rs reports
-	p.Probe(owner, ProbeConfig{Prober: fp, Interval: 10 * time.Second, Report: rs.add})
-	defer p.Unprobe(owner)
+	p.Probes.Add(owner, ProbeConfig{Prober: fp, Interval: 10 * time.Second, Report: rs.add})
+	defer p.Probes.Remove(owner)
 	c.Advance(0)
 	// A client's failure trips a one-second cooldown.
 	permit, _ := p.Health.Acquire()
 	if p.Health.Done(permit, cooldown.Failure, 0) != cooldown.CooledDown {
 		t.Fatal("no cooldown")
 	}
-	p.ProbeBy(p.Health.Until())
+	p.Probes.NextBy(p.Health.Until())
 	c.Advance(time.Second)
 	got := rs.list()
 	if fp.calls.Load() != 2 || !got[1].Trial || got[1].Change != cooldown.Recovered {
@@ -523,10 +523,10 @@ func waitUntil(t *testing.T, what string, cond func() bool) {
 }
 
 // probing reports whether a probe is in flight (for tests).
-func (p *Provider) probing() bool {
-	p.pmu.Lock()
-	defer p.pmu.Unlock()
-	return p.probe.running
+func (p *ProviderState) probing() bool {
+	p.Probes.mu.Lock()
+	defer p.Probes.mu.Unlock()
+	return p.Probes.loop.running
 }
 
 // TestProbeLoopsTogether: the loops of one interval probe at the same
@@ -539,7 +539,7 @@ func TestProbeLoopsTogether(t *testing.T) {
 	r, c := fakeRegistry(t, true)
 	r.probeOffset = 300 * time.Millisecond
 	t0 := c.Now()
-	var ps []*Provider
+	var ps []*ProviderState
 	var fps []*fakeProber
 	var rs []*reports
 	owner := new(int)
@@ -548,7 +548,7 @@ func TestProbeLoopsTogether(t *testing.T) {
 		f.set(passing())
 		p := claimProbed(t, r, "probe-together-"+name, cooldown.Config{}, 0)
 		r := &reports{}
-		p.Probe(owner, ProbeConfig{Prober: f, Interval: interval, Report: r.add})
+		p.Probes.Add(owner, ProbeConfig{Prober: f, Interval: interval, Report: r.add})
 		ps, fps, rs = append(ps, p), append(fps, f), append(rs, r)
 		if n := c.pending(); n != len(ps) {
 			t.Fatalf("%d timers for %d loops", n, len(ps))
@@ -578,22 +578,22 @@ func TestProbeLoopsTogether(t *testing.T) {
 		t.Fatalf("at 2.3s: %v", n)
 	}
 	for i, p := range ps {
-		if r, ok := p.LastProbe(); !ok || !r.At.Equal(t0.Add(2300*time.Millisecond)) {
+		if r, ok := p.Probes.Last(); !ok || !r.At.Equal(t0.Add(2300*time.Millisecond)) {
 			t.Fatalf("%s: last probe %+v, want at 2.3s", fps[i].name, r)
 		}
 	}
 	fps[0].set(failing(upstreams.StatusWord(503)))
 	c.Advance(time.Second) // 3.3s
-	if got := rs[0].list(); len(got) != 4 || got[3].Result.Outcome.Word != "status_503" || ps[0].LastError() != "status_503" {
+	if got := rs[0].list(); len(got) != 4 || got[3].Result.Outcome.Word != "status_503" || ps[0].Stats.LastError() != "status_503" {
 		t.Fatalf("a: reports %+v", got)
 	}
-	if ps[1].LastError() != "" || len(rs[1].list()) != 4 {
-		t.Fatalf("b: last error %q, %d reports", ps[1].LastError(), len(rs[1].list()))
+	if ps[1].Stats.LastError() != "" || len(rs[1].list()) != 4 {
+		t.Fatalf("b: last error %q, %d reports", ps[1].Stats.LastError(), len(rs[1].list()))
 	}
 	fps[0].set(passing()) // (before a cooldown)
 	// c brought forward: probed alone, then back to the common times an
 	// interval or more later (5.3s, not 4.3s).
-	ps[2].ProbeBy(c.Now().Add(100 * time.Millisecond))
+	ps[2].Probes.NextBy(c.Now().Add(100 * time.Millisecond))
 	c.Advance(100 * time.Millisecond) // 3.4s
 	if n := calls(); n != [4]int64{4, 4, 4, 1} {
 		t.Fatalf("c brought forward: %v", n)
@@ -610,7 +610,7 @@ func TestProbeLoopsTogether(t *testing.T) {
 		t.Fatalf("%d timers for four loops", n)
 	}
 	for _, p := range ps {
-		p.Unprobe(owner)
+		p.Probes.Remove(owner)
 	}
 	if n := c.pending(); n != 0 {
 		t.Fatalf("%d timers left after the loops stopped", n)

@@ -1,12 +1,9 @@
 package pool
 
 import (
-	"crypto/rand"
 	mrand "math/rand/v2"
 	"net/http"
-	"slices"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -16,17 +13,22 @@ import (
 	"github.com/browserfailover/caddy-browser-failover/upstreams"
 )
 
-// Registry is the gateway's state that outlives a config load: every
-// provider's entry (slots, health, counters, drain flag, probe loop), the
-// wait queue, the client_limit counts, the live and the parked sessions,
-// the session API books and the transport of their calls, the secret
-// client keys and resume tokens are hashed with, the keepers of each
-// handler's warm sessions, the metrics' counters, and the clock all of
-// it runs on. It is one value: the
-// process's is kept in a caddy.UsagePool entry that every handler takes on
-// Provision and gives back on Cleanup (Acquire, Release), so it lives as
-// long as some config uses the gateway, reloads included; a test builds a
-// registry of its own with NewRegistry.
+// Registry is the gateway's state that outlives a config load, and the
+// clock all of it runs on. It is one value: the process's is kept in a
+// caddy.UsagePool entry that every handler takes on Provision and gives
+// back on Cleanup (Acquire, Release), so it lives as long as some config
+// uses the gateway, reloads included; a test builds a registry of its own
+// with NewRegistry.
+//
+// The registry itself holds every provider's entry (ProviderState, claimed
+// by the handlers that use the name), the releaser of provider sessions
+// and the transport of session API calls, and the metrics' counters. The
+// rest is in parts, each with its own state and lock, made with the
+// registry and never replaced: the wait queue, the live and the parked
+// sessions, the client_limit counts, the keyed hashes, the session API
+// books, the ledger, the client keys' spend, the handlers and their
+// successions, the warm sessions' keepers and the handlers' queues as
+// status lists them.
 type Registry struct {
 	clock queue.Clock
 
@@ -38,6 +40,31 @@ type Registry struct {
 	// Sockets are the WebDriver sockets served here for other nodes'
 	// sessions.
 	Sockets Sockets
+	// Sessions are the live sessions (sessions.go, bound.go).
+	Sessions *LiveSessions
+	// Parked are the sessions a client may resume (resume.go).
+	Parked *ParkedSessions
+	// Quotas are the client_limit counts (quota.go).
+	Quotas *Quotas
+	// Hashes key what could serve as a credential before it is kept or
+	// shown (hashes.go).
+	Hashes *Hashes
+	// Books are the session API counts of each provider (books.go).
+	Books *APIBooks
+	// Ledger keeps the created provider sessions until their release is
+	// confirmed (ledger.go).
+	Ledger *LedgerKeeper
+	// ClientBooks are what each client key spent, for client_budget
+	// (spend.go).
+	ClientBooks *ClientBooks
+	// Handlers are the handler keys given per config load and the live
+	// handlers with the successors of those a reload replaced
+	// (handlers.go, succession.go).
+	Handlers *Handlers
+	// Warmers are the keepers of each handler's warm sessions (warm.go).
+	Warmers *Warmers
+	// Queues are the handlers' queues as status lists them (queues.go).
+	Queues *Queues
 
 	// providers holds the configured providers' entries, claimed by the
 	// handlers that use them (Claim, ReleaseClaim).
@@ -45,33 +72,8 @@ type Registry struct {
 	// retired holds providers that left the config with sessions still
 	// live, by name, until those end.
 	retiredMu sync.Mutex
-	retired   map[string]*Provider
+	retired   map[string]*ProviderState
 
-	queuesMu sync.Mutex
-	queues   map[any]queueEntry
-	queueSeq uint64
-
-	quotaMu sync.Mutex
-	quotas  map[string]*quotaEntry
-	// keySecret keys the hashes of client keys, resume keys and resume
-	// tokens (SetClientKeySecret).
-	keySecret atomic.Pointer[[]byte]
-
-	parkedMu sync.Mutex
-	parked   map[string]*Parked // by session ID
-	byToken  map[string]*Parked // by token hash
-
-	sessionsMu    sync.Mutex
-	sessions      map[Live]*LiveSession
-	sessionIDs    map[string]*LiveSession
-	sessionTokens map[string]*LiveSession
-	// sessionPaths: by the hash of the secret their clients name them by
-	// (bound.go).
-	sessionPaths map[string]*LiveSession
-	sessionSeq   uint64
-
-	booksMu sync.Mutex
-	books   map[string]*upstreams.Books
 	// releaser releases the provider sessions created over session APIs.
 	releaser *upstreams.Releaser
 	// apiTransport carries the session API calls of every provider
@@ -85,27 +87,6 @@ type Registry struct {
 	// probeOffset is the registry's phase of the probe times, so that
 	// gateways probing one provider do not all probe it at once.
 	probeOffset time.Duration
-
-	// ledger keeps the created provider sessions until their release is
-	// confirmed (ledger.go).
-	ledger ledgerState
-
-	// clientSpend is what each client key spent, for client_budget
-	// (spend.go).
-	clientSpend clientBooks
-
-	// handlers counts the handler keys given per config load
-	// (handlers.go), and holds the live handlers and the successors of
-	// those a reload replaced (succession.go).
-	handlersMu sync.Mutex
-	handlers   handlerKeys
-	succession succession
-
-	// warm holds the warmers by handler and provider (warm.go), and
-	// warmSecret keys the prints of their settings.
-	warmMu     sync.Mutex
-	warm       warmers
-	warmSecret []byte
 }
 
 // NewRegistry returns an empty registry on clock (nil: the real one).
@@ -114,29 +95,25 @@ func NewRegistry(clock queue.Clock) *Registry {
 		clock = queue.RealClock()
 	}
 	r := &Registry{
-		clock:         clock,
-		providers:     caddy.NewUsagePool(),
-		retired:       map[string]*Provider{},
-		queues:        map[any]queueEntry{},
-		quotas:        map[string]*quotaEntry{},
-		parked:        map[string]*Parked{},
-		byToken:       map[string]*Parked{},
-		sessions:      map[Live]*LiveSession{},
-		sessionIDs:    map[string]*LiveSession{},
-		sessionTokens: map[string]*LiveSession{},
-		sessionPaths:  map[string]*LiveSession{},
-		books:         map[string]*upstreams.Books{},
-		releaser:      upstreams.NewReleaser(),
-		apiTransport:  upstreams.NewAPITransport(),
-		metrics:       observe.NewMetrics(),
+		clock:        clock,
+		Waiting:      queue.New(clock),
+		providers:    caddy.NewUsagePool(),
+		retired:      map[string]*ProviderState{},
+		releaser:     upstreams.NewReleaser(),
+		apiTransport: upstreams.NewAPITransport(),
+		metrics:      observe.NewMetrics(),
+		probeOffset:  mrand.N(24 * time.Hour),
 	}
-	r.Waiting = queue.New(clock)
-	r.probeOffset = mrand.N(24 * time.Hour)
-	secret := make([]byte, 32)
-	_, _ = rand.Read(secret)
-	r.keySecret.Store(&secret)
-	r.warmSecret = make([]byte, 32)
-	_, _ = rand.Read(r.warmSecret)
+	r.Sessions = newLiveSessions()
+	r.Parked = newParkedSessions(clock)
+	r.Hashes = newHashes()
+	r.Quotas = newQuotas(r.Waiting, r.Hashes)
+	r.Books = newAPIBooks()
+	r.Ledger = newLedgerKeeper(clock, r.releaser)
+	r.ClientBooks = newClientBooks(clock, r.Hashes)
+	r.Handlers = newHandlers(r.Sessions)
+	r.Warmers = newWarmers()
+	r.Queues = newQueues()
 	return r
 }
 
@@ -158,51 +135,12 @@ func (r *Registry) APITransport() *http.Transport { return r.apiTransport }
 // Metrics are the registry's counters and histograms.
 func (r *Registry) Metrics() *observe.Metrics { return r.metrics }
 
-// Books returns the session API counts of the provider name, made on
-// first use; they live as long as the registry.
-func (r *Registry) Books(name string) *upstreams.Books {
-	r.booksMu.Lock()
-	defer r.booksMu.Unlock()
-	b, ok := r.books[name]
-	if !ok {
-		b = &upstreams.Books{}
-		r.books[name] = b
-	}
-	return b
-}
-
-// AllBooks returns the names of the providers with session API counts, in
-// order, and their counts.
-func (r *Registry) AllBooks() ([]string, []*upstreams.Books) {
-	r.booksMu.Lock()
-	defer r.booksMu.Unlock()
-	names := make([]string, 0, len(r.books))
-	for n := range r.books {
-		names = append(names, n)
-	}
-	slices.Sort(names)
-	out := make([]*upstreams.Books, len(names))
-	for i, n := range names {
-		out[i] = r.books[n]
-	}
-	return names, out
-}
-
-// LookupBooks returns the counts of provider name, if it has a session
-// API.
-func (r *Registry) LookupBooks(name string) (*upstreams.Books, bool) {
-	r.booksMu.Lock()
-	defer r.booksMu.Unlock()
-	b, ok := r.books[name]
-	return b, ok
-}
-
 // Destruct implements caddy.Destructor: the last config that used the
 // gateway is gone (or the process is exiting). Parked sessions end with
 // it: held ones are closed, created provider sessions released.
 func (r *Registry) Destruct() error {
-	r.ExpireAll()
-	r.closeLedger()
+	r.Parked.ExpireAll()
+	r.Ledger.close()
 	r.apiTransport.CloseIdleConnections()
 	return nil
 }

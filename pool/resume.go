@@ -2,10 +2,8 @@ package pool
 
 import (
 	"cmp"
-	"crypto/hmac"
-	"crypto/sha256"
-	"encoding/hex"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/browserfailover/caddy-browser-failover/queue"
@@ -16,7 +14,7 @@ import (
 // The resume registry: sessions that ended from their client's side (its
 // close frame, or its connection dropping) and that the client may take
 // back within a window, with the resume token only it holds. The registry
-// keeps a keyed hash of each token (ResumeTokenHash), never the token; an
+// keeps a keyed hash of each token (Hashes.ResumeToken), never the token; an
 // entry is found by that hash for a resume, and by its session ID for the
 // operator's listing and actions (an ID never takes a session back). A
 // session without hold is
@@ -33,7 +31,7 @@ import (
 type Parked struct {
 	// ID is the session's ID: what the operator sees and ends it by.
 	ID string
-	// Token is the keyed hash of the resume token (ResumeTokenHash): what
+	// Token is the keyed hash of the resume token (Hashes.ResumeToken): what
 	// a resume finds it by.
 	Token string
 	// Provider is the provider's name.
@@ -73,30 +71,44 @@ type Parked struct {
 	// Data is the parker's own, given back with the entry.
 	Data any
 
-	reg    *Registry
+	set    *ParkedSessions
 	timer  queue.Timer
 	expire func(*Parked)
 }
 
-// Park registers e until e.Until. When the window ends unclaimed, e leaves
+// ParkedSessions are the parked sessions, by session ID and by token
+// hash, each with its window's timer on the registry's clock.
+type ParkedSessions struct {
+	clock queue.Clock
+
+	mu      sync.Mutex
+	byID    map[string]*Parked
+	byToken map[string]*Parked
+}
+
+func newParkedSessions(clock queue.Clock) *ParkedSessions {
+	return &ParkedSessions{clock: clock, byID: map[string]*Parked{}, byToken: map[string]*Parked{}}
+}
+
+// Add registers e until e.Until. When the window ends unclaimed, e leaves
 // the registry and expire is called with it (in its own goroutine), to
 // release what it holds. An entry already parked under the same token (a
 // client that used one token for two sessions) is replaced: its window
 // ends now.
-func (r *Registry) Park(e *Parked, expire func(*Parked)) {
-	r.parkedMu.Lock()
+func (k *ParkedSessions) Add(e *Parked, expire func(*Parked)) {
+	k.mu.Lock()
 	var ended []*Parked
-	for _, old := range []*Parked{r.parked[e.ID], r.byToken[e.Token]} {
+	for _, old := range []*Parked{k.byID[e.ID], k.byToken[e.Token]} {
 		if old != nil && old != e && !slices.Contains(ended, old) {
 			old.timer.Stop()
 			old.removeLocked()
 			ended = append(ended, old)
 		}
 	}
-	e.reg, e.expire = r, expire
+	e.set, e.expire = k, expire
 	e.addLocked()
 	e.arm()
-	r.parkedMu.Unlock()
+	k.mu.Unlock()
 	for _, old := range ended {
 		if old.expire != nil {
 			go old.expire(old)
@@ -104,55 +116,55 @@ func (r *Registry) Park(e *Parked, expire func(*Parked)) {
 	}
 }
 
-// addLocked and removeLocked keep both indexes (parkedMu held).
+// addLocked and removeLocked keep both indexes (mu held).
 func (e *Parked) addLocked() {
-	r := e.reg
-	r.parked[e.ID] = e
+	k := e.set
+	k.byID[e.ID] = e
 	if e.Token != "" {
-		r.byToken[e.Token] = e
+		k.byToken[e.Token] = e
 	}
 }
 
 func (e *Parked) removeLocked() {
-	r := e.reg
-	if r.parked[e.ID] == e {
-		delete(r.parked, e.ID)
+	k := e.set
+	if k.byID[e.ID] == e {
+		delete(k.byID, e.ID)
 	}
-	if r.byToken[e.Token] == e {
-		delete(r.byToken, e.Token)
+	if k.byToken[e.Token] == e {
+		delete(k.byToken, e.Token)
 	}
 }
 
-// arm starts e's window timer (parkedMu held).
+// arm starts e's window timer (mu held).
 func (e *Parked) arm() {
-	r := e.reg
-	e.timer = r.clock.AfterFunc(e.Until.Sub(r.Now()), func() {
-		r.parkedMu.Lock()
-		if r.parked[e.ID] != e {
-			r.parkedMu.Unlock()
+	k := e.set
+	e.timer = k.clock.AfterFunc(e.Until.Sub(k.clock.Now()), func() {
+		k.mu.Lock()
+		if k.byID[e.ID] != e {
+			k.mu.Unlock()
 			return
 		}
 		e.removeLocked()
-		r.parkedMu.Unlock()
+		k.mu.Unlock()
 		if e.expire != nil {
 			e.expire(e)
 		}
 	})
 }
 
-// ClaimParked takes the entry parked under the token hash out of the
-// registry for a resume: only while its window runs and only with the key
-// it was parked under. A wrong key leaves it in place. The caller gives it
-// back with Unclaim when the resume cannot go on for a reason that is not
-// the client's.
-func (r *Registry) ClaimParked(token, key string) (*Parked, bool) {
+// Claim takes the entry parked under the token hash out of the registry
+// for a resume: only while its window runs and only with the key it was
+// parked under. A wrong key leaves it in place. The caller gives it back
+// with Unclaim when the resume cannot go on for a reason that is not the
+// client's.
+func (k *ParkedSessions) Claim(token, key string) (*Parked, bool) {
 	if token == "" {
 		return nil, false
 	}
-	r.parkedMu.Lock()
-	defer r.parkedMu.Unlock()
-	e, ok := r.byToken[token]
-	if !ok || e.Key != key || !r.Now().Before(e.Until) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	e, ok := k.byToken[token]
+	if !ok || e.Key != key || !k.clock.Now().Before(e.Until) {
 		return nil, false
 	}
 	e.removeLocked()
@@ -160,14 +172,14 @@ func (r *Registry) ClaimParked(token, key string) (*Parked, bool) {
 	return e, true
 }
 
-// Unclaim puts back an entry ClaimParked took, for the rest of its window. It
+// Unclaim puts back an entry Claim took, for the rest of its window. It
 // reports false, and calls its expire, when the window has ended
 // meanwhile.
-func (r *Registry) Unclaim(e *Parked) bool {
-	r.parkedMu.Lock()
-	e.reg = r // an entry taken from the shared store comes here first
-	if !r.Now().Before(e.Until) {
-		r.parkedMu.Unlock()
+func (k *ParkedSessions) Unclaim(e *Parked) bool {
+	k.mu.Lock()
+	e.set = k // an entry taken from the shared store comes here first
+	if !k.clock.Now().Before(e.Until) {
+		k.mu.Unlock()
 		if e.expire != nil {
 			e.expire(e)
 		}
@@ -175,17 +187,17 @@ func (r *Registry) Unclaim(e *Parked) bool {
 	}
 	e.addLocked()
 	e.arm()
-	r.parkedMu.Unlock()
+	k.mu.Unlock()
 	return true
 }
 
-// Unpark removes the entry id whatever its key (an operator ended it, or
+// Remove removes the entry id whatever its key (an operator ended it, or
 // its held session ended on its own) and returns it; its expire is not
 // called.
-func (r *Registry) Unpark(id string) (*Parked, bool) {
-	r.parkedMu.Lock()
-	defer r.parkedMu.Unlock()
-	e, ok := r.parked[id]
+func (k *ParkedSessions) Remove(id string) (*Parked, bool) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	e, ok := k.byID[id]
 	if !ok {
 		return nil, false
 	}
@@ -194,36 +206,36 @@ func (r *Registry) Unpark(id string) (*Parked, bool) {
 	return e, true
 }
 
-// UnparkToken removes the entry parked under the token hash, if it is
+// RemoveShared removes the entry parked under the token hash, if it is
 // shared (another node took it back through the shared store).
-func (r *Registry) UnparkToken(token string) {
-	r.parkedMu.Lock()
-	defer r.parkedMu.Unlock()
-	if e, ok := r.byToken[token]; ok && e.Shared {
+func (k *ParkedSessions) RemoveShared(token string) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if e, ok := k.byToken[token]; ok && e.Shared {
 		e.removeLocked()
 		e.timer.Stop()
 	}
 }
 
-// ParkedByID finds a parked entry, for the sessions list.
-func (r *Registry) ParkedByID(id string) (Parked, bool) {
-	r.parkedMu.Lock()
-	defer r.parkedMu.Unlock()
-	e, ok := r.parked[id]
+// ByID finds a parked entry, for the sessions list.
+func (k *ParkedSessions) ByID(id string) (Parked, bool) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	e, ok := k.byID[id]
 	if !ok {
 		return Parked{}, false
 	}
 	return *e, true
 }
 
-// ParkedSessions lists the parked entries, oldest first.
-func (r *Registry) ParkedSessions() []Parked {
-	r.parkedMu.Lock()
-	out := make([]Parked, 0, len(r.parked))
-	for _, e := range r.parked {
+// List lists the parked entries, oldest first.
+func (k *ParkedSessions) List() []Parked {
+	k.mu.Lock()
+	out := make([]Parked, 0, len(k.byID))
+	for _, e := range k.byID {
 		out = append(out, *e)
 	}
-	r.parkedMu.Unlock()
+	k.mu.Unlock()
 	slices.SortFunc(out, func(a, b Parked) int {
 		if c := a.Started.Compare(b.Started); c != 0 {
 			return c
@@ -233,11 +245,11 @@ func (r *Registry) ParkedSessions() []Parked {
 	return out
 }
 
-// ParkedCount counts the parked entries, and those of them held open.
-func (r *Registry) ParkedCount() (all, held int) {
-	r.parkedMu.Lock()
-	defer r.parkedMu.Unlock()
-	for _, e := range r.parked {
+// Count counts the parked entries, and those of them held open.
+func (k *ParkedSessions) Count() (all, held int) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	for _, e := range k.byID {
 		all++
 		if e.Held != nil {
 			held++
@@ -248,17 +260,17 @@ func (r *Registry) ParkedCount() (all, held int) {
 
 // ExpireAll ends every window now (the process is exiting): each entry
 // leaves the registry and its expire runs before ExpireAll returns.
-func (r *Registry) ExpireAll() {
-	r.parkedMu.Lock()
-	all := make([]*Parked, 0, len(r.parked))
-	for _, e := range r.parked {
+func (k *ParkedSessions) ExpireAll() {
+	k.mu.Lock()
+	all := make([]*Parked, 0, len(k.byID))
+	for _, e := range k.byID {
 		e.timer.Stop()
 		all = append(all, e)
 	}
 	for _, e := range all {
 		e.removeLocked()
 	}
-	r.parkedMu.Unlock()
+	k.mu.Unlock()
 	for _, e := range all {
 		if e.expire != nil {
 			e.expire(e)
@@ -266,31 +278,11 @@ func (r *Registry) ExpireAll() {
 	}
 }
 
-// ResumeKeyHash is how a resume key value is kept: the whole HMAC-SHA256
-// keyed with the deployment's secret, hex (the same on every node). The
-// value itself (a user id, a token) is never kept.
-func (r *Registry) ResumeKeyHash(value string) string {
-	return r.keyedHash("resume\x00", value)
-}
-
-// ResumeTokenHash is how a resume token is kept: like ResumeKeyHash, under
-// a label of its own. Knowing the hash does not help to present the token.
-func (r *Registry) ResumeTokenHash(token string) string {
-	return r.keyedHash("resume token\x00", token)
-}
-
-func (r *Registry) keyedHash(label, value string) string {
-	m := hmac.New(sha256.New, *r.keySecret.Load())
-	m.Write([]byte(label))
-	m.Write([]byte(value))
-	return hex.EncodeToString(m.Sum(nil))
-}
-
-// DropParked ends the entry id now, as an operator asked: it leaves the
+// Drop ends the entry id now, as an operator asked: it leaves the
 // registry and its expire runs (a held session is closed, a created
 // provider session released).
-func (r *Registry) DropParked(id string) (Parked, bool) {
-	e, ok := r.Unpark(id)
+func (k *ParkedSessions) Drop(id string) (Parked, bool) {
+	e, ok := k.Remove(id)
 	if !ok {
 		return Parked{}, false
 	}

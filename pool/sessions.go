@@ -10,11 +10,11 @@ import (
 	"github.com/browserfailover/caddy-browser-failover/upstreams"
 )
 
-// The session registry: every live session of the process, by session and
-// by ID, with what the operator sees of it. A session enters it when its
-// provider's slot becomes live (Establish) and leaves it when the slot is
-// freed (End), so the registry is exactly the sessions that count against
-// max_concurrent. Listing it reads only the registry and each session's
+// The session registry (LiveSessions): every live session of the process,
+// by session and by ID, with what the operator sees of it. A session
+// enters it when its provider's slot becomes live (Ticket.Establish) and
+// leaves it when the slot is freed or parked, so the registry is exactly
+// the live sessions that count against max_concurrent. Listing it reads only the registry and each session's
 // own counters: the relay does no work for it.
 
 // SessionInfo is what the gateway knows of a session when it is
@@ -81,56 +81,80 @@ type LiveSession struct {
 	seq     uint64
 }
 
-// track lists e (its Session set); the entry is its ticket's own.
-func (r *Registry) track(e *LiveSession) {
-	r.sessionsMu.Lock()
-	r.sessionSeq++
-	e.seq = r.sessionSeq
-	r.sessions[e.Session] = e
+// LiveSessions are the live sessions of the process: by session, by ID,
+// by resume token hash and by path hash (bound.go). A provider's slot
+// lists a session here when it becomes live and takes it off when it is
+// freed (or parked).
+type LiveSessions struct {
+	mu      sync.Mutex
+	all     map[Live]*LiveSession
+	byID    map[string]*LiveSession
+	byToken map[string]*LiveSession
+	// byPath: by the hash of the secret their clients name them by
+	// (bound.go).
+	byPath map[string]*LiveSession
+	seq    uint64
+}
+
+func newLiveSessions() *LiveSessions {
+	return &LiveSessions{
+		all:     map[Live]*LiveSession{},
+		byID:    map[string]*LiveSession{},
+		byToken: map[string]*LiveSession{},
+		byPath:  map[string]*LiveSession{},
+	}
+}
+
+// add lists e (its Session set); the entry is its ticket's own.
+func (l *LiveSessions) add(e *LiveSession) {
+	l.mu.Lock()
+	l.seq++
+	e.seq = l.seq
+	l.all[e.Session] = e
 	if e.ID != "" {
-		r.sessionIDs[e.ID] = e
+		l.byID[e.ID] = e
 	}
 	if e.ResumeToken != "" {
-		r.sessionTokens[e.ResumeToken] = e
+		l.byToken[e.ResumeToken] = e
 	}
 	if e.Bound.Path != "" {
-		r.sessionPaths[e.Bound.Path] = e
+		l.byPath[e.Bound.Path] = e
 	}
-	r.sessionsMu.Unlock()
+	l.mu.Unlock()
 }
 
-func (r *Registry) untrack(s Live) {
-	r.sessionsMu.Lock()
-	if e, ok := r.sessions[s]; ok {
-		delete(r.sessions, s)
-		if r.sessionIDs[e.ID] == e {
-			delete(r.sessionIDs, e.ID)
+func (l *LiveSessions) remove(s Live) {
+	l.mu.Lock()
+	if e, ok := l.all[s]; ok {
+		delete(l.all, s)
+		if l.byID[e.ID] == e {
+			delete(l.byID, e.ID)
 		}
-		if r.sessionTokens[e.ResumeToken] == e {
-			delete(r.sessionTokens, e.ResumeToken)
+		if l.byToken[e.ResumeToken] == e {
+			delete(l.byToken, e.ResumeToken)
 		}
-		if r.sessionPaths[e.Bound.Path] == e {
-			delete(r.sessionPaths, e.Bound.Path)
+		if l.byPath[e.Bound.Path] == e {
+			delete(l.byPath, e.Bound.Path)
 		}
 	}
-	r.sessionsMu.Unlock()
+	l.mu.Unlock()
 }
 
-// LiveSessions counts the live sessions of the process.
-func (r *Registry) LiveSessions() int {
-	r.sessionsMu.Lock()
-	defer r.sessionsMu.Unlock()
-	return len(r.sessions)
+// Count counts the live sessions of the process.
+func (l *LiveSessions) Count() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return len(l.all)
 }
 
-// Sessions lists the live sessions of the process, oldest first.
-func (r *Registry) Sessions() []LiveSession {
-	r.sessionsMu.Lock()
-	out := make([]LiveSession, 0, len(r.sessions))
-	for _, e := range r.sessions {
+// List lists the live sessions of the process, oldest first.
+func (l *LiveSessions) List() []LiveSession {
+	l.mu.Lock()
+	out := make([]LiveSession, 0, len(l.all))
+	for _, e := range l.all {
 		out = append(out, *e)
 	}
-	r.sessionsMu.Unlock()
+	l.mu.Unlock()
 	slices.SortFunc(out, func(a, b LiveSession) int {
 		if c := a.Session.Start().Compare(b.Session.Start()); c != 0 {
 			return c
@@ -140,35 +164,35 @@ func (r *Registry) Sessions() []LiveSession {
 	return out
 }
 
-// SessionByID finds a live session by its ID.
-func (r *Registry) SessionByID(id string) (LiveSession, bool) {
-	r.sessionsMu.Lock()
-	defer r.sessionsMu.Unlock()
-	e, ok := r.sessionIDs[id]
+// ByID finds a live session by its ID.
+func (l *LiveSessions) ByID(id string) (LiveSession, bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	e, ok := l.byID[id]
 	if !ok {
 		return LiveSession{}, false
 	}
 	return *e, true
 }
 
-// SessionByResumeToken finds a live session by its resume token's hash.
-func (r *Registry) SessionByResumeToken(token string) (LiveSession, bool) {
-	r.sessionsMu.Lock()
-	defer r.sessionsMu.Unlock()
-	e, ok := r.sessionTokens[token]
+// ByResumeToken finds a live session by its resume token's hash.
+func (l *LiveSessions) ByResumeToken(token string) (LiveSession, bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	e, ok := l.byToken[token]
 	if !ok || token == "" {
 		return LiveSession{}, false
 	}
 	return *e, true
 }
 
-// EndSession ends the live session id as an operator asked: close 1000
+// End ends the live session id as an operator asked: close 1000
 // "closed by operator" to both sides at frame boundaries. It waits up to
 // wait for the session to end (its slot, client_limit share and
 // cluster-wide slot freed, the next waiter offered them) and reports the
 // session as found, and whether it has ended.
-func (r *Registry) EndSession(id string, wait time.Duration) (LiveSession, bool, bool) {
-	e, ok := r.SessionByID(id)
+func (l *LiveSessions) End(id string, wait time.Duration) (LiveSession, bool, bool) {
+	e, ok := l.ByID(id)
 	if !ok {
 		return LiveSession{}, false, false
 	}
@@ -185,13 +209,13 @@ func (r *Registry) EndSession(id string, wait time.Duration) (LiveSession, bool,
 
 // CloseAll ends every live session with a close frame (code, reason) and
 // waits until they have ended or the deadline passes.
-func (r *Registry) CloseAll(code int, reason string, deadline time.Time) {
-	r.sessionsMu.Lock()
-	all := make([]Live, 0, len(r.sessions))
-	for s := range r.sessions {
+func (l *LiveSessions) CloseAll(code int, reason string, deadline time.Time) {
+	l.mu.Lock()
+	all := make([]Live, 0, len(l.all))
+	for s := range l.all {
 		all = append(all, s)
 	}
-	r.sessionsMu.Unlock()
+	l.mu.Unlock()
 	for _, s := range all {
 		s.Close(code, reason)
 	}
@@ -206,20 +230,20 @@ func (r *Registry) CloseAll(code int, reason string, deadline time.Time) {
 	}
 }
 
-// RenameSession gives the live session s a new ID and client address (a
-// held session joined by a resuming client).
-func (r *Registry) RenameSession(s Live, id, remoteIP string) {
-	r.sessionsMu.Lock()
-	defer r.sessionsMu.Unlock()
-	e, ok := r.sessions[s]
+// Rename gives the live session s a new ID and client address (a held
+// session joined by a resuming client).
+func (l *LiveSessions) Rename(s Live, id, remoteIP string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	e, ok := l.all[s]
 	if !ok {
 		return
 	}
-	if r.sessionIDs[e.ID] == e {
-		delete(r.sessionIDs, e.ID)
+	if l.byID[e.ID] == e {
+		delete(l.byID, e.ID)
 	}
 	e.ID, e.RemoteIP = id, remoteIP
-	r.sessionIDs[id] = e
+	l.byID[id] = e
 }
 
 // Sockets are the relays of WebDriver sockets this node serves for

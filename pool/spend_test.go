@@ -12,22 +12,22 @@ import (
 func TestClientBookKeptWhileInUse(t *testing.T) {
 	r := NewRegistry(nil)
 	id := ClientBookID{Template: "{http.request.header.X-Tenant}", Per: "day", Value: "tenant-a"}
-	book := r.ClientBook(id, 1)
+	book := r.ClientBooks.Use(id, 1)
 	// Enough other keys, each seen once and let go, for several sweeps.
 	for i := range 250 {
-		other := r.ClientBook(ClientBookID{Template: id.Template, Per: "day", Value: fmt.Sprint("k", i)}, 1)
-		r.LeaveClientBook(other)
+		other := r.ClientBooks.Use(ClientBookID{Template: id.Template, Per: "day", Value: fmt.Sprint("k", i)}, 1)
+		r.ClientBooks.Leave(other)
 	}
-	if got := r.ClientBook(id, 1); got != book {
+	if got := r.ClientBooks.Use(id, 1); got != book {
 		t.Fatal("the sweep dropped a book a connect still uses")
 	}
-	r.LeaveClientBook(book)
-	r.LeaveClientBook(book)
+	r.ClientBooks.Leave(book)
+	r.ClientBooks.Leave(book)
 	// Let go and idle, it is swept with the rest.
 	for i := range 250 {
-		r.LeaveClientBook(r.ClientBook(ClientBookID{Template: id.Template, Per: "day", Value: fmt.Sprint("j", i)}, 1))
+		r.ClientBooks.Leave(r.ClientBooks.Use(ClientBookID{Template: id.Template, Per: "day", Value: fmt.Sprint("j", i)}, 1))
 	}
-	if n := len(r.ClientBooks()); n > 100 {
+	if n := len(r.ClientBooks.Entries()); n > 100 {
 		t.Fatalf("%d books kept of 501 idle keys", n)
 	}
 }
@@ -43,12 +43,12 @@ func TestClientBooksPerBudget(t *testing.T) {
 	hour.Per = "hour"
 	user := day
 	user.Template = "{http.auth.user.id}"
-	a, b, c := r.ClientBook(day, 1), r.ClientBook(hour, 5), r.ClientBook(user, 1)
+	a, b, c := r.ClientBooks.Use(day, 1), r.ClientBooks.Use(hour, 5), r.ClientBooks.Use(user, 1)
 	if a == b || a == c || b == c {
 		t.Fatal("books of different client budgets are shared")
 	}
 	a.Charge(1)
-	if got := r.ClientBook(day, 50); got != a {
+	if got := r.ClientBooks.Use(day, 50); got != a {
 		t.Fatal("the same template and period got another book")
 	}
 	if over, _ := a.ReachedAt(1); !over {
@@ -61,7 +61,7 @@ func TestClientBooksPerBudget(t *testing.T) {
 		t.Fatalf("the hour's book counts the day's spend: %+v", st)
 	}
 	entries := map[string]bool{}
-	for _, e := range r.ClientBooks() {
+	for _, e := range r.ClientBooks.Entries() {
 		entries[e.Scope] = true
 	}
 	if len(entries) != 3 {

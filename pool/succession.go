@@ -17,13 +17,14 @@ import "slices"
 // Sessions of this process are moved at once. A route another node
 // shares names the handler key its owner bound it to; the owner moves it
 // when its own reload retires that key, and until then this node follows
-// the successions it saw itself (HandlerServes), a few of them kept.
+// the successions it saw itself (Serves), a few of them kept.
 
 // maxSuccessions bounds the successions kept for other nodes' routes:
 // one per reload that changed a handler's block.
 const maxSuccessions = 64
 
-// succession is the registry's view of its handlers.
+// succession is the live handlers and the successions seen (under
+// Handlers.mu).
 type succession struct {
 	live []*handlerEntry
 	seq  uint64
@@ -44,12 +45,12 @@ type handlerEntry struct {
 	fresh bool
 }
 
-// RegisterHandler lists owner, a handler of config load load with key
-// and providers (their names), until RetireHandler.
-func (r *Registry) RegisterHandler(owner, load any, key string, providers []string) {
-	r.handlersMu.Lock()
-	defer r.handlersMu.Unlock()
-	s := &r.succession
+// Register lists owner, a handler of config load load with key and
+// providers (their names), until Retire.
+func (h *Handlers) Register(owner, load any, key string, providers []string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	s := &h.succession
 	s.seq++
 	e := &handlerEntry{owner: owner, load: load, key: key, providers: slices.Clone(providers), seq: s.seq, fresh: true}
 	for _, o := range s.live {
@@ -65,7 +66,7 @@ func (r *Registry) RegisterHandler(owner, load any, key string, providers []stri
 	}
 }
 
-// Retired is what RetireHandler did: the key that no live handler has any
+// Retired is what Retire did: the key that no live handler has any
 // more, its successor's key ("" when no live handler shares a provider
 // with it) and the live sessions moved to it.
 type Retired struct {
@@ -75,22 +76,22 @@ type Retired struct {
 	Moved          []Live
 }
 
-// RetireHandler takes owner off the live handlers (its Cleanup). When no
-// other live handler has its key, the sessions bound to the key move to
-// its successor, and ok is true.
-func (r *Registry) RetireHandler(owner any) (ret Retired, ok bool) {
-	r.handlersMu.Lock()
-	s := &r.succession
+// Retire takes owner off the live handlers (its Cleanup). When no other
+// live handler has its key, the sessions bound to the key move to its
+// successor, and ok is true.
+func (h *Handlers) Retire(owner any) (ret Retired, ok bool) {
+	h.mu.Lock()
+	s := &h.succession
 	i := slices.IndexFunc(s.live, func(e *handlerEntry) bool { return e.owner == owner })
 	if i < 0 {
-		r.handlersMu.Unlock()
+		h.mu.Unlock()
 		return Retired{}, false
 	}
 	gone := s.live[i]
 	s.live = slices.Delete(s.live, i, i+1)
 	for _, e := range s.live {
 		if e.key == gone.key {
-			r.handlersMu.Unlock()
+			h.mu.Unlock()
 			return Retired{}, false // the same handler, in a config still live
 		}
 	}
@@ -107,11 +108,9 @@ func (r *Registry) RetireHandler(owner any) (ret Retired, ok bool) {
 			s.order = s.order[1:]
 		}
 	}
-	r.handlersMu.Unlock()
+	h.mu.Unlock()
 	if ret.Successor != "" {
-		r.sessionsMu.Lock()
-		ret.Moved = r.rebindLocked(gone.key, ret.Successor)
-		r.sessionsMu.Unlock()
+		ret.Moved = h.sessions.rebind(gone.key, ret.Successor)
 	}
 	return ret, true
 }
@@ -160,22 +159,21 @@ func greater(a, b [3]int) bool {
 	return false
 }
 
-// HandlerServes reports whether a request through owner (a registered
-// handler) may use something bound to the handler key bound: owner has
-// that key; or no handler of owner's config load has it, every handler
-// that still has it belongs to an earlier load (the config owner's
-// replaces, on its way out: a request through owner means its config is
-// the running one), and owner is the one RetireHandler will move it to;
-// or, when no live handler has it, owner's key follows it in the
-// successions this process saw (a route another node bound before its own
-// reload).
-func (r *Registry) HandlerServes(bound string, owner any) bool {
+// Serves reports whether a request through owner (a registered handler)
+// may use something bound to the handler key bound: owner has that key;
+// or no handler of owner's config load has it, every handler that still
+// has it belongs to an earlier load (the config owner's replaces, on its
+// way out: a request through owner means its config is the running one),
+// and owner is the one Retire will move it to; or, when no live handler
+// has it, owner's key follows it in the successions this process saw (a
+// route another node bound before its own reload).
+func (h *Handlers) Serves(bound string, owner any) bool {
 	if bound == "" {
 		return false
 	}
-	r.handlersMu.Lock()
-	defer r.handlersMu.Unlock()
-	s := &r.succession
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	s := &h.succession
 	i := slices.IndexFunc(s.live, func(e *handlerEntry) bool { return e.owner == owner })
 	if i < 0 {
 		return false

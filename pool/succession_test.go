@@ -26,18 +26,18 @@ func TestHandlerSuccession(t *testing.T) {
 	r := NewRegistry(nil)
 	load1, load2 := new(int), new(int)
 	a1, b1 := new(int), new(int) // the handlers of load 1
-	r.RegisterHandler(a1, load1, "A", []string{"p1", "p2"})
-	r.RegisterHandler(b1, load1, "B", []string{"p1", "p2"})
+	r.Handlers.Register(a1, load1, "A", []string{"p1", "p2"})
+	r.Handlers.Register(b1, load1, "B", []string{"p1", "p2"})
 	l := boundLive{done: make(chan struct{})}
 	e := &LiveSession{SessionInfo: SessionInfo{ID: "op", Bound: Bound{Path: PathHash("secret"), Handler: "A"}}, Session: l}
-	r.track(e)
-	if got, ok := r.SessionByPath(PathHash("secret")); !ok || got.ID != "op" || got.Bound.Handler != "A" {
-		t.Fatalf("SessionByPath = %+v, %v", got, ok)
+	r.Sessions.add(e)
+	if got, ok := r.Sessions.ByPath(PathHash("secret")); !ok || got.ID != "op" || got.Bound.Handler != "A" {
+		t.Fatalf("Sessions.ByPath = %+v, %v", got, ok)
 	}
-	if _, ok := r.SessionByPath(PathHash("op")); ok {
+	if _, ok := r.Sessions.ByPath(PathHash("op")); ok {
 		t.Fatal("the operator's ID finds the session")
 	}
-	if !r.HandlerServes("A", a1) || r.HandlerServes("A", b1) || r.HandlerServes("", a1) || r.HandlerServes("A", new(int)) {
+	if !r.Handlers.Serves("A", a1) || r.Handlers.Serves("A", b1) || r.Handlers.Serves("", a1) || r.Handlers.Serves("A", new(int)) {
 		t.Fatal("load 1: a handler serves another's session, or A not its own")
 	}
 
@@ -45,52 +45,52 @@ func TestHandlerSuccession(t *testing.T) {
 	// (key B, same providers). While load 1 goes away, A2 serves A's
 	// sessions and B does not.
 	a2, b2 := new(int), new(int)
-	r.RegisterHandler(a2, load2, "A2", []string{"p1", "p2"})
-	r.RegisterHandler(b2, load2, "B", []string{"p1", "p2"})
-	if !r.HandlerServes("A", a2) || r.HandlerServes("A", b2) {
-		t.Fatalf("before load 1's Cleanup: A2 serves A %v, B serves A %v", r.HandlerServes("A", a2), r.HandlerServes("A", b2))
+	r.Handlers.Register(a2, load2, "A2", []string{"p1", "p2"})
+	r.Handlers.Register(b2, load2, "B", []string{"p1", "p2"})
+	if !r.Handlers.Serves("A", a2) || r.Handlers.Serves("A", b2) {
+		t.Fatalf("before load 1's Cleanup: A2 serves A %v, B serves A %v", r.Handlers.Serves("A", a2), r.Handlers.Serves("A", b2))
 	}
-	if r.HandlerServes("A2", a1) || r.HandlerServes("B", a1) {
+	if r.Handlers.Serves("A2", a1) || r.Handlers.Serves("B", a1) {
 		t.Fatal("a handler of the old load serves the new load's sessions")
 	}
 	// B of load 1 leaves: its key lives on in load 2; nothing moves.
-	if _, ok := r.RetireHandler(b1); ok {
+	if _, ok := r.Handlers.Retire(b1); ok {
 		t.Fatal("retiring a key still live moved something")
 	}
-	ret, ok := r.RetireHandler(a1)
+	ret, ok := r.Handlers.Retire(a1)
 	if !ok || ret.Key != "A" || ret.Successor != "A2" || ret.SuccessorOwner != a2 || len(ret.Moved) != 1 || ret.Moved[0] != l {
-		t.Fatalf("RetireHandler(a1) = %+v, %v", ret, ok)
+		t.Fatalf("Handlers.Retire(a1) = %+v, %v", ret, ok)
 	}
-	if got, _ := r.SessionByPath(PathHash("secret")); got.Bound.Handler != "A2" {
+	if got, _ := r.Sessions.ByPath(PathHash("secret")); got.Bound.Handler != "A2" {
 		t.Fatalf("bound to %q after the reload", got.Bound.Handler)
 	}
 	// Another node's route still bound to A: this node saw A → A2.
-	if !r.HandlerServes("A", a2) || r.HandlerServes("A", b2) || r.HandlerServes("Z", a2) {
+	if !r.Handlers.Serves("A", a2) || r.Handlers.Serves("A", b2) || r.Handlers.Serves("Z", a2) {
 		t.Fatal("the succession A → A2 is not followed, or followed for another")
 	}
-	if _, ok := r.RetireHandler(a1); ok {
+	if _, ok := r.Handlers.Retire(a1); ok {
 		t.Fatal("retired twice")
 	}
 
 	// A handler no other shares a provider with has no successor.
 	load3 := new(int)
 	c3, d3 := new(int), new(int)
-	r.RegisterHandler(c3, load3, "C", []string{"q"})
-	r.RegisterHandler(d3, load3, "D", []string{"p1"})
-	if ret, ok := r.RetireHandler(a2); !ok || ret.Successor != "D" {
-		t.Fatalf("RetireHandler(a2) = %+v, %v: want D, the one sharing a provider", ret, ok)
+	r.Handlers.Register(c3, load3, "C", []string{"q"})
+	r.Handlers.Register(d3, load3, "D", []string{"p1"})
+	if ret, ok := r.Handlers.Retire(a2); !ok || ret.Successor != "D" {
+		t.Fatalf("Handlers.Retire(a2) = %+v, %v: want D, the one sharing a provider", ret, ok)
 	}
-	if ret, ok := r.RetireHandler(c3); !ok || ret.Successor != "" || ret.Moved != nil {
-		t.Fatalf("RetireHandler(c3) = %+v, %v: want no successor", ret, ok)
+	if ret, ok := r.Handlers.Retire(c3); !ok || ret.Successor != "" || ret.Moved != nil {
+		t.Fatalf("Handlers.Retire(c3) = %+v, %v: want no successor", ret, ok)
 	}
 	// The key in use again serves its own, not its old successor.
-	r.RegisterHandler(new(int), load3, "A2", []string{"p1"})
-	if r.HandlerServes("A2", d3) {
+	r.Handlers.Register(new(int), load3, "A2", []string{"p1"})
+	if r.Handlers.Serves("A2", d3) {
 		t.Fatal("a key live again still follows its succession")
 	}
 
-	r.untrack(l)
-	if _, ok := r.SessionByPath(PathHash("secret")); ok || len(r.sessionPaths) != 0 {
+	r.Sessions.remove(l)
+	if _, ok := r.Sessions.ByPath(PathHash("secret")); ok || len(r.Sessions.byPath) != 0 {
 		t.Fatal("the session's path outlives it")
 	}
 }
@@ -100,16 +100,16 @@ func TestHandlerSuccession(t *testing.T) {
 func TestSuccessionsBounded(t *testing.T) {
 	r := NewRegistry(nil)
 	prev := new(int)
-	r.RegisterHandler(prev, new(int), "k0", []string{"p"})
+	r.Handlers.Register(prev, new(int), "k0", []string{"p"})
 	for i := 1; i <= 3*maxSuccessions; i++ {
 		next := new(int)
-		r.RegisterHandler(next, new(int), "k"+strconv.Itoa(i), []string{"p"})
-		if _, ok := r.RetireHandler(prev); !ok {
+		r.Handlers.Register(next, new(int), "k"+strconv.Itoa(i), []string{"p"})
+		if _, ok := r.Handlers.Retire(prev); !ok {
 			t.Fatalf("reload %d: nothing retired", i)
 		}
 		prev = next
 	}
-	if n, m := len(r.succession.next), len(r.succession.order); n > maxSuccessions || m != n {
+	if n, m := len(r.Handlers.succession.next), len(r.Handlers.succession.order); n > maxSuccessions || m != n {
 		t.Fatalf("%d successions kept (%d in order), want at most %d", n, m, maxSuccessions)
 	}
 }
@@ -123,22 +123,22 @@ func TestPathAndRouteKeys(t *testing.T) {
 	if PathHash("x") != PathHash("x") || PathHash("x") == PathHash("y") || len(PathHash("x")) != 64 {
 		t.Fatal("PathHash is not a stable SHA-256")
 	}
-	if a.RouteKey("x") == b.RouteKey("x") {
+	if a.Hashes.RouteKey("x") == b.Hashes.RouteKey("x") {
 		t.Fatal("route keys agree without a shared secret")
 	}
 	secret := []byte("0123456789abcdef0123456789abcdef")
-	a.SetClientKeySecret(secret)
-	b.SetClientKeySecret(secret)
-	if a.RouteKey("x") != b.RouteKey("x") || a.RouteKey("x") == PathHash("x") || a.RouteKey("x") == a.ResumeTokenHash("x") {
+	a.Hashes.SetSecret(secret)
+	b.Hashes.SetSecret(secret)
+	if a.Hashes.RouteKey("x") != b.Hashes.RouteKey("x") || a.Hashes.RouteKey("x") == PathHash("x") || a.Hashes.RouteKey("x") == a.Hashes.ResumeToken("x") {
 		t.Fatal("route keys: not the same on nodes sharing the secret, or the same as another hash")
 	}
-	if a.SharedClientHash([]string{"alice"}) != b.SharedClientHash([]string{"alice"}) ||
-		a.SharedClientHash([]string{"alice"}) == a.SharedClientHash([]string{"bob"}) {
+	if a.Hashes.SharedClient([]string{"alice"}) != b.Hashes.SharedClient([]string{"alice"}) ||
+		a.Hashes.SharedClient([]string{"alice"}) == a.Hashes.SharedClient([]string{"bob"}) {
 		t.Fatal("shared client hashes: not the same for one value on two nodes, or the same for two values")
 	}
 	// No two lists of values hash alike.
 	for _, pair := range [][2][]string{{{"a", "b"}, {"ab"}}, {{"a", ""}, {"a"}}, {{"1:a"}, {"a"}}, {{"a\x00b"}, {"a", "b"}}} {
-		if ClientHash(pair[0]) == ClientHash(pair[1]) || a.SharedClientHash(pair[0]) == a.SharedClientHash(pair[1]) {
+		if ClientHash(pair[0]) == ClientHash(pair[1]) || a.Hashes.SharedClient(pair[0]) == a.Hashes.SharedClient(pair[1]) {
 			t.Errorf("%q and %q hash alike", pair[0], pair[1])
 		}
 	}

@@ -40,7 +40,7 @@ const (
 )
 
 // Ticket is what one client holds; see above. The zero value is not
-// usable: tickets come from Registry.NewTicket and Provider.Admit.
+// usable: tickets come from Registry.NewTicket and ProviderState.Admit.
 type Ticket struct {
 	reg *Registry
 
@@ -48,9 +48,9 @@ type Ticket struct {
 	released bool
 	slot     slotState
 	// failed: the attempt failed at the provider; its slot goes back
-	// without waking the queue at once (Provider.unreserveFailed).
+	// without waking the queue at once (Slots.unreserveFailed).
 	failed bool
-	p      *Provider
+	p      *ProviderState
 	permit cooldown.Permit
 	share  *QuotaKey // nil: none
 	book   *spend.Book
@@ -73,15 +73,15 @@ func (r *Registry) NewTicket() *Ticket { return &Ticket{reg: r} }
 
 // Admit is an attempt's ticket at p: the health permit it was given and a
 // slot, when p has room (tryReserve); nil when it has none.
-func (p *Provider) Admit(permit cooldown.Permit) *Ticket {
-	if !p.tryReserve() {
+func (p *ProviderState) Admit(permit cooldown.Permit) *Ticket {
+	if !p.Slots.tryReserve() {
 		return nil
 	}
 	return &Ticket{reg: p.reg, p: p, permit: permit, slot: slotReserved}
 }
 
 // Provider is the provider the ticket holds a slot at (nil: none).
-func (t *Ticket) Provider() *Provider {
+func (t *Ticket) Provider() *ProviderState {
 	if t == nil {
 		return nil
 	}
@@ -101,14 +101,14 @@ func (t *Ticket) TakeShare(k QuotaKey, limit int) bool {
 	if old != nil && *old == k {
 		return true
 	}
-	if !t.reg.takeQuota(k, limit) {
+	if !t.reg.Quotas.take(k, limit) {
 		return false
 	}
 	t.mu.Lock()
 	t.share = &k
 	t.mu.Unlock()
 	if old != nil {
-		t.reg.releaseQuota(*old)
+		t.reg.Quotas.release(*old)
 	}
 	return true
 }
@@ -123,15 +123,15 @@ func (t *Ticket) Share() (QuotaKey, bool) {
 	return *t.share, true
 }
 
-// UseClientBook takes the book of a client key (ClientBook) for the
+// UseClientBook takes the book of a client key (ClientBooks.Use) for the
 // ticket, which uses it until it is released.
 func (t *Ticket) UseClientBook(id ClientBookID, budget float64) *spend.Book {
-	b := t.reg.ClientBook(id, budget)
+	b := t.reg.ClientBooks.Use(id, budget)
 	t.mu.Lock()
 	old := t.book
 	t.book = b
 	t.mu.Unlock()
-	t.reg.LeaveClientBook(old)
+	t.reg.ClientBooks.Leave(old)
 	return b
 }
 
@@ -211,7 +211,7 @@ func (t *Ticket) Establish(s Live, info SessionInfo, remote *upstreams.Remote) *
 		if t.hold != nil {
 			meter = t.hold.Start()
 		} else {
-			meter = t.p.Meter(t.book)
+			meter = t.p.Spend.Meter(t.book)
 		}
 		t.hold = nil
 	}
@@ -219,13 +219,13 @@ func (t *Ticket) Establish(s Live, info SessionInfo, remote *upstreams.Remote) *
 		t.remote = remote
 	}
 	if t.share != nil {
-		info.Client = t.reg.Shown(*t.share)
+		info.Client = t.reg.Hashes.ShownKey(t.share.Value)
 	}
 	info.Meter = meter
 	t.live = LiveSession{SessionInfo: info, Session: s}
 	t.slot = slotLive
 	t.mu.Unlock()
-	t.p.establish(&t.live)
+	t.p.Slots.establish(&t.live)
 	return meter
 }
 
@@ -265,7 +265,7 @@ func (t *Ticket) Park() {
 	}
 	t.slot = slotParked
 	t.mu.Unlock()
-	t.p.park(t.live.Session)
+	t.p.Slots.park(t.live.Session)
 }
 
 // Resume readies a parked ticket for its resume's attempt, under the
@@ -299,10 +299,10 @@ func (t *Ticket) ChargeLost() {
 	t.hold = nil
 	t.mu.Unlock()
 	hold.Drop()
-	if t.p.Pricing().Cost.Of(0) <= 0 {
+	if t.p.Spend.Pricing().Cost.Of(0) <= 0 {
 		return
 	}
-	t.reg.charge(t.p.Name(), t.p.Meter(nil), store)
+	t.reg.charge(t.p.Name(), t.p.Spend.Meter(nil), store)
 }
 
 // Release gives back everything the ticket holds, whatever its state: the
@@ -339,24 +339,24 @@ func (t *Ticket) Release() {
 	switch slot {
 	case slotReserved:
 		if failed {
-			p.unreserveFailed()
+			p.Slots.unreserveFailed()
 		} else {
-			p.unreserve()
+			p.Slots.unreserve()
 		}
 	case slotLive:
-		p.end(session)
+		p.Slots.end(session)
 	case slotParked:
-		p.unreserve()
+		p.Slots.unreserve()
 	}
 	if meter != nil {
 		t.reg.charge(p.Name(), meter, store)
 	}
 	if share != nil {
-		t.reg.releaseQuota(*share)
+		t.reg.Quotas.release(*share)
 	}
 	lease.Release()
 	if store != nil {
 		store.Release()
 	}
-	t.reg.LeaveClientBook(book)
+	t.reg.ClientBooks.Leave(book)
 }

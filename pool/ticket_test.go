@@ -19,7 +19,7 @@ func TestTicketGivesBackOnce(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer r.ReleaseClaim("ticket-unit", gen)
-	p.SetPricing(Pricing{Cost: &spend.Cost{Amount: 1, Per: spend.PerSession}, Budget: &spend.Budget{Amount: 10, Per: spend.PerDay}})
+	p.Spend.SetPricing(Pricing{Cost: &spend.Cost{Amount: 1, Per: spend.PerSession}, Budget: &spend.Budget{Amount: 10, Per: spend.PerDay}})
 	k := QuotaKey{Template: "{k}", Value: "a"}
 
 	admit := func(client *Ticket) *Ticket {
@@ -32,7 +32,7 @@ func TestTicketGivesBackOnce(t *testing.T) {
 		if tk == nil {
 			t.Fatal("no slot")
 		}
-		hold, over := p.Reserve(client.ClientBook(), 5, 0)
+		hold, over := p.Spend.Reserve(client.ClientBook(), 5, 0)
 		if over != nil {
 			t.Fatal(over)
 		}
@@ -48,14 +48,14 @@ func TestTicketGivesBackOnce(t *testing.T) {
 	}
 	book := client.UseClientBook(ClientBookID{Template: "{k}", Per: "day", Value: "a"}, 5)
 	failed := admit(client)
-	if p.Reserved() != 1 || p.Book().Read().Holds != 1 || book.Read().Holds != 1 {
-		t.Fatalf("admitted: reserved %d, holds %+v %+v", p.Reserved(), p.Book().Read(), book.Read())
+	if p.Slots.Reserved() != 1 || p.Spend.Book().Read().Holds != 1 || book.Read().Holds != 1 {
+		t.Fatalf("admitted: reserved %d, holds %+v %+v", p.Slots.Reserved(), p.Spend.Book().Read(), book.Read())
 	}
 	failed.Failed()
 	failed.Release()
 	failed.Release()
-	if p.Reserved() != 0 || p.Book().Read().Holds != 0 || book.Read().Holds != 0 || r.QuotaActive(k) != 1 {
-		t.Fatalf("failed attempt: reserved %d, holds %+v, quota %d", p.Reserved(), p.Book().Read(), r.QuotaActive(k))
+	if p.Slots.Reserved() != 0 || p.Spend.Book().Read().Holds != 0 || book.Read().Holds != 0 || r.Quotas.Active(k) != 1 {
+		t.Fatalf("failed attempt: reserved %d, holds %+v, quota %d", p.Slots.Reserved(), p.Spend.Book().Read(), r.Quotas.Active(k))
 	}
 
 	// The next one wins: it takes the client's share and book, goes live,
@@ -63,22 +63,22 @@ func TestTicketGivesBackOnce(t *testing.T) {
 	won := admit(client)
 	won.Join(client)
 	client.Release() // empty: gives back nothing
-	if r.QuotaActive(k) != 1 {
+	if r.Quotas.Active(k) != 1 {
 		t.Fatal("the joined share was given back by the client's ticket")
 	}
 	s := &upstreams.Session{}
 	meter := won.Establish(s, SessionInfo{ID: "s1"}, nil)
-	if meter == nil || p.Active() != 1 || p.Book().Read().Holds != 0 || p.Book().Read().Live != 1 {
-		t.Fatalf("live: meter %v active %d book %+v", meter, p.Active(), p.Book().Read())
+	if meter == nil || p.Slots.Active() != 1 || p.Spend.Book().Read().Holds != 0 || p.Spend.Book().Read().Live != 1 {
+		t.Fatalf("live: meter %v active %d book %+v", meter, p.Slots.Active(), p.Spend.Book().Read())
 	}
-	if _, ok := r.SessionByID("s1"); !ok {
+	if _, ok := r.Sessions.ByID("s1"); !ok {
 		t.Fatal("the live session is not listed")
 	}
 	won.Park()
-	if p.Active() != 0 || p.Reserved() != 1 {
-		t.Fatalf("parked: active %d reserved %d", p.Active(), p.Reserved())
+	if p.Slots.Active() != 0 || p.Slots.Reserved() != 1 {
+		t.Fatalf("parked: active %d reserved %d", p.Slots.Active(), p.Slots.Reserved())
 	}
-	if _, ok := r.SessionByID("s1"); ok {
+	if _, ok := r.Sessions.ByID("s1"); ok {
 		t.Fatal("a parked session is listed as live")
 	}
 	permit, _ := p.Health.Acquire()
@@ -89,19 +89,19 @@ func TestTicketGivesBackOnce(t *testing.T) {
 	}
 	won.Release()
 	won.Release()
-	if p.Active() != 0 || p.Reserved() != 0 || r.QuotaActive(k) != 0 {
-		t.Fatalf("released: active %d reserved %d quota %d", p.Active(), p.Reserved(), r.QuotaActive(k))
+	if p.Slots.Active() != 0 || p.Slots.Reserved() != 0 || r.Quotas.Active(k) != 0 {
+		t.Fatalf("released: active %d reserved %d quota %d", p.Slots.Active(), p.Slots.Reserved(), r.Quotas.Active(k))
 	}
-	if st := p.Book().Read(); st.Spent != 1 || st.Live != 0 {
+	if st := p.Spend.Book().Read(); st.Spent != 1 || st.Live != 0 {
 		t.Fatalf("the session's cost counted %+v", st)
 	}
 	if st := book.Read(); st.Spent != 1 {
 		t.Fatalf("the client's book %+v", st)
 	}
 	// The book is no longer used: idle keys may be swept.
-	r.clientSpend.mu.Lock()
-	users := r.clientSpend.byBook[book].users
-	r.clientSpend.mu.Unlock()
+	r.ClientBooks.mu.Lock()
+	users := r.ClientBooks.byBook[book].users
+	r.ClientBooks.mu.Unlock()
 	if users != 0 {
 		t.Fatalf("the client book is still used by %d", users)
 	}

@@ -2,8 +2,10 @@ package pool
 
 import (
 	"crypto/hmac"
+	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
+	"sync"
 )
 
 // Warm sessions: sessions a provider opens ahead of demand, handed to a
@@ -21,50 +23,56 @@ import (
 type Warmer interface{ Close() }
 
 // WarmKey names one set of warm sessions: the key of the handler that
-// keeps it (HandlerKey) and the provider's name.
+// keeps it (Handlers.Key) and the provider's name.
 type WarmKey struct {
 	Handler, Provider string
 }
 
-// warmers are the registry's warmers.
-type warmers struct {
-	byKey map[WarmKey]Warmer
+// Warmers are the registry's warmers, by handler key and provider name,
+// and the key of the prints of their settings (Print).
+type Warmers struct {
+	mu     sync.Mutex
+	byKey  map[WarmKey]Warmer
+	secret []byte
 }
 
-// Warmer is the warmer of key (nil: none).
-func (r *Registry) Warmer(key WarmKey) Warmer {
-	r.warmMu.Lock()
-	defer r.warmMu.Unlock()
-	return r.warm.byKey[key]
+func newWarmers() *Warmers {
+	w := &Warmers{byKey: map[WarmKey]Warmer{}, secret: make([]byte, 32)}
+	_, _ = rand.Read(w.secret)
+	return w
 }
 
-// SetWarmer makes w the warmer of key and returns the one it had.
-func (r *Registry) SetWarmer(key WarmKey, w Warmer) Warmer {
-	r.warmMu.Lock()
-	defer r.warmMu.Unlock()
-	if r.warm.byKey == nil {
-		r.warm.byKey = map[WarmKey]Warmer{}
-	}
-	old := r.warm.byKey[key]
-	r.warm.byKey[key] = w
+// Of is the warmer of key (nil: none).
+func (w *Warmers) Of(key WarmKey) Warmer {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.byKey[key]
+}
+
+// Set makes x the warmer of key and returns the one it had.
+func (w *Warmers) Set(key WarmKey, x Warmer) Warmer {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	old := w.byKey[key]
+	w.byKey[key] = x
 	return old
 }
 
-// DropWarmer forgets w as the warmer of key, if it still is.
-func (r *Registry) DropWarmer(key WarmKey, w Warmer) {
-	r.warmMu.Lock()
-	defer r.warmMu.Unlock()
-	if r.warm.byKey[key] == w {
-		delete(r.warm.byKey, key)
+// Drop forgets x as the warmer of key, if it still is.
+func (w *Warmers) Drop(key WarmKey, x Warmer) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.byKey[key] == x {
+		delete(w.byKey, key)
 	}
 }
 
-// WarmPrint is a keyed hash of what a set of warm sessions is made with
-// (the provider settings of its handler, resolved): prints are compared,
-// and never tell those settings, which hold secrets. The key is the
+// Print is a keyed hash of what a set of warm sessions is made with (the
+// provider settings of its handler, resolved): prints are compared, and
+// never tell those settings, which hold secrets. The key is the
 // registry's own, random, never stored or shared.
-func (r *Registry) WarmPrint(settings []byte) string {
-	mac := hmac.New(sha256.New, r.warmSecret)
+func (w *Warmers) Print(settings []byte) string {
+	mac := hmac.New(sha256.New, w.secret)
 	mac.Write(settings)
 	return hex.EncodeToString(mac.Sum(nil))
 }
@@ -74,7 +82,7 @@ type warmCount struct{ ready, target int }
 
 // SetWarm records how many warm sessions of the set of handler key
 // handler are ready and how many are wanted; 0 and 0 forgets the set.
-func (p *Provider) SetWarm(handler string, ready, target int) {
+func (p *ProviderState) SetWarm(handler string, ready, target int) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if ready == 0 && target == 0 {
@@ -89,7 +97,7 @@ func (p *Provider) SetWarm(handler string, ready, target int) {
 
 // Warm is how many warm sessions of the provider are ready and how many
 // are wanted, over every handler's set.
-func (p *Provider) Warm() (ready, target int64) {
+func (p *ProviderState) Warm() (ready, target int64) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	for _, c := range p.warm {
@@ -113,6 +121,6 @@ func (t *Ticket) Warm() {
 		t.live.Meter = t.hold.Start()
 		t.hold = nil
 	} else {
-		t.live.Meter = t.p.Meter(nil)
+		t.live.Meter = t.p.Spend.Meter(nil)
 	}
 }

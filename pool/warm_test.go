@@ -22,9 +22,9 @@ func TestWarmersPerHandler(t *testing.T) {
 	}
 	a, b := &fakeWarmer{}, &fakeWarmer{}
 	ka, kb := WarmKey{Handler: "ha-0", Provider: "warm-unit"}, WarmKey{Handler: "hb-0", Provider: "warm-unit"}
-	r.SetWarmer(ka, a)
-	r.SetWarmer(kb, b)
-	if r.Warmer(ka) != a || r.Warmer(kb) != b {
+	r.Warmers.Set(ka, a)
+	r.Warmers.Set(kb, b)
+	if r.Warmers.Of(ka) != a || r.Warmers.Of(kb) != b {
 		t.Fatal("one handler's warmer replaced the other's")
 	}
 	p.SetWarm("ha-0", 1, 2)
@@ -32,23 +32,23 @@ func TestWarmersPerHandler(t *testing.T) {
 	if ready, target := p.Warm(); ready != 3 || target != 4 {
 		t.Fatalf("warm %d/%d, want both sets summed (3/4)", ready, target)
 	}
-	r.DropWarmer(ka, b) // not ka's: nothing
-	if r.Warmer(ka) != a {
+	r.Warmers.Drop(ka, b) // not ka's: nothing
+	if r.Warmers.Of(ka) != a {
 		t.Fatal("a warmer dropped by another's value")
 	}
-	r.DropWarmer(ka, a)
+	r.Warmers.Drop(ka, a)
 	p.SetWarm("ha-0", 0, 0)
-	if r.Warmer(ka) != nil || r.Warmer(kb) != b {
+	if r.Warmers.Of(ka) != nil || r.Warmers.Of(kb) != b {
 		t.Fatal("dropping one set touched the other")
 	}
 	if ready, target := p.Warm(); ready != 2 || target != 2 {
 		t.Fatalf("warm %d/%d after one set went, want 2/2", ready, target)
 	}
 	secret := []byte("X-Token: key-1")
-	if pa, pb := r.WarmPrint(secret), r.WarmPrint([]byte("X-Token: key-2")); pa == pb || pa != r.WarmPrint(secret) {
+	if pa, pb := r.Warmers.Print(secret), r.Warmers.Print([]byte("X-Token: key-2")); pa == pb || pa != r.Warmers.Print(secret) {
 		t.Fatal("prints do not tell settings apart, or differ for the same")
 	}
-	if NewRegistry(nil).WarmPrint(secret) == r.WarmPrint(secret) {
+	if NewRegistry(nil).Warmers.Print(secret) == r.Warmers.Print(secret) {
 		t.Fatal("a print is not keyed by its registry")
 	}
 }

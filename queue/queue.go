@@ -713,6 +713,16 @@ func (w *Waiter) Leave() {
 	w.removeLocked(ErrLeft)
 }
 
+// Gone removes a waiter whose client went away while it was not waiting
+// (during a pass): as for one that leaves its Wait for its context, what
+// it was retrying goes to the next waiter that wants it. It does nothing
+// when the waiter was already removed.
+func (w *Waiter) Gone() {
+	w.q.mu.Lock()
+	defer w.q.mu.Unlock()
+	w.removeLocked(context.Canceled)
+}
+
 // Deadline is when this waiter times out.
 func (w *Waiter) Deadline() time.Time { return w.deadline }
 

@@ -799,6 +799,25 @@ func TestRetryHandedOn(t *testing.T) {
 	expectErr(t, "left", ch3, ErrLeft)
 }
 
+// TestRetryHandedOnWhenGoneInPass: a retrying waiter whose client goes
+// away during its pass (Gone, not in Wait) hands its retries on too.
+func TestRetryHandedOnWhenGoneInPass(t *testing.T) {
+	clk := newFakeClock()
+	q := New(clk)
+	l := q.NewLine("h", 10, time.Minute, []string{"a"}, nil)
+	first := mustJoin(t, l, "a")
+	second := mustJoin(t, l, "a")
+	ch1 := startWait(first, context.Background(), clk.Now().Add(time.Second))
+	waitFor(t, "asleep", func() bool { return sleeping(first) })
+	ch2 := asleep(t, second)
+	clk.Advance(time.Second)
+	expectNil(t, "first retries", ch1)
+	// The first's pass is under way when its client goes.
+	first.Gone()
+	expectNil(t, "second takes over", ch2)
+	second.Leave()
+}
+
 // remembered is the number of missed offers the queue keeps, and the
 // number of marks and running passes that may still look at them.
 func remembered(q *Queue) (missed, held int) {

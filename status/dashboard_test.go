@@ -249,8 +249,8 @@ func TestDashboardJSONAndActions(t *testing.T) {
 			t.Fatalf("close %q", c)
 		}
 	}
-	if p.Active() != 0 {
-		t.Fatalf("active %d after the end", p.Active())
+	if p.Slots.Active() != 0 {
+		t.Fatalf("active %d after the end", p.Slots.Active())
 	}
 }
 

@@ -58,7 +58,7 @@ func (g gauges) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v), labels...)
 	}
 	for _, p := range g.reg.All() {
-		gauge(activeDesc, int(p.Active()), p.Name())
+		gauge(activeDesc, int(p.Slots.Active()), p.Name())
 		healthy := 0
 		if p.Health.Available() {
 			healthy = 1
@@ -69,17 +69,17 @@ func (g gauges) Collect(ch chan<- prometheus.Metric) {
 		}
 		if v := p.Cluster(); v != nil {
 			if live, ok := v.ClusterActive(p.Name()); ok {
-				gauge(overLimitDesc, cluster.OverLimit(live, p.MaxConcurrent()), p.Name())
+				gauge(overLimitDesc, cluster.OverLimit(live, p.Slots.MaxConcurrent()), p.Name())
 			}
 		}
 	}
 	waiting := 0
-	for _, q := range g.reg.Queues() {
+	for _, q := range g.reg.Queues.Counts() {
 		waiting += q.Waiting
 	}
 	gauge(waitingDesc, waiting)
 	keys, live, keyWaiting := 0, 0, 0
-	for _, k := range g.reg.Clients() {
+	for _, k := range g.reg.Quotas.Counts() {
 		if k.Active > 0 {
 			keys++
 		}
@@ -89,7 +89,7 @@ func (g gauges) Collect(ch chan<- prometheus.Metric) {
 	gauge(clientKeysDesc, keys)
 	gauge(clientSessionsDesc, live)
 	gauge(clientWaitingDesc, keyWaiting)
-	names, books := g.reg.AllBooks()
+	names, books := g.reg.Books.All()
 	for i, n := range names {
 		b := books[i]
 		counter(orphansDesc, b.Orphans.Load(), n)
@@ -98,11 +98,11 @@ func (g gauges) Collect(ch chan<- prometheus.Metric) {
 		counter(releaseFailuresDesc, b.ReleaseFailures.Load(), n)
 		gauge(unreleasedDesc, int(b.Unreleased()), n)
 		counter(sessionsReapedDesc, b.Reaped.Load(), n)
-		if pending, ok := g.reg.LedgerPending(n); ok {
+		if pending, ok := g.reg.Ledger.Pending(n); ok {
 			gauge(ledgerPendingDesc, pending, n)
 		}
 	}
-	all, held := g.reg.ParkedCount()
+	all, held := g.reg.Parked.Count()
 	gauge(parkedDesc, all-held, "false")
 	gauge(parkedDesc, held, "true")
 }

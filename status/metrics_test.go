@@ -18,7 +18,7 @@ func TestSessionOrphansMetric(t *testing.T) {
 		t.Fatalf("OutcomeLabel(bad_connect_url) = %q", got)
 	}
 	r := pool.NewRegistry(nil)
-	r.Books("orphan-metric-test").Orphans.Add(2)
+	r.Books.Of("orphan-metric-test").Orphans.Add(2)
 	reg := prometheus.NewRegistry()
 	if err := observe.Register(reg, r.Metrics(), Gauges(r)); err != nil {
 		t.Fatal(err)

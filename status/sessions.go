@@ -90,7 +90,7 @@ func sessionOf(reg *pool.Registry, e pool.LiveSession) Session {
 			out.LastCommand = &at
 		}
 	}
-	if p, ok := reg.ParkedByID(e.ID); ok && p.Held == e.Session {
+	if p, ok := reg.Parked.ByID(e.ID); ok && p.Held == e.Session {
 		out.Parked = true
 		until := p.Until.UTC()
 		out.ResumableUntil = &until
@@ -134,8 +134,8 @@ func ListSessions(reg *pool.Registry) Sessions {
 	if reg == nil {
 		return Sessions{Sessions: []Session{}}
 	}
-	live := reg.Sessions()
-	parked := reg.ParkedSessions()
+	live := reg.Sessions.List()
+	parked := reg.Parked.List()
 	out := Sessions{Sessions: make([]Session, 0, len(live)+len(parked))}
 	for _, e := range live {
 		out.Sessions = append(out.Sessions, sessionOf(reg, e))
@@ -166,11 +166,11 @@ func EndSession(reg *pool.Registry, id string) (Session, error) {
 	if reg == nil {
 		return Session{}, fmt.Errorf("%w: no live or parked session %q", ErrNotFound, id)
 	}
-	e, found, _ := reg.EndSession(id, endWait)
+	e, found, _ := reg.Sessions.End(id, endWait)
 	if found {
 		return sessionOf(reg, e), nil
 	}
-	if p, ok := reg.DropParked(id); ok {
+	if p, ok := reg.Parked.Drop(id); ok {
 		return parkedOf(p), nil
 	}
 	return Session{}, fmt.Errorf("%w: no live or parked session %q", ErrNotFound, id)

@@ -62,7 +62,7 @@ func newPeer(c net.Conn) *peer {
 
 // liveSession establishes a relay over pipes on provider p, registered
 // under info, and returns it with its client and provider peers.
-func liveSession(t *testing.T, p *pool.Provider, info pool.SessionInfo) (*upstreams.Session, *peer, *peer) {
+func liveSession(t *testing.T, p *pool.ProviderState, info pool.SessionInfo) (*upstreams.Session, *peer, *peer) {
 	t.Helper()
 	cg, cp := net.Pipe() // gateway side, client side
 	ug, up := net.Pipe() // gateway side, provider side
@@ -148,10 +148,10 @@ func TestSessionsAdmin(t *testing.T) {
 			t.Fatalf("%s got no close frame", side)
 		}
 	}
-	if n := p.Active(); n != 1 {
+	if n := p.Slots.Active(); n != 1 {
 		t.Fatalf("active %d after the end, want 1", n)
 	}
-	if _, ok := reg.SessionByID("second-id"); ok {
+	if _, ok := reg.Sessions.ByID("second-id"); ok {
 		t.Fatal("the ended session is still listed")
 	}
 
@@ -175,7 +175,7 @@ func TestSessionsAdmin(t *testing.T) {
 	}
 	first.Close(upstreams.CloseNormal, "test over")
 	<-first.Done()
-	if n := p.Active(); n != 0 {
+	if n := p.Slots.Active(); n != 0 {
 		t.Fatalf("active %d at the end", n)
 	}
 }

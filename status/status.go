@@ -108,7 +108,7 @@ type Parked struct {
 // Client is one client_limit key value in use, counted over every handler
 // and config load.
 type Client struct {
-	// Key is a keyed hash of the value (pool.ShownKey: HMAC-SHA256 with
+	// Key is a keyed hash of the value (pool.Hashes.ShownKey: HMAC-SHA256 with
 	// the deployment's own random secret), never the value itself: it may
 	// be an API key.
 	Key string `json:"key"`
@@ -129,14 +129,14 @@ func Clients(reg *pool.Registry) []Client {
 	if reg == nil {
 		return []Client{}
 	}
-	rows := reg.Clients()
+	rows := reg.Quotas.Counts()
 	out := make([]Client, 0, len(rows))
 	at := map[string]int{}
 	for _, r := range rows {
 		at[r.Key] = len(out)
 		out = append(out, Client{Key: r.Key, Active: r.Active, Waiting: r.Waiting})
 	}
-	spends := reg.ClientSpends()
+	spends := reg.ClientBooks.Spends()
 	for _, cs := range spends {
 		spent, budget := roundCost(cs.Spent+cs.Accrued), cs.Budget
 		i, ok := at[cs.Key]
@@ -172,7 +172,7 @@ func Queues(reg *pool.Registry) []Queue {
 	if reg == nil {
 		return out
 	}
-	for _, q := range reg.Queues() {
+	for _, q := range reg.Queues.Counts() {
 		ps := q.Providers
 		if ps == nil {
 			ps = []string{}
@@ -368,20 +368,20 @@ func Snapshot(reg *pool.Registry) Status {
 	}
 	st.SharedStateUp = up
 	st.SharedState = endpoint(all)
-	st.Parked.Sessions, st.Parked.Held = reg.ParkedCount()
+	st.Parked.Sessions, st.Parked.Held = reg.Parked.Count()
 	return st
 }
 
 // Of returns one provider's status object.
-func Of(p *pool.Provider) Provider {
-	clusters, _ := readClusters([]*pool.Provider{p})
+func Of(p *pool.ProviderState) Provider {
+	clusters, _ := readClusters([]*pool.ProviderState{p})
 	return local(p, clusters)
 }
 
 // readClusters reads the cluster-wide state of every provider whose state
 // is shared: one bounded call per store, the stores at once. up is nil
 // when no provider's state is shared, else whether every store answered.
-func readClusters(ps []*pool.Provider) (map[string]cluster.ProviderState, *bool) {
+func readClusters(ps []*pool.ProviderState) (map[string]cluster.ProviderState, *bool) {
 	byView := map[pool.ClusterView][]string{}
 	for _, p := range ps {
 		if v := p.Cluster(); v != nil {
@@ -414,7 +414,7 @@ func readClusters(ps []*pool.Provider) (map[string]cluster.ProviderState, *bool)
 
 // endpoint is how the first provider with shared state reaches it (every
 // provider of a handler shares one store); nil without shared state.
-func endpoint(ps []*pool.Provider) *cluster.Endpoint {
+func endpoint(ps []*pool.ProviderState) *cluster.Endpoint {
 	for _, p := range ps {
 		if v := p.Cluster(); v != nil {
 			e := v.Endpoint()
@@ -426,28 +426,28 @@ func endpoint(ps []*pool.Provider) *cluster.Endpoint {
 
 // local builds a provider's status object from this node's figures, and
 // its cluster object from clusters.
-func local(p *pool.Provider, clusters map[string]cluster.ProviderState) Provider {
+func local(p *pool.ProviderState, clusters map[string]cluster.ProviderState) Provider {
 	snap := p.Health.Snapshot()
 	out := Provider{
 		Name:          p.Name(),
 		URL:           p.URL(),
 		Healthy:       snap.Healthy,
 		Draining:      p.Draining(),
-		Active:        p.Active(),
-		MaxConcurrent: p.MaxConcurrent(),
+		Active:        p.Slots.Active(),
+		MaxConcurrent: p.Slots.MaxConcurrent(),
 		Attempts:      snap.Attempts,
 		Failures:      snap.Failures,
-		LastError:     p.LastError(),
-		Spend:         spendOf(p.Book().Read()),
+		LastError:     p.Stats.LastError(),
+		Spend:         spendOf(p.Spend.Book().Read()),
 	}
-	if r := p.CreateRate(); r.N > 0 {
+	if r := p.Starts.Rate(); r.N > 0 {
 		per := "minute"
 		if r.Window == time.Second {
 			per = "second"
 		}
-		out.CreateRate = &CreateRate{N: r.N, Per: per, Used: p.StartsInWindow()}
+		out.CreateRate = &CreateRate{N: r.N, Per: per, Used: p.Starts.InWindow()}
 	}
-	if l := p.LearntCap(); l != nil {
+	if l := p.Slots.LearntCap(); l != nil {
 		var learnt *int64
 		if n := l.Cap(); n > 0 {
 			learnt = &n
@@ -458,15 +458,15 @@ func local(p *pool.Provider, clusters map[string]cluster.ProviderState) Provider
 		u := snap.Until.UTC()
 		out.CooldownUntil = &u
 	}
-	if ms, ok := p.HandshakeMS(); ok {
+	if ms, ok := p.Stats.HandshakeMS(); ok {
 		out.HandshakeMS = math.Round(ms*10) / 10
 	}
-	if r, ok := p.LastProbe(); ok {
+	if r, ok := p.Probes.Last(); ok {
 		out.LastProbe = &Probe{At: r.At.UTC(), Outcome: r.Outcome, MS: math.Round(r.MS*10) / 10}
 	}
-	if p.ReadsCapacity() {
+	if p.Probes.ReadsCapacity() {
 		var c *Capacity
-		if r, ok := p.Capacity(); ok {
+		if r, ok := p.Probes.Capacity(); ok {
 			c = &Capacity{Running: r.Running, Max: r.Max, Queued: r.Queued, Full: r.Full}
 		}
 		out.Capacity = c
@@ -482,7 +482,7 @@ func local(p *pool.Provider, clusters map[string]cluster.ProviderState) Provider
 		}
 	}
 	if st, ok := clusters[p.Name()]; ok {
-		out.Cluster = clusterObject(st, p.MaxConcurrent())
+		out.Cluster = clusterObject(st, p.Slots.MaxConcurrent())
 	}
 	return out
 }
@@ -505,10 +505,10 @@ type Ledger struct {
 }
 
 // actions are what POST /browser_failover/providers/<name>/<action> does.
-var actions = map[string]func(*pool.Provider){
-	"drain":   func(p *pool.Provider) { p.SetDraining(true) },
-	"undrain": func(p *pool.Provider) { p.SetDraining(false) },
-	"reset": func(p *pool.Provider) {
+var actions = map[string]func(*pool.ProviderState){
+	"drain":   func(p *pool.ProviderState) { p.SetDraining(true) },
+	"undrain": func(p *pool.ProviderState) { p.SetDraining(false) },
+	"reset": func(p *pool.ProviderState) {
 		p.Reset()
 		if v := p.Cluster(); v != nil {
 			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
@@ -559,7 +559,7 @@ func Act(reg *pool.Registry, name, action string) (Provider, error) {
 	if !ok {
 		return Provider{}, fmt.Errorf("%w: %s", ErrNotFound, unknownAction(action))
 	}
-	var p *pool.Provider
+	var p *pool.ProviderState
 	if reg != nil {
 		p, ok = reg.Lookup(name)
 	} else {

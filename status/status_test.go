@@ -68,7 +68,7 @@ func TestAdminRoutes(t *testing.T) {
 
 	// One failure trips the cooldown (min_requests 1).
 	permit, _ := p.Health.Acquire()
-	p.SetLastError("status_500")
+	p.Stats.SetLastError("status_500")
 	if ch := p.Health.Done(permit, cooldown.Failure, 0); ch != cooldown.CooledDown {
 		t.Fatalf("change %v", ch)
 	}
@@ -158,7 +158,7 @@ func TestStatusClients(t *testing.T) {
 	if c.TakeShare(k, 2) {
 		t.Fatal("quota granted over its limit")
 	}
-	reg.AddQuotaWaiting(k, 1)
+	reg.Quotas.AddWaiting(k, 1)
 	rec, err := serve(t, reg, http.MethodGet, StatusPath)
 	if err != nil {
 		t.Fatal(err)
@@ -173,18 +173,18 @@ func TestStatusClients(t *testing.T) {
 	if err := json.Unmarshal(rec.Body.Bytes(), &st); err != nil {
 		t.Fatal(err)
 	}
-	want := Client{Key: reg.ShownKey(secret), Active: 2, Waiting: 1}
+	want := Client{Key: reg.Hashes.ShownKey(secret), Active: 2, Waiting: 1}
 	if len(st.Clients) != 1 || st.Clients[0] != want {
 		t.Fatalf("clients %+v, want [%+v]", st.Clients, want)
 	}
-	reg.AddQuotaWaiting(k, -1)
+	reg.Quotas.AddWaiting(k, -1)
 	a.Release()
 	b.Release()
 	a.Release() // twice: ignored
-	if n := reg.QuotaActive(k); n != 0 {
+	if n := reg.Quotas.Active(k); n != 0 {
 		t.Fatalf("active %d after release", n)
 	}
-	if c := reg.Clients(); len(c) != 0 {
+	if c := reg.Quotas.Counts(); len(c) != 0 {
 		t.Fatalf("clients %+v after release", c)
 	}
 }

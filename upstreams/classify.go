@@ -13,6 +13,13 @@ import (
 	"time"
 )
 
+// Errors of an attempt that ClassifyError tells apart.
+var (
+	errBadHandshake = errors.New("bad handshake")
+	errBadDiscovery = errors.New("bad discovery answer")
+	errTLS          = errors.New("TLS handshake failed")
+)
+
 // Kind is what an attempt's outcome means for the failover chain (go on to
 // the next provider or not) and for the provider's health (a success, a
 // failure, a capacity skip, or nothing at all).

@@ -4,7 +4,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"net/http"
 	"net/url"
 	"strings"
 	"time"
@@ -103,8 +102,8 @@ type Config struct {
 
 // Honours is what the provider honours of the clients' session options,
 // and how it words them.
-func (c *Config) Honours() options.Provider {
-	return options.Provider{Regions: c.Region, Supports: c.Supports, Map: c.OptionMap}
+func (c *Config) Honours() options.Honours {
+	return options.Honours{Regions: c.Region, Supports: c.Supports, Map: c.OptionMap}
 }
 
 // HeaderOp is one change to the handshake sent to a provider (the
@@ -118,30 +117,6 @@ type HeaderOp struct {
 	// Value for set and add; it may hold request placeholders. A delete
 	// takes none. Default: empty.
 	Value string `json:"value,omitempty"`
-}
-
-// Defaults are what a provider takes from its handler.
-type Defaults struct {
-	// ConnectTimeout bounds an attempt when the provider sets none (0:
-	// DefaultConnectTimeout).
-	ConnectTimeout time.Duration
-	// ForwardHeaders names client handshake fields the provider gets
-	// besides the WebSocket negotiation ones, User-Agent and
-	// x-playwright-* (see CheckForwardHeaders); a trailing "*" matches a
-	// prefix.
-	ForwardHeaders []string
-	// Books count the sessions of its session API (nil: counts of its
-	// own); the caller keeps them across config loads.
-	Books *Books
-	// Releaser releases the sessions its session API creates (nil: one
-	// of its own); the caller keeps it across config loads, and waits for
-	// it at exit.
-	Releaser *Releaser
-	// APITransport carries its session API calls when its TLS options do
-	// not ask for a transport of its own (nil: a new one, see
-	// NewAPITransport); the caller keeps it across config loads, so that
-	// every provider's calls share its connections.
-	APITransport *http.Transport
 }
 
 // Validate checks the configuration's form; stated tells whether an
@@ -416,4 +391,17 @@ func CheckFieldName(f string) error {
 		return fmt.Errorf("invalid field name %q", f)
 	}
 	return nil
+}
+
+// urlErrorCause describes a url.Parse failure without echoing the URL.
+func urlErrorCause(err error) string {
+	if ue, ok := err.(*url.Error); ok {
+		err = ue.Err
+	}
+	msg := err.Error()
+	// url errors quote the offending fragment, which may hold a secret.
+	if i := strings.IndexByte(msg, '"'); i >= 0 {
+		msg = strings.TrimSpace(msg[:i])
+	}
+	return msg
 }

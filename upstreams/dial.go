@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/tls"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -22,12 +23,6 @@ import (
 // MaxRelayedBody bounds the body of a relayed 4xx answer and of a discovery
 // answer.
 const MaxRelayedBody = 64 << 10
-
-var (
-	errBadHandshake = errors.New("bad handshake")
-	errBadDiscovery = errors.New("bad discovery answer")
-	errTLS          = errors.New("TLS handshake failed")
-)
 
 // aLongTimeAgo is a deadline that makes blocked I/O return at once.
 var aLongTimeAgo = time.Unix(1, 0)
@@ -60,6 +55,22 @@ func (c *Conn) Close() error {
 // call does not wait for the provider.
 func (c *Conn) Release() { c.Remote.Release() }
 
+// ResumePoint is where an established connection was made: the upgrade's
+// Host and request URI as sent (a discovered provider's
+// webSocketDebuggerUrl, a provider's query, a merged client query), and,
+// for a session created over a session API, the connect URL its create
+// answer gave. Dialling it again reaches the same browser, for as long as
+// the provider keeps that browser. It may hold the provider's tokens: it
+// is never shown.
+type ResumePoint struct {
+	ConnectURL string `json:"connect_url,omitempty"`
+	Host       string `json:"host"`
+	URI        string `json:"uri"`
+}
+
+// IsZero reports whether the point is unset.
+func (rp ResumePoint) IsZero() bool { return rp.URI == "" }
+
 // Result is what one attempt produced.
 type Result struct {
 	Outcome Outcome
@@ -76,57 +87,67 @@ var readerPool = sync.Pool{New: func() any { return bufio.NewReaderSize(nil, 409
 
 // Connect makes one attempt at p for the client handshake hs: TCP, TLS,
 // discovery when configured, the upgrade request and its answer, all within
-// p.ConnectTimeout (or ctx's earlier deadline). ctx is the client's: when it
-// is canceled the attempt stops with ClientGone. replace expands request
-// placeholders in header_up values.
+// p.ConnectTimeout (or ctx's earlier deadline); with a session API, a
+// session created first and the connect URL its answer gave dialed. ctx is
+// the client's: when it is canceled the attempt stops with ClientGone.
+// replace expands request placeholders in header_up values.
 func (p *Provider) Connect(ctx context.Context, hs *Handshake, replace func(string) string) (res Result) {
 	start := time.Now()
-	deadline := start.Add(p.ConnectTimeout)
-	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
-		deadline = d
-	}
-	actx, cancel := context.WithDeadline(ctx, deadline)
+	actx, deadline, cancel := within(ctx, start, p.ConnectTimeout)
 	defer cancel()
 	defer func() { res.Outcome.Elapsed = time.Since(start) }()
 	if p.api != nil {
-		return p.connectAPI(ctx, actx, deadline, hs, replace)
+		return p.api.connect(p, ctx, actx, deadline, hs, replace)
 	}
-	return p.attempt(ctx, actx, deadline, hs, replace)
+	return p.own().attempt(ctx, actx, deadline, hs, replace)
 }
 
-// attempt is one attempt at p's own URL, within actx (ctx is the
-// client's).
-func (p *Provider) attempt(ctx, actx context.Context, deadline time.Time, hs *Handshake, replace func(string) string) Result {
-	fail := func(err error) Result {
-		word, kind := ClassifyError(err, errors.Is(ctx.Err(), context.Canceled))
-		return Result{Outcome: Outcome{Word: word, Kind: kind, Err: err}}
-	}
+// upgrader is the WebSocket way to a provider's browser, the one beside
+// the creators: an upgrade at an endpoint, with what the provider sends at
+// every one of its endpoints (header_up, the client's fields it forwards,
+// pass_query). The endpoint is the provider's own URL (own), discovered
+// first when the provider says so; the connect URL a session API's create
+// answer gave; a resume point; or a WebDriver session's socket. It
+// creates nothing that must be released: the browser's session is the
+// connection.
+type upgrader struct {
+	p *Provider
+	endpoint
+	// own: the endpoint is the provider's URL, discovered when
+	// p.Discover, its query's option placeholders rendered at each
+	// attempt.
+	own bool
+}
 
-	path, query, rawQuery, host := p.path, p.query, p.rawQuery, p.host
-	if p.optQuery {
+// own is the upgrader at p's own URL.
+func (p *Provider) own() *upgrader { return &upgrader{p: p, endpoint: p.endpoint, own: true} }
+
+// attempt is one attempt at u's endpoint, discovered first when it is
+// the provider's own and the provider says so, within actx (ctx is the
+// client's).
+func (u *upgrader) attempt(ctx, actx context.Context, deadline time.Time, hs *Handshake, replace func(string) string) Result {
+	path, query, rawQuery, host := u.path, u.query, u.rawQuery, u.host
+	if u.own && u.p.optQuery {
 		query, rawQuery = renderQuery(query, replace), ""
 	}
-	if p.Discover {
-		dpath, dquery, dhost, r := p.discover(actx, deadline, query, rawQuery, replace)
+	if u.own && u.p.Discover {
+		dpath, dquery, dhost, r := u.discover(actx, deadline, query, rawQuery, replace)
 		if r != nil {
 			if r.Outcome.Kind == 0 {
-				return fail(r.Outcome.Err)
+				return errResult(ctx, r.Outcome.Err)
 			}
 			return *r
 		}
 		path, query, rawQuery, host = dpath, dquery, "", dhost
 	}
-	return p.upgrade(ctx, actx, deadline, hs, p.wsTarget(hs, path, query, rawQuery, host), replace)
+	return u.upgrade(ctx, actx, deadline, hs, u.wsTarget(hs, path, query, rawQuery, host), replace)
 }
 
-// upgrade dials p and sends the upgrade to t, within actx (ctx is the
-// client's).
-func (p *Provider) upgrade(ctx, actx context.Context, deadline time.Time, hs *Handshake, t target, replace func(string) string) Result {
-	fail := func(err error) Result {
-		word, kind := ClassifyError(err, errors.Is(ctx.Err(), context.Canceled))
-		return Result{Outcome: Outcome{Word: word, Kind: kind, Err: err}}
-	}
-	conn, err := p.dial(actx)
+// upgrade dials u's endpoint and sends the upgrade to t, within actx (ctx
+// is the client's).
+func (u *upgrader) upgrade(ctx, actx context.Context, deadline time.Time, hs *Handshake, t target, replace func(string) string) Result {
+	fail := func(err error) Result { return errResult(ctx, err) }
+	conn, err := u.dial(actx)
 	if err != nil {
 		return fail(err)
 	}
@@ -141,7 +162,7 @@ func (p *Provider) upgrade(ctx, actx context.Context, deadline time.Time, hs *Ha
 	conn.SetDeadline(deadline)
 
 	bp := reqBufPool.Get().(*[]byte)
-	req := p.appendRequest((*bp)[:0], hs, t, replace)
+	req := u.appendRequest((*bp)[:0], hs, t, replace)
 	_, err = conn.Write(req)
 	*bp = req
 	reqBufPool.Put(bp)
@@ -180,12 +201,12 @@ func (p *Provider) upgrade(ctx, actx context.Context, deadline time.Time, hs *Ha
 		ok = true
 		return Result{Outcome: Outcome{Word: WordOK, Kind: Success}, Conn: c}
 	}
-	return p.answerResult(ans, br, fmt.Errorf("provider answered %d", ans.Status))
+	return answerResult(ans, br, fmt.Errorf("provider answered %d", ans.Status))
 }
 
 // answerResult classifies a non-101 answer; for Relay it reads up to
 // MaxRelayedBody of the body (the connection's deadline still applies).
-func (p *Provider) answerResult(ans *Answer, br *bufio.Reader, cause error) Result {
+func answerResult(ans *Answer, br *bufio.Reader, cause error) Result {
 	word, kind := ClassifyStatus(ans.Status)
 	r := Result{Outcome: Outcome{Word: word, Kind: kind, Refused: refusedWith(ans.Status), Err: cause}}
 	switch kind {
@@ -233,9 +254,9 @@ func validate101(a *Answer, key string) error {
 	return nil
 }
 
-// dial opens TCP (and TLS for wss) to the provider inside ctx.
-func (p *Provider) dial(ctx context.Context) (net.Conn, error) {
-	return dialTo(ctx, p.address, p.tlsConfig)
+// dial opens TCP (and TLS for wss) to u's endpoint inside ctx.
+func (u *upgrader) dial(ctx context.Context) (net.Conn, error) {
+	return dialTo(ctx, u.address, u.tlsConfig)
 }
 
 // dialTo opens TCP to address inside ctx, and TLS with cfg when it is not
@@ -276,10 +297,10 @@ type discoveryAnswer struct {
 // (the upgrade must use it too: Chrome applies the same Host check to the
 // WebSocket upgrade as to /json/*). A nil *Result means success; a Result
 // with a zero Kind carries a transport error to classify.
-func (p *Provider) discover(ctx context.Context, deadline time.Time, query url.Values, rawQuery string, replace func(string) string) (string, url.Values, string, *Result) {
-	host := p.host
+func (u *upgrader) discover(ctx context.Context, deadline time.Time, query url.Values, rawQuery string, replace func(string) string) (string, url.Values, string, *Result) {
+	host := u.host
 	for try := 0; try < 2; try++ {
-		status, ans, body, remote, err := p.discoveryGET(ctx, deadline, host, query, rawQuery, replace)
+		status, ans, body, remote, err := u.discoveryGET(ctx, deadline, host, query, rawQuery, replace)
 		if err != nil {
 			return "", nil, "", &Result{Outcome: Outcome{Err: err}}
 		}
@@ -312,7 +333,7 @@ func (p *Provider) discover(ctx context.Context, deadline time.Time, query url.V
 			return "", nil, "", &Result{Outcome: Outcome{Word: WordBadDiscovery, Kind: Failure,
 				Err: fmt.Errorf("%w: status %d", errBadDiscovery, status)}}
 		}
-		r := p.answerResult(ans, bufio.NewReader(bytes.NewReader(nil)), fmt.Errorf("discovery answered %d", status))
+		r := answerResult(ans, bufio.NewReader(bytes.NewReader(nil)), fmt.Errorf("discovery answered %d", status))
 		if r.Outcome.Kind == Relay {
 			r.Body = body
 		}
@@ -323,8 +344,8 @@ func (p *Provider) discover(ctx context.Context, deadline time.Time, query url.V
 
 // discoveryGET performs GET <path>/json/version with the given Host header.
 // remote is the dialed address, usable as a Host header Chrome accepts.
-func (p *Provider) discoveryGET(ctx context.Context, deadline time.Time, host string, query url.Values, rawQuery string, replace func(string) string) (status int, ans *Answer, body []byte, remote string, err error) {
-	conn, err := p.dial(ctx)
+func (u *upgrader) discoveryGET(ctx context.Context, deadline time.Time, host string, query url.Values, rawQuery string, replace func(string) string) (status int, ans *Answer, body []byte, remote string, err error) {
+	conn, err := u.dial(ctx)
 	if err != nil {
 		return 0, nil, nil, "", err
 	}
@@ -335,7 +356,7 @@ func (p *Provider) discoveryGET(ctx context.Context, deadline time.Time, host st
 	if ra, ok := conn.RemoteAddr().(*net.TCPAddr); ok {
 		remote = ra.String()
 	}
-	path := strings.TrimSuffix(p.path, "/") + "/json/version"
+	path := strings.TrimSuffix(u.path, "/") + "/json/version"
 	switch {
 	case rawQuery != "":
 		path += "?" + rawQuery
@@ -344,10 +365,10 @@ func (p *Provider) discoveryGET(ctx context.Context, deadline time.Time, host st
 	}
 	var b bytes.Buffer
 	b.WriteString("GET " + path + " HTTP/1.1\r\nHost: " + host + "\r\nAccept: application/json\r\nConnection: close\r\n")
-	if p.basicAuth != "" && !p.setsAuth {
-		b.WriteString("Authorization: " + p.basicAuth + "\r\n")
+	if u.basicAuth != "" && !u.p.setsAuth {
+		b.WriteString("Authorization: " + u.basicAuth + "\r\n")
 	}
-	for _, op := range p.headerOps {
+	for _, op := range u.p.headerOps {
 		if op.Op == "delete" || strings.EqualFold(op.Field, "Host") {
 			continue
 		}
@@ -377,19 +398,72 @@ func (p *Provider) discoveryGET(ctx context.Context, deadline time.Time, host st
 	return ans.Status, ans, body, remote, nil
 }
 
-// CloseLost ends a connection that won its handshake too late (another
-// provider's hedged attempt won the race): it sends close 1000 "hedge lost"
-// so the provider ends that browser at once, waits up to CloseWait for the
-// provider to close, then closes the socket.
-func (c *Conn) CloseLost() { c.CloseWith(CloseNormal, EndHedgeLost) }
-
-// CloseWith ends an established connection that no client will use: a
-// close frame with code and reason, at most CloseWait for the provider to
-// answer it, then the socket; its provider session is released.
-func (c *Conn) CloseWith(code int, reason string) {
-	c.SetDeadline(time.Now().Add(CloseWait))
-	if _, err := c.Write(closeFrame(code, reason, true)); err == nil {
-		io.Copy(io.Discard, c.Conn)
+// retarget is the upgrader at raw, a URL that a create answer, a resume
+// point or a WebDriver session gave (ws, wss, http or https; never
+// discovered): the URL's user info, not the provider's, is sent as Basic
+// auth. A session API's connect URL must point to a host its
+// connect-host policy allows, and be secure after a create call over
+// https unless insecure_connect says otherwise.
+func (p *Provider) retarget(raw string) (*upgrader, error) {
+	u, err := url.Parse(raw)
+	if err != nil || u.Host == "" || u.Hostname() == "" {
+		return nil, errors.New("the connect URL is not an absolute URL")
 	}
-	c.Close()
+	if p.api != nil && !p.api.hosts.allows(u.Hostname()) {
+		// The host is named (never the URL: its query may hold a token).
+		return nil, fmt.Errorf("%w: host %q is neither the create call's host, under its domain, nor in connect_hosts", errBadConnectURL, u.Hostname())
+	}
+	var secure bool
+	switch strings.ToLower(u.Scheme) {
+	case "ws", "http":
+	case "wss", "https":
+		secure = true
+	default:
+		return nil, errors.New("the connect URL must be ws://, wss://, http:// or https://")
+	}
+	if a := p.api; a != nil && !secure && a.createURL.Scheme == "https" && !a.InsecureConnect {
+		// The dial carries header_up values and the URL's user info: a
+		// create call over https says they are not meant for clear text.
+		return nil, fmt.Errorf("%w: a plain %s:// connect URL after a create call over https (insecure_connect allows it)", errBadConnectURL, strings.ToLower(u.Scheme))
+	}
+	t := &upgrader{p: p, endpoint: endpointOf(u, secure)}
+	if t.path == "" {
+		t.path = "/"
+	}
+	if secure {
+		if t.tlsConfig, err = dialTLS(p.tls, u.Hostname()); err != nil {
+			return nil, err
+		}
+	}
+	return t, nil
+}
+
+// endpoint is where an upgrade goes.
+type endpoint struct {
+	address   string // host:port to dial
+	host      string // Host header value
+	path      string // escaped path, never empty once ready
+	query     url.Values
+	rawQuery  string
+	basicAuth string      // "Basic …" from user info, or ""
+	tlsConfig *tls.Config // nil: plain TCP
+}
+
+// endpointOf is the endpoint of u (secure: over TLS, port 443 by
+// default), without its TLS configuration.
+func endpointOf(u *url.URL, secure bool) endpoint {
+	e := endpoint{host: u.Host, path: u.EscapedPath(), query: u.Query(), rawQuery: u.RawQuery}
+	port := u.Port()
+	if port == "" {
+		port = "80"
+		if secure {
+			port = "443"
+		}
+	}
+	e.address = net.JoinHostPort(u.Hostname(), port)
+	if u.User != nil {
+		pw, _ := u.User.Password()
+		e.basicAuth = "Basic " + base64.StdEncoding.EncodeToString([]byte(u.User.Username()+":"+pw))
+	}
+	return e
 }

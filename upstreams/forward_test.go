@@ -40,7 +40,7 @@ func gatewayClient() http.Header {
 func sentFields(t *testing.T, p *Provider, client http.Header) (http.Header, []string) {
 	t.Helper()
 	hs := &Handshake{Key: NewKey(), Header: client}
-	r := parseRequest(t, p.appendRequest(nil, hs, target{host: "h:9", requestURI: "/x"}, nil))
+	r := parseRequest(t, p.own().appendRequest(nil, hs, target{host: "h:9", requestURI: "/x"}, nil))
 	var names []string
 	for k := range r.Header {
 		switch k {
@@ -123,7 +123,7 @@ func TestForwardHeadersNamed(t *testing.T) {
 		HeadersUp: []HeaderOp{{Op: "delete", Field: "Cookie"}, {Op: "set", Field: "X-Gateway-Token", Value: "{copied}"}}},
 		Defaults{ForwardHeaders: []string{"X-Api-Key", "Cookie"}})
 	hs := &Handshake{Key: NewKey(), Header: client}
-	r := parseRequest(t, p.appendRequest(nil, hs, target{host: "h:9", requestURI: "/x"},
+	r := parseRequest(t, p.own().appendRequest(nil, hs, target{host: "h:9", requestURI: "/x"},
 		func(s string) string { return strings.ReplaceAll(s, "{copied}", client.Get("X-Gateway-Token")) }))
 	if r.Header.Get("Cookie") != "" || r.Header.Get("X-Api-Key") != "sk-for-the-gateway" || r.Header.Get("X-Gateway-Token") != "gateway-token-1" {
 		t.Errorf("header_up over forward_headers: %v", r.Header)

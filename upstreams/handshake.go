@@ -145,13 +145,13 @@ type target struct {
 	requestURI string
 }
 
-// wsTarget is where the upgrade goes: path and query (the provider URL's,
-// or the discovered ones), with the client's query merged in under
+// wsTarget is where the upgrade goes: path and query (the endpoint's, or
+// the discovered ones), with the client's query merged in under
 // pass_query (the provider's keys win). rawQuery, when set, is query as
 // written, sent as is when nothing is merged.
-func (p *Provider) wsTarget(hs *Handshake, path string, query url.Values, rawQuery, host string) target {
+func (u *upgrader) wsTarget(hs *Handshake, path string, query url.Values, rawQuery, host string) target {
 	uri := path
-	if p.conf.PassQuery && hs.RawQuery != "" {
+	if u.p.conf.PassQuery && hs.RawQuery != "" {
 		if cq, err := url.ParseQuery(hs.RawQuery); err == nil && len(cq) > 0 {
 			q := make(url.Values, len(query)+len(cq))
 			for k, v := range cq {
@@ -173,10 +173,11 @@ func (p *Provider) wsTarget(hs *Handshake, path string, query url.Values, rawQue
 }
 
 // appendRequest writes the upstream upgrade request to buf: the client's
-// fields that forwards allows (forward.go), the provider URL's user info as
-// Basic auth, then the header_up operations. replace expands request
-// placeholders in header_up values (nil: none).
-func (p *Provider) appendRequest(buf []byte, hs *Handshake, t target, replace func(string) string) []byte {
+// fields that forwards allows (forward.go), the endpoint URL's user info
+// as Basic auth, then the provider's header_up operations. replace expands
+// request placeholders in header_up values (nil: none).
+func (u *upgrader) appendRequest(buf []byte, hs *Handshake, t target, replace func(string) string) []byte {
+	p := u.p
 	// Fields named in the client's Connection header are hop-by-hop too.
 	var connNamed map[string]bool
 	for _, v := range hs.Header["Connection"] {
@@ -202,15 +203,15 @@ func (p *Provider) appendRequest(buf []byte, hs *Handshake, t target, replace fu
 	if len(p.headerOps) == 0 {
 		start(t.host)
 		for k, vs := range hs.Header {
-			if !p.forward.forwards(k) || connNamed[k] || (k == "Authorization" && p.basicAuth != "") {
+			if !p.forward.forwards(k) || connNamed[k] || (k == "Authorization" && u.basicAuth != "") {
 				continue
 			}
 			for _, v := range vs {
 				buf = appendField(buf, k, v)
 			}
 		}
-		if p.basicAuth != "" {
-			buf = appendField(buf, "Authorization", p.basicAuth)
+		if u.basicAuth != "" {
+			buf = appendField(buf, "Authorization", u.basicAuth)
 		}
 		return append(buf, "\r\n"...)
 	}
@@ -224,8 +225,8 @@ func (p *Provider) appendRequest(buf []byte, hs *Handshake, t target, replace fu
 		}
 		h[k] = vs
 	}
-	if p.basicAuth != "" && !p.setsAuth {
-		h["Authorization"] = []string{p.basicAuth}
+	if u.basicAuth != "" && !p.setsAuth {
+		h["Authorization"] = []string{u.basicAuth}
 	}
 	for _, op := range p.headerOps {
 		v, send := headerValue(op.Value, replace)

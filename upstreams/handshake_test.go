@@ -40,7 +40,7 @@ func TestWSTarget(t *testing.T) {
 	}
 	for _, tc := range cases {
 		p := mustProvider(t, Config{Name: "p", URL: tc.url, PassQuery: tc.pass}, Defaults{})
-		got := p.wsTarget(&Handshake{RawQuery: tc.clientQuery}, p.path, p.query, p.rawQuery, p.host).requestURI
+		got := p.own().wsTarget(&Handshake{RawQuery: tc.clientQuery}, p.path, p.query, p.rawQuery, p.host).requestURI
 		if got != tc.want {
 			t.Errorf("%s + %q (pass_query %v): %q, want %q", tc.url, tc.clientQuery, tc.pass, got, tc.want)
 		}
@@ -65,7 +65,7 @@ func TestAppendRequestHeaders(t *testing.T) {
 
 	// User info becomes Basic auth; the client's credentials stay behind.
 	p := mustProvider(t, Config{Name: "p", URL: "ws://user:pa%40ss@h:9/x"}, Defaults{})
-	r := parseRequest(t, p.appendRequest(nil, hs, target{host: "h:9", requestURI: "/x"}, nil))
+	r := parseRequest(t, p.own().appendRequest(nil, hs, target{host: "h:9", requestURI: "/x"}, nil))
 	if u, pw, ok := r.BasicAuth(); !ok || u != "user" || pw != "pa@ss" {
 		t.Fatalf("basic auth %q %q %v", u, pw, ok)
 	}
@@ -94,7 +94,7 @@ func TestAppendRequestHeaders(t *testing.T) {
 		{Op: "set", Field: "Origin", Value: "http://127.0.0.1"},
 	}}, Defaults{ForwardHeaders: []string{"cookie"}})
 	replace := func(s string) string { return strings.ReplaceAll(s, "{token}", "t0k") }
-	r = parseRequest(t, p.appendRequest(nil, hs, target{host: "h:9", requestURI: "/x"}, replace))
+	r = parseRequest(t, p.own().appendRequest(nil, hs, target{host: "h:9", requestURI: "/x"}, replace))
 	if r.Header.Get("Authorization") != "Bearer t0k" || len(r.Header.Values("Authorization")) != 1 {
 		t.Fatalf("authorization %v", r.Header.Values("Authorization"))
 	}

@@ -647,14 +647,21 @@ func TestHoldKeepaliveDeadClient(t *testing.T) {
 	h.stillOn(t, 5*iv)
 }
 
-// TestHoldTimersWhileParked: the idle timeout rests while parked; the time
-// limit does not, and closes the provider side.
+// TestHoldTimersWhileParked: a parked session waits for its client, which
+// its lifecycle's idle timeout does not count as idle; its time limit
+// (Close) closes the provider side.
 func TestHoldTimersWhileParked(t *testing.T) {
-	h := newHoldRelay(t, SessionOptions{Hold: true, IdleTimeout: 100 * time.Millisecond, MaxDuration: 1500 * time.Millisecond})
+	h := newHoldRelay(t, SessionOptions{Hold: true})
+	if _, waiting := h.s.Activity(); waiting {
+		t.Fatal("waiting for a client while it has one")
+	}
 	h.client.Close()
 	h.waitPark(t)
+	if _, waiting := h.s.Activity(); !waiting {
+		t.Fatal("a parked session does not say it waits for its client")
+	}
 	fromProvider := answerClose(h.provider, closeFrame(CloseNormal, "", false))
-	h.stillOn(t, 800*time.Millisecond)
+	h.s.Close(CloseNormal, EndMaxDuration)
 	h.waitEnd(t)
 	if h.s.Reason() != EndMaxDuration {
 		t.Fatalf("reason %q", h.s.Reason())

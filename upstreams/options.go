@@ -10,7 +10,7 @@ import (
 // {bf.option.<name>} placeholders in what the provider is sent: its URL's
 // query, header_up values, its session API's create URL, headers and
 // body, and a webdriver provider's capabilities. The caller's replace
-// renders them for the provider at hand (see options.Provider.Replace);
+// renders them for the provider at hand (see options.Honours.Replace);
 // here is only what depends on where they stand.
 
 // queryHasOptions reports whether a value of q holds an option
@@ -55,7 +55,7 @@ func headerValue(v string, replace func(string) string) (string, bool) {
 // unstated renders every option placeholder in s as unset (empty): what a
 // request that states no option, such as a health probe, sends.
 func unstated(s string) string {
-	var none options.Provider
+	var none options.Honours
 	return none.Replace(options.Set{}, s)
 }
 

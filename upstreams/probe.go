@@ -333,7 +333,7 @@ func (p *Provider) NewProber(o ProbeOptions) (*Prober, error) {
 		pr.target = &url.URL{Scheme: p.httpScheme, Host: p.host, Path: u.Path, RawPath: u.RawPath, RawQuery: q}
 		own, tlsConfig = true, p.tlsConfig
 		if p.httpScheme == "https" && tlsConfig == nil {
-			if tlsConfig, err = p.dialTLS(hostOnly(p.host)); err != nil {
+			if tlsConfig, err = dialTLS(p.tls, hostOnly(p.host)); err != nil {
 				return nil, fmt.Errorf("provider %q: %w", p.Name, err)
 			}
 		}
@@ -351,7 +351,7 @@ func (p *Provider) NewProber(o ProbeOptions) (*Prober, error) {
 		// The provider's credentials go only to the provider's own host.
 		own = strings.EqualFold(u.Host, p.host) && scheme == p.httpScheme
 		if scheme == "https" {
-			if tlsConfig, err = p.dialTLS(u.Hostname()); err != nil {
+			if tlsConfig, err = dialTLS(p.tls, u.Hostname()); err != nil {
 				return nil, fmt.Errorf("provider %q: %w", p.Name, err)
 			}
 		}

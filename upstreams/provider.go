@@ -1,7 +1,9 @@
 // Package upstreams owns what a browser provider is and how the gateway talks
 // to one: the provider model and its redacted form, the upstream handshake
 // request, one connection attempt inside its deadline (TCP, TLS, discovery,
-// upgrade answer), the classification of what came back into an outcome word,
+// upgrade answer), the provider sessions it creates first over a session API
+// or with WebDriver's create (one creator each, around one create step) and
+// their release, the classification of what came back into an outcome word,
 // the strategies that order candidates, the byte relay after 101, and
 // WebDriver over HTTP (create, commands, the session's sockets).
 //
@@ -10,10 +12,9 @@ package upstreams
 
 import (
 	"crypto/tls"
-	"encoding/base64"
 	"errors"
 	"fmt"
-	"net"
+	"net/http"
 	"net/url"
 	"strings"
 	"time"
@@ -25,7 +26,14 @@ import (
 // DefaultConnectTimeout bounds one attempt when nothing else is configured.
 const DefaultConnectTimeout = 10 * time.Second
 
-// Provider is one configured browser provider, ready to be dialed.
+// Provider is one configured browser provider, ready to be dialed. Its
+// methods are what the gateway asks of a provider: what it is and serves,
+// the ways to its browser (Connect, Reconnect, CreateWebDriver,
+// WebDriverSocket, WebDriverCommand) and the release of what it created
+// (Adopt, ListSessions). How each way works is its own type's: the
+// WebSocket upgrade (upgrader, dial.go), the session API's creator
+// (sessionAPI, create_rest.go) and WebDriver's (webDriver,
+// create_webdriver.go).
 type Provider struct {
 	// Name, Priority, Weight and ConnectTimeout are the options it was
 	// built from, defaults applied.
@@ -42,16 +50,10 @@ type Provider struct {
 	setsAuth  bool
 	forward   *forwardRule // nil: the default fields only
 
-	scheme     string // ws or wss after mapping http(s)
-	httpURL    bool   // configured as http:// or https://
-	httpScheme string // http or https, for discovery
-	address    string // host:port to dial
-	host       string // Host header value
-	path       string // escaped path, never empty
-	query      url.Values
-	rawQuery   string
-	basicAuth  string // "Basic …" from user info, or ""
-	tlsConfig  *tls.Config
+	scheme     string    // ws or wss after mapping http(s)
+	httpURL    bool      // configured as http:// or https://
+	httpScheme string    // http or https, for discovery
+	endpoint             // its URL's: where its own upgrades go
 	tls        *conf.TLS // its TLS settings (nil: the defaults)
 	key        string    // the resolved URL
 	redacted   string
@@ -59,12 +61,15 @@ type Provider struct {
 	// honours is what it honours of the session options; optQuery: its
 	// URL's query holds {bf.option.<name>} placeholders, rendered at each
 	// attempt.
-	honours  options.Provider
+	honours  options.Honours
 	optQuery bool
 	usesOpts bool // anything it sends holds an option placeholder
 
 	api *sessionAPI // nil without a session API
 	wd  *webDriver  // nil but for protocol webdriver
+	// creates is its creator, api or wd (nil: neither; it makes its
+	// sessions by WebSocket upgrade only).
+	creates creator
 
 	// conf is the configuration it was built from: an option that needs
 	// no preparing is read from here where it is used.
@@ -73,11 +78,35 @@ type Provider struct {
 
 // Honours is what the provider honours of the clients' session options,
 // and how it words them.
-func (p *Provider) Honours() *options.Provider { return &p.honours }
+func (p *Provider) Honours() *options.Honours { return &p.honours }
 
 // UsesOptions reports whether anything the provider sends holds a
 // {bf.option.<name>} placeholder.
 func (p *Provider) UsesOptions() bool { return p.usesOpts }
+
+// Defaults are what a provider takes from its handler.
+type Defaults struct {
+	// ConnectTimeout bounds an attempt when the provider sets none (0:
+	// DefaultConnectTimeout).
+	ConnectTimeout time.Duration
+	// ForwardHeaders names client handshake fields the provider gets
+	// besides the WebSocket negotiation ones, User-Agent and
+	// x-playwright-* (see CheckForwardHeaders); a trailing "*" matches a
+	// prefix.
+	ForwardHeaders []string
+	// Books count the sessions of its session API (nil: counts of its
+	// own); the caller keeps them across config loads.
+	Books *Books
+	// Releaser releases the sessions its session API creates (nil: one
+	// of its own); the caller keeps it across config loads, and waits for
+	// it at exit.
+	Releaser *Releaser
+	// APITransport carries its session API calls when its TLS options do
+	// not ask for a transport of its own (nil: a new one, see
+	// NewAPITransport); the caller keeps it across config loads, so that
+	// every provider's calls share its connections.
+	APITransport *http.Transport
+}
 
 // New checks c (with Validate) and builds the provider: its placeholders
 // known when the config loads ({env.X}) are resolved with known (nil:
@@ -155,16 +184,7 @@ func New(c Config, d Defaults, known func(string) string) (*Provider, error) {
 	}
 	p.httpURL = strings.HasPrefix(strings.ToLower(u.Scheme), "http")
 	p.Discover = p.httpURL && (c.Discover == nil || *c.Discover)
-	p.host = u.Host
-	port := u.Port()
-	if port == "" {
-		port = "80"
-		if p.scheme == "wss" {
-			port = "443"
-		}
-	}
-	p.address = net.JoinHostPort(u.Hostname(), port)
-	p.path = u.EscapedPath()
+	p.endpoint = endpointOf(u, p.scheme == "wss")
 	// Both checked by Validate.
 	p.proto, _ = ParseProtocol(c.Protocol)
 	if c.PlaywrightVersion != "" {
@@ -179,6 +199,7 @@ func New(c Config, d Defaults, known func(string) string) (*Provider, error) {
 		if p.wd, err = newWebDriver(p, u, c, d, known); err != nil {
 			return fail(err)
 		}
+		p.creates = p.wd
 	}
 	if p.proto == ProtocolBiDi && p.httpURL {
 		// WebDriver BiDi's endpoint is <base>/session; there is nothing
@@ -188,15 +209,9 @@ func New(c Config, d Defaults, known func(string) string) (*Provider, error) {
 	if p.path == "" {
 		p.path = "/"
 	}
-	p.rawQuery = u.RawQuery
-	p.query = u.Query()
 	p.optQuery = queryHasOptions(p.query)
 	p.honours = c.Honours()
 	p.usesOpts = c.usesOptions()
-	if u.User != nil {
-		pw, _ := u.User.Password()
-		p.basicAuth = "Basic " + base64.StdEncoding.EncodeToString([]byte(u.User.Username()+":"+pw))
-	}
 	for _, op := range ops {
 		if op.Op != "delete" && strings.EqualFold(op.Field, "Authorization") {
 			p.setsAuth = true
@@ -208,9 +223,10 @@ func New(c Config, d Defaults, known func(string) string) (*Provider, error) {
 		if p.api, err = newSessionAPI(p, *api, d); err != nil {
 			return nil, fmt.Errorf("provider %q: session_api: %w", c.Name, err)
 		}
+		p.creates = p.api
 	}
 	if p.scheme == "wss" {
-		if p.tlsConfig, err = p.dialTLS(u.Hostname()); err != nil {
+		if p.tlsConfig, err = dialTLS(p.tls, u.Hostname()); err != nil {
 			return fail(err)
 		}
 	}
@@ -227,20 +243,17 @@ func (p *Provider) PlaywrightVersion() string { return p.pwVersion }
 // Books are the counts of the sessions the provider creates: over its
 // session API, or as a webdriver provider; nil for other providers.
 func (p *Provider) Books() *Books {
-	switch {
-	case p.api != nil:
-		return p.api.books
-	case p.wd != nil:
-		return p.wd.api.books
+	if p.creates == nil {
+		return nil
 	}
-	return nil
+	return p.creates.keeper().books
 }
 
 // CreatesSessions reports whether the provider creates sessions that the
 // gateway must end itself (a session API's, or a webdriver provider's):
 // they go through the releaser and its ledger, and Adopt takes back those
 // a gone process left.
-func (p *Provider) CreatesSessions() bool { return p.api != nil || p.wd != nil }
+func (p *Provider) CreatesSessions() bool { return p.creates != nil }
 
 // Key is the provider's resolved URL: two providers of one name are the
 // same when their keys are. Never shown (it may hold secrets).
@@ -250,11 +263,11 @@ func (p *Provider) Key() string { return p.key }
 // provider URL's (pass_query).
 func (p *Provider) PassesQuery() bool { return p.conf.PassQuery }
 
-// dialTLS is the TLS configuration of a connection to host with the
-// provider's TLS settings, for an upgrade or a probe: the upstream side
+// dialTLS is the TLS configuration of a connection to host with a
+// provider's TLS settings o, for an upgrade or a probe: the upstream side
 // always speaks HTTP/1.1.
-func (p *Provider) dialTLS(host string) (*tls.Config, error) {
-	cfg, err := p.tls.Config(host)
+func dialTLS(o *conf.TLS, host string) (*tls.Config, error) {
+	cfg, err := o.Config(host)
 	if err != nil {
 		return nil, err
 	}
@@ -315,17 +328,4 @@ func RedactString(s string) string {
 		return "REDACTED"
 	}
 	return Redact(u)
-}
-
-// urlErrorCause describes a url.Parse failure without echoing the URL.
-func urlErrorCause(err error) string {
-	if ue, ok := err.(*url.Error); ok {
-		err = ue.Err
-	}
-	msg := err.Error()
-	// url errors quote the offending fragment, which may hold a secret.
-	if i := strings.IndexByte(msg, '"'); i >= 0 {
-		msg = strings.TrimSpace(msg[:i])
-	}
-	return msg
 }

@@ -65,6 +65,14 @@ const (
 // client and a provider. It ends when both directions have ended; when the
 // gateway ends it (Close), each side gets a close frame at a frame boundary.
 // Its phases are in relay_state.go.
+//
+// It has more methods than a type should, for a reason: they are what the
+// gateway asks of a live session (Run, Done, Close, its bytes and reason,
+// keepalive's pings, hold's Parked and Resume) and the steps its phases
+// take (sync, step, cut, end, tick), each in the file of the feature that
+// adds it (hold.go, keepalive.go, farewell.go). Split into types, they
+// would share its lock and its one table of phases, the only place its
+// state changes.
 type Session struct {
 	upstream net.Conn
 	start    time.Time
@@ -74,8 +82,7 @@ type Session struct {
 	done     chan struct{}
 	onEnd    func(*Session)
 	onPark   func(*Session)
-	farewell *Farewell // nil: none (farewell.go)
-	idle     time.Duration
+	farewell *Farewell  // nil: none (farewell.go)
 	ka       *keepalive // nil: off
 	// bytes relayed to each side (BytesUp, BytesDown).
 	bytes [2]atomic.Int64
@@ -94,10 +101,6 @@ type Session struct {
 	closeCode   int
 	closeReason string
 	closeBy     time.Time
-	// The idle timeout's last sample of the byte counters, and since when
-	// they have not moved.
-	idleBytes int64
-	idleSince time.Time
 	// Hold (hold.go): why the client looks gone, and for how many
 	// keepalive ticks (leaving: leaveByWrite, below); the answer to its
 	// close frame (parking); the client waiting to join (joining); what
@@ -123,11 +126,6 @@ type SessionOptions struct {
 	// ClientPending are bytes the client sent behind its handshake; they go
 	// to the provider first.
 	ClientPending []byte
-	// IdleTimeout closes the session after this long without bytes either
-	// way (0: never).
-	IdleTimeout time.Duration
-	// MaxDuration closes the session at this age (0: never).
-	MaxDuration time.Duration
 	// Keepalive pings a side that has been sent no frame for this long,
 	// and ends the session when a side answers no ping (0: never).
 	Keepalive time.Duration
@@ -159,7 +157,6 @@ func NewSession(client net.Conn, up *Conn, o SessionOptions) *Session {
 		// the client leaves, to end it there.
 		hold:     o.Hold || o.Farewell != nil,
 		farewell: o.Farewell,
-		idle:     o.IdleTimeout,
 		running:  2,
 	}
 	if o.Keepalive > 0 {
@@ -167,47 +164,39 @@ func NewSession(client net.Conn, up *Conn, o SessionOptions) *Session {
 	}
 	s.up = s.newDirection(client, up.Conn, toProvider, o.ClientPending)
 	s.down = s.newDirection(up.Conn, client, toClient, up.Leftover)
-	s.arm(o.MaxDuration)
+	s.arm()
 	return s
 }
 
-// tickEvery is how often tick samples the session: a quarter of the idle
-// timeout or of the keepalive interval, whichever is shorter (0: never).
+// tickEvery is how often tick samples the session: a quarter of the
+// keepalive interval (0: never).
 func (s *Session) tickEvery() time.Duration {
-	d := s.idle
-	if s.ka != nil && (d == 0 || s.ka.interval < d) {
-		d = s.ka.interval
-	}
-	if d == 0 {
+	if s.ka == nil {
 		return 0
 	}
-	return max(d/4, time.Millisecond)
+	return max(s.ka.interval/4, time.Millisecond)
 }
 
-// tick samples the byte counters the relay keeps anyway, so its hot path
-// pays nothing for the idle timeout and keepalive: the session closes
-// between idle and idle*5/4 after its last byte (a session without its
-// client is not idle: it waits for one), and keepalive pings the sides.
-// Under s.mu.
+// tick has keepalive ping the sides; it samples what the relay keeps
+// anyway, so its hot path pays nothing for keepalive. Under s.mu.
 func (s *Session) tick() {
 	if s.phase == over {
 		return
 	}
-	now := time.Now()
-	if s.idle > 0 {
-		b := s.bytes[toProvider].Load() + s.bytes[toClient].Load()
-		if b != s.idleBytes || s.phase.withoutClient() || s.phase == leaving {
-			s.idleBytes, s.idleSince = b, now
-		}
-		if now.Sub(s.idleSince) >= s.idle {
-			s.step(change{ev: evClose, code: CloseNormal, reason: EndIdle})
-			return
-		}
-	}
-	if s.ka != nil {
-		s.keepaliveTick(now)
-	}
+	s.keepaliveTick(time.Now())
 	s.ticker.Reset(s.tickEvery())
+}
+
+// Activity is what its session's lifecycle reads of the relay for the
+// idle timeout: the bytes relayed both ways (the gateway's own pings and
+// pongs are not among them), and whether the session waits for its
+// client (held without one, or its client leaving), which is not idle.
+func (s *Session) Activity() (n int64, waiting bool) {
+	n = s.bytes[toProvider].Load() + s.bytes[toClient].Load()
+	s.mu.Lock()
+	waiting = s.phase.withoutClient() || s.phase == leaving
+	s.mu.Unlock()
+	return n, waiting
 }
 
 // Run starts both directions in their own goroutines and returns at once.
@@ -269,6 +258,23 @@ func (s *Session) Close(code int, reason string) {
 	s.sync(change{ev: evClose, code: code, reason: reason})
 }
 
+// CloseLost ends a connection that won its handshake too late (another
+// provider's hedged attempt won the race): it sends close 1000 "hedge lost"
+// so the provider ends that browser at once, waits up to CloseWait for the
+// provider to close, then closes the socket.
+func (c *Conn) CloseLost() { c.CloseWith(CloseNormal, EndHedgeLost) }
+
+// CloseWith ends an established connection that no client will use: a
+// close frame with code and reason, at most CloseWait for the provider to
+// answer it, then the socket; its provider session is released.
+func (c *Conn) CloseWith(code int, reason string) {
+	c.SetDeadline(time.Now().Add(CloseWait))
+	if _, err := c.Write(closeFrame(code, reason, true)); err == nil {
+		io.Copy(io.Discard, c.Conn)
+	}
+	c.Close()
+}
+
 // cut gives the session reason (unless it has one; "" gives none) and
 // closes both sockets at once; it reports false, for a direction that
 // ends with it.
@@ -297,6 +303,12 @@ func (s *Session) end() {
 
 // direction is one half of the relay: src to dst. Its fields are its
 // goroutine's, but for the few under s.mu.
+//
+// Its many methods are the steps of that one goroutine's loop, each in the
+// file of the feature it serves (hold.go: park, let go, join;
+// keepalive.go: ping, pong; farewell*.go; relay_raw_*.go: raw reads), most
+// of them saying whether the loop goes on. A type per feature would need
+// the same fields and run on the same goroutine.
 type direction struct {
 	s        *Session
 	src, dst net.Conn

@@ -347,17 +347,14 @@ func (s *Session) step(c change) bool {
 	return true
 }
 
-// arm starts the session's timers: the tick (idle timeout, keepalive) and
-// the time limit.
-func (s *Session) arm(maxDuration time.Duration) {
+// arm starts the session's tick (keepalive). Its idle timeout and time
+// limit are its lifecycle's (package sessions), which reads Activity and
+// calls Close.
+func (s *Session) arm() {
 	s.mu.Lock() // the callbacks see the timers
 	defer s.mu.Unlock()
 	if tick := s.tickEvery(); tick > 0 {
-		s.idleSince = time.Now()
 		s.ticker = time.AfterFunc(tick, func() { s.sync(change{ev: evTick}) })
 		s.timers = append(s.timers, s.ticker)
-	}
-	if maxDuration > 0 {
-		s.timers = append(s.timers, time.AfterFunc(maxDuration, func() { s.Close(CloseNormal, EndMaxDuration) }))
 	}
 }

@@ -186,7 +186,9 @@ func TestSessionCloseRepliesEndItAtOnce(t *testing.T) {
 // is cut CloseWait later, not held until CloseFrameLimit.
 func TestSessionCloseCutsStalledFrame(t *testing.T) {
 	start := time.Now()
-	f := newRelay(t, SessionOptions{MaxDuration: 100 * time.Millisecond})
+	f := newRelay(t, SessionOptions{})
+	// The session's time limit (its lifecycle's) closes it.
+	time.AfterFunc(100*time.Millisecond, func() { f.s.Close(CloseNormal, EndMaxDuration) })
 	// The provider starts a 1 MiB frame and stalls after 100 KiB.
 	hdr := []byte{0x82, 127}
 	hdr = binary.BigEndian.AppendUint64(hdr, 1<<20)
@@ -221,7 +223,8 @@ func TestSessionCloseWaitsForMovingFrame(t *testing.T) {
 	for i := range payload {
 		payload[i] = byte(i*7 + i>>12)
 	}
-	f := newRelay(t, SessionOptions{MaxDuration: 100 * time.Millisecond})
+	f := newRelay(t, SessionOptions{})
+	time.AfterFunc(100*time.Millisecond, func() { f.s.Close(CloseNormal, EndMaxDuration) })
 	// The provider answers the gateway's close once its own frame is out.
 	fromProvider := make(chan []frame, 1)
 	go func() {

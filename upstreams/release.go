@@ -1,9 +1,14 @@
 package upstreams
 
+// Releases: each provider session a creator made (a Remote) ended once,
+// off the request path, by the Releaser, through the ledger.
+
 import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"net/http"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -160,78 +165,6 @@ func (r *Releaser) submit(s *Remote) {
 	}()
 }
 
-// run releases s: up to Tries calls, waiting n×Backoff before try n+1.
-// With a ledger, a confirmed release removes the session's entry, and a
-// session whose round of tries failed gets another round later: its entry
-// stays until then, so a process that exits meanwhile leaves it to be
-// reaped.
-func (s *Remote) run() {
-	b, r := s.api.books, s.api.rel
-	for try := 1; try <= r.Tries; try++ {
-		if try > 1 {
-			r.Sleep(time.Duration(try-1) * r.Backoff)
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), r.Timeout)
-		ok, err := s.release(ctx)
-		cancel()
-		if errors.Is(err, errBadSessionID) {
-			// No call can release it safely, now or later: an orphan.
-			s.api.orphan(fmt.Sprintf("%v, and the release URL holds it in its path", err))
-			return
-		}
-		if ok {
-			s.confirm()
-			return
-		}
-		b.ReleaseFailures.Add(1)
-		if f := r.OnFailure; f != nil {
-			f(s.api.provider, err)
-		}
-	}
-	if r.Ledger != nil && s.recorded {
-		s.rounds++
-		r.Later(roundWait(s.rounds), func() { r.submit(s) })
-	}
-}
-
-// roundWait is the wait before round n+1 of a kept session's tries: 10 s,
-// doubling, at most 5 minutes.
-func roundWait(n int) time.Duration {
-	return min(10*time.Second<<min(n-1, 5), 5*time.Minute)
-}
-
-// confirm books a confirmed release: in the books, and with the ledger.
-func (s *Remote) confirm() {
-	if s.from == "" {
-		s.api.books.Released.Add(1)
-	} else {
-		s.api.books.Reaped.Add(1)
-	}
-	s.released()
-}
-
-// released books a confirmed release with the ledger.
-func (s *Remote) released() {
-	r := s.api.rel
-	if r.Ledger == nil || !s.recorded {
-		return
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), r.Timeout)
-	err := r.Ledger.Remove(ctx, s.api.provider, s.id)
-	cancel()
-	if err != nil {
-		// The ledger deletes the entry again later; should the process
-		// end first, a reaper releases the session once more, and the
-		// provider answers it as released.
-		r.ledgerError(s.api.provider, err)
-	}
-	if s.from != "" {
-		if f := r.OnReaped; f != nil {
-			f(s.api.provider, s.id, s.from)
-		}
-	}
-}
-
 func (r *Releaser) ledgerError(provider string, err error) {
 	if f := r.OnLedgerError; f != nil {
 		f(provider, err)
@@ -270,4 +203,163 @@ func (r *Releaser) Wait(deadline time.Time) bool {
 		r.idle.Wait()
 	}
 	return r.pending == 0
+}
+
+// Remote is one browser session a provider's creator made: released
+// exactly once, off the request path, through its creator's release call.
+type Remote struct {
+	by      creator
+	id      string
+	headers []Header // resolved at create time
+	once    chanOnce
+	// recorded: the ledger holds its entry; from is the gone owner an
+	// adopted session came from; rounds counts the rounds of release
+	// tries that failed.
+	recorded bool
+	from     string
+	rounds   int
+}
+
+// ID is the provider's session ID.
+func (r *Remote) ID() string { return r.id }
+
+// Adopt returns, for release, session id that another process created at
+// this provider and left behind (from names that process; its ledger entry
+// is now this one's). The release call's headers are resolved with known,
+// without a request: a header that needs the request's placeholders is sent
+// without their values. A webdriver provider's is released with DELETE
+// <base>/session/<id>. Nil when the provider creates no sessions.
+func (p *Provider) Adopt(id, from string, known func(string) string) *Remote {
+	if p.creates == nil {
+		return nil
+	}
+	return &Remote{by: p.creates, id: id, headers: p.creates.adoptedFields(known), recorded: true, from: from}
+}
+
+// Release hands the session to the background releaser (at most once; a
+// nil Remote is a no-op). It never blocks.
+func (r *Remote) Release() {
+	if r == nil || !r.once.do() {
+		return
+	}
+	r.by.keeper().rel.submit(r)
+}
+
+// Confirmed books the session as released without a release call, at
+// most once and only if Release was not called (a nil Remote is a no-op):
+// the provider already confirmed its end, as when a WebDriver client's own
+// DELETE, sent on, was answered 2xx, 404 or 410. Its ledger entry is
+// removed off the request path; it never blocks.
+func (r *Remote) Confirmed() {
+	if r == nil || !r.once.do() {
+		return
+	}
+	rel := r.by.keeper().rel
+	rel.mu.Lock()
+	rel.pending++
+	rel.mu.Unlock()
+	go func() {
+		defer rel.finished()
+		r.confirm()
+	}()
+}
+
+// run releases s: up to Tries calls, waiting n×Backoff before try n+1.
+// With a ledger, a confirmed release removes the session's entry, and a
+// session whose round of tries failed gets another round later: its entry
+// stays until then, so a process that exits meanwhile leaves it to be
+// reaped.
+func (s *Remote) run() {
+	k := s.by.keeper()
+	b, r := k.books, k.rel
+	for try := 1; try <= r.Tries; try++ {
+		if try > 1 {
+			r.Sleep(time.Duration(try-1) * r.Backoff)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), r.Timeout)
+		ok, err := s.release(ctx)
+		cancel()
+		if errors.Is(err, errBadSessionID) {
+			// No call can release it safely, now or later: an orphan.
+			k.orphan(fmt.Sprintf("%v, and the release URL holds it in its path", err))
+			return
+		}
+		if ok {
+			s.confirm()
+			return
+		}
+		b.ReleaseFailures.Add(1)
+		if f := r.OnFailure; f != nil {
+			f(k.provider, err)
+		}
+	}
+	if r.Ledger != nil && s.recorded {
+		s.rounds++
+		r.Later(roundWait(s.rounds), func() { r.submit(s) })
+	}
+}
+
+// roundWait is the wait before round n+1 of a kept session's tries: 10 s,
+// doubling, at most 5 minutes.
+func roundWait(n int) time.Duration {
+	return min(10*time.Second<<min(n-1, 5), 5*time.Minute)
+}
+
+// confirm books a confirmed release: in the books, and with the ledger.
+func (s *Remote) confirm() {
+	if b := s.by.keeper().books; s.from == "" {
+		b.Released.Add(1)
+	} else {
+		b.Reaped.Add(1)
+	}
+	s.released()
+}
+
+// released books a confirmed release with the ledger.
+func (s *Remote) released() {
+	k := s.by.keeper()
+	r := k.rel
+	if r.Ledger == nil || !s.recorded {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), r.Timeout)
+	err := r.Ledger.Remove(ctx, k.provider, s.id)
+	cancel()
+	if err != nil {
+		// The ledger deletes the entry again later; should the process
+		// end first, a reaper releases the session once more, and the
+		// provider answers it as released.
+		r.ledgerError(k.provider, err)
+	}
+	if s.from != "" {
+		if f := r.OnReaped; f != nil {
+			f(k.provider, s.id, s.from)
+		}
+	}
+}
+
+// release makes one release call within ctx; ok reports that the provider
+// no longer holds the session. An ID refused by CheckSessionID is never
+// put in a release path: the error then wraps errBadSessionID.
+func (r *Remote) release(ctx context.Context) (ok bool, err error) {
+	k := r.by.keeper()
+	if err := CheckSessionID(r.id); err != nil && k.idInPath {
+		return false, err
+	}
+	c, err := r.by.releaseCall(r.id, r.headers)
+	if err != nil {
+		return false, err
+	}
+	resp, err := c.do(ctx, k.client)
+	if err != nil {
+		return false, err
+	}
+	io.Copy(io.Discard, io.LimitReader(resp.Body, MaxRelayedBody))
+	resp.Body.Close()
+	switch {
+	case resp.StatusCode >= 200 && resp.StatusCode <= 299,
+		resp.StatusCode == http.StatusNotFound, resp.StatusCode == http.StatusGone:
+		return true, nil
+	}
+	return false, fmt.Errorf("release answered %d", resp.StatusCode)
 }

@@ -9,22 +9,6 @@ import (
 	"time"
 )
 
-// ResumePoint is where an established connection was made: the upgrade's
-// Host and request URI as sent (a discovered provider's
-// webSocketDebuggerUrl, a provider's query, a merged client query), and,
-// for a session created over a session API, the connect URL its create
-// answer gave. Dialling it again reaches the same browser, for as long as
-// the provider keeps that browser. It may hold the provider's tokens: it
-// is never shown.
-type ResumePoint struct {
-	ConnectURL string `json:"connect_url,omitempty"`
-	Host       string `json:"host"`
-	URI        string `json:"uri"`
-}
-
-// IsZero reports whether the point is unset.
-func (rp ResumePoint) IsZero() bool { return rp.URI == "" }
-
 // errNoPoint is a reconnect without a point to go back to.
 var errNoPoint = errors.New("no resume point")
 
@@ -38,13 +22,9 @@ func (p *Provider) Reconnect(ctx context.Context, hs *Handshake, rp ResumePoint,
 	if rp.IsZero() {
 		return Result{Outcome: Outcome{Word: WordBadHandshake, Kind: Failure, Err: errNoPoint}}
 	}
-	deadline := start.Add(p.ConnectTimeout)
-	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
-		deadline = d
-	}
-	actx, cancel := context.WithDeadline(ctx, deadline)
+	actx, deadline, cancel := within(ctx, start, p.ConnectTimeout)
 	defer cancel()
-	via := p
+	via := p.own()
 	if rp.ConnectURL != "" {
 		t, err := p.retarget(rp.ConnectURL)
 		if err != nil {

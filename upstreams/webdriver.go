@@ -1,8 +1,8 @@
 package upstreams
 
 // WebDriver over HTTP, the client's side: the create request a client
-// sends (POST <base>/session), which providers may take it, and the
-// errors the gateway answers in WebDriver's own JSON.
+// sends (POST <base>/session) and the errors the gateway answers in
+// WebDriver's own JSON.
 
 import (
 	"bytes"
@@ -209,39 +209,6 @@ func capString(m map[string]json.RawMessage, k string) string {
 		return s
 	}
 	return ""
-}
-
-// Accepts reports whether p may serve the create request r: some
-// alternative (a firstMatch entry merged with alwaysMatch; no firstMatch
-// is one empty entry) asks for no browserName, or for one of p's
-// browsers (ASCII case ignored). A provider that is not a webdriver one
-// accepts none.
-func (p *Provider) Accepts(r *CreateRequest) bool {
-	if p.wd == nil || r == nil {
-		return false
-	}
-	if len(p.wd.browsers) == 0 {
-		return true
-	}
-	first := r.first
-	if len(first) == 0 {
-		first = []map[string]json.RawMessage{nil}
-	}
-	for _, m := range first {
-		b := capString(r.always, "browserName")
-		if b == "" {
-			b = capString(m, "browserName")
-		}
-		if b == "" {
-			return true
-		}
-		for _, want := range p.wd.browsers {
-			if asciiEqualFold(b, want) {
-				return true
-			}
-		}
-	}
-	return false
 }
 
 // body is the create request as a provider gets it: the client's

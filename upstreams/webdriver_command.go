@@ -125,7 +125,7 @@ func (p *Provider) WebDriverCommand(ctx context.Context, s *WebDriverSession, me
 	}
 	header := s.header
 	if header == nil {
-		header = p.wdHeader(nil)
+		header = p.wd.header(nil)
 	}
 	setHeader(req, header)
 	if n != 0 {
@@ -268,11 +268,7 @@ func (p *Provider) WebDriverSocket(ctx context.Context, hs *Handshake, s *WebDri
 	}
 	// The socket is the provider's own: its credentials go with it.
 	t.basicAuth = p.basicAuth
-	deadline := start.Add(p.ConnectTimeout)
-	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
-		deadline = d
-	}
-	actx, cancel := context.WithDeadline(ctx, deadline)
+	actx, deadline, cancel := within(ctx, start, p.ConnectTimeout)
 	defer cancel()
 	if _, ok := hs.Header["Authorization"]; ok {
 		// The client's credential for the gateway, whatever
@@ -283,4 +279,16 @@ func (p *Provider) WebDriverSocket(ctx context.Context, hs *Handshake, s *WebDri
 		hs = &c
 	}
 	return t.upgrade(ctx, actx, deadline, hs, target{host: u.Host, requestURI: u.RequestURI()}, replace)
+}
+
+// setHeader puts h on req (a Host field sets the request's Host).
+func setHeader(req *http.Request, h http.Header) {
+	for k, vs := range h {
+		if k == "Host" {
+			req.Host = vs[len(vs)-1]
+			continue
+		}
+		req.Header[k] = vs
+	}
+	req.Header.Set("Accept", "application/json")
 }

@@ -92,7 +92,7 @@ func echoProvider(b *testing.B) (url string, accepts chan *tracked) {
 }
 
 func waiting(name string) int {
-	for _, q := range pool.Current().Queues() {
+	for _, q := range pool.Current().Queues.Counts() {
 		if slices.Contains(q.Providers, name) {
 			return q.Waiting
 		}
