@@ -229,15 +229,6 @@ func (t *Ticket) Establish(s Live, info SessionInfo, remote *upstreams.Remote) *
 	return meter
 }
 
-// SessionID is the ID its session was established under (a held session
-// joined by a resume is renamed in the session registry; its parking
-// knows its current one).
-func (t *Ticket) SessionID() string {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	return t.live.ID
-}
-
 // Meter is the session's cost (nil before Establish, or without a price).
 func (t *Ticket) Meter() *spend.Meter {
 	t.mu.Lock()
