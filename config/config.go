@@ -1,3 +1,8 @@
+// Package config is the configuration of the browser_failover handler:
+// one type per option that is both its JSON form and what the gateway
+// runs on, each with its one validator, so that the Caddyfile (which
+// calls the same validators at the line of each option) and JSON accept
+// and reject exactly the same values.
 package config
 
 import (

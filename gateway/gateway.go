@@ -1,3 +1,13 @@
+// Package gateway is what a browser_failover handler runs: the providers
+// it builds and claims at provision (this file), and for each request the
+// front of its kind of client — a WebSocket upgrade (front_upgrade.go), a
+// WebDriver create (front_webdriver.go) — which walks the failover chain
+// (chain.go: check, join, order, admit, attempt, settle, establish, or the
+// queue, or one refusal); warm-ups are a front without a client
+// (front_warm.go). The sessions its fronts establish (a relayed socket,
+// a WebDriver session, a warm session) each live one lifecycle (package
+// sessions). Its files refer only to files on their floor or below, in
+// the order docs/design.md gives.
 package gateway
 
 import (
