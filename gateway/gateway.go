@@ -1,5 +1,5 @@
 // Package gateway is what a browser_failover handler runs: the providers
-// it builds and claims at provision (this file), and for each request the
+// it builds and claims at provision (gateway.go), and for each request the
 // front of its kind of client — a WebSocket upgrade (front_upgrade.go), a
 // WebDriver create (front_webdriver.go) — which walks the failover chain
 // (chain.go: check, join, order, admit, attempt, settle, establish, or the
