@@ -470,11 +470,11 @@ func TestCaddyfileSyntaxDoc(t *testing.T) {
 	readers := map[string]string{
 		"UnmarshalCaddyfile": "browser_failover", "parseProvider": "provider", "parseCooldown": "cooldown",
 		"parseQueue": "queue", "parseSession": "session", "parseState": "state", "parseWebhook": "webhook",
-		"parseHealthCheck": "health_check",
+		"parseHealthCheck": "health_check", "parseProviders": "providers",
 	}
 	// Options several blocks share, read by one function that their
-	// readers call.
-	shared := map[string]bool{"readTLS": true}
+	// readers call (or that such a function calls).
+	shared := map[string]bool{"readTLS": true, "readProviderOption": true}
 	cases := map[string][]string{} // function -> the options it reads
 	calls := map[string][]string{} // reader -> the shared readers it calls
 	var doc string
@@ -506,8 +506,9 @@ func TestCaddyfileSyntaxDoc(t *testing.T) {
 	parsed := map[string][]string{}
 	for fn, block := range readers {
 		parsed[block] = slices.Clone(cases[fn])
-		for _, s := range calls[fn] {
-			parsed[block] = append(parsed[block], cases[s]...)
+		for todo := slices.Clone(calls[fn]); len(todo) > 0; todo = todo[1:] {
+			parsed[block] = append(parsed[block], cases[todo[0]]...)
+			todo = append(todo, calls[todo[0]]...)
 		}
 	}
 	documented := map[string][]string{}
@@ -529,6 +530,11 @@ func TestCaddyfileSyntaxDoc(t *testing.T) {
 				open = append(open, words[0])
 			}
 		}
+	}
+	// A providers block takes every option of a provider besides its
+	// own: the doc says so in one line.
+	if i := slices.Index(documented["providers"], "<provider"); i >= 0 {
+		documented["providers"] = slices.Concat(documented["providers"][:i], documented["provider"], documented["providers"][i+1:])
 	}
 	if len(open) != 0 || len(documented) != len(readers) {
 		t.Fatalf("the syntax block does not parse: blocks %v, still open %v", documented, open)
