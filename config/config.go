@@ -968,9 +968,7 @@ func (h *Handler) CheckHealthChecks() error {
 		if b.Validate() != nil {
 			continue // its own problems are the block's
 		}
-		if err := probeTarget(b.At(TemplateAddress), EffectiveHealthCheck(h.HealthCheck, b.HealthCheck)); err != nil {
-			errs = append(errs, Within(fmt.Sprintf("providers %q: ", b.Name), err))
-		}
+		errs = append(errs, b.CheckProbeTarget(EffectiveHealthCheck(h.HealthCheck, b.HealthCheck)))
 	}
 	return errors.Join(errs...)
 }

@@ -77,7 +77,7 @@ func (b *ProvidersConfig) At(address string) *ProviderConfig {
 // for what is not a TCP host:port (a Unix socket, a port range).
 func Address(dial string) (string, bool) {
 	addr, err := caddy.ParseNetworkAddress(dial)
-	if err != nil || addr.IsUnixNetwork() || addr.PortRangeSize() != 1 || addr.Host == "" {
+	if err != nil || addr.IsUnixNetwork() || addr.PortRangeSize() != 1 || addr.StartPort == 0 || addr.Host == "" {
 		return "", false
 	}
 	host := strings.TrimSuffix(addr.Host, ".")
@@ -123,6 +123,12 @@ func (b *ProvidersConfig) Validate() error {
 		errs = append(errs, b.At(TemplateAddress).validateOptions())
 	}
 	return Within(fmt.Sprintf("providers %q: ", b.Name), errors.Join(errs...))
+}
+
+// CheckProbeTarget checks the merged health check hc (nil: none) of the
+// block's providers as CheckProbeTarget checks a provider's.
+func (b *ProvidersConfig) CheckProbeTarget(hc *HealthCheckConfig) error {
+	return Within(fmt.Sprintf("providers %q: ", b.Name), probeTarget(b.At(TemplateAddress), hc))
 }
 
 // CheckSource checks a dynamic source's JSON as Caddy will load it: its
