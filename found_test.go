@@ -277,7 +277,9 @@ func TestFoundLookupFailureKeepsSet(t *testing.T) {
 		t.Fatalf("the failing lookups are logged %d times, want once", n)
 	}
 
-	dns.Up()
+	if err := dns.Up(); err != nil {
+		t.Fatal(err)
+	}
 	dns.Fail(false)
 	testgw.Eventually(t, 10*time.Second, "a lookup to work again", func() bool {
 		return len(g.LogEntries("providers lookup works again")) == 1

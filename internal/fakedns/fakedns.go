@@ -26,7 +26,6 @@ type SRV struct {
 // with or without their trailing dot; a name with no record of the type
 // asked answers NOERROR with none, a name with no record at all NXDOMAIN.
 type Server struct {
-	t testing.TB
 	// Addr is where it answers (UDP), 127.0.0.1:port: what a resolver
 	// list names.
 	Addr string
@@ -39,19 +38,29 @@ type Server struct {
 	queries atomic.Int64
 }
 
-// Start starts a server on a free 127.0.0.1 port; the test's end stops
-// it.
+// Start starts a server on a free 127.0.0.1 port for a test; the test's
+// end stops it.
 func Start(t testing.TB) *Server {
 	t.Helper()
-	s := &Server{t: t, srv: map[string][]SRV{}, a: map[string][]net.IP{}}
-	pc, err := net.ListenPacket("udp", "127.0.0.1:0")
+	s, err := Listen()
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(s.Down)
+	return s
+}
+
+// Listen starts a server on a free 127.0.0.1 port (a benchmark's); Down
+// stops it.
+func Listen() (*Server, error) {
+	s := &Server{srv: map[string][]SRV{}, a: map[string][]net.IP{}}
+	pc, err := net.ListenPacket("udp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
 	s.Addr = pc.LocalAddr().String()
 	s.serve(pc)
-	t.Cleanup(func() { s.Down() })
-	return s
+	return s, nil
 }
 
 func (s *Server) serve(pc net.PacketConn) {
@@ -112,13 +121,13 @@ func (s *Server) Down() {
 }
 
 // Up starts the server again on its address after Down.
-func (s *Server) Up() {
-	s.t.Helper()
+func (s *Server) Up() error {
 	pc, err := net.ListenPacket("udp", s.Addr)
 	if err != nil {
-		s.t.Fatal(err)
+		return err
 	}
 	s.serve(pc)
+	return nil
 }
 
 // Queries counts the queries answered so far.
