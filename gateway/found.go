@@ -86,7 +86,8 @@ func (h *Gateway) provisionFound(ctx caddy.Context, known func(string) string) e
 		if !ok {
 			return fmt.Errorf("providers %q: its source %T gives no upstreams", b.Name, mod)
 		}
-		tmpl, err := upstreams.New(b.At(config.TemplateAddress).Config, upstreams.Defaults{ConnectTimeout: time.Duration(h.ConnectTimeout)}, known)
+		tmpl, err := upstreams.New(b.At(config.TemplateAddress).Config, upstreams.Defaults{ConnectTimeout: time.Duration(h.ConnectTimeout),
+			ForwardHeaders: h.ForwardHeaders, Releaser: h.reg.Releaser(), APITransport: h.reg.APITransport()}, known)
 		if err != nil {
 			return fmt.Errorf("providers %q: %w", b.Name, err)
 		}

@@ -101,7 +101,7 @@ func (h *Gateway) provision(ctx caddy.Context, gauges func(*pool.Registry) prome
 	h.reg.Queues.SetProviders(h, taking, leaving)
 	// What it makes for its clients serves only its own (and, after a
 	// reload that changes its block, its successor's).
-	h.reg.Handlers.Register(h, h.gen, h.key, r.lineResources(h.DynamicProviders))
+	h.reg.Handlers.Register(h, h.gen, h.key, r.names(h.DynamicProviders))
 	// A provider still cooling down from before a reload is offered when
 	// its cooldown ends.
 	for _, m := range r.members {

@@ -93,11 +93,11 @@ type poolOf struct {
 	strategy  upstreams.Strategy
 }
 
-// lineResources are what waiters of a handler with providers blocks
-// blocks may want, for the queue to tell which handler's line takes them
-// after a reload: the roster's providers, and a name for each providers
-// block, so that a handler with the same block takes them even before it
-// has found anything.
+// lineResources are what the waiters of a handler with the providers
+// blocks blocks may want, for the queue to tell which handler's line takes
+// them after a reload: the roster's providers, and a name for each block,
+// so that a handler with the same block takes them even before it has
+// found anything.
 func (r *roster) lineResources(blocks []*config.ProvidersConfig) []string {
 	out := make([]string, 0, len(r.members)+len(blocks))
 	for _, m := range r.members {
@@ -105,6 +105,20 @@ func (r *roster) lineResources(blocks []*config.ProvidersConfig) []string {
 	}
 	for _, b := range blocks {
 		out = append(out, "providers\x00"+b.Name)
+	}
+	return out
+}
+
+// names are the names of the roster's providers, and a name for each of
+// the providers blocks blocks ("<block>/", which no provider can have): to
+// tell which handler succeeds another after a reload.
+func (r *roster) names(blocks []*config.ProvidersConfig) []string {
+	out := make([]string, 0, len(r.members)+len(blocks))
+	for _, m := range r.members {
+		out = append(out, m.up.Name)
+	}
+	for _, b := range blocks {
+		out = append(out, b.Name+"/")
 	}
 	return out
 }
