@@ -423,3 +423,33 @@ func TestFoundScaling(t *testing.T) {
 		t.Fatal("the registry does not know the found provider")
 	}
 }
+
+// TestFoundThroughARecords: Caddy's a source, its port given: each IP the
+// name resolves to is a provider named br/<ip>:<port>, dialed at that IP;
+// an IP gone from the records is drained, and goes.
+func TestFoundThroughARecords(t *testing.T) {
+	dns := fakedns.Start(t)
+	a := fakes.Echo("fd6-a", nil)
+	defer a.Close()
+	name := fmt.Sprintf("t%d.a.browsers.test.", srvSeq.Add(1))
+	dns.SetA(name, "127.0.0.1")
+	g := testgw.Start(t, fmt.Sprintf(`{"handler":"browser_failover","dynamic_providers":[{"name":"br",
+		"dynamic":{"source":"a","name":%q,"port":%q,"refresh":"200ms","versions":{"ipv4":true},"resolver":{"addresses":[%q]}},
+		"scheme":"ws"}]}`, name, portOf(a), dns.Addr))
+	found := "br/" + a.Addr
+	testgw.Eventually(t, 10*time.Second, found+" found", func() bool { _, ok := listed(t, g, found); return ok })
+	c, _, err := dial(t, g.WS("/"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	echoOnce(t, c, []byte("through an A record"))
+	if p, _ := listed(t, g, found); p.URL != "ws://"+a.Addr+"/" || p.Active != 1 || a.Hits.Load() != 1 {
+		t.Fatalf("%s: %+v, %d upgrades at the provider", found, p, a.Hits.Load())
+	}
+	// The name now resolves to another address: 127.0.0.1 is drained.
+	dns.SetA(name, "192.0.2.10") // TEST-NET-1: found, never dialed
+	testgw.Eventually(t, 10*time.Second, found+" leaving", func() bool { p, _ := listed(t, g, found); return p.Leaving })
+	echoOnce(t, c, []byte("still relayed"))
+	c.Close(websocket.StatusNormalClosure, "")
+	testgw.Eventually(t, 5*time.Second, found+" to leave the status", func() bool { _, ok := listed(t, g, found); return !ok })
+}
