@@ -4,13 +4,16 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 
 	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
 
 	"github.com/browserfailover/caddy-browser-failover/cluster"
 	"github.com/browserfailover/caddy-browser-failover/config"
@@ -69,6 +72,13 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //			warm_options    <option>=<value>...   # the options warm sessions are made with
 //			health_check { ... } | health_check off
 //			session_api { ... }   # see parseSessionAPI
+//		}
+//
+//		providers <name> {
+//			dynamic         srv|a|multi|<module> ...  # one of Caddy's dynamic upstream sources, in its own syntax
+//			scheme          ws|wss|http|https         # default http
+//			path            </path>                   # default /
+//			<provider option> ...                     # any option of provider, for each provider found
 //		}
 //
 //		cooldown {
@@ -136,15 +146,16 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 // Handler's fields for effects and defaults) and accepts the same values;
 // the parser checks them with the same validation as a JSON config, and
 // an error names the line of the option at fault. The options provider,
-// webhook, header_up, tls_trusted_ca_certs and a webhook's events may be
-// repeated (a provider's name must still be unique); any other option
-// given twice in the same block is an error. A bare pass_query means on.
-// The cooldown block inside a provider overrides the handler's, option
-// by option.
+// providers, webhook, header_up, tls_trusted_ca_certs and a webhook's
+// events may be repeated (a provider's or a block's name must still be
+// unique, and no provider's name may start with a block's name and a
+// slash); any other option given twice in the same block is an error. A
+// bare pass_query means on. The cooldown block inside a provider
+// overrides the handler's, option by option.
 func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	d.Next() // the directive name
 	r := &reader{d: d}
-	top := r.open("provider", "webhook")
+	top := r.open("provider", "providers", "webhook")
 	if d.NextArg() {
 		return d.ArgErr()
 	}
@@ -171,6 +182,13 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			if p, cb, err = r.parseProvider(); err == nil {
 				h.Providers = append(h.Providers, p)
 				providerCooldowns[p] = cb
+			}
+		case "providers":
+			var b *ProvidersConfig
+			var cb *block
+			if b, cb, err = r.parseProviders(); err == nil {
+				h.DynamicProviders = append(h.DynamicProviders, b)
+				providerCooldowns[&b.ProviderConfig] = cb
 			}
 		case "cooldown":
 			h.Cooldown, handlerCooldown, err = r.parseCooldown("cooldown: ")
@@ -237,7 +255,11 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	}
 	// A provider's cooldown override against the handler's cooldown,
 	// which may come before or after it: the later of the two options.
-	for _, p := range h.Providers {
+	withCooldown := slices.Clone(h.Providers)
+	for _, b := range h.DynamicProviders {
+		withCooldown = append(withCooldown, &b.ProviderConfig)
+	}
+	for _, p := range withCooldown {
 		var clash *config.CooldownClash
 		if errors.As(h.Cooldown.Clash(p), &clash) {
 			at := providerCooldowns[p].at[clash.OwnOpt()]
@@ -269,83 +291,149 @@ func (r *reader) parseProvider() (*ProviderConfig, *block, error) {
 	}
 	var cooldownBlock *block
 	what := fmt.Sprintf("provider %q", p.Name)
-	err := b.each(what, p.Stated(), p.Validate, func(opt string) (err error) {
+	err := b.each(what, p.Stated(), p.Validate, func(opt string) error {
+		return readProviderOption(r, p, opt, what, &cooldownBlock)
+	})
+	if err != nil {
+		return nil, nil, err
+	}
+	return p, cooldownBlock, nil
+}
+
+// parseProviders reads `providers <name> { dynamic <source> ...; scheme
+// ...; path ...; <provider option>... }`; it returns the block and the
+// block of its cooldown override (nil when none). The source is read by
+// its own module's Caddyfile syntax, as reverse_proxy's dynamic reads it.
+func (r *reader) parseProviders() (*ProvidersConfig, *block, error) {
+	d := r.d
+	b := r.open("header_up", "tls_trusted_ca_certs", "option_map")
+	args := d.RemainingArgs()
+	if len(args) != 1 {
+		return nil, nil, d.Errf("providers takes a name (each provider found is named <name>/<host>:<port>)")
+	}
+	pb := &ProvidersConfig{}
+	pb.Name = args[0]
+	b.note("providers")
+	if err := b.check(pb.Validate(), "providers"); err != nil {
+		return nil, nil, err
+	}
+	var cooldownBlock *block
+	what := fmt.Sprintf("providers %q", pb.Name)
+	err := b.each(what, pb.Stated(), pb.Validate, func(opt string) (err error) {
 		switch opt {
-		case "priority":
-			var n int
-			if n, err = intArg(d); err == nil {
-				p.Priority = &n
-			}
-		case "weight":
-			p.Weight, err = intArg(d)
-		case "max_concurrent":
-			p.MaxConcurrent, err = parseConcurrency(d)
-		case "cost":
-			p.Cost, err = parseCost(d)
-		case "budget":
-			var b spend.Budget
-			if b, err = parseBudget(d, "budget", d.RemainingArgs()); err == nil {
-				p.Budget = &b
-			}
-		case "create_rate":
-			p.CreateRate, err = parseCreateRate(d)
-		case "connect_timeout":
-			p.ConnectTimeout, err = durationArg(d)
-		case "header_up":
-			var op upstreams.HeaderOp
-			op, err = parseHeaderUp(d)
-			p.HeadersUp = append(p.HeadersUp, op)
-		case "pass_query":
-			p.PassQuery, err = onOff(d, true)
-		case "discover":
-			var on bool
-			on, err = onOff(d, false)
-			p.Discover = &on
-		case "cooldown":
-			p.Cooldown, cooldownBlock, err = r.parseCooldown(what + ": cooldown: ")
-		case "protocol":
-			var v string
-			v, err = oneArg(d)
-			p.Protocol = strings.ToLower(v)
-		case "playwright_version":
-			p.PlaywrightVersion, err = oneArg(d)
-		case "browsers":
-			if p.Browsers = d.RemainingArgs(); len(p.Browsers) == 0 {
-				err = d.ArgErr()
-			}
-		case "capabilities":
-			var v string
-			v, err = oneArg(d)
-			p.Capabilities = json.RawMessage(v)
-		case "health_check":
-			p.HealthCheck, err = parseHealthCheck(d)
-		case "session_api":
-			p.SessionAPI, err = r.parseSessionAPI(what + ": ")
-		case "warm":
-			p.Warm, err = intArg(d)
-		case "warm_max_age":
-			p.WarmMaxAge, err = durationArg(d)
-		case "warm_options":
-			p.WarmOptions, err = parseWarmOptions(d)
-		case "region":
-			if p.Region = d.RemainingArgs(); len(p.Region) == 0 {
-				err = d.ArgErr()
-			}
-		case "supports":
-			if p.Supports = d.RemainingArgs(); len(p.Supports) == 0 {
-				err = d.ArgErr()
-			}
-		case "option_map":
-			err = parseOptionMap(d, &p.OptionMap)
+		case "dynamic":
+			pb.SourceRaw, err = parseSource(d)
+		case "scheme":
+			pb.Scheme, err = oneArg(d)
+		case "path":
+			pb.Path, err = oneArg(d)
 		default:
-			return readTLS(d, opt, &p.TLS)
+			return readProviderOption(r, &pb.ProviderConfig, opt, what, &cooldownBlock)
 		}
 		return err
 	})
 	if err != nil {
 		return nil, nil, err
 	}
-	return p, cooldownBlock, nil
+	return pb, cooldownBlock, nil
+}
+
+// parseSource reads `dynamic <module> ...`: the module of namespace
+// http.reverse_proxy.upstreams and its own options, as JSON with its name
+// under "source".
+func parseSource(d *caddyfile.Dispenser) (json.RawMessage, error) {
+	if !d.NextArg() {
+		return nil, d.Errf("dynamic needs a source module: srv, a, multi or another http.reverse_proxy.upstreams module")
+	}
+	name := d.Val()
+	id := "http.reverse_proxy.upstreams." + name
+	unm, err := caddyfile.UnmarshalModule(d, id)
+	if err != nil {
+		return nil, err
+	}
+	if _, ok := unm.(reverseproxy.UpstreamSource); !ok {
+		return nil, d.Errf("module %s is not a source of upstreams", id)
+	}
+	return caddyconfig.JSONModuleObject(unm, "source", name, nil), nil
+}
+
+// readProviderOption reads the provider option opt into p, for a
+// provider or a providers block (what names it in messages); a cooldown
+// override's block goes to *cooldownBlock. errUnknownOption when opt is
+// none.
+func readProviderOption(r *reader, p *ProviderConfig, opt, what string, cooldownBlock **block) (err error) {
+	d := r.d
+	switch opt {
+	case "priority":
+		var n int
+		if n, err = intArg(d); err == nil {
+			p.Priority = &n
+		}
+	case "weight":
+		p.Weight, err = intArg(d)
+	case "max_concurrent":
+		p.MaxConcurrent, err = parseConcurrency(d)
+	case "cost":
+		p.Cost, err = parseCost(d)
+	case "budget":
+		var b spend.Budget
+		if b, err = parseBudget(d, "budget", d.RemainingArgs()); err == nil {
+			p.Budget = &b
+		}
+	case "create_rate":
+		p.CreateRate, err = parseCreateRate(d)
+	case "connect_timeout":
+		p.ConnectTimeout, err = durationArg(d)
+	case "header_up":
+		var op upstreams.HeaderOp
+		op, err = parseHeaderUp(d)
+		p.HeadersUp = append(p.HeadersUp, op)
+	case "pass_query":
+		p.PassQuery, err = onOff(d, true)
+	case "discover":
+		var on bool
+		on, err = onOff(d, false)
+		p.Discover = &on
+	case "cooldown":
+		p.Cooldown, *cooldownBlock, err = r.parseCooldown(what + ": cooldown: ")
+	case "protocol":
+		var v string
+		v, err = oneArg(d)
+		p.Protocol = strings.ToLower(v)
+	case "playwright_version":
+		p.PlaywrightVersion, err = oneArg(d)
+	case "browsers":
+		if p.Browsers = d.RemainingArgs(); len(p.Browsers) == 0 {
+			err = d.ArgErr()
+		}
+	case "capabilities":
+		var v string
+		v, err = oneArg(d)
+		p.Capabilities = json.RawMessage(v)
+	case "health_check":
+		p.HealthCheck, err = parseHealthCheck(d)
+	case "session_api":
+		p.SessionAPI, err = r.parseSessionAPI(what + ": ")
+	case "warm":
+		p.Warm, err = intArg(d)
+	case "warm_max_age":
+		p.WarmMaxAge, err = durationArg(d)
+	case "warm_options":
+		p.WarmOptions, err = parseWarmOptions(d)
+	case "region":
+		if p.Region = d.RemainingArgs(); len(p.Region) == 0 {
+			err = d.ArgErr()
+		}
+	case "supports":
+		if p.Supports = d.RemainingArgs(); len(p.Supports) == 0 {
+			err = d.ArgErr()
+		}
+	case "option_map":
+		err = parseOptionMap(d, &p.OptionMap)
+	default:
+		return readTLS(d, opt, &p.TLS)
+	}
+	return err
 }
 
 // readTLS reads the TLS option opt, of a provider or of the Redis store,

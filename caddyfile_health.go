@@ -59,8 +59,20 @@ func parseHealthCheck(d *caddyfile.Dispenser) (*HealthCheckConfig, error) {
 // health check has something to GET. The error names the line of the
 // provider's health_check, or else of the handler's.
 func (h *Handler) checkProbeTargets(d *caddyfile.Dispenser) error {
+	type target struct {
+		p     *ProviderConfig
+		check func(*HealthCheckConfig) error
+	}
+	var all []target
 	for _, p := range h.Providers {
-		err := config.CheckProbeTarget(p, config.EffectiveHealthCheck(h.HealthCheck, p.HealthCheck))
+		all = append(all, target{p, func(hc *HealthCheckConfig) error { return config.CheckProbeTarget(p, hc) }})
+	}
+	for _, b := range h.DynamicProviders {
+		all = append(all, target{&b.ProviderConfig, b.CheckProbeTarget})
+	}
+	for _, t := range all {
+		p := t.p
+		err := t.check(config.EffectiveHealthCheck(h.HealthCheck, p.HealthCheck))
 		if err == nil {
 			continue
 		}

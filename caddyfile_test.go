@@ -156,6 +156,22 @@ func TestCaddyfileErrors(t *testing.T) {
 		{"resume_key alone", "browser_failover {\n provider a ws://h:1\n resume_key {http.auth.user.id}\n}", "resume_key binds resumable sessions to a key: it needs resume", 3},
 		{"resume_key constant", "browser_failover {\n provider a ws://h:1\n resume 1m\n resume_key alice\n}", "resume_key must hold a placeholder", 4},
 		{"resume_key empty", "browser_failover {\n provider a ws://h:1\n resume 1m\n resume_key\n}", "resume_key needs a value", 4},
+		// Providers found at run time.
+		{"found name clash, provider after", "browser_failover {\n providers br {\n  dynamic a h 9222\n }\n provider br/10.0.0.1:9222 ws://h:1\n}", `provider "br/10.0.0.1:9222": its name clashes with the providers that providers "br" finds`, 5},
+		{"found name clash, block after", "browser_failover {\n provider br/x ws://h:1\n strategy priority\n providers br {\n  dynamic a h 9222\n }\n}", `provider "br/x": its name clashes with the providers that providers "br" finds`, 4},
+		{"providers twice", "browser_failover {\n providers br {\n  dynamic a h 9222\n }\n providers br {\n  dynamic a g 9222\n }\n}", `duplicate providers name "br"`, 5},
+		{"providers no name", "browser_failover {\n providers {\n  dynamic a h 9222\n }\n}", "providers takes a name", 2},
+		{"providers slash", "browser_failover {\n providers a/b {\n  dynamic a h 9222\n }\n}", `providers "a/b": the name must not hold "/"`, 2},
+		{"providers no source", "browser_failover {\n providers br {\n  max_concurrent 2\n }\n}", `providers "br": no source: dynamic srv|a|multi|<module>`, 2},
+		{"providers source twice", "browser_failover {\n providers br {\n  dynamic a h 9222\n  dynamic srv _b._tcp.h\n }\n}", "dynamic given twice", 4},
+		{"providers unknown source", "browser_failover {\n providers br {\n  dynamic consul_catalog\n }\n}", "http.reverse_proxy.upstreams.consul_catalog", 3},
+		{"providers source option", "browser_failover {\n providers br {\n  dynamic srv _b._tcp.h {\n   colour blue\n  }\n }\n}", "unrecognized srv option 'colour'", 4},
+		{"providers url", "browser_failover {\n providers br {\n  dynamic a h 9222\n  url ws://h:1\n }\n}", `providers "br": unknown option "url"`, 4},
+		{"providers scheme", "browser_failover {\n providers br {\n  dynamic a h 9222\n  scheme ftp\n }\n}", `providers "br": scheme "ftp": want ws, wss, http or https`, 4},
+		{"providers path", "browser_failover {\n providers br {\n  dynamic a h 9222\n  path devtools\n }\n}", `providers "br": path "devtools" must start with /`, 4},
+		{"providers provider option", "browser_failover {\n providers br {\n  dynamic a h 9222\n  weight 0\n }\n}", `providers "br": weight must be at least 1, got 0`, 4},
+		{"providers discover on ws", "browser_failover {\n providers br {\n  dynamic a h 9222\n  scheme ws\n  discover on\n }\n}", `providers "br": discover on needs an http:// or https:// URL`, 5},
+		{"providers health check ws", "browser_failover {\n providers br {\n  dynamic a h 9222\n  scheme ws\n  health_check {\n   interval 1s\n  }\n }\n}", `providers "br": health_check needs a uri for a ws:// or wss:// provider`, 5},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -187,6 +203,8 @@ func TestCaddyfileAccepts(t *testing.T) {
 		"browser_failover {\n provider a https://api.h {\n  session_api {\n   create POST /v1/sessions\n   header X-A {env.K}\n   header X-B 2\n   body `{\"projectId\": \"{env.P}\"}`\n   connect_url /connectUrl\n   session_id /id\n   release POST https://api.h/v1/sessions/{session_id}\n   release_body `{\"status\": \"REQUEST_RELEASE\"}`\n  }\n }\n}",
 		"browser_failover {\n provider a ws://h:1\n cooldown {\n  max_duration 10m\n  duration 1m\n  min_requests 0\n }\n queue {\n  size 0\n }\n session {\n  idle_timeout 0\n }\n max_attempts 0\n try_duration 0\n hedge_after 0\n}",
 		"browser_failover {\n cooldown {\n  max_duration 1m\n }\n provider a ws://h:1 {\n  cooldown {\n   duration 10m\n   max_duration 20m\n  }\n }\n}",
+		"browser_failover {\n providers br {\n  dynamic srv _cdp._tcp.browsers.default.svc.cluster.local {\n   refresh 10s\n   resolvers 10.0.0.10:53\n  }\n  max_concurrent 4\n  health_check {\n   interval 5s\n  }\n }\n providers ff {\n  dynamic a firefox.default.svc.cluster.local 4444\n  protocol bidi\n }\n provider cloud wss://cloud.example/?token={env.T} {\n  priority 2\n }\n}",
+		"browser_failover {\n providers br {\n  dynamic multi {\n   srv _cdp._tcp.a.example\n   a b.example 9222\n  }\n  scheme ws\n  path /devtools/browser?token={env.T}\n }\n}",
 	} {
 		if _, err := adapt(t, ":8080\n"+body); err != nil {
 			t.Errorf("%q: %v", body, err)
@@ -356,6 +374,11 @@ func TestJSONValidation(t *testing.T) {
 		{"state timeout", `{"handler":"browser_failover","providers":[{"name":"a","url":"ws://h:1"}],"state":{"redis":{"address":"h:1","lease_ttl":"1s","timeout":"2s"}}}`, "timeout must be shorter than lease_ttl"},
 		{"state mode", `{"handler":"browser_failover","providers":[{"name":"a","url":"ws://h:1"}],"state":{"redis":{"address":"h:1"},"on_unavailable":"maybe"}}`, `on_unavailable "maybe"`},
 		{"unknown field", `{"handler":"browser_failover","providers":[{"name":"a","url":"ws://h:1"}],"colour":"blue"}`, "colour"},
+		{"providers source missing", `{"handler":"browser_failover","dynamic_providers":[{"name":"br"}]}`, `providers "br": no source`},
+		{"providers source unknown", `{"handler":"browser_failover","dynamic_providers":[{"name":"br","dynamic":{"source":"nope"}}]}`, `providers "br": dynamic: unknown source module "nope"`},
+		{"providers source field", `{"handler":"browser_failover","dynamic_providers":[{"name":"br","dynamic":{"source":"srv","colour":"blue"}}]}`, `providers "br": dynamic: srv:`},
+		{"providers url", `{"handler":"browser_failover","dynamic_providers":[{"name":"br","url":"ws://h:1","dynamic":{"source":"a","name":"h"}}]}`, `providers "br": a found provider's URL is made from its address`},
+		{"providers clash", `{"handler":"browser_failover","providers":[{"name":"br/h:1","url":"ws://h:1"}],"dynamic_providers":[{"name":"br","dynamic":{"source":"a","name":"h"}}]}`, `its name clashes with the providers that providers "br" finds`},
 		{"two urls one name", `{"handler":"subroute","routes":[{"handle":[{"handler":"browser_failover","providers":[{"name":"same","url":"ws://h:1"}]},{"handler":"browser_failover","providers":[{"name":"same","url":"ws://h:2"}]}]}]}`, `provider "same" is declared with two different URLs`},
 	}
 	for _, tc := range cases {
@@ -470,11 +493,11 @@ func TestCaddyfileSyntaxDoc(t *testing.T) {
 	readers := map[string]string{
 		"UnmarshalCaddyfile": "browser_failover", "parseProvider": "provider", "parseCooldown": "cooldown",
 		"parseQueue": "queue", "parseSession": "session", "parseState": "state", "parseWebhook": "webhook",
-		"parseHealthCheck": "health_check",
+		"parseHealthCheck": "health_check", "parseProviders": "providers",
 	}
 	// Options several blocks share, read by one function that their
-	// readers call.
-	shared := map[string]bool{"readTLS": true}
+	// readers call (or that such a function calls).
+	shared := map[string]bool{"readTLS": true, "readProviderOption": true}
 	cases := map[string][]string{} // function -> the options it reads
 	calls := map[string][]string{} // reader -> the shared readers it calls
 	var doc string
@@ -506,8 +529,9 @@ func TestCaddyfileSyntaxDoc(t *testing.T) {
 	parsed := map[string][]string{}
 	for fn, block := range readers {
 		parsed[block] = slices.Clone(cases[fn])
-		for _, s := range calls[fn] {
-			parsed[block] = append(parsed[block], cases[s]...)
+		for todo := slices.Clone(calls[fn]); len(todo) > 0; todo = todo[1:] {
+			parsed[block] = append(parsed[block], cases[todo[0]]...)
+			todo = append(todo, calls[todo[0]]...)
 		}
 	}
 	documented := map[string][]string{}
@@ -529,6 +553,11 @@ func TestCaddyfileSyntaxDoc(t *testing.T) {
 				open = append(open, words[0])
 			}
 		}
+	}
+	// A providers block takes every option of a provider besides its
+	// own: the doc says so in one line.
+	if i := slices.Index(documented["providers"], "<provider"); i >= 0 {
+		documented["providers"] = slices.Concat(documented["providers"][:i], documented["provider"], documented["providers"][i+1:])
 	}
 	if len(open) != 0 || len(documented) != len(readers) {
 		t.Fatalf("the syntax block does not parse: blocks %v, still open %v", documented, open)

@@ -7,6 +7,7 @@ import "github.com/browserfailover/caddy-browser-failover/config"
 // Caddyfile fills them.
 type (
 	ProviderConfig     = config.ProviderConfig
+	ProvidersConfig    = config.ProvidersConfig
 	CreateRateConfig   = config.CreateRateConfig
 	ClientLimitConfig  = config.ClientLimitConfig
 	ClientBudgetConfig = config.ClientBudgetConfig

@@ -17,7 +17,7 @@ import (
 // parityCase is one option value written both ways: as Caddyfile lines and
 // as JSON members, placed in the same scope.
 type parityCase struct {
-	scope string // handler, provider, cooldown, provider_cooldown, queue, session, redis, state or raw
+	scope string // handler, provider, providers, cooldown, provider_cooldown, queue, session, redis, state or raw
 	url   string // the provider's URL (provider scopes); default ws://h:1
 	cf    string // Caddyfile lines in the scope ("\n" between options)
 	js    string // the same as JSON members in the scope
@@ -310,6 +310,37 @@ var parityCases = []parityCase{
 		js: `"session_api":{"create_method":"POST","create_url":"/v1/sessions","connect_url":"id","session_id":"/id","release_method":"DELETE","release_url":"/v1/sessions/{session_id}"}`},
 	{scope: "redis", cf: "username u\nkey_prefix p:\ntls_insecure_skip_verify", js: `"username":"u","key_prefix":"p:","tls":{"insecure_skip_verify":true}`, ok: true},
 
+	// A providers block: its own options, and every provider option.
+	{scope: "providers", cf: "max_concurrent 2", js: `"max_concurrent":2`, ok: true},
+	{scope: "providers", cf: "max_concurrent auto", js: `"max_concurrent":"auto"`, ok: true},
+	{scope: "providers", cf: "weight 0", js: `"weight":0`},
+	{scope: "providers", cf: "scheme ws", js: `"scheme":"ws"`, ok: true},
+	{scope: "providers", cf: "scheme https\ntls_server_name h", js: `"scheme":"https","tls":{"server_name":"h"}`, ok: true},
+	{scope: "providers", cf: "tls_server_name h", js: `"tls":{"server_name":"h"}`}, // http:// by default
+	{scope: "providers", cf: "scheme ftp", js: `"scheme":"ftp"`},
+	{scope: "providers", cf: "path /devtools/browser?token={env.T}", js: `"path":"/devtools/browser?token={env.T}"`, ok: true},
+	{scope: "providers", cf: "path devtools", js: `"path":"devtools"`},
+	{scope: "providers", cf: "path /#x", js: `"path":"/#x"`},
+	{scope: "providers", cf: "discover off", js: `"discover":false`, ok: true},
+	{scope: "providers", cf: "scheme ws\ndiscover on", js: `"scheme":"ws","discover":true`},
+	{scope: "providers", cf: "protocol bidi", js: `"protocol":"bidi"`, ok: true},
+	{scope: "providers", cf: "cost 0.1 per minute\nbudget 5 per day", js: `"cost":{"amount":0.1,"per":"minute"},"budget":{"amount":5,"per":"day"}`, ok: true},
+	{scope: "providers", cf: "warm 1\nmax_concurrent 2", js: `"warm":1,"max_concurrent":2`, ok: true},
+	{scope: "providers", cf: "health_check {\ninterval 1s\n}", js: `"health_check":{"interval":"1s"}`, ok: true},
+	{scope: "providers", cf: "scheme ws\nhealth_check {\ninterval 1s\n}", js: `"scheme":"ws","health_check":{"interval":"1s"}`},
+	{scope: "providers", cf: "cooldown {\nduration 5s\n}", js: `"cooldown":{"duration":"5s"}`, ok: true},
+	{scope: "raw", cf: "providers br {\ndynamic srv _b._tcp.h {\nrefresh 5s\nresolvers 127.0.0.1:53\n}\n}",
+		js: `{"dynamic_providers":[{"name":"br","dynamic":{"name":"_b._tcp.h","refresh":5000000000,"resolver":{"addresses":["127.0.0.1:53"]},"source":"srv"}}]}`, ok: true},
+	{scope: "raw", cf: "providers br {\ndynamic multi {\na h 9222\n}\n}",
+		js: `{"dynamic_providers":[{"name":"br","dynamic":{"source":"multi","sources":[{"name":"h","port":"9222","source":"a"}]}}]}`, ok: true},
+	{scope: "raw", cf: "providers br {\nmax_concurrent 1\n}", js: `{"dynamic_providers":[{"name":"br","max_concurrent":1}]}`}, // no source
+	{scope: "raw", cf: "providers br {\ndynamic a h 9222\n}\nprovider br/h:9222 ws://h:9222",
+		js: `{"providers":[{"name":"br/h:9222","url":"ws://h:9222"}],"dynamic_providers":[{"name":"br","dynamic":{"name":"h","port":"9222","source":"a"}}]}`},
+	{scope: "raw", cf: "providers br {\ndynamic a h 9222\n}\nproviders br {\ndynamic a g 9222\n}",
+		js: `{"dynamic_providers":[{"name":"br","dynamic":{"name":"h","port":"9222","source":"a"}},{"name":"br","dynamic":{"name":"g","port":"9222","source":"a"}}]}`},
+	{scope: "raw", cf: "cooldown {\nmax_duration 1m\n}\nproviders br {\ndynamic a h 9222\ncooldown {\nduration 10m\n}\n}",
+		js: `{"cooldown":{"max_duration":"1m"},"dynamic_providers":[{"name":"br","dynamic":{"name":"h","port":"9222","source":"a"},"cooldown":{"duration":"10m"}}]}`},
+
 	// Whole configs.
 	{scope: "raw", cf: "", js: `{}`}, // no providers
 	{scope: "raw", cf: "provider a ws://h:1\nprovider a ws://h:2",
@@ -355,6 +386,9 @@ func (tc parityCase) build() (cf, js string) {
 	case "state":
 		return directive("provider a ws://h:1\nstate redis h:6379 {\n" + tc.cf + "\n}"),
 			members(`"providers":[`+provider+`]`, `"state":`+members(`"redis":{"address":"h:6379"}`, tc.js))
+	case "providers":
+		return directive("providers br {\ndynamic a h 9222\n" + tc.cf + "\n}"),
+			members(`"dynamic_providers":[` + members(`"name":"br","dynamic":{"name":"h","port":"9222","source":"a"}`, tc.js) + `]`)
 	case "raw":
 		return directive(tc.cf), tc.js
 	}

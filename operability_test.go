@@ -89,10 +89,19 @@ type opCapacity struct {
 }
 
 type opQueue struct {
-	Waiting   int      `json:"waiting"`
-	Size      int      `json:"size"`
-	TimeoutMS int64    `json:"timeout_ms"`
-	Providers []string `json:"providers"`
+	Handler   string    `json:"handler"`
+	Waiting   int       `json:"waiting"`
+	Size      int       `json:"size"`
+	TimeoutMS int64     `json:"timeout_ms"`
+	Providers []string  `json:"providers"`
+	Scaling   opScaling `json:"scaling"`
+}
+
+type opScaling struct {
+	Waiting     int      `json:"waiting"`
+	Active      int64    `json:"active"`
+	Capacity    int64    `json:"capacity"`
+	Utilization *float64 `json:"utilization"`
 }
 
 type opStatusDoc struct {
@@ -114,7 +123,7 @@ type opClient struct {
 
 var (
 	opProviderKeys = []string{"active", "attempts", "cooldown_until", "draining", "failures", "handshake_ms", "healthy", "last_error", "last_probe", "max_concurrent", "name", "spend", "url"}
-	opQueueKeys    = []string{"providers", "size", "timeout_ms", "waiting"}
+	opQueueKeys    = []string{"handler", "providers", "scaling", "size", "timeout_ms", "waiting"}
 )
 
 // opStrict decodes body into v refusing unknown fields, and checks that
@@ -380,7 +389,7 @@ func TestMetricsMove(t *testing.T) {
 	g := testgw.Start(t, cfg)
 
 	before, _ := opScrape(t, g)
-	if !before.has(p+"active_sessions", "provider=mt-echo") || !before.has(p+"provider_healthy", "provider=mt-500") || !before.has(p+"queue_waiting") {
+	if !before.has(p+"active_sessions", "provider=mt-echo") || !before.has(p+"provider_healthy", "provider=mt-500") || !before.has(p+"queue_waiting", "handler=mt-500,mt-echo") {
 		t.Fatal("pool gauges missing before traffic")
 	}
 	for name, v := range before {
@@ -445,12 +454,13 @@ func TestMetricsMove(t *testing.T) {
 	if d := delta(p+"handshake_seconds_count", "provider=mt-echo"); d != 1 {
 		t.Errorf("handshake_seconds_count moved %v, want 1", d)
 	}
-	if after.get(p+"active_sessions", "provider=mt-echo") != 0 || after.get(p+"queue_waiting") != 0 {
-		t.Errorf("gauges after: active %v waiting %v", after.get(p+"active_sessions", "provider=mt-echo"), after.get(p+"queue_waiting"))
+	if after.get(p+"active_sessions", "provider=mt-echo") != 0 || after.get(p+"queue_waiting", "handler=mt-500,mt-echo") != 0 {
+		t.Errorf("gauges after: active %v waiting %v", after.get(p+"active_sessions", "provider=mt-echo"), after.get(p+"queue_waiting", "handler=mt-500,mt-echo"))
 	}
 	// Every label of ours holds a provider name or a fixed word.
 	words := map[string]*regexp.Regexp{
 		"provider": regexp.MustCompile(`^[^/:@?=]+$`), // a name, nothing URL-like
+		"handler":  regexp.MustCompile(`^[^/:@?=]+$`), // provider names
 		"outcome":  regexp.MustCompile(`^(ok|refused|timeout|dns_error|tls_error|reset|bad_handshake|bad_discovery|client_gone|create_failed|bad_create|bad_connect_url|status_(\d{3}|4xx|5xx|other)|other)$`),
 		"reason":   regexp.MustCompile(`^(queue_full|queue_timeout|no_provider|relayed|unservable|client_limit|resume|origin|shutdown|other)$`),
 		"sink":     regexp.MustCompile(`^(events_app|webhook)$`),
@@ -481,7 +491,7 @@ func TestMetricsMove(t *testing.T) {
 	if got, want := reloaded.get(p+"attempts_total", "provider=mt-echo", "outcome=ok"), after.get(p+"attempts_total", "provider=mt-echo", "outcome=ok"); got != want {
 		t.Fatalf("after reload attempts ok %v, want %v", got, want)
 	}
-	if !reloaded.has(p+"queue_waiting") || !reloaded.has(p+"provider_healthy", "provider=mt-echo") {
+	if !reloaded.has(p+"queue_waiting", "handler=mt-500,mt-echo") || !reloaded.has(p+"provider_healthy", "provider=mt-echo") {
 		t.Fatal("pool gauges missing after reload")
 	}
 }

@@ -315,6 +315,18 @@ func (ls *Leases) acquire(ctx context.Context, provider string, max int, learnMS
 // subscription that comes up reads their holds (News.Subscribe).
 func (ls *Leases) Watch(providers ...string) { ls.watched.add(providers...) }
 
+// Unwatch undoes Watch for providers this node no longer uses (a provider
+// found at run time that went): the renewals no longer read them. Asking
+// for a slot of one watches it again.
+func (ls *Leases) Unwatch(providers ...string) {
+	ls.watched.remove(providers...)
+	ls.mu.Lock()
+	for _, p := range providers {
+		delete(ls.live, p)
+	}
+	ls.mu.Unlock()
+}
+
 // liveSeen is a provider's live leases as read at a time (this node's
 // clock).
 type liveSeen struct {

@@ -22,6 +22,15 @@ func (w *watchList) add(providers ...string) {
 	}
 }
 
+// remove stops watching the providers named.
+func (w *watchList) remove(providers ...string) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for _, p := range providers {
+		delete(w.set, p)
+	}
+}
+
 // list returns the providers watched, in no order.
 func (w *watchList) list() []string {
 	w.mu.Lock()

@@ -58,6 +58,12 @@ type Handler struct {
 	// Providers are the remote-browser providers, in config order; at
 	// least one, with unique names. Required.
 	Providers []*ProviderConfig `json:"providers,omitempty"`
+	// DynamicProviders are the handler's providers blocks: providers
+	// found at run time through one of Caddy's dynamic upstream sources,
+	// each address one provider named <name>/<host>:<port> with the
+	// block's options. A handler has at least one provider or one
+	// block. Default: none.
+	DynamicProviders []*ProvidersConfig `json:"dynamic_providers,omitempty"`
 	// Cooldown is when a failing provider is set aside, and for how long,
 	// for every provider (each may override any of it). Default: the
 	// defaults of each of its fields.
@@ -589,6 +595,16 @@ func (h *Handler) Validate() error {
 			errs = append(errs, p.Validate(), h.Cooldown.Clash(p))
 		}
 	}
+	for i, b := range h.DynamicProviders {
+		if b == nil {
+			errs = append(errs, fmt.Errorf("providers block %d is empty", i+1))
+			continue
+		}
+		errs = append(errs, b.Validate())
+		if b.Name != "" {
+			errs = append(errs, h.Cooldown.Clash(&b.ProviderConfig))
+		}
+	}
 	errs = append(errs,
 		Within("cooldown: ", h.Cooldown.Validate()),
 		h.Queue.Validate(),
@@ -639,8 +655,8 @@ func (h *Handler) ValidateOwn() error {
 		errs = append(errs, conf.Problemf("allowed_origins", "%v", err))
 	}
 	errs = append(errs, h.Resume.Validate(), h.ValidateResumeKey())
-	if len(h.Providers) == 0 {
-		errs = append(errs, &conf.Problem{Msg: "no providers: declare at least one provider", Whole: true})
+	if len(h.Providers) == 0 && len(h.DynamicProviders) == 0 {
+		errs = append(errs, &conf.Problem{Msg: "no providers: declare at least one provider, or a providers block", Whole: true})
 	}
 	seen := map[string]bool{}
 	for _, p := range h.Providers {
@@ -652,6 +668,30 @@ func (h *Handler) ValidateOwn() error {
 		}
 		seen[p.Name] = true
 	}
+	return errors.Join(append(errs, h.foundNamesClash())...)
+}
+
+// foundNamesClash checks the names of the providers blocks: each given
+// once, and none the start of a configured provider's name, which a
+// provider found by it could then take (<name>/<host>:<port>).
+func (h *Handler) foundNamesClash() error {
+	var errs []error
+	blocks := map[string]bool{}
+	for _, b := range h.DynamicProviders {
+		if b == nil || b.Name == "" {
+			continue
+		}
+		if blocks[b.Name] {
+			errs = append(errs, conf.Problemf("providers", "duplicate providers name %q", b.Name))
+		}
+		blocks[b.Name] = true
+		for _, p := range h.Providers {
+			if p != nil && strings.HasPrefix(p.Name, b.Name+"/") {
+				errs = append(errs, &conf.Problem{Options: []string{"provider", "providers"},
+					Msg: fmt.Sprintf("provider %q: its name clashes with the providers that providers %q finds (named %s/<host>:<port>)", p.Name, b.Name, b.Name)})
+			}
+		}
+	}
 	return errors.Join(errs...)
 }
 
@@ -661,6 +701,13 @@ func (p *ProviderConfig) Validate() error {
 	if p.Name == "" {
 		return conf.Problemf("name", "provider has no name")
 	}
+	return Within(fmt.Sprintf("provider %q: ", p.Name), p.validateOptions())
+}
+
+// validateOptions checks a provider's options and parts, its URL
+// included; the caller says whose they are (a provider's, a providers
+// block's).
+func (p *ProviderConfig) validateOptions() error {
 	errs := []error{p.Config.Validate(p.given.has)}
 	if p.MaxConcurrent.Limit < 0 {
 		errs = append(errs, conf.Problemf("max_concurrent", "max_concurrent must not be negative, got %d", p.MaxConcurrent.Limit))
@@ -677,7 +724,7 @@ func (p *ProviderConfig) Validate() error {
 	}
 	errs = append(errs, p.CreateRate.Validate(), Within("cooldown: ", p.Cooldown.Validate()))
 	errs = append(errs, p.ValidateWarm())
-	return Within(fmt.Sprintf("provider %q: ", p.Name), errors.Join(errs...))
+	return errors.Join(errs...)
 }
 
 // clash checks a provider's cooldown override against the handler's
@@ -915,6 +962,19 @@ func (h *Handler) CheckHealthChecks() error {
 			errs = append(errs, err)
 		}
 	}
+	for _, b := range h.DynamicProviders {
+		if b == nil || b.Name == "" {
+			continue
+		}
+		if err := b.HealthCheck.Validate(); err != nil {
+			errs = append(errs, fmt.Errorf("providers %q: %w", b.Name, err))
+			continue
+		}
+		if b.Validate() != nil {
+			continue // its own problems are the block's
+		}
+		errs = append(errs, b.CheckProbeTarget(EffectiveHealthCheck(h.HealthCheck, b.HealthCheck)))
+	}
 	return errors.Join(errs...)
 }
 
@@ -922,11 +982,15 @@ func (h *Handler) CheckHealthChecks() error {
 // together (a timeout from one block, an interval from the other), and
 // that it has something to GET.
 func CheckProbeTarget(p *ProviderConfig, hc *HealthCheckConfig) error {
+	return Within(fmt.Sprintf("provider %q: ", p.Name), probeTarget(p, hc))
+}
+
+// probeTarget is CheckProbeTarget's check, its messages without whose.
+func probeTarget(p *ProviderConfig, hc *HealthCheckConfig) error {
 	if hc == nil {
 		return nil
 	}
-	err := errors.Join(hc.ProbeOptions.Validate(nil), upstreams.CheckProbeTarget(p.URL, p.Protocol, hc.ProbeOptions))
-	return Within(fmt.Sprintf("provider %q: ", p.Name), err)
+	return errors.Join(hc.ProbeOptions.Validate(nil), upstreams.CheckProbeTarget(p.URL, p.Protocol, hc.ProbeOptions))
 }
 
 // ResumeConfig makes sessions resumable (JSON key "resume").

@@ -154,11 +154,11 @@ func (c *connect) join() bool {
 	proto, version := c.front.protocol()
 	c.cls = &class{proto: proto, pwVersion: version, affinity: h.affinityKey(c.r), opts: c.opts, accepts: c.front.accepts}
 	c.pool = h.poolFor(c.cls)
-	if len(c.pool.members) == 0 {
+	if len(c.pool.members) == 0 && !c.mayFind() {
 		c.finish(c.unservable(h.noProviderServes(c.cls)))
 		return false
 	}
-	if !slices.ContainsFunc(c.pool.members, func(i int) bool { return c.front.accepts(h.members[i].up) }) {
+	if !slices.ContainsFunc(c.pool.members, func(i int) bool { return c.front.accepts(c.pool.all[i].up) }) && !c.mayFind() {
 		c.finish(c.unservable(c.front.noneAccepts()))
 		return false
 	}
@@ -255,11 +255,12 @@ func (c *connect) wait(retryAt time.Time) bool {
 		c.finish(nil)
 		return false
 	}
-	// A reload may have handed the client to the new config's handler.
+	// A reload may have handed the client to the new config's handler,
+	// and its handler may have found providers or lost some meanwhile.
 	if h, ok := c.waiter.Line().Owner().(*Gateway); ok && h != c.h {
 		c.h = h
-		c.pool = h.poolFor(c.cls)
 	}
+	c.pool = c.h.poolFor(c.cls)
 	return true
 }
 
@@ -268,7 +269,7 @@ func (c *connect) wait(retryAt time.Time) bool {
 // per provider, so a cooldown that was extended since is asked for again.
 func (c *connect) wakeAtCooldownEnds() {
 	for _, i := range c.pool.members {
-		st := c.h.members[i].state
+		st := c.pool.all[i].state
 		if u := st.Health.Until(); !u.IsZero() {
 			st.WakeAt(u)
 		}
@@ -320,7 +321,9 @@ func (c *connect) pass(first bool) (end passEnd, couldWait, retry bool) {
 	}
 	c.allIncompatible = ps.serveable > 0 && ps.serveable == ps.incompatible
 	c.noteDeclined(ps)
-	return end, ps.serveable > ps.incompatible+ps.stateDown+ps.overBudget+len(ps.declined), ps.retry
+	// A provider its handler may still find is one it may wait for.
+	couldWait = ps.serveable > ps.incompatible+ps.stateDown+ps.overBudget+len(ps.declined) || c.mayFind()
+	return end, couldWait, ps.retry
 }
 
 // order returns the indices of the members to try, in order: the strategy
@@ -333,7 +336,7 @@ func (c *connect) order(advance bool) []int {
 	if c.cls.affinity != "" {
 		names := make([]string, len(c.pool.members))
 		for j, i := range c.pool.members {
-			names[j] = h.members[i].up.Name
+			names[j] = c.pool.all[i].up.Name
 		}
 		for _, j := range upstreams.AffinityOrder(c.cls.affinity, names, nil) {
 			order = append(order, c.pool.members[j])
@@ -341,7 +344,7 @@ func (c *connect) order(advance bool) []int {
 	} else {
 		cands := make([]upstreams.Candidate, 0, len(c.pool.members))
 		for _, i := range c.pool.members {
-			m := h.members[i]
+			m := c.pool.all[i]
 			ms, has := m.state.Stats.HandshakeMS()
 			cands = append(cands, upstreams.Candidate{
 				Index: i, Priority: m.up.Priority, Weight: m.up.Weight,
@@ -353,7 +356,7 @@ func (c *connect) order(advance bool) []int {
 	// Only providers its front accepts, and that did not decline it
 	// already.
 	order = slices.DeleteFunc(order, func(i int) bool {
-		return !c.front.accepts(h.members[i].up) || c.cls.declinedBy(h.members[i].state)
+		return !c.front.accepts(c.pool.all[i].up) || c.cls.declinedBy(c.pool.all[i].state)
 	})
 	if !h.routed || c.cls.proto != upstreams.ProtocolPlaywright {
 		return c.byOptions(order)
@@ -361,7 +364,7 @@ func (c *connect) order(advance bool) []int {
 	exact := order[:0:0]
 	var rest []int
 	for _, i := range order {
-		m := h.members[i]
+		m := c.pool.all[i]
 		if upstreams.Prefers(m.up.Protocol(), m.up.PlaywrightVersion(), c.cls.proto, c.cls.pwVersion) {
 			exact = append(exact, i)
 		} else {
@@ -382,7 +385,7 @@ func (c *connect) pick(ps *passState) (*member, *pool.Ticket) {
 			ps.next = len(ps.order)
 			break
 		}
-		m := c.h.members[ps.order[ps.next]]
+		m := c.pool.all[ps.order[ps.next]]
 		ps.next++
 		if t, ok := c.admit(ps, m); ok {
 			ps.tried++

@@ -271,46 +271,56 @@ func (c *connect) skip(m *member, word string) {
 	c.add(attempt{Provider: m.up.Name, Outcome: word})
 }
 
-// poolOf is the part of a handler that can serve one class of client
-// (its protocol and Playwright version): its members in config order,
-// their names in the queue, and the strategy that rotates among them, so
-// each pool of a mixed handler keeps its own rotation. The slices are
-// shared and never changed.
-type poolOf struct {
-	members   []int
-	resources []string
-	strategy  upstreams.Strategy
-}
-
-// poolFor returns the pool of clients of class cl, made once per handler
-// and class.
+// poolFor returns the pool of clients of class cl in the handler's
+// roster now, made once per roster and class.
 func (h *Gateway) poolFor(cl *class) *poolOf {
+	r := h.current()
 	key := ""
 	if h.routed {
 		key = string(cl.proto) + " " + cl.pwVersion
 	}
-	if p, ok := h.pools.Load(key); ok {
+	if p, ok := r.pools.Load(key); ok {
 		return p.(*poolOf)
 	}
-	p := &poolOf{}
-	for i, m := range h.members {
-		if !h.routed || upstreams.Serves(m.up.Protocol(), m.up.PlaywrightVersion(), cl.proto, cl.pwVersion) {
+	serves := func(up *upstreams.Provider) bool {
+		return !h.routed || upstreams.Serves(up.Protocol(), up.PlaywrightVersion(), cl.proto, cl.pwVersion)
+	}
+	p := &poolOf{all: r.members, warm: r.warm}
+	for i, m := range r.members {
+		if serves(m.up) {
 			p.members = append(p.members, i)
 		}
 	}
-	p.resources = h.resources(p.members)
-	p.strategy, _ = upstreams.NewStrategy(h.Strategy)
-	actual, _ := h.pools.LoadOrStore(key, p)
+	for _, t := range r.templates {
+		if serves(t) {
+			p.awaits = append(p.awaits, t)
+		}
+	}
+	p.resources = make([]string, len(p.members))
+	for j, i := range p.members {
+		p.resources[j] = r.members[i].state.Resource()
+	}
+	// The rotation is the class's, whatever the roster: it goes on
+	// across changes of the set (every strategy takes a changing set).
+	s, ok := h.strategies.Load(key)
+	if !ok {
+		fresh, _ := upstreams.NewStrategy(h.Strategy)
+		s, _ = h.strategies.LoadOrStore(key, fresh)
+	}
+	p.strategy = s.(upstreams.Strategy)
+	actual, _ := r.pools.LoadOrStore(key, p)
 	return actual.(*poolOf)
 }
 
-// resources names members in the queue.
-func (h *Gateway) resources(members []int) []string {
-	out := make([]string, len(members))
-	for j, i := range members {
-		out[j] = h.members[i].state.Resource()
-	}
-	return out
+// mayFind reports whether a providers block of the client's handler could
+// find a provider for it later (found.go): one whose providers would be
+// in its pool, that its front accepts and that honour its session
+// options. Such a client waits for it rather than being answered that no
+// provider serves it.
+func (c *connect) mayFind() bool {
+	return slices.ContainsFunc(c.pool.awaits, func(t *upstreams.Provider) bool {
+		return c.front.accepts(t) && (c.opts.Empty() || len(t.Honours().Lacks(c.opts)) == 0)
+	})
 }
 
 // usable names in the queue the providers of the handler a client of
@@ -327,7 +337,7 @@ func (h *Gateway) usable(cl *class) []string {
 	}
 	out := make([]string, 0, len(p.members))
 	for j, i := range p.members {
-		up := h.members[i].up
+		up := p.all[i].up
 		if cl.accepts != nil && !cl.accepts(up) {
 			continue
 		}

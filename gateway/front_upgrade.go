@@ -102,11 +102,11 @@ func (upgrade) answer(c *connect, rf *refusal) {
 // cooling down): the provider an attempt would go to first, when it has
 // no warm session ready, gets the attempt.
 func (upgrade) shortcut(c *connect, order []int) (passEnd, bool) {
-	if len(c.h.warmers) == 0 {
+	if !c.pool.warm {
 		return 0, false
 	}
 	for _, i := range order {
-		m := c.h.members[i]
+		m := c.pool.all[i]
 		contended := c.waiter == nil && c.h.reg.Waiting.Contended(m.state.Resource())
 		if w, _ := m.warm.(*warmer); w != nil && !contended && w.serves(c, m) && !m.state.Draining() {
 			if !mayChargeWarm(c) {

@@ -26,35 +26,40 @@ import (
 // provisionWarm starts, or takes over from the config before, the
 // handler's warmer of each provider with warm.
 func (h *Gateway) provisionWarm() {
-	for i, pc := range h.Providers {
-		if pc.Warm <= 0 {
-			continue
-		}
-		m := h.members[i]
-		key := pool.WarmKey{Handler: h.key, Provider: pc.Name}
-		maxAge := time.Duration(pc.WarmMaxAge)
-		if maxAge <= 0 {
-			maxAge = defaultWarmMaxAge
-		}
-		set := newWarmSettings(pc)
-		fp := set.print(h.reg)
-		if old, _ := h.reg.Warmers.Of(key).(*warmer); old != nil && old.st == m.state && old.adopt(h, m, fp, pc.Warm, maxAge) {
-			m.warm = old
-			h.warmers = append(h.warmers, old)
-			continue
-		}
-		opts, _ := pc.WarmSet() // checked with the config
-		w := &warmer{key: key, reg: h.reg, st: m.state, set: set, opts: opts, kick: make(chan struct{}, 1), done: make(chan struct{}),
-			h: h, m: m, print: fp, target: pc.Warm, maxAge: maxAge}
-		w.makeOne = w.warmUp
-		if prev := h.reg.Warmers.Set(key, w); prev != nil {
-			prev.Close()
-		}
-		m.warm = w
-		h.warmers = append(h.warmers, w)
-		m.state.SetWarm(key.Handler, 0, pc.Warm)
-		go w.run()
+	for _, m := range h.current().members {
+		h.startWarm(m)
 	}
+}
+
+// startWarm starts, or takes over from the config before, the handler's
+// warmer of m when m has warm (m.warm then keeps it); m is not in use
+// yet.
+func (h *Gateway) startWarm(m *member) {
+	pc := m.cfg
+	if pc.Warm <= 0 {
+		return
+	}
+	key := pool.WarmKey{Handler: h.key, Provider: m.up.Name}
+	maxAge := time.Duration(pc.WarmMaxAge)
+	if maxAge <= 0 {
+		maxAge = defaultWarmMaxAge
+	}
+	set := newWarmSettings(pc)
+	fp := set.print(h.reg)
+	if old, _ := h.reg.Warmers.Of(key).(*warmer); old != nil && old.st == m.state && old.adopt(h, m, fp, pc.Warm, maxAge) {
+		m.warm = old
+		return
+	}
+	opts, _ := pc.WarmSet() // checked with the config
+	w := &warmer{key: key, reg: h.reg, st: m.state, set: set, opts: opts, kick: make(chan struct{}, 1), done: make(chan struct{}),
+		h: h, m: m, print: fp, target: pc.Warm, maxAge: maxAge}
+	w.makeOne = w.warmUp
+	if prev := h.reg.Warmers.Set(key, w); prev != nil {
+		prev.Close()
+	}
+	m.warm = w
+	m.state.SetWarm(key.Handler, 0, pc.Warm)
+	go w.run()
 }
 
 // warmUp is the front of one warm-up at a provider of warmer w, whose

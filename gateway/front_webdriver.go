@@ -131,7 +131,7 @@ func writeWebDriverError(w http.ResponseWriter, status int, code, msg string) {
 // provider admits a session now.
 func (h webDrivers) webDriverStatus(w http.ResponseWriter) {
 	ready := false
-	for _, m := range h.members {
+	for _, m := range h.current().members {
 		if m.up.Protocol() == upstreams.ProtocolWebDriver && m.state.HasRoom() {
 			if over, _ := m.state.Spend.OverBudget(); !over {
 				ready = true

@@ -12,6 +12,8 @@ package gateway
 
 import (
 	"net/http"
+	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -19,7 +21,6 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"github.com/prometheus/client_golang/prometheus"
-	"go.uber.org/zap"
 
 	// Extended CONNECT on, so HTTP/2 clients can open WebSockets.
 	"github.com/browserfailover/caddy-browser-failover/config"
@@ -43,6 +44,8 @@ func New(ctx caddy.Context, cfg *config.Handler, gauges func(*pool.Registry) pro
 func (h *Gateway) provision(ctx caddy.Context, gauges func(*pool.Registry) prometheus.Collector) error {
 	h.logger = ctx.Logger()
 	h.cleaned = new(atomic.Bool)
+	h.roster = new(atomic.Pointer[roster])
+	h.roster.Store(newRoster(nil, nil, nil))
 	if err := h.Validate(); err != nil {
 		return err
 	}
@@ -57,52 +60,30 @@ func (h *Gateway) provision(ctx caddy.Context, gauges func(*pool.Registry) prome
 	closeOnExit(ctx, h)
 	h.discovery = h.Discovery == nil || *h.Discovery
 	h.origins = config.NewOriginSet(h.AllowedOrigins)
-	h.pools = new(sync.Map)
-	single := len(h.Providers) == 1
+	h.strategies = new(sync.Map)
+	single := len(h.Providers) == 1 && len(h.DynamicProviders) == 0
 
 	// The config load's identity: one metrics registry per load.
 	h.gen = ctx.GetMetricsRegistry()
 	h.provisionKey()
 	repl := caddy.NewReplacer()
 	known := func(s string) string { return repl.ReplaceKnown(s, "") }
-	expected := config.DefaultExpectedDuration
-	if h.ExpectedDuration > 0 {
-		expected = time.Duration(h.ExpectedDuration)
-	}
-	defaults := upstreams.Defaults{ConnectTimeout: time.Duration(h.ConnectTimeout), ForwardHeaders: h.ForwardHeaders,
-		Releaser: h.reg.Releaser(), APITransport: h.reg.APITransport()}
+	var members []*member
 	for _, pc := range h.Providers {
-		d := defaults
-		if pc.SessionAPI != nil || pc.Protocol == string(upstreams.ProtocolWebDriver) {
-			// Its counts outlive the config load, as its sessions do.
-			d.Books = h.reg.Books.Of(pc.Name)
-		}
-		up, err := upstreams.New(pc.Config, d, known)
+		m, err := h.newMember(pc, "", known, single)
 		if err != nil {
 			return err
 		}
-		// Each block was checked by its validator, and the two merged by
-		// the handler's (clash).
-		cfg := h.Cooldown.Settings().Merge(pc.Cooldown.Settings())
-		state, err := h.reg.Claim(pc.Name, up.Key(), up.Redacted(), h.gen, cfg, single, pc.EffectiveMaxConcurrent())
-		if err != nil {
-			return err
-		}
-		h.claimed = append(h.claimed, pc.Name)
-		state.Spend.SetPricing(pool.Pricing{Cost: pc.Cost, Budget: pc.Budget, Auto: pc.MaxConcurrent.Auto, Interval: time.Duration(cfg.WithDefaults().Duration)})
-		var rate pool.CreateRate
-		if r := pc.CreateRate; r != nil {
-			rate = pool.CreateRate{N: r.N, Window: r.Window()}
-		}
-		state.Starts.SetRate(rate)
-		if up.Protocol() != upstreams.ProtocolAny {
-			h.routed = true
-		}
-		if up.Protocol() == upstreams.ProtocolWebDriver {
-			h.webdriver = true
-		}
-		state.OnReset(h, func() { h.resetRecovered(state) })
-		h.members = append(h.members, &member{up: up, state: state, expectedCost: pc.Cost.Of(expected)})
+		h.noteProtocol(m.up)
+		members = append(members, m)
+		// In the roster at once, so a Cleanup after a failure gives
+		// back what was claimed.
+		h.roster.Store(newRoster(members, nil, nil))
+	}
+	// The providers found by the handler's providers blocks, and what
+	// they may find.
+	if err := h.provisionFound(ctx, known); err != nil {
+		return err
 	}
 	if err := h.provisionShared(known, webDrivers{h}.webDriverNews); err != nil {
 		return err
@@ -122,19 +103,18 @@ func (h *Gateway) provision(ctx caddy.Context, gauges func(*pool.Registry) prome
 	if size <= 0 {
 		size, timeout = 0, 0
 	}
-	all := make([]int, len(h.members))
-	names := make([]string, len(h.members))
-	for i, m := range h.members {
-		all[i], names[i] = i, m.up.Name
-	}
-	h.line = h.reg.Waiting.NewLine(h, size, timeout, h.resources(all), h.wants)
-	h.reg.Queues.Register(h, h.line, names)
+	r := h.current()
+	h.name = h.handlerName()
+	h.line = h.reg.Waiting.NewLine(h, size, timeout, r.lineResources(h.DynamicProviders), h.wants)
+	h.reg.Queues.Register(h, h.line, h.name)
+	taking, leaving := r.states()
+	h.reg.Queues.SetProviders(h, taking, leaving)
 	// What it makes for its clients serves only its own (and, after a
 	// reload that changes its block, its successor's).
-	h.reg.Handlers.Register(h, h.gen, h.key, names)
+	h.reg.Handlers.Register(h, h.gen, h.key, r.names(h.DynamicProviders))
 	// A provider still cooling down from before a reload is offered when
 	// its cooldown ends.
-	for _, m := range h.members {
+	for _, m := range r.members {
 		if u := m.state.Health.Until(); !u.IsZero() {
 			m.state.WakeAt(u)
 		}
@@ -143,7 +123,21 @@ func (h *Gateway) provision(ctx caddy.Context, gauges func(*pool.Registry) prome
 		return err
 	}
 	h.provisionWarm()
+	h.found.start()
 	return nil
+}
+
+// handlerName names the handler in status and metrics: its providers
+// blocks' names, then its providers', joined by commas.
+func (h *Gateway) handlerName() string {
+	var names []string
+	for _, b := range h.DynamicProviders {
+		names = append(names, b.Name)
+	}
+	for _, pc := range h.Providers {
+		names = append(names, pc.Name)
+	}
+	return strings.Join(names, ",")
 }
 
 // Cleanup gives back the handler's claims. Its waiting clients move, in
@@ -156,10 +150,14 @@ func (h *Gateway) Cleanup() error {
 	}
 	defer pool.Release()
 	h.cleaned.Store(true)
+	// No roster changes from here.
+	h.found.halt()
+	r := h.current()
+	all := slices.Concat(r.members, r.leaving)
 	h.reg.Handlers.ForgetLoad(h.gen)
 	h.retireKey()
 	h.cleanupWarm()
-	for _, m := range h.members {
+	for _, m := range all {
 		m.state.RemoveOnReset(h)
 	}
 	h.cleanupProbes()
@@ -183,8 +181,8 @@ func (h *Gateway) Cleanup() error {
 	}
 	// Cleanup writes no field of h: Caddy's events app copies the handler
 	// (its CaddyModule has a value receiver) while a late event is sent.
-	for _, name := range h.claimed {
-		h.reg.ReleaseClaim(name, h.gen)
+	for _, m := range all {
+		h.reg.ReleaseClaim(m.up.Name, h.gen)
 	}
 	if caddy.Exiting() {
 		// Parked sessions end with the process: held ones are closed,
@@ -226,13 +224,6 @@ func (h *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) error {
 		hd.Set("Upgrade", "websocket")
 		hd.Set("Connection", "Upgrade")
 	})
-}
-
-// resetRecovered reports a provider that a reset (an operator's, here or
-// on another node) took out of cooldown.
-func (h *Gateway) resetRecovered(st *pool.ProviderState) {
-	h.logger.Info("provider recovered", zap.String("provider", st.Name()), zap.String("by", "reset"))
-	h.obs.Recovered(st.Name())
 }
 
 // closeOnExit makes the HTTP server the handler is provisioned in stop

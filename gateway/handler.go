@@ -37,13 +37,20 @@ type Gateway struct {
 
 	// reg is the gateway's state that outlives config loads: taken on
 	// Provision, given back on Cleanup.
-	reg     *pool.Registry
-	logger  *zap.Logger
-	members []*member
+	reg    *pool.Registry
+	logger *zap.Logger
+	// roster is the handler's providers now (roster.go): each client's
+	// pass reads one; a providers block's refresh swaps in a new one.
+	roster *atomic.Pointer[roster]
+	// found runs the handler's providers blocks (found.go); nil without
+	// any.
+	found *finder
+	// name names the handler in status and metrics: its providers
+	// blocks' and providers' names.
+	name string
 	// line is the handler's share of the process's wait queue.
 	line      *queue.Line
 	discovery bool
-	claimed   []string
 	gen       any               // the config load this handler belongs to
 	obs       *observe.Observer // metrics, events, webhooks
 	// routed: some provider declares a protocol, so clients are matched.
@@ -51,18 +58,13 @@ type Gateway struct {
 	// webdriver: some provider is a WebDriver one, so WebDriver's HTTP
 	// requests are served (webdriver.go).
 	webdriver bool
-	// pools holds, per class of client, the members that can serve it
-	// and their own strategy (poolOf).
-	pools  *sync.Map
-	shared *shared // state redis; nil when state is per node
-	// probes are the providers whose probe loop has this handler's
-	// health check.
-	probes []*pool.ProviderState
+	// strategies hold, per class of client, the strategy that orders
+	// its pool (poolFor), whatever the roster.
+	strategies *sync.Map
+	shared     *shared // state redis; nil when state is per node
 	// origins are the web-page origins whose upgrades are served.
 	origins config.OriginSet
-	// warmers are the warm sessions' keepers of its providers with warm
-	// (warm.go); cleaned is set once Cleanup began.
-	warmers []pool.Warmer
+	// cleaned is set once Cleanup began.
 	cleaned *atomic.Bool
 	// key tells this handler apart from the other handlers of the
 	// gateway, the same across reloads and nodes for the same config
@@ -71,10 +73,11 @@ type Gateway struct {
 }
 
 // member is one provider of this handler: its dialer (which also tells
-// whom it serves) and its process-wide state.
+// whom it serves), its process-wide state and what it was built from.
 type member struct {
 	up    *upstreams.Provider
 	state *pool.ProviderState
+	cfg   *config.ProviderConfig
 	// expectedCost is what a session of expected_duration costs there,
 	// for the cheapest strategy and for the warm-ups its budget must be
 	// able to pay for.
@@ -82,6 +85,53 @@ type member struct {
 	// warm keeps this handler's warm sessions of the provider (nil:
 	// none; warm.go).
 	warm pool.Warmer
+}
+
+// newMember builds the provider of pc and claims its process-wide state
+// for the handler (found names the providers block that found it, "" for
+// a configured one); single: it is the handler's only provider. What it
+// claimed is given back by dropMember.
+func (h *Gateway) newMember(pc *config.ProviderConfig, found string, known func(string) string, single bool) (*member, error) {
+	d := upstreams.Defaults{ConnectTimeout: time.Duration(h.ConnectTimeout), ForwardHeaders: h.ForwardHeaders,
+		Releaser: h.reg.Releaser(), APITransport: h.reg.APITransport()}
+	if pc.SessionAPI != nil || pc.Protocol == string(upstreams.ProtocolWebDriver) {
+		// Its counts outlive the config load, as its sessions do.
+		d.Books = h.reg.Books.Of(pc.Name)
+	}
+	up, err := upstreams.New(pc.Config, d, known)
+	if err != nil {
+		return nil, err
+	}
+	// Each block was checked by its validator, and the two merged by
+	// the handler's (clash).
+	cfg := h.Cooldown.Settings().Merge(pc.Cooldown.Settings())
+	state, err := h.reg.Claim(pc.Name, up.Key(), up.Redacted(), h.gen, cfg, single, pc.EffectiveMaxConcurrent())
+	if err != nil {
+		return nil, err
+	}
+	state.SetFound(found)
+	state.Spend.SetPricing(pool.Pricing{Cost: pc.Cost, Budget: pc.Budget, Auto: pc.MaxConcurrent.Auto, Interval: time.Duration(cfg.WithDefaults().Duration)})
+	var rate pool.CreateRate
+	if r := pc.CreateRate; r != nil {
+		rate = pool.CreateRate{N: r.N, Window: r.Window()}
+	}
+	state.Starts.SetRate(rate)
+	state.OnReset(h, func() { h.resetRecovered(state) })
+	return &member{up: up, state: state, cfg: pc, expectedCost: pc.Cost.Of(h.expectedDuration())}, nil
+}
+
+// dropMember gives back what newMember claimed for m.
+func (h *Gateway) dropMember(m *member) {
+	m.state.RemoveOnReset(h)
+	h.reg.ReleaseClaim(m.up.Name, h.gen)
+}
+
+// expectedDuration is expected_duration, its default applied.
+func (h *Gateway) expectedDuration() time.Duration {
+	if h.ExpectedDuration > 0 {
+		return time.Duration(h.ExpectedDuration)
+	}
+	return config.DefaultExpectedDuration
 }
 
 // shared is a handler's use of a store.
@@ -108,4 +158,23 @@ func (h *Gateway) limits(idle time.Duration) sessions.Limits {
 		l.MaxDuration = time.Duration(s.MaxDuration)
 	}
 	return l
+}
+
+// noteProtocol notes what a provider of the handler (or one that a
+// providers block may find) speaks: some declare a protocol, so clients
+// are matched; some speak WebDriver, so its requests are served.
+func (h *Gateway) noteProtocol(up *upstreams.Provider) {
+	if up.Protocol() != upstreams.ProtocolAny {
+		h.routed = true
+	}
+	if up.Protocol() == upstreams.ProtocolWebDriver {
+		h.webdriver = true
+	}
+}
+
+// resetRecovered reports a provider that a reset (an operator's, here or
+// on another node) took out of cooldown.
+func (h *Gateway) resetRecovered(st *pool.ProviderState) {
+	h.logger.Info("provider recovered", zap.String("provider", st.Name()), zap.String("by", "reset"))
+	h.obs.Recovered(st.Name())
 }

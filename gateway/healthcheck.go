@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"slices"
 	"time"
 
 	"go.uber.org/zap"
@@ -21,35 +22,41 @@ import (
 // provisionProbes registers the health check of every probed provider with
 // its probe loop. It runs last in Provision.
 func (h *Gateway) provisionProbes(known func(string) string) error {
-	for i, pc := range h.Providers {
-		hc := config.EffectiveHealthCheck(h.HealthCheck, pc.HealthCheck)
-		if hc == nil {
-			continue
-		}
-		m := h.members[i]
-		o := hc.ProbeOptions
-		o.URI = known(o.URI)
-		pr, err := m.up.NewProber(o)
-		if err != nil {
+	for _, m := range h.current().members {
+		if err := h.addProbe(m, known); err != nil {
 			return err
 		}
-		pw := &probeWatch{h: h, st: m.state, count: h.reg.Metrics().ProbeCounter(pc.Name)}
-		m.state.Probes.Add(h, pool.ProbeConfig{Prober: pr, Interval: time.Duration(hc.Interval),
-			ReadsCapacity: pr.ReadsCapacity(), Report: pw.report})
-
-		h.probes = append(h.probes, m.state)
-		h.logger.Debug("health check", zap.String("provider", pc.Name), zap.String("target", pr.Target()),
-			zap.Duration("interval", time.Duration(hc.Interval)), zap.String("capacity", hc.Capacity))
 	}
+	return nil
+}
+
+// addProbe registers m's health check (the handler's, merged with its
+// own) with its probe loop; nothing when it has none.
+func (h *Gateway) addProbe(m *member, known func(string) string) error {
+	hc := config.EffectiveHealthCheck(h.HealthCheck, m.cfg.HealthCheck)
+	if hc == nil {
+		return nil
+	}
+	o := hc.ProbeOptions
+	o.URI = known(o.URI)
+	pr, err := m.up.NewProber(o)
+	if err != nil {
+		return err
+	}
+	pw := &probeWatch{h: h, st: m.state, count: h.reg.Metrics().ProbeCounter(m.up.Name)}
+	m.state.Probes.Add(h, pool.ProbeConfig{Prober: pr, Interval: time.Duration(hc.Interval),
+		ReadsCapacity: pr.ReadsCapacity(), Report: pw.report})
+	h.logger.Debug("health check", zap.String("provider", m.up.Name), zap.String("target", pr.Target()),
+		zap.Duration("interval", time.Duration(hc.Interval)), zap.String("capacity", hc.Capacity))
 	return nil
 }
 
 // cleanupProbes removes the handler's health checks; a loop with no other
 // handler's left stops.
 func (h *Gateway) cleanupProbes() {
-	// (h.probes stays: the events app may read the handler meanwhile.)
-	for _, st := range h.probes {
-		st.Probes.Remove(h)
+	r := h.current()
+	for _, m := range slices.Concat(r.members, r.leaving) {
+		m.state.Probes.Remove(h)
 	}
 }
 

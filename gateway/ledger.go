@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"context"
+	"slices"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -63,13 +64,12 @@ func setupRegistry(reg *pool.Registry) {
 // of the handler has a session API, and tells the reaper how to release a
 // session left at each of them.
 func (h *Gateway) provisionLedger(ctx caddy.Context, known func(string) string) {
-	var apis []*member
-	for _, m := range h.members {
-		if m.up.CreatesSessions() {
-			apis = append(apis, m)
-		}
+	r := h.current()
+	creates := slices.ContainsFunc(r.templates, (*upstreams.Provider).CreatesSessions)
+	for _, m := range slices.Concat(r.members, r.leaving) {
+		creates = creates || m.up.CreatesSessions()
 	}
-	if len(apis) == 0 {
+	if !creates {
 		return
 	}
 	node := cluster.DefaultNode()
@@ -99,12 +99,21 @@ func (h *Gateway) provisionLedger(ctx caddy.Context, known func(string) string) 
 	} else {
 		h.reg.Ledger.Open(o)
 	}
-	for _, m := range apis {
-		up := m.up
-		a := pool.Adopter{Adopt: func(id, from string) *upstreams.Remote { return up.Adopt(id, from, known) }}
-		if up.ReapsUntracked() {
-			a.List = func(ctx context.Context) ([]string, error) { return up.ListSessions(ctx, known) }
-		}
-		h.reg.Ledger.SetAdopter(up.Name, a)
+	for _, m := range slices.Concat(r.members, r.leaving) {
+		h.adopter(m, known)
 	}
+}
+
+// adopter tells the reaper how to release a session left at m, when m
+// creates its sessions over a session API.
+func (h *Gateway) adopter(m *member, known func(string) string) {
+	up := m.up
+	if !up.CreatesSessions() {
+		return
+	}
+	a := pool.Adopter{Adopt: func(id, from string) *upstreams.Remote { return up.Adopt(id, from, known) }}
+	if up.ReapsUntracked() {
+		a.List = func(ctx context.Context) ([]string, error) { return up.ListSessions(ctx, known) }
+	}
+	h.reg.Ledger.SetAdopter(up.Name, a)
 }

@@ -252,7 +252,7 @@ func (c *connect) clientBudgetRefusal(book *spend.Book, turn time.Time, held boo
 // the client's protocol.
 func (h *Gateway) noProviderServes(cl *class) string {
 	kinds := ""
-	for i, m := range h.members {
+	for i, m := range h.current().members {
 		if i > 0 {
 			kinds += ", "
 		}
@@ -271,7 +271,7 @@ func (h *Gateway) noProviderServes(cl *class) string {
 func (h *Gateway) retryAfter() int {
 	now := time.Now()
 	best := time.Duration(0)
-	for _, m := range h.members {
+	for _, m := range h.current().members {
 		u := m.state.Health.Until()
 		if over, turn := m.state.Spend.OverBudget(); over {
 			u = turn

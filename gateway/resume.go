@@ -206,7 +206,7 @@ func (c resume) claim(token string) (e *pool.Parked, ok, unreachable bool) {
 // none.
 func (c resume) memberNamed(name string) *member {
 	for _, i := range c.pool.members {
-		if m := c.h.members[i]; m.up.Name == name {
+		if m := c.pool.all[i]; m.up.Name == name {
 			return m
 		}
 	}

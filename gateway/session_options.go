@@ -51,7 +51,7 @@ func (c *connect) byOptions(order []int) []int {
 	c.unsupported = c.unsupported[:0]
 	kept := order[:0:0]
 	for _, i := range order {
-		m := c.h.members[i]
+		m := c.pool.all[i]
 		if lacks := m.up.Honours().Lacks(c.opts); len(lacks) > 0 {
 			c.unsupported = append(c.unsupported, unsupported{Provider: m.up.Name, Lacks: lacks})
 			continue
@@ -60,7 +60,7 @@ func (c *connect) byOptions(order []int) []int {
 	}
 	if len(c.opts.Regions()) > 1 {
 		slices.SortStableFunc(kept, func(a, b int) int {
-			return c.h.members[a].up.Honours().Rank(c.opts) - c.h.members[b].up.Honours().Rank(c.opts)
+			return c.pool.all[a].up.Honours().Rank(c.opts) - c.pool.all[b].up.Honours().Rank(c.opts)
 		})
 	}
 	return kept
@@ -74,7 +74,7 @@ func (c *connect) anyHonours() bool {
 		return true
 	}
 	c.byOptions(c.pool.members)
-	if len(c.unsupported) < len(c.pool.members) {
+	if len(c.unsupported) < len(c.pool.members) || c.mayFind() {
 		return true
 	}
 	var want []string

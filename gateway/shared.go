@@ -48,8 +48,8 @@ const WordStateUnavailable = "state_unavailable"
 func (h *Gateway) provisionShared(known func(string) string, webdriver func(cluster.Event)) error {
 	st := h.State
 	if st == nil {
-		for _, m := range h.members {
-			m.state.SetCluster(nil)
+		for _, m := range h.current().members {
+			h.shareMember(m)
 		}
 		return nil
 	}
@@ -67,18 +67,13 @@ func (h *Gateway) provisionShared(known func(string) string, webdriver func(clus
 		return fmt.Errorf("state redis: %w", err)
 	}
 	h.shared = &shared{s: s, reject: st.OnUnavailable == "reject", stop: make(chan struct{})}
-	for _, m := range h.members {
-		m.state.SetCluster(s)
+	r := h.current()
+	for _, m := range slices.Concat(r.members, r.leaving) {
+		h.shareMember(m)
 	}
-	byName := make(map[string]*member, len(h.members))
-	for _, m := range h.members {
-		byName[m.up.Name] = m
-		// Renewals count its live sessions over every node, so this
-		// node's status and metrics show when they are above
-		// max_concurrent.
-		s.Store().Leases().Watch(m.up.Name)
-	}
-	if h.ClientBudget != nil || slices.ContainsFunc(h.Providers, func(p *config.ProviderConfig) bool { return p.Cost != nil }) {
+	priced := slices.ContainsFunc(h.Providers, func(p *config.ProviderConfig) bool { return p.Cost != nil }) ||
+		slices.ContainsFunc(h.DynamicProviders, func(b *config.ProvidersConfig) bool { return b.Cost != nil })
+	if h.ClientBudget != nil || priced {
 		// Budgets count what the other nodes' sessions cost.
 		go h.syncSpend()
 	}
@@ -96,7 +91,7 @@ func (h *Gateway) provisionShared(known func(string) string, webdriver func(clus
 			}
 			return
 		}
-		m := byName[e.Provider]
+		m := h.current().named(e.Provider)
 		if m == nil {
 			return
 		}
@@ -121,6 +116,30 @@ func (h *Gateway) provisionShared(known func(string) string, webdriver func(clus
 		}
 	})
 	return nil
+}
+
+// shareMember has m's state read its cluster-wide figures from the
+// handler's store, and the renewals count its live sessions over every
+// node, so this node's status and metrics show when they are above
+// max_concurrent; without state redis its state is its own.
+func (h *Gateway) shareMember(m *member) {
+	if h.shared == nil {
+		m.state.SetCluster(nil)
+		return
+	}
+	m.state.SetCluster(h.shared.s)
+	h.shared.s.Store().Leases().Watch(m.up.Name)
+}
+
+// unshareMember stops watching a provider the handler let go of, once no
+// config uses its name.
+func (h *Gateway) unshareMember(m *member) {
+	if h.shared == nil {
+		return
+	}
+	if _, ok := h.reg.Lookup(m.up.Name); !ok {
+		h.shared.s.Store().Leases().Unwatch(m.up.Name)
+	}
 }
 
 // cleanupShared undoes provisionShared. h.shared stays set: requests of
@@ -285,7 +304,8 @@ func (h *Gateway) syncSpend() {
 		}
 		var windows []cluster.SpendWindow
 		var books []*spend.Book
-		for _, m := range h.members {
+		r := h.current()
+		for _, m := range slices.Concat(r.members, r.leaving) {
 			b := m.state.Spend.Book()
 			windows = append(windows, cluster.SpendWindow{Scope: cluster.ProviderScope(m.up.Name), Start: b.Read().WindowStart})
 			books = append(books, b)

@@ -354,7 +354,7 @@ func (c *connect) served(m *member) {
 		c.waiter.Leave()
 		c.waited = time.Since(c.joined)
 		for _, i := range c.pool.members {
-			if st := c.h.members[i].state; st.HasRoom() {
+			if st := c.pool.all[i].state; st.HasRoom() {
 				st.Notify()
 			}
 		}

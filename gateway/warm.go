@@ -275,18 +275,19 @@ func (w *warmer) endStale(stale []*warmSession) {
 // h owns goes back to the handler it took it from while that one still
 // runs (a config load that failed), and is closed otherwise.
 func (h *Gateway) cleanupWarm() {
-	for _, pw := range h.warmers {
-		w := pw.(*warmer)
+	for _, m := range h.current().members {
+		w, _ := m.warm.(*warmer)
+		if w == nil {
+			continue
+		}
 		w.mu.Lock()
 		mine := w.h == h
 		back := mine && w.prev != nil && !w.prev.cleaned.Load() && !caddy.Exiting()
 		if back {
 			w.h, w.prev = w.prev, nil
 			w.print = w.prevPrint
-			for _, m := range w.h.members {
-				if m.state == w.st {
-					w.m = m
-				}
+			if pm := w.h.current().named(w.st.Name()); pm != nil {
+				w.m = pm
 			}
 		}
 		w.mu.Unlock()
@@ -294,6 +295,22 @@ func (h *Gateway) cleanupWarm() {
 			h.reg.Warmers.Drop(w.key, w)
 			w.Close()
 		}
+	}
+}
+
+// stopWarm closes the handler's warmer of m, if it owns one: m takes no
+// new session (a found provider leaving).
+func (h *Gateway) stopWarm(m *member) {
+	w, _ := m.warm.(*warmer)
+	if w == nil {
+		return
+	}
+	w.mu.Lock()
+	mine := w.h == h
+	w.mu.Unlock()
+	if mine {
+		h.reg.Warmers.Drop(w.key, w)
+		w.Close()
 	}
 }
 

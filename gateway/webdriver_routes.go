@@ -99,14 +99,10 @@ func sameClient(keys []string, want string, r *http.Request, hash func([]string)
 	return subtle.ConstantTimeCompare([]byte(got), []byte(want)) == 1
 }
 
-// memberByName is the handler's member called name, nil when none.
+// memberByName is the handler's member called name, nil when none: a
+// found provider leaving too, whose live sessions go on.
 func (h webDrivers) memberByName(name string) *member {
-	for _, m := range h.members {
-		if m.up.Name == name {
-			return m
-		}
-	}
-	return nil
+	return h.current().named(name)
 }
 
 // active notes a command or a socket's activity for the session's idle

@@ -44,6 +44,7 @@ type Metrics struct {
 	spent             *prometheus.CounterVec
 	webdriverCommands *prometheus.CounterVec
 	warmHanded        *prometheus.CounterVec
+	lookupFailures    *prometheus.CounterVec
 	sharedFailovers   prometheus.Counter
 
 	// The shared state's gauge: shown only while some handler uses a
@@ -62,6 +63,7 @@ func NewMetrics() *Metrics {
 		attempts:          counterVec("attempts_total", "Connection attempts to providers, by provider and outcome word.", "provider", "outcome"),
 		webdriverCommands: counterVec("webdriver_commands_total", "WebDriver commands forwarded to providers (HTTP requests to a session), by provider.", "provider"),
 		warmHanded:        counterVec("warm_handed_total", "Warm sessions (opened ahead of demand) handed to clients, by provider.", "provider"),
+		lookupFailures:    counterVec("provider_lookup_failures_total", "Lookups of a providers block's source that failed or gave no address (the providers found before were kept), by providers block.", "providers"),
 		failovers:         counterVec("failovers_total", "Failovers: a client's attempt failed (failure, 408/429, 428) and its next attempt went straight to another provider, by the provider that failed.", "provider"),
 		rejections:        counterVec("rejections_total", "Clients that got no session, by reason: queue_full, queue_timeout, no_provider, relayed (a provider's 4xx passed on), client_limit, client_budget, and the others the reference lists.", "reason"),
 		queueWait: prometheus.NewHistogram(prometheus.HistogramOpts{
@@ -126,7 +128,7 @@ func (m *Metrics) counters() []prometheus.Collector {
 	return []prometheus.Collector{
 		m.attempts, m.failovers, m.rejections, m.webdriverCommands, m.warmHanded, m.queueWait, m.handshake, m.sessionDuration,
 		m.eventDrops, m.webhookDeliveries, m.hedgesStarted, m.hedgesWon, m.hedgesWasted, m.sharedErrors, m.probes, m.resumes, m.spent,
-		m.sharedFailovers,
+		m.lookupFailures, m.sharedFailovers,
 	}
 }
 
@@ -240,6 +242,10 @@ func (m *Metrics) Spent(provider string, cost float64) {
 		m.spent.WithLabelValues(provider).Add(cost)
 	}
 }
+
+// LookupFailed counts a failed lookup of the providers block called
+// block.
+func (m *Metrics) LookupFailed(block string) { m.lookupFailures.WithLabelValues(block).Inc() }
 
 // Resume counts a resume request's result.
 func (m *Metrics) Resume(result string) { m.resumes.WithLabelValues(result).Inc() }

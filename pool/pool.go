@@ -51,6 +51,10 @@ type ProviderState struct {
 	Stats *Stats
 
 	draining atomic.Bool
+	// leaving: found by a providers block whose source no longer gives
+	// its address; it takes no new session, and goes once its last one
+	// has ended.
+	leaving atomic.Bool
 
 	mu        sync.Mutex
 	url       string // redacted, for status
@@ -70,6 +74,9 @@ type ProviderState struct {
 	// warm counts the warm sessions of each handler's set, by handler
 	// key (warm.go).
 	warm map[string]warmCount
+	// foundBy names the providers block that found it ("" for a
+	// configured provider).
+	foundBy string
 }
 
 func newProviderState(r *Registry, name string, cfg cooldown.Config) *ProviderState {
@@ -249,6 +256,44 @@ func (r *Registry) All() []*ProviderState {
 	})
 	sort.Slice(all, func(i, j int) bool { return all[i].name < all[j].name })
 	return all
+}
+
+// FoundBy names the providers block that found the provider at run
+// time; "" for a configured one.
+func (p *ProviderState) FoundBy() string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.foundBy
+}
+
+// SetFound records which providers block found the provider ("": none,
+// it is configured); a handler sets it as it claims the name.
+func (p *ProviderState) SetFound(block string) {
+	p.mu.Lock()
+	p.foundBy = block
+	p.mu.Unlock()
+}
+
+// Leaving reports whether the provider's address left the source that
+// found it: it takes no new session, and its live ones go on.
+func (p *ProviderState) Leaving() bool { return p.leaving.Load() }
+
+// SetLeaving marks a found provider as leaving (its address is gone from
+// its source) or back (the address came back before it went).
+func (p *ProviderState) SetLeaving(on bool) { p.leaving.Store(on) }
+
+// Found lists the entries of the providers that the providers block
+// called block found, as the handlers of the running config claimed
+// them, sorted by name: what a new config's handler with that block
+// takes over.
+func (r *Registry) Found(block string) []*ProviderState {
+	var out []*ProviderState
+	for _, p := range r.All() {
+		if p.FoundBy() == block {
+			out = append(out, p)
+		}
+	}
+	return out
 }
 
 // Draining reports whether an operator drained the provider.

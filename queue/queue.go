@@ -438,6 +438,49 @@ func (q *Queue) Retire(l *Line) []string {
 	return q.retire(l, true)
 }
 
+// Reshape is the line's owner changing what it serves while it runs (its
+// handler found providers or lost some): the line's resources become
+// resources, and the line's WantsFunc says what each of its waiters wants
+// now; each keeps its place and deadline. A waiter that the WantsFunc asks
+// to wake, or that wanted something and now wants nothing that can come
+// (nothing, or only resources withdrawn), is woken to run a pass and learn
+// where it stands (one running a pass now runs another at once). Reshape
+// returns every resource the waiters want now, for the caller to offer
+// those that have room.
+func (l *Line) Reshape(resources []string) []string {
+	q := l.q
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	l.resources = slices.Clone(resources)
+	if l.retired || l.wants == nil {
+		return nil
+	}
+	var offered []string
+	for e := q.waiters.Front(); e != nil; e = e.Next() {
+		w := e.Value.(*Waiter)
+		if w.line != l {
+			continue
+		}
+		want, wake := l.wants(w.class, w.want)
+		lost := len(w.want) > 0 && (len(want) == 0 || q.allDownLocked(want))
+		if !slices.Equal(want, w.want) {
+			w.setWantLocked(want)
+		}
+		if wake || lost {
+			w.woken = true
+			if !w.running {
+				w.kick()
+			}
+		}
+		for _, r := range want {
+			if !slices.Contains(offered, r) {
+				offered = append(offered, r)
+			}
+		}
+	}
+	return offered
+}
+
 // Close ends line l without moving its waiters: each ends with
 // ErrUnavailable (the process is exiting).
 func (l *Line) Close() { l.q.retire(l, false) }

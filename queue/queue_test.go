@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"runtime"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -460,6 +461,83 @@ func TestRetireWake(t *testing.T) {
 	q.Retire(old)
 	expectNil(t, "woken by the move", ch)
 	w.Leave()
+}
+
+// TestReshape: a line whose owner's resources change asks what each of
+// its waiters wants now; each keeps its place, an offer of a new resource
+// wakes the first that wants it, a waiter left with nothing it can get is
+// woken to find out, one that lost nothing sleeps on, and a waiter
+// running a pass runs another.
+func TestReshape(t *testing.T) {
+	q := New(newFakeClock())
+	have := []string{"a"}
+	wants := func(class any, before []string) ([]string, bool) {
+		if class == "quota" {
+			return before, false
+		}
+		if class == "only-a" {
+			if slices.Contains(have, "a") {
+				return []string{"a"}, false
+			}
+			return nil, false
+		}
+		return slices.Clone(have), false
+	}
+	l := q.NewLine("h", 10, time.Minute, []string{"a"}, wants)
+	join := func(class string, want ...string) *Waiter {
+		w, err := l.Join(q.Mark(), class, want, time.Time{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return w
+	}
+	w1 := join("any", "a")
+	w2 := join("only-a", "a")
+	w3 := join("quota", "key")
+	w4 := join("any") // came when nothing was there
+	ch1, ch2, ch3, ch4 := asleep(t, w1), asleep(t, w2), asleep(t, w3), asleep(t, w4)
+
+	// b appears: those that may use it want it, in their places.
+	have = []string{"a", "b"}
+	offered := l.Reshape([]string{"a", "b", "found"})
+	if !slices.Contains(offered, "a") || !slices.Contains(offered, "b") || !slices.Contains(offered, "key") {
+		t.Fatalf("offered %v", offered)
+	}
+	if !sleeping(w1) || !sleeping(w2) || !sleeping(w3) || !sleeping(w4) {
+		t.Fatal("a waiter woken by a resource added")
+	}
+	q.Offer("b")
+	expectNil(t, "w1, first to want b", ch1)
+	q.Offer("b")
+	expectNil(t, "w4, next to want b (w2 may use a only, w3 waits for its key)", ch4)
+	noResult(t, "w2", ch2)
+	noResult(t, "w3", ch3)
+
+	// a goes: w1 (running its pass) still wants b, and runs its pass
+	// to its end; w2 may use nothing now, and is woken to find out.
+	have = []string{"b"}
+	l.Reshape([]string{"b", "found"})
+	expectNil(t, "w2, left wanting nothing", ch2)
+	noResult(t, "w3", ch3)
+	if !slices.Equal(w1.want, []string{"b"}) || !slices.Equal(w4.want, []string{"b"}) {
+		t.Fatalf("w1 wants %v, w4 %v: want b", w1.want, w4.want)
+	}
+	ch1 = startWait(w1, context.Background(), time.Time{})
+	waitFor(t, "w1 asleep again", func() bool { return sleeping(w1) })
+
+	// b goes too: w4, running its pass, is left with nothing and runs
+	// another at once; w1, asleep, is woken; w3 waits for its key.
+	have = nil
+	l.Reshape([]string{"found"})
+	expectNil(t, "w1, left wanting nothing", ch1)
+	expectNil(t, "w4, woken during its pass: runs another at once", startWait(w4, context.Background(), time.Time{}))
+	noResult(t, "w3", ch3)
+	if len(l.resources) != 1 || l.resources[0] != "found" {
+		t.Fatalf("the line's resources: %v", l.resources)
+	}
+	for _, w := range []*Waiter{w1, w2, w3, w4} {
+		w.Leave()
+	}
 }
 
 // TestContended: newcomers leave a resource anyone waits for to them.

@@ -25,7 +25,9 @@ var (
 		"1 when the provider may be tried, 0 during a cooldown, a 408/429 skip or a trial.", "provider")
 	overLimitDesc = gaugeDesc("shared_over_limit",
 		"Live sessions above max_concurrent over every node (state redis), by provider; 0 within the limit. Above 0 only after a node was cut off from Redis longer than lease_ttl; no session is admitted until it is 0 again. Absent while this node has no recent count.", "provider")
-	waitingDesc        = gaugeDesc("queue_waiting", "Clients waiting in the wait queues of every handler.")
+	waitingDesc        = gaugeDesc("queue_waiting", "Clients waiting in a handler's wait queue, by handler (its providers blocks' and providers' names).", "handler")
+	handlerActiveDesc  = gaugeDesc("sessions_active", "Live sessions on a handler's providers (found ones leaving included; warm sessions no client holds are not), by handler.", "handler")
+	capacityDesc       = gaugeDesc("capacity", "The sum of the limits of a handler's providers that take clients (not drained, leaving or cooling down; a provider without a limit adds nothing), by handler.", "handler")
 	clientKeysDesc     = gaugeDesc("client_keys_active", "client_limit key values holding live sessions.")
 	clientSessionsDesc = gaugeDesc("client_sessions_active", "Live sessions counted under client_limit, over every key.")
 	clientWaitingDesc  = gaugeDesc("client_limit_waiting", "Clients waiting because their key is at its client_limit.")
@@ -43,7 +45,7 @@ var (
 )
 
 func (gauges) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{activeDesc, healthyDesc, overLimitDesc, waitingDesc, clientKeysDesc,
+	for _, d := range []*prometheus.Desc{activeDesc, healthyDesc, overLimitDesc, waitingDesc, handlerActiveDesc, capacityDesc, clientKeysDesc,
 		clientSessionsDesc, clientWaitingDesc, orphansDesc, sessionsCreatedDesc, sessionsReleasedDesc,
 		releaseFailuresDesc, unreleasedDesc, sessionsReapedDesc, ledgerPendingDesc, parkedDesc, warmDesc} {
 		ch <- d
@@ -73,11 +75,12 @@ func (g gauges) Collect(ch chan<- prometheus.Metric) {
 			}
 		}
 	}
-	waiting := 0
 	for _, q := range g.reg.Queues.Counts() {
-		waiting += q.Waiting
+		sc := ScalingOf(q)
+		gauge(waitingDesc, sc.Waiting, q.Handler)
+		gauge(handlerActiveDesc, int(sc.Active), q.Handler)
+		gauge(capacityDesc, int(sc.Capacity), q.Handler)
 	}
-	gauge(waitingDesc, waiting)
 	keys, live, keyWaiting := 0, 0, 0
 	for _, k := range g.reg.Quotas.Counts() {
 		if k.Active > 0 {

@@ -155,15 +155,63 @@ func Clients(reg *pool.Registry) []Client {
 	return out
 }
 
-// Queue is one handler's line in the wait queue.
+// Queue is one handler's line in the wait queue, and what an autoscaler
+// reads of the handler.
 type Queue struct {
+	// Handler names the handler: its providers blocks' and providers'
+	// names, joined by commas (#2, #3… after a name another handler has
+	// too).
+	Handler string `json:"handler"`
 	// Waiting counts its clients waiting now (including those of an
 	// older config moved here by a reload).
 	Waiting int `json:"waiting"`
 	// Size is the most that may wait; 0 means the queue is off.
-	Size      int      `json:"size"`
-	TimeoutMS int64    `json:"timeout_ms"`
+	Size      int   `json:"size"`
+	TimeoutMS int64 `json:"timeout_ms"`
+	// Providers are the handler's providers: those that take new
+	// sessions, then the found ones leaving.
 	Providers []string `json:"providers"`
+	// Scaling is the handler's load, for an autoscaler.
+	Scaling Scaling `json:"scaling"`
+}
+
+// Scaling is one handler's load as an autoscaler reads it: clients
+// waiting, live sessions, and the room its providers have.
+type Scaling struct {
+	// Waiting counts the handler's clients waiting in its queue.
+	Waiting int `json:"waiting"`
+	// Active counts the live sessions on the handler's providers, found
+	// ones leaving included (warm sessions no client holds yet are not
+	// counted).
+	Active int64 `json:"active"`
+	// Capacity is the sum of the limits of the handler's providers that
+	// take clients (not drained, not leaving, not in a cooldown or
+	// skip): max_concurrent, the cap learnt under max_concurrent auto,
+	// or what a capacity probe read. A provider without a limit adds
+	// nothing.
+	Capacity int64 `json:"capacity"`
+	// Utilization is (Active + Waiting) / Capacity; null when Capacity
+	// is 0.
+	Utilization *float64 `json:"utilization"`
+}
+
+// ScalingOf is the load of the handler whose queue is q.
+func ScalingOf(q pool.QueueCount) Scaling {
+	out := Scaling{Waiting: q.Waiting}
+	for _, p := range q.Taking {
+		out.Active += p.Slots.Active()
+		if !p.Draining() && p.Health.Until().IsZero() {
+			out.Capacity += p.Slots.Limit()
+		}
+	}
+	for _, p := range q.Leaving {
+		out.Active += p.Slots.Active()
+	}
+	if out.Capacity > 0 {
+		u := math.Round(float64(out.Active+int64(out.Waiting))/float64(out.Capacity)*1e4) / 1e4
+		out.Utilization = &u
+	}
+	return out
 }
 
 // Queues lists every handler's line, oldest handler first.
@@ -177,7 +225,8 @@ func Queues(reg *pool.Registry) []Queue {
 		if ps == nil {
 			ps = []string{}
 		}
-		out = append(out, Queue{Waiting: q.Waiting, Size: q.Size, TimeoutMS: q.Timeout.Milliseconds(), Providers: ps})
+		out = append(out, Queue{Handler: q.Handler, Waiting: q.Waiting, Size: q.Size, TimeoutMS: q.Timeout.Milliseconds(),
+			Providers: ps, Scaling: ScalingOf(q)})
 	}
 	return out
 }
@@ -189,7 +238,13 @@ type Provider struct {
 	URL      string `json:"url"`
 	Healthy  bool   `json:"healthy"`
 	Draining bool   `json:"draining"`
-	Active   int64  `json:"active"`
+	// FoundBy names the providers block that found the provider at run
+	// time; absent for a configured provider.
+	FoundBy string `json:"found_by,omitempty"`
+	// Leaving: a found provider whose address left its source: it takes
+	// no new session, and leaves the status once its last one ended.
+	Leaving bool  `json:"leaving,omitempty"`
+	Active  int64 `json:"active"`
 	// MaxConcurrent 0 is unlimited (and with max_concurrent auto).
 	MaxConcurrent int64 `json:"max_concurrent"`
 	// MaxConcurrentLearned is, with max_concurrent auto, the cap learnt
@@ -433,6 +488,8 @@ func local(p *pool.ProviderState, clusters map[string]cluster.ProviderState) Pro
 		URL:           p.URL(),
 		Healthy:       snap.Healthy,
 		Draining:      p.Draining(),
+		FoundBy:       p.FoundBy(),
+		Leaving:       p.Leaving(),
 		Active:        p.Slots.Active(),
 		MaxConcurrent: p.Slots.MaxConcurrent(),
 		Attempts:      snap.Attempts,
