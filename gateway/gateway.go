@@ -4,7 +4,9 @@
 // WebDriver create (front_webdriver.go) — which walks the failover chain
 // (chain.go: check, join, order, admit, attempt, settle, establish, or the
 // queue, or one refusal); warm-ups are a front without a client
-// (front_warm.go). The sessions its fronts establish (a relayed socket,
+// (front_warm.go). Its providers are one roster (roster.go), which the
+// providers its `providers` blocks find at run time change (found.go).
+// The sessions its fronts establish (a relayed socket,
 // a WebDriver session, a warm session) each live one lifecycle (package
 // sessions). Its files refer only to files on their floor or below, in
 // the order docs/design.md gives.
