@@ -110,19 +110,34 @@ http://%[5]s {
 `, admin, storage, gwLog, site1, site2, accessLog, provider, aliceHash, bobHash, extra)
 }
 
+// oneShot sends each request on a connection of its own: across a
+// reload, the old config's server may take a connection and close it
+// after one answer, or close it unanswered as it stops listening
+// (Caddy's own shutdown); wdStatus sends such a request again. A
+// request the old server reads is served as the new handler would
+// (pool's TestHandlerSuccession).
+var oneShot = &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}
+
 // wdStatus sends one request and returns its status and WebDriver error
 // code ("" when none).
 func wdStatus(t *testing.T, method, url string, hdr http.Header) (int, string) {
 	t.Helper()
-	var body io.Reader
-	if method == http.MethodPost {
-		body = strings.NewReader(`{"url":"about:blank"}`)
+	var resp *http.Response
+	var err error
+	for range 5 {
+		var body io.Reader
+		if method == http.MethodPost {
+			body = strings.NewReader(`{"url":"about:blank"}`)
+		}
+		req, _ := http.NewRequest(method, url, body)
+		for k, vs := range hdr {
+			req.Header[k] = vs
+		}
+		if resp, err = oneShot.Do(req); err == nil {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
-	req, _ := http.NewRequest(method, url, body)
-	for k, vs := range hdr {
-		req.Header[k] = vs
-	}
-	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		t.Fatalf("%s %s: %v", method, url, err)
 	}

@@ -32,6 +32,12 @@ type succession struct {
 	// oldest first.
 	next  map[string]string
 	order []string
+	// gone holds, for a retired handler, its key, oldest first: Caddy
+	// lets the servers of a config on its way out finish the requests
+	// they read after its Cleanup, and a command on a kept-alive
+	// connection can be one of them.
+	gone      map[any]string
+	goneOrder []any
 }
 
 // handlerEntry is one live handler.
@@ -89,6 +95,15 @@ func (h *Handlers) Retire(owner any) (ret Retired, ok bool) {
 	}
 	gone := s.live[i]
 	s.live = slices.Delete(s.live, i, i+1)
+	if s.gone == nil {
+		s.gone = map[any]string{}
+	}
+	s.gone[owner] = gone.key
+	s.goneOrder = append(s.goneOrder, owner)
+	if len(s.goneOrder) > maxSuccessions {
+		delete(s.gone, s.goneOrder[0])
+		s.goneOrder = s.goneOrder[1:]
+	}
 	for _, e := range s.live {
 		if e.key == gone.key {
 			h.mu.Unlock()
@@ -166,7 +181,10 @@ func greater(a, b [3]int) bool {
 // way out: a request through owner means its config is the running one),
 // and owner is the one Retire will move it to; or, when no live handler
 // has it, owner's key follows it in the successions this process saw (a
-// route another node bound before its own reload).
+// route another node bound before its own reload). A retired owner (a
+// request its server read before the reload closed it) serves what the
+// live handler standing for it now serves: the one with its key, or its
+// successor.
 func (h *Handlers) Serves(bound string, owner any) bool {
 	if bound == "" {
 		return false
@@ -174,11 +192,10 @@ func (h *Handlers) Serves(bound string, owner any) bool {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	s := &h.succession
-	i := slices.IndexFunc(s.live, func(e *handlerEntry) bool { return e.owner == owner })
-	if i < 0 {
+	me := s.standingFor(owner)
+	if me == nil {
 		return false
 	}
-	me := s.live[i]
 	cur := bound
 	for range len(s.order) + 1 {
 		if cur == me.key {
@@ -207,4 +224,30 @@ func (h *Handlers) Serves(bound string, owner any) bool {
 		cur = next
 	}
 	return false
+}
+
+// standingFor is the live handler that serves for owner: owner itself
+// while live; for a retired one, the newest live handler with its key,
+// else the live one its succession leads to; nil when none.
+func (s *succession) standingFor(owner any) *handlerEntry {
+	if i := slices.IndexFunc(s.live, func(e *handlerEntry) bool { return e.owner == owner }); i >= 0 {
+		return s.live[i]
+	}
+	key, ok := s.gone[owner]
+	for range len(s.order) + 1 {
+		if !ok {
+			return nil
+		}
+		var newest *handlerEntry
+		for _, e := range s.live {
+			if e.key == key && (newest == nil || e.seq > newest.seq) {
+				newest = e
+			}
+		}
+		if newest != nil {
+			return newest
+		}
+		key, ok = s.next[key]
+	}
+	return nil
 }

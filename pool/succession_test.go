@@ -21,7 +21,8 @@ func (boundLive) Close(code int, why string) {}
 // providers with it — not to another handler of that config whose block
 // stayed as it was, even one with the same providers; a handler of the
 // running config never uses another's session, and one of the config on
-// its way out hands its sessions on before its Cleanup.
+// its way out hands its sessions on before its Cleanup; after it, a
+// request its server still finishes is served as its successor would.
 func TestHandlerSuccession(t *testing.T) {
 	r := NewRegistry(nil)
 	load1, load2 := new(int), new(int)
@@ -63,6 +64,12 @@ func TestHandlerSuccession(t *testing.T) {
 	}
 	if got, _ := r.Sessions.ByPath(PathHash("secret")); got.Bound.Handler != "A2" {
 		t.Fatalf("bound to %q after the reload", got.Bound.Handler)
+	}
+	// Load 1's servers finish the requests they read: a1 serves what A2
+	// serves, b1 what B of load 2 does, and nothing of the other's.
+	if !r.Handlers.Serves("A2", a1) || r.Handlers.Serves("B", a1) || !r.Handlers.Serves("B", b1) || r.Handlers.Serves("A2", b1) {
+		t.Fatalf("retired handlers: a1 serves A2 %v, B %v; b1 serves B %v, A2 %v",
+			r.Handlers.Serves("A2", a1), r.Handlers.Serves("B", a1), r.Handlers.Serves("B", b1), r.Handlers.Serves("A2", b1))
 	}
 	// Another node's route still bound to A: this node saw A → A2.
 	if !r.Handlers.Serves("A", a2) || r.Handlers.Serves("A", b2) || r.Handlers.Serves("Z", a2) {
