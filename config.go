@@ -19,4 +19,5 @@ type (
 	AffinityConfig     = config.AffinityConfig
 	HealthCheckConfig  = config.HealthCheckConfig
 	ResumeConfig       = config.ResumeConfig
+	RecordingConfig    = config.RecordingConfig
 )
