@@ -3,6 +3,7 @@ package recordings
 import (
 	"context"
 	"encoding/base64"
+	"strings"
 	"sync"
 	"time"
 )
@@ -208,6 +209,21 @@ func (r *Recording) Stats() Stats {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return Stats{Frames: r.meta.Frames, Bytes: r.meta.Bytes, Dropped: r.meta.Dropped, Queued: r.queued, Stopped: r.meta.Stopped}
+}
+
+// Brief is the recording as a session's entry and the sessions list show
+// it: {"id","frames","bytes","dropped"[,"stopped"]}, or, when the browser
+// could not be followed, "unavailable: <why>".
+func (r *Recording) Brief() any {
+	st := r.Stats()
+	if strings.HasPrefix(st.Stopped, "unavailable") {
+		return st.Stopped
+	}
+	out := map[string]any{"id": r.ID(), "frames": st.Frames, "bytes": st.Bytes, "dropped": st.Dropped}
+	if st.Stopped != "" {
+		out["stopped"] = st.Stopped
+	}
+	return out
 }
 
 // Meta is a copy of its meta as of now.
