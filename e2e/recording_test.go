@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"bufio"
+	"context"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -15,8 +16,10 @@ import (
 	"time"
 
 	"github.com/chromedp/chromedp/remote"
+	"github.com/coder/websocket"
 
 	"github.com/browserfailover/caddy-browser-failover/internal/testgw"
+	"github.com/browserfailover/caddy-browser-failover/pool"
 	"github.com/browserfailover/caddy-browser-failover/recordings"
 	"github.com/browserfailover/caddy-browser-failover/status"
 )
@@ -407,4 +410,135 @@ func probeVideo(t *testing.T, file string) (string, float64) {
 	var d float64
 	fmt.Sscan(p.Format.Duration, &d)
 	return p.Streams[0].Codec, d
+}
+
+// liveRecording waits until session id's recording (the sessions list's)
+// has stored at least n frames, and returns its ID.
+func liveRecording(t *testing.T, g *testgw.Gateway, id string, n float64) string {
+	t.Helper()
+	var rec string
+	testgw.Eventually(t, 20*time.Second, fmt.Sprintf("session %s's recording to have %v frames", id, n), func() bool {
+		s, ok := listed(t, g, id)
+		if !ok {
+			return false
+		}
+		m, _ := s.Recording.(map[string]any)
+		if f, _ := m["frames"].(float64); f >= n {
+			rec = fmt.Sprint(m["id"])
+			return true
+		}
+		return false
+	})
+	return rec
+}
+
+// openPage has a raw CDP client open a page whose title is title.
+func openPage(t *testing.T, c *websocket.Conn, id int, title string) {
+	t.Helper()
+	cdpCall(t, c, id, "Target.createTarget", map[string]any{"url": "data:text/html,<title>" + title + "</title><h1>" + title + "</h1>"})
+}
+
+// TestRecordingResumed: a recorded CDP session whose client leaves and
+// resumes — the provider's connection closed and dialled again, or held —
+// goes on under the same recording: the resumed session's recording is
+// the first one's, and holds the pages of both clients.
+func TestRecordingResumed(t *testing.T) {
+	for _, hold := range []bool{false, true} {
+		t.Run(fmt.Sprintf("hold=%v", hold), func(t *testing.T) {
+			Require(t, false)
+			chr := StartChromium(t)
+			resume := `"resume":{"window":"1m"}`
+			if hold {
+				resume = `"resume":{"window":"1m","hold":true}`
+			}
+			g := testgw.Start(t, handler(recordAll+","+resume, provider("local", chr.WSURL(), "")))
+			tok := resumeToken(t)
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			c, resp, err := websocket.Dial(ctx, g.WS("/?bf_resume_token="+tok), nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			first := resp.Header.Get("Browser-Failover-Session")
+			openPage(t, c, 1, "before")
+			rec := liveRecording(t, g, first, 1)
+			if rec != first {
+				t.Fatalf("recording %q of session %q", rec, first)
+			}
+			c.Close(websocket.StatusNormalClosure, "")
+			logEntry(t, g, "session parked", "session_id", first)
+
+			c2, resp2, err := websocket.Dial(ctx, g.WS("/?bf_resume="+tok), nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			second := resp2.Header.Get("Browser-Failover-Session")
+			openPage(t, c2, 2, "after")
+			if got := liveRecording(t, g, second, 1); got != rec {
+				t.Fatalf("the resumed session's recording is %q, want %q", got, rec)
+			}
+			testgw.Eventually(t, 20*time.Second, "frames of the resumed client's page", func() bool {
+				for _, tg := range recordingMeta(t, g, rec).Targets {
+					if strings.Contains(tg.URL, "<title>after") && len(tg.Frames) > 0 {
+						return true
+					}
+				}
+				return false
+			})
+			c2.Close(websocket.StatusNormalClosure, "")
+			logEntry(t, g, "session parked", "session_id", second)
+			endParked(t, g, second)
+			testgw.Eventually(t, 20*time.Second, "the recording to end", func() bool {
+				m := recordingMeta(t, g, rec)
+				return m.End != nil && !strings.Contains(string(must(g.AdminDo(http.MethodGet, status.RecordingsPath, nil))), `"live":true`)
+			})
+			m := recordingMeta(t, g, rec)
+			titles := map[string]int{}
+			for _, tg := range m.Targets {
+				titles[tg.Title] += len(tg.Frames)
+			}
+			if titles["before"] == 0 || titles["after"] == 0 || m.ID != first {
+				t.Fatalf("the recording lacks a client's page: %s", summary(m))
+			}
+			code, b, _ := g.AdminDo(http.MethodGet, status.RecordingsPath, nil)
+			var list status.RecordingList
+			if json.Unmarshal(b, &list) != nil || code != 200 || len(list.Recordings) != 1 {
+				t.Fatalf("recordings: %s", b)
+			}
+		})
+	}
+}
+
+// must is the body of an admin call.
+func must(_ int, b []byte, _ error) []byte { return b }
+
+// TestRecordingWarm: a warm session handed to a client, with every CDP
+// session recorded, is recorded from its hand-out on.
+func TestRecordingWarm(t *testing.T) {
+	Require(t, false)
+	chr := StartChromium(t)
+	g := testgw.Start(t, handler(recordAll, provider("warm-rec", chr.WSURL(), `"warm":1`)))
+	testgw.Eventually(t, 20*time.Second, "a warm session ready", func() bool {
+		p, ok := pool.Current().Lookup("warm-rec")
+		ready, _ := p.Warm()
+		return ok && ready == 1
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	c, resp, err := websocket.Dial(ctx, g.WS("/"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := resp.Header.Get("Browser-Failover-Session")
+	openPage(t, c, 1, "warm")
+	liveRecording(t, g, id, 1)
+	c.Close(websocket.StatusNormalClosure, "")
+	testgw.Eventually(t, 20*time.Second, "the session's end", func() bool { return len(g.LogEntries("session ended")) == 1 })
+	e := g.LogEntries("session ended")[0]
+	if e["warm"] != true {
+		t.Fatalf("not the warm session: %v", e)
+	}
+	if m, _ := e["recording"].(map[string]any); m == nil || m["frames"].(float64) < 1 {
+		t.Fatalf("recording %v", e["recording"])
+	}
 }
