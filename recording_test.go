@@ -69,7 +69,9 @@ func newFakeCDP(t *testing.T) *fakeCDP {
 	return f
 }
 
-func (f *fakeCDP) url() string { return "ws://" + f.srv.Listener.Addr().(*net.TCPAddr).String() + "/devtools/browser/x" }
+func (f *fakeCDP) url() string {
+	return "ws://" + f.srv.Listener.Addr().(*net.TCPAddr).String() + "/devtools/browser/x"
+}
 
 func (f *fakeCDP) sent() []string {
 	f.mu.Lock()
