@@ -3,6 +3,7 @@ package e2e
 import (
 	"bufio"
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -209,6 +210,31 @@ func summary(m recordings.Meta) string {
 	return b.String()
 }
 
+// checkRecordingSecret checks that nothing of recording id — its page's
+// URL and title, a frame's bytes — is in the gateway's log, status,
+// sessions list or metrics; only the recordings' own API serves them.
+func checkRecordingSecret(t *testing.T, g *testgw.Gateway, id string, tg int) {
+	t.Helper()
+	_, img, _ := g.AdminDo(http.MethodGet, fmt.Sprintf("%s/%s/targets/%d/frames/0", status.RecordingsPath, id, tg), nil)
+	secrets := []string{"font-size:80px", "<title>three", `\u003ctitle\u003ethree`, "%3Ctitle%3Ethree", base64.StdEncoding.EncodeToString(img[100:160])}
+	_, meta, _ := g.AdminDo(http.MethodGet, status.RecordingsPath+"/"+id, nil)
+	if !strings.Contains(string(meta), secrets[0]) {
+		t.Fatalf("the recording's meta lacks its page's URL: %.300s", meta)
+	}
+	places := map[string]string{"log": g.Logs()}
+	for _, path := range []string{status.StatusPath, status.SessionsPath, "/metrics", status.RecordingsPath} {
+		_, b, _ := g.AdminDo(http.MethodGet, path, nil)
+		places[path] = string(b)
+	}
+	for where, text := range places {
+		for _, s := range secrets {
+			if strings.Contains(text, s) {
+				t.Fatalf("%q of the recording is in the %s", s, where)
+			}
+		}
+	}
+}
+
 // frameOK fetches frame n of target tg and checks it is a JPEG.
 func frameOK(t *testing.T, g *testgw.Gateway, id string, tg, n int) {
 	t.Helper()
@@ -258,6 +284,7 @@ func TestRecordingPuppeteer(t *testing.T) {
 	pageT, popupT := checkTwoTargets(t, m)
 	frameOK(t, g, id, pageT, 0)
 	frameOK(t, g, id, popupT, len(m.Targets[popupT].Frames)-1)
+	checkRecordingSecret(t, g, id, pageT)
 
 	// The list has it, newest first.
 	code, b, _ := g.AdminDo(http.MethodGet, status.RecordingsPath+"?limit=1", nil)
