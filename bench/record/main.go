@@ -89,16 +89,16 @@ func main() {
 	var p99 [2][]float64
 	var cpuPerSec [2][]float64
 	var perFrame []float64
-	var fps []float64
+	var fps, frameKB []float64
 	for range *rounds {
 		for i, addr := range []string{plainAddr, recAddr} {
 			c := dial("ws://" + addr + "/")
 			if i == 1 {
 				waitFrames(admin, 3)
 			}
-			f0, c0, t0 := framesStored(admin), caddybin.CPUTime(pid), time.Now()
+			f0, b0, c0, t0 := stored(admin, "frames"), stored(admin, "bytes"), caddybin.CPUTime(pid), time.Now()
 			rtts := roundTrips(c, *window)
-			f1, c1, t1 := framesStored(admin), caddybin.CPUTime(pid), time.Now()
+			f1, b1, c1, t1 := stored(admin, "frames"), stored(admin, "bytes"), caddybin.CPUTime(pid), time.Now()
 			c.Close(websocket.StatusNormalClosure, "")
 			a, b := percentiles(rtts)
 			p50[i], p99[i] = append(p50[i], a), append(p99[i], b)
@@ -107,6 +107,7 @@ func main() {
 			if i == 1 && f1 > f0 {
 				frames := f1 - f0
 				fps = append(fps, frames/secs)
+				frameKB = append(frameKB, (b1-b0)/frames/1024)
 				extra := cpuPerSec[1][len(cpuPerSec[1])-1] - cpuPerSec[0][len(cpuPerSec[0])-1]
 				perFrame = append(perFrame, extra*secs/frames*1e6)
 			}
@@ -120,7 +121,8 @@ func main() {
 		fmt.Printf("%-34s %9.3f %9.3f %12.1f\n", names[i], caddybin.Median(p50[i]), caddybin.Median(p99[i]), caddybin.Median(cpuPerSec[i])*1000)
 	}
 	fmt.Printf("recorded / unrecorded p50: %.2fx; p99: %.2fx\n", caddybin.Median(p50[1])/caddybin.Median(p50[0]), caddybin.Median(p99[1])/caddybin.Median(p99[0]))
-	fmt.Printf("frames stored: %.1f per second; gateway CPU per stored frame: %.0f µs\n", caddybin.Median(fps), caddybin.Median(perFrame))
+	fmt.Printf("frames stored: %.1f per second, %.1f KiB each (%.0f MiB a minute); gateway CPU per stored frame: %.0f µs\n",
+		caddybin.Median(fps), caddybin.Median(frameKB), caddybin.Median(fps)*caddybin.Median(frameKB)*60/1024, caddybin.Median(perFrame))
 
 	// Memory: sessions held open, unrecorded then recorded, the page
 	// still repainted.
@@ -279,8 +281,8 @@ func roundTrips(c *websocket.Conn, d time.Duration) []float64 {
 	return out
 }
 
-// framesStored reads recording_frames_total from the metrics.
-func framesStored(admin string) float64 {
+// stored reads recording_<what>_total from the metrics.
+func stored(admin, what string) float64 {
 	resp, err := http.Get("http://" + admin + "/metrics")
 	if err != nil {
 		fail(err)
@@ -290,7 +292,7 @@ func framesStored(admin string) float64 {
 	total := 0.0
 	for sc.Scan() {
 		line := sc.Text()
-		if strings.HasPrefix(line, "caddy_browser_failover_recording_frames_total{") {
+		if strings.HasPrefix(line, "caddy_browser_failover_recording_"+what+"_total{") {
 			f := strings.Fields(line)
 			v, _ := strconv.ParseFloat(f[len(f)-1], 64)
 			total += v
