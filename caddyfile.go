@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"math"
 	"strconv"
 	"strings"
 
@@ -14,6 +15,7 @@ import (
 	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
+	"github.com/dustin/go-humanize"
 
 	"github.com/browserfailover/caddy-browser-failover/cluster"
 	"github.com/browserfailover/caddy-browser-failover/config"
@@ -140,6 +142,17 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //			events <name...>
 //			secret <value>
 //		}
+//
+//		recording {
+//			sessions        asked|all
+//			format          jpeg|png
+//			quality         <1-100>
+//			max_size        <width>x<height>
+//			every_nth_frame <n>
+//			max_bytes       <size>
+//			retention       <duration>
+//			storage         <module> ...
+//		}
 //	}
 //
 // Each option means what the JSON field of the same name means (see the
@@ -239,6 +252,8 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			h.Resume, err = parseResume(d)
 		case "resume_key":
 			h.ResumeKey, err = oneArg(d)
+		case "recording":
+			h.Recording, err = r.parseRecording()
 		default:
 			return d.Errf("unknown option %q", opt)
 		}
@@ -689,6 +704,61 @@ var (
 	_ caddyfile.Unmarshaler = (*Handler)(nil)
 	_ json.Unmarshaler      = (*Handler)(nil)
 )
+
+// parseRecording reads the recording block. Its storage line is a Caddy
+// storage module's, read the way Caddy's own storage global option reads
+// one: `storage <module>` and what that module's Caddyfile form takes.
+func (r *reader) parseRecording() (*RecordingConfig, error) {
+	d := r.d
+	if d.NextArg() {
+		return nil, d.ArgErr()
+	}
+	rc := &RecordingConfig{}
+	return rc, r.open().each("recording", rc.Stated(), rc.Validate, func(opt string) (err error) {
+		switch opt {
+		case "sessions":
+			rc.Sessions, err = oneArg(d)
+		case "format":
+			rc.Format, err = oneArg(d)
+		case "quality":
+			rc.Quality, err = intArg(d)
+		case "max_size":
+			rc.MaxSize, err = oneArg(d)
+		case "every_nth_frame":
+			rc.EveryNthFrame, err = intArg(d)
+		case "max_bytes":
+			var v string
+			if v, err = oneArg(d); err == nil {
+				n, perr := humanize.ParseBytes(v)
+				if perr != nil || n > math.MaxInt64 {
+					return d.Errf("recording max_bytes %q: want a size such as 500MiB", v)
+				}
+				rc.MaxBytes = int64(n)
+			}
+		case "retention":
+			var v caddy.Duration
+			if v, err = durationArg(d); err == nil {
+				rc.Retention = &v
+			}
+		case "storage":
+			if !d.NextArg() {
+				return d.ArgErr()
+			}
+			name := d.Val()
+			var unm caddyfile.Unmarshaler
+			if unm, err = caddyfile.UnmarshalModule(d, "caddy.storage."+name); err != nil {
+				return err
+			}
+			if _, ok := unm.(caddy.StorageConverter); !ok {
+				return d.Errf("recording storage: module caddy.storage.%s is not a storage", name)
+			}
+			rc.Storage = caddyconfig.JSONModuleObject(unm, "module", name, nil)
+		default:
+			return errUnknownOption
+		}
+		return err
+	})
+}
 
 // parseResume reads `resume <window> [hold]`.
 func parseResume(d *caddyfile.Dispenser) (*ResumeConfig, error) {

@@ -49,6 +49,12 @@ func TestCaddyfileErrors(t *testing.T) {
 		{"session_api unknown", "browser_failover {\n provider a https://api.h {\n  session_api {\n   colour blue\n  }\n }\n}", `session_api: unknown option "colour"`, 4},
 		{"session_api insecure_connect value", "browser_failover {\n provider a https://api.h {\n  session_api {\n   insecure_connect yes\n  }\n }\n}", `insecure_connect: want on or off, got "yes"`, 4},
 		{"session_api header break", "browser_failover {\n provider a https://api.h {\n  session_api {\n   header X-Key \"a\nb\"\n  }\n }\n}", "session_api: header X-Key: the value must not contain a line break", 4},
+		{"recording quality", "browser_failover {\n provider a ws://h:1\n recording {\n  sessions all\n  quality 300\n }\n}", "recording quality must be 1 to 100, got 300", 5},
+		{"recording max_size", "browser_failover {\n provider a ws://h:1\n recording {\n  max_size big\n }\n}", `recording max_size "big": want <width>x<height>`, 4},
+		{"recording max_bytes", "browser_failover {\n provider a ws://h:1\n recording {\n  max_bytes lots\n }\n}", `recording max_bytes "lots": want a size`, 4},
+		{"recording png quality", "browser_failover {\n provider a ws://h:1\n recording {\n  quality 80\n  format png\n }\n}", "recording quality is for jpeg frames", 4},
+		{"recording storage module", "browser_failover {\n provider a ws://h:1\n recording {\n  storage nowhere\n }\n}", "caddy.storage.nowhere", 4},
+		{"recording twice", "browser_failover {\n provider a ws://h:1\n recording\n recording\n}", "recording given twice", 4},
 		{"allowed_origins empty", "browser_failover {\n provider a ws://h:1\n allowed_origins\n}", "allowed_origins needs at least one origin", 3},
 		{"allowed_origins host only", "browser_failover {\n provider a ws://h:1\n allowed_origins https://ok.example app.example\n}", `allowed_origins: "app.example" is not an origin`, 3},
 		{"allowed_origins twice", "browser_failover {\n provider a ws://h:1\n allowed_origins https://a.example\n allowed_origins https://b.example\n}", "allowed_origins given twice", 4},
@@ -493,7 +499,7 @@ func TestCaddyfileSyntaxDoc(t *testing.T) {
 	readers := map[string]string{
 		"UnmarshalCaddyfile": "browser_failover", "parseProvider": "provider", "parseCooldown": "cooldown",
 		"parseQueue": "queue", "parseSession": "session", "parseState": "state", "parseWebhook": "webhook",
-		"parseHealthCheck": "health_check", "parseProviders": "providers",
+		"parseHealthCheck": "health_check", "parseProviders": "providers", "parseRecording": "recording",
 	}
 	// Options several blocks share, read by one function that their
 	// readers call (or that such a function calls).

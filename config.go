@@ -20,4 +20,5 @@ type (
 	AffinityConfig     = config.AffinityConfig
 	HealthCheckConfig  = config.HealthCheckConfig
 	ResumeConfig       = config.ResumeConfig
+	RecordingConfig    = config.RecordingConfig
 )

@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"reflect"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -140,6 +141,10 @@ type Handler struct {
 	// clients send none. Default: none, every upgrade with an Origin is
 	// refused.
 	AllowedOrigins []string `json:"allowed_origins,omitempty"`
+
+	// Recording records CDP sessions: those whose client stated the
+	// session option record, or all of them. Default: off.
+	Recording *RecordingConfig `json:"recording,omitempty"`
 
 	// stated holds the options stated explicitly.
 	stated
@@ -613,6 +618,7 @@ func (h *Handler) Validate() error {
 		h.ClientLimit.Validate(),
 		h.ClientBudget.Validate(),
 		h.State.Validate(),
+		h.Recording.Validate(),
 	)
 	for i, wh := range h.Webhooks {
 		if err := wh.Validate(); err != nil {
@@ -1073,3 +1079,115 @@ func (p *ProviderConfig) ValidateWarm() error {
 	}
 	return errors.Join(errs...)
 }
+
+// RecordingConfig records CDP sessions (JSON key "recording"): the gateway
+// takes part in each recorded session on the client's own connection,
+// runs the screencast of every page the session opens, and keeps the
+// frames in a storage (package recordings).
+type RecordingConfig struct {
+	// Sessions is which CDP sessions are recorded: "asked", those whose
+	// client stated the session option record, or "all". Default:
+	// "asked".
+	Sessions string `json:"sessions,omitempty"`
+	// Format is the frames' format: "jpeg" or "png". Default: "jpeg".
+	Format string `json:"format,omitempty"`
+	// Quality is the JPEG quality, 1 to 100 (jpeg only). Default: 70.
+	Quality int `json:"quality,omitempty"`
+	// MaxSize bounds a frame, "<width>x<height>" in pixels (16 to 4096
+	// each): a larger page is scaled down to fit. Default: "1280x800".
+	MaxSize string `json:"max_size,omitempty"`
+	// EveryNthFrame keeps one frame of every n the page draws; at least
+	// 1. Default: 1.
+	EveryNthFrame int `json:"every_nth_frame,omitempty"`
+	// MaxBytes is the most bytes of frames kept per session: capture
+	// stops there (the recording says so). Positive. Default: 500 MiB.
+	MaxBytes int64 `json:"max_bytes,omitempty"`
+	// Retention deletes recordings that ended longer ago than this; 0
+	// keeps them. Default: 7 days.
+	Retention *caddy.Duration `json:"retention,omitempty"`
+	// Storage is where recordings are kept: a Caddy storage module
+	// (namespace caddy.storage, e.g. {"module":"file_system","root":…}).
+	// Default: Caddy's own storage.
+	Storage json.RawMessage `json:"storage,omitempty" caddy:"namespace=caddy.storage inline_key=module"`
+
+	stated
+}
+
+// Recording defaults.
+const (
+	DefaultRecordingQuality   = 70
+	DefaultRecordingMaxWidth  = 1280
+	DefaultRecordingMaxHeight = 800
+	DefaultRecordingMaxBytes  = 500 << 20
+	DefaultRecordingRetention = 7 * 24 * time.Hour
+)
+
+// ParseSize reads a max_size, "<width>x<height>".
+func ParseSize(s string) (w, h int, err error) {
+	ws, hs, ok := strings.Cut(strings.ToLower(s), "x")
+	if ok {
+		w, err = strconv.Atoi(ws)
+		if err == nil {
+			h, err = strconv.Atoi(hs)
+		}
+	}
+	if !ok || err != nil {
+		return 0, 0, fmt.Errorf("max_size %q: want <width>x<height>, like 1280x800", s)
+	}
+	if w < 16 || h < 16 || w > 4096 || h > 4096 {
+		return 0, 0, fmt.Errorf("max_size %q: width and height must be 16 to 4096 pixels", s)
+	}
+	return w, h, nil
+}
+
+// Validate checks the recording block.
+func (rc *RecordingConfig) Validate() error {
+	if rc == nil {
+		return nil
+	}
+	var errs []error
+	switch rc.Sessions {
+	case "", "asked", "all":
+	default:
+		errs = append(errs, conf.Problemf("sessions", "recording sessions %q: want asked or all", rc.Sessions))
+	}
+	switch rc.Format {
+	case "", "jpeg", "png":
+	default:
+		errs = append(errs, conf.Problemf("format", "recording format %q: want jpeg or png", rc.Format))
+	}
+	if (rc.Quality != 0 || rc.given.has("quality")) && (rc.Quality < 1 || rc.Quality > 100) {
+		errs = append(errs, conf.Problemf("quality", "recording quality must be 1 to 100, got %d", rc.Quality))
+	} else if rc.Quality != 0 && rc.Format == "png" {
+		// A format given after it settles it.
+		errs = append(errs, &conf.Problem{Options: []string{"quality"}, Whole: true,
+			Msg: "recording quality is for jpeg frames: png frames are lossless"})
+	}
+	if rc.MaxSize != "" || rc.given.has("max_size") {
+		if _, _, err := ParseSize(rc.MaxSize); err != nil {
+			errs = append(errs, conf.Problemf("max_size", "recording %v", err))
+		}
+	}
+	if (rc.EveryNthFrame != 0 || rc.given.has("every_nth_frame")) && rc.EveryNthFrame < 1 {
+		errs = append(errs, conf.Problemf("every_nth_frame", "recording every_nth_frame must be at least 1, got %d", rc.EveryNthFrame))
+	}
+	if rc.MaxBytes < 0 || (rc.MaxBytes == 0 && rc.given.has("max_bytes")) {
+		errs = append(errs, conf.Problemf("max_bytes", "recording max_bytes must be positive, got %d", rc.MaxBytes))
+	}
+	if rc.Retention != nil && *rc.Retention < 0 {
+		errs = append(errs, conf.Problemf("retention", "recording retention must not be negative (0 keeps recordings), got %v", time.Duration(*rc.Retention)))
+	}
+	if len(rc.Storage) > 0 {
+		var m struct {
+			Module string `json:"module"`
+		}
+		if json.Unmarshal(rc.Storage, &m) != nil || m.Module == "" {
+			errs = append(errs, conf.Problemf("storage", `recording storage: want a storage module object, like {"module":"file_system","root":"/var/lib/recordings"}`))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// RecordsAll reports whether every CDP session is recorded (not only
+// those whose client asked).
+func (rc *RecordingConfig) RecordsAll() bool { return rc != nil && rc.Sessions == "all" }

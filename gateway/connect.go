@@ -114,8 +114,11 @@ type connect struct {
 	// client key's book; its provider's part once an attempt won),
 	// until its session takes it; given back at the end of its way.
 	ticket *pool.Ticket
-	// resuming: the client takes back a parked session (resume.go).
-	resuming bool
+	// resuming: the client takes back a parked session (resume.go);
+	// recording is the recording that session's goes on with ("":
+	// none).
+	resuming  bool
+	recording string
 	// opts are the session options the client stated
 	// (session_options.go).
 	opts options.Set
@@ -344,7 +347,7 @@ func (h *Gateway) usable(cl *class) []string {
 		if declined != nil && (*declined)[p.resources[j]] {
 			continue
 		}
-		if !cl.opts.Empty() && len(up.Honours().Lacks(cl.opts)) > 0 {
+		if !cl.opts.Empty() && len(h.lacks(up, cl.opts, cl.proto)) > 0 {
 			continue
 		}
 		out = append(out, p.resources[j])

@@ -92,6 +92,9 @@ func (h *Gateway) provision(ctx caddy.Context, gauges func(*pool.Registry) prome
 	}
 	h.provisionLedger(ctx, known)
 	h.provisionClientKeys(ctx)
+	if err := h.provisionRecording(ctx); err != nil {
+		return err
+	}
 
 	size, timeout := config.DefaultQueueSize, config.DefaultQueueTimeout
 	if q := h.Queue; q != nil {
@@ -163,6 +166,7 @@ func (h *Gateway) Cleanup() error {
 		m.state.RemoveOnReset(h)
 	}
 	h.cleanupProbes()
+	h.cleanupRecording()
 	if h.obs != nil {
 		h.obs.Close()
 	}

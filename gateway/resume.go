@@ -136,6 +136,11 @@ func (c resume) take(presented string) {
 	// same token, and keeps the options it was made with.
 	c.token = presented
 	c.opts = parkedOptions(e.Options)
+	c.recording = e.Recording
+	if c.recording != "" {
+		// Its recording goes on: no compression (recording.go).
+		offerNoExtension(c.hs)
+	}
 	if e.Held != nil {
 		c.joinHeld(e)
 		return
@@ -199,7 +204,7 @@ func (c resume) claim(token string) (e *pool.Parked, ok, unreachable bool) {
 	}
 	now := c.h.reg.Now()
 	return &pool.Parked{ID: sp.ID, Token: token, Provider: sp.Provider, Protocol: string(upstreams.ProtocolCDP), Point: rp,
-		Key: key, Started: sp.Started, Parked: now, Until: now.Add(left), Shared: true, Options: sp.Options, Data: sp.Point}, true, false
+		Key: key, Started: sp.Started, Parked: now, Until: now.Add(left), Shared: true, Options: sp.Options, Recording: sp.Recording, Data: sp.Point}, true, false
 }
 
 // memberNamed is the member of the client's pool called name, nil when
@@ -277,7 +282,7 @@ func (c resume) giveBack(e *pool.Parked) {
 		return
 	}
 	left := e.Until.Sub(c.h.reg.Now())
-	v, _ := json.Marshal(sharedParked{ID: e.ID, Provider: e.Provider, Point: sp, Started: e.Started, Options: e.Options})
+	v, _ := json.Marshal(sharedParked{ID: e.ID, Provider: e.Provider, Point: sp, Started: e.Started, Options: e.Options, Recording: e.Recording})
 	if err := sh.s.Store().ParkResume(context.WithoutCancel(c.ctx), e.Token, e.Key, v, left); err != nil {
 		sh.s.Failed("park resume", err)
 	}

@@ -45,6 +45,8 @@ type parking struct {
 	remoteIP string
 	meter    *spend.Meter // the session's cost
 	options  string       // its session options as bf_ query items
+	// recording is the recording a resume goes on with ("": none).
+	recording string
 
 	mu sync.Mutex
 	id string // the session's current ID
@@ -204,6 +206,7 @@ func (pk *parking) park(held *upstreams.Session, code int) {
 		CloseCode: code,
 		Held:      held,
 		Options:   pk.options,
+		Recording: pk.recording,
 		Data:      pk,
 	}
 	if pk.hold && held == nil {
@@ -220,7 +223,7 @@ func (pk *parking) park(held *upstreams.Session, code int) {
 	// shared store keeps holds no secret of the provider's.
 	if pk.store != nil && held == nil && pk.keeps() == nil && e.Refuse == "" && pk.store.Usable() {
 		if sp, ok := pk.up.Share(pk.point); ok {
-			v, _ := json.Marshal(sharedParked{ID: e.ID, Provider: pk.provider, Point: sp, Started: pk.started, Options: pk.options})
+			v, _ := json.Marshal(sharedParked{ID: e.ID, Provider: pk.provider, Point: sp, Started: pk.started, Options: pk.options, Recording: pk.recording})
 			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 			if err := pk.store.Store().ParkResume(ctx, pk.token, pk.key, v, pk.window); err != nil {
 				pk.store.Failed("park resume", err)
@@ -300,6 +303,9 @@ type sharedParked struct {
 	Point    upstreams.SharedPoint `json:"point"`
 	Started  time.Time             `json:"started"`
 	Options  string                `json:"options,omitempty"`
+	// Recording is the ID of the session's recording (a session ID),
+	// which a resume goes on with where the storage is shared.
+	Recording string `json:"recording,omitempty"`
 }
 
 // decodeSharedParked reads an entry of the shared registry, refusing one
@@ -311,6 +317,9 @@ func decodeSharedParked(v []byte) (sharedParked, error) {
 	}
 	if !validSessionID(sp.ID) {
 		return sp, errors.New("not a session ID")
+	}
+	if sp.Recording != "" && !validSessionID(sp.Recording) {
+		return sp, errors.New("not a recording ID")
 	}
 	if sp.Provider == "" || strings.IndexFunc(sp.Provider, func(r rune) bool { return r < ' ' || r == 0x7f }) >= 0 {
 		return sp, errors.New("not a provider name")

@@ -52,7 +52,7 @@ func (c *connect) byOptions(order []int) []int {
 	kept := order[:0:0]
 	for _, i := range order {
 		m := c.pool.all[i]
-		if lacks := m.up.Honours().Lacks(c.opts); len(lacks) > 0 {
+		if lacks := c.h.lacks(m.up, c.opts, c.cls.proto); len(lacks) > 0 {
 			c.unsupported = append(c.unsupported, unsupported{Provider: m.up.Name, Lacks: lacks})
 			continue
 		}

@@ -1,13 +1,19 @@
 package gateway
 
 import (
+	"context"
 	"net/http"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
 	"go.uber.org/zap"
 
+	"github.com/browserfailover/caddy-browser-failover/cdp"
+	"github.com/browserfailover/caddy-browser-failover/options"
 	"github.com/browserfailover/caddy-browser-failover/pool"
+	"github.com/browserfailover/caddy-browser-failover/recordings"
 	"github.com/browserfailover/caddy-browser-failover/sessions"
 	"github.com/browserfailover/caddy-browser-failover/upstreams"
 )
@@ -136,14 +142,20 @@ type socketBody struct {
 	// keepalive: the session pings its sides, and its end entry counts
 	// the pings.
 	keepalive bool
+	// rec is its recording (nil: not to be recorded; recording.go).
+	rec *sessionRecording
 }
 
 // EndFields are what its end entry says besides every session's.
 func (b socketBody) EndFields() []zap.Field {
-	if !b.keepalive {
-		return nil
+	var out []zap.Field
+	if b.keepalive {
+		out = append(out, zap.Int64("keepalive_pings", b.KeepalivePings()))
 	}
-	return []zap.Field{zap.Int64("keepalive_pings", b.KeepalivePings())}
+	if f, ok := b.rec.field(); ok {
+		out = append(out, f)
+	}
+	return out
 }
 
 // relay makes the session live: it is registered with its provider and
@@ -158,6 +170,15 @@ func (c socket) relay(m *member, client netConn, up *upstreams.Conn, pending []b
 	c.ticket = nil
 	// A session its client ends may be taken back (resume.go).
 	pk := c.newParking(m, up, t)
+	var shownKey string
+	if k, ok := t.Share(); ok {
+		shownKey = c.h.reg.Hashes.ShownKey(k.Value)
+	}
+	// A recorded session has the gateway take part in it (recording.go).
+	rec := c.recordingOf(m, up, shownKey)
+	if pk != nil {
+		pk.recording = rec.recordingID()
+	}
 	// The provider's 101 is relayed (a parking keeps what it needs of
 	// it): a live session does not carry its header block.
 	up.Answer = nil
@@ -174,6 +195,7 @@ func (c socket) relay(m *member, client netConn, up *upstreams.Conn, pending []b
 		// session.end: the gateway ends it when the client leaves.
 		opts.Farewell = upstreams.BiDiFarewell()
 	}
+	opts.Tap = rec.tap()
 	remote := up.Remote // the ticket releases it
 	up.Remote = nil
 	// The closures outlive the request: they must not hold c, whose
@@ -181,9 +203,15 @@ func (c socket) relay(m *member, client netConn, up *upstreams.Conn, pending []b
 	// A warm session goes on with the lifecycle it had: the client takes
 	// it over.
 	life := c.warm
-	opts.OnEnd = func(s *upstreams.Session) { life.Ended(s.Reason()) }
+	opts.OnEnd = func(s *upstreams.Session) {
+		rec.end()
+		life.Ended(s.Reason())
+	}
 	s := upstreams.NewSession(client, up, opts)
-	body := socketBody{Session: s, keepalive: c.h.Keepalive > 0}
+	if rec.tap() != nil {
+		rec.p.Start(s.Send)
+	}
+	body := socketBody{Session: s, keepalive: c.h.Keepalive > 0, rec: rec}
 	if life != nil {
 		life.Handover(body, c.h.limits(0), c.entry(m))
 	} else {
@@ -203,6 +231,9 @@ func (c socket) relay(m *member, client netConn, up *upstreams.Conn, pending []b
 		})
 	}
 	info := pool.SessionInfo{ID: c.id, Protocol: string(c.cls.proto), RemoteIP: remoteIP(c.r), Attempts: c.tries, Options: c.opts.Map()}
+	if rec != nil {
+		info.Recording, info.Unrecorded = rec.rec, rec.unavailable
+	}
 	if pk != nil {
 		info.ResumeToken = pk.token
 	}
@@ -232,4 +263,47 @@ func (c socket) entry(m *member) sessions.Entry {
 		e.Fields = append(e.Fields, zap.Bool("warm", true))
 	}
 	return e
+}
+
+// recordingOf decides whether the session c establishes with up at m is
+// recorded: nil when it is not to be; with unavailable set when it was to
+// be and cannot; else its recording, under way, and its participant (the
+// relay's tap, started by the caller once the relay is made).
+func (c socket) recordingOf(m *member, up *upstreams.Conn, shownKey string) *sessionRecording {
+	r := c.h.rec
+	if r == nil || c.cls.proto != upstreams.ProtocolCDP {
+		return nil
+	}
+	asked := slices.Contains(c.opts.Asked(), options.Record)
+	if !asked && !r.cfg.RecordsAll() && c.recording == "" {
+		return nil
+	}
+	if asked && slices.Contains(m.up.Honours().Supports, options.Record) {
+		return nil // the provider records it
+	}
+	if ext := up.Answer.Header.Get("Sec-Websocket-Extensions"); ext != "" {
+		return &sessionRecording{unavailable: "unavailable: the session negotiated a WebSocket extension (" + extensionNames(ext) + "): its messages cannot be read"}
+	}
+	if path, _, _ := strings.Cut(up.Point.URI, "?"); strings.HasPrefix(path, "/devtools/page/") {
+		return &sessionRecording{unavailable: "unavailable: the provider's endpoint is a page's (/devtools/page/…), not the browser's: it cannot follow the session's targets"}
+	}
+	h := c.h
+	provider := m.up.Name
+	meta := recordings.Meta{ID: c.id, Provider: provider, Options: c.opts.Map(), Client: shownKey}
+	sr := &sessionRecording{}
+	o := recordings.Options{Format: r.sc.Format, MaxBytes: r.maxBytes,
+		Counter: recordingCounter{m: h.reg.Metrics(), provider: provider},
+		OnEnd:   func(*recordings.Recording) { h.reg.Recordings.Remove(sr.live) }}
+	if c.recording != "" {
+		meta.ID = c.recording
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		sr.rec = r.store.Continue(ctx, meta, o)
+		cancel()
+	} else {
+		sr.rec = r.store.Begin(meta, o)
+	}
+	sr.live = &pool.LiveRecording{Recording: sr.rec, Session: c.id, Provider: provider, Store: r.store}
+	h.reg.Recordings.Add(sr.live)
+	sr.p = cdp.New(r.sc, sr.rec)
+	return sr
 }

@@ -45,6 +45,9 @@ type Metrics struct {
 	webdriverCommands *prometheus.CounterVec
 	warmHanded        *prometheus.CounterVec
 	lookupFailures    *prometheus.CounterVec
+	recFrames         *prometheus.CounterVec
+	recBytes          *prometheus.CounterVec
+	recDropped        *prometheus.CounterVec
 	sharedFailovers   prometheus.Counter
 
 	// The shared state's gauge: shown only while some handler uses a
@@ -64,6 +67,9 @@ func NewMetrics() *Metrics {
 		webdriverCommands: counterVec("webdriver_commands_total", "WebDriver commands forwarded to providers (HTTP requests to a session), by provider.", "provider"),
 		warmHanded:        counterVec("warm_handed_total", "Warm sessions (opened ahead of demand) handed to clients, by provider.", "provider"),
 		lookupFailures:    counterVec("provider_lookup_failures_total", "Lookups of a providers block's source that failed or gave no address (the providers found before were kept), by providers block.", "providers"),
+		recFrames:         counterVec("recording_frames_total", "Screencast frames of recorded sessions stored, by provider.", "provider"),
+		recBytes:          counterVec("recording_bytes_total", "Bytes of the screencast frames of recorded sessions stored, by provider.", "provider"),
+		recDropped:        counterVec("recording_dropped_total", "Screencast frames of recorded sessions dropped because the storage could not keep up, by provider.", "provider"),
 		failovers:         counterVec("failovers_total", "Failovers: a client's attempt failed (failure, 408/429, 428) and its next attempt went straight to another provider, by the provider that failed.", "provider"),
 		rejections:        counterVec("rejections_total", "Clients that got no session, by reason: queue_full, queue_timeout, no_provider, relayed (a provider's 4xx passed on), client_limit, client_budget, and the others the reference lists.", "reason"),
 		queueWait: prometheus.NewHistogram(prometheus.HistogramOpts{
@@ -126,7 +132,7 @@ func (m *Metrics) Collect(ch chan<- prometheus.Metric) {
 
 func (m *Metrics) counters() []prometheus.Collector {
 	return []prometheus.Collector{
-		m.attempts, m.failovers, m.rejections, m.webdriverCommands, m.warmHanded, m.queueWait, m.handshake, m.sessionDuration,
+		m.attempts, m.failovers, m.rejections, m.webdriverCommands, m.warmHanded, m.recFrames, m.recBytes, m.recDropped, m.queueWait, m.handshake, m.sessionDuration,
 		m.eventDrops, m.webhookDeliveries, m.hedgesStarted, m.hedgesWon, m.hedgesWasted, m.sharedErrors, m.probes, m.resumes, m.spent,
 		m.lookupFailures, m.sharedFailovers,
 	}
@@ -168,6 +174,16 @@ func (m *Metrics) WarmHanded(provider string) {
 	}
 	m.warmHanded.WithLabelValues(provider).Inc()
 }
+
+// RecordingStored counts one frame of a session at provider stored, of
+// n bytes.
+func (m *Metrics) RecordingStored(provider string, n int) {
+	m.recFrames.WithLabelValues(provider).Inc()
+	m.recBytes.WithLabelValues(provider).Add(float64(n))
+}
+
+// RecordingDropped counts one frame of a session at provider dropped.
+func (m *Metrics) RecordingDropped(provider string) { m.recDropped.WithLabelValues(provider).Inc() }
 
 // WebDriverCommand counts one WebDriver command forwarded to provider.
 func (m *Metrics) WebDriverCommand(provider string) {

@@ -104,14 +104,15 @@ func Has(s string) bool { return strings.Contains(s, PlaceholderPrefix) }
 
 // Lacks lists what of s the provider cannot honour: region when none of
 // its regions is on the client's list, then each other asked option it
-// does not support. Empty: it can serve s.
-func (p *Honours) Lacks(s Set) []string {
+// does not support, nor also (what the gateway honours itself for it,
+// such as record when it records the session). Empty: it can serve s.
+func (p *Honours) Lacks(s Set, also ...string) []string {
 	var out []string
 	if len(s.regions) > 0 && p.Rank(s) < 0 {
 		out = append(out, Region)
 	}
 	for _, o := range s.Asked() {
-		if !slices.Contains(p.Supports, o) {
+		if !slices.Contains(p.Supports, o) && !slices.Contains(also, o) {
 			out = append(out, o)
 		}
 	}

@@ -65,6 +65,9 @@ type Registry struct {
 	Warmers *Warmers
 	// Queues are the handlers' queues as status lists them (queues.go).
 	Queues *Queues
+	// Recordings are the stores of recorded sessions and the recordings
+	// under way (recordings.go).
+	Recordings *Recordings
 
 	// providers holds the configured providers' entries, claimed by the
 	// handlers that use them (Claim, ReleaseClaim).
@@ -114,6 +117,7 @@ func NewRegistry(clock queue.Clock) *Registry {
 	r.Handlers = newHandlers(r.Sessions)
 	r.Warmers = newWarmers()
 	r.Queues = newQueues()
+	r.Recordings = newRecordings(clock)
 	return r
 }
 
@@ -141,6 +145,7 @@ func (r *Registry) Metrics() *observe.Metrics { return r.metrics }
 func (r *Registry) Destruct() error {
 	r.Parked.ExpireAll()
 	r.Ledger.close()
+	r.Recordings.stop()
 	r.apiTransport.CloseIdleConnections()
 	return nil
 }

@@ -62,6 +62,9 @@ type Parked struct {
 	// Options are the session options it was made with, as bf_ query
 	// items ("" when none): a resume keeps them.
 	Options string
+	// Recording is the ID of its recording ("": none): a resume goes on
+	// with it.
+	Recording string
 	// Refuse, when set, is why a resume of it is answered 409 (it cannot
 	// be joined).
 	Refuse string

@@ -6,6 +6,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/browserfailover/caddy-browser-failover/recordings"
 	"github.com/browserfailover/caddy-browser-failover/spend"
 	"github.com/browserfailover/caddy-browser-failover/upstreams"
 )
@@ -47,6 +48,11 @@ type SessionInfo struct {
 	// (a WebDriver session; bound.go); zero for the others. Never
 	// shown.
 	Bound Bound
+	// Recording is the session's recording under way (nil: none), and
+	// Unrecorded why a session that was to be recorded is not ("": it
+	// is, or was not to be).
+	Recording  *recordings.Recording
+	Unrecorded string
 }
 
 // Live is what the registry knows a live session by: a relayed

@@ -58,6 +58,10 @@ type Session struct {
 	// Options are the session options its client stated (absent when
 	// none): region a list, booleans booleans, timeout a duration.
 	Options map[string]any `json:"options,omitempty"`
+	// Recording is, for a session that is to be recorded, its recording
+	// ({"id","frames","bytes","dropped"[,"stopped"]}) or why it has none
+	// ("unavailable: <why>"); absent otherwise.
+	Recording any `json:"recording,omitempty"`
 }
 
 // sessionOf builds a registry entry's Session object, its duration and
@@ -80,6 +84,11 @@ func sessionOf(reg *pool.Registry, e pool.LiveSession) Session {
 	if e.Client != "" {
 		c := e.Client
 		out.Client = &c
+	}
+	if e.Recording != nil {
+		out.Recording = e.Recording.Brief()
+	} else if e.Unrecorded != "" {
+		out.Recording = e.Unrecorded
 	}
 	if wd, ok := e.Session.(pool.Commanded); ok {
 		b := wd.Browser()

@@ -65,13 +65,18 @@ const (
 
 // Routes serves GET /browser_failover/status,
 // POST /browser_failover/providers/<name>/{drain,undrain,reset},
-// GET /browser_failover/sessions and DELETE /browser_failover/sessions/<id>.
+// GET /browser_failover/sessions and DELETE /browser_failover/sessions/<id>,
+// and the recordings (recordings.go): GET /browser_failover/recordings,
+// GET and DELETE /browser_failover/recordings/<id>, and GET of its frames
+// and videos.
 func (a Admin) Routes() []caddy.AdminRoute {
 	return []caddy.AdminRoute{
 		{Pattern: StatusPath, Handler: caddy.AdminHandlerFunc(a.handleStatus)},
 		{Pattern: ProvidersPath, Handler: caddy.AdminHandlerFunc(a.handleProvider)},
 		{Pattern: SessionsPath, Handler: caddy.AdminHandlerFunc(a.handleSessions)},
 		{Pattern: SessionsPath + "/", Handler: caddy.AdminHandlerFunc(a.handleSession)},
+		{Pattern: RecordingsPath, Handler: caddy.AdminHandlerFunc(a.handleRecordings)},
+		{Pattern: RecordingsPath + "/", Handler: caddy.AdminHandlerFunc(a.handleRecordings)},
 	}
 }
 

@@ -227,6 +227,9 @@ func (d *direction) startDropping() {
 	if !d.frames.atBoundary() || d.ctl.held() > 0 {
 		d.s.sync(change{ev: evDropped, frames: 1})
 	}
+	if d.tr != nil {
+		d.tr.reset() // the tap sees nothing until a client joins
+	}
 }
 
 // held is the down direction's hook when its read of the provider failed
@@ -396,6 +399,9 @@ func (d *direction) join() bool {
 	d.wait = nil
 	if w.onJoin != nil {
 		w.onJoin(w.report())
+	}
+	if d.tr != nil {
+		d.tr.tap.Joined()
 	}
 	return true
 }

@@ -84,8 +84,12 @@ type Session struct {
 	onPark   func(*Session)
 	farewell *Farewell  // nil: none (farewell.go)
 	ka       *keepalive // nil: off
+	tap      Tap        // nil: none (tap.go)
 	// bytes relayed to each side (BytesUp, BytesDown).
 	bytes [2]atomic.Int64
+	// outPending: the tap's messages wait in outbox (tap.go); read by
+	// the up direction without the lock.
+	outPending atomic.Bool
 
 	mu      sync.Mutex // guards what follows but hold
 	client  net.Conn
@@ -110,6 +114,9 @@ type Session struct {
 	joiner                *resumeReq
 	dropFrames, dropBytes int64
 	clientCode            int // the client's close code (closeNoStatus: none in its frame; 0: no frame)
+	// outbox: the tap's frames for the provider, waiting for the client's
+	// stream to reach a message boundary (tap.go).
+	outbox []byte
 
 	// The small fields, together. hold is set at the start, the others
 	// are under mu.
@@ -142,6 +149,11 @@ type SessionOptions struct {
 	// client's side ends, before it closes the provider's connection
 	// (farewell.go). It does not go with Hold.
 	Farewell *Farewell
+	// Tap is a participant of the gateway's own in the session: it sees
+	// the provider's messages toward the client and says which the client
+	// gets, and sends the provider messages of its own (tap.go). Not for
+	// a session that negotiated an extension.
+	Tap Tap
 }
 
 // NewSession prepares the relay between client and the upstream connection
@@ -157,6 +169,7 @@ func NewSession(client net.Conn, up *Conn, o SessionOptions) *Session {
 		// the client leaves, to end it there.
 		hold:     o.Hold || o.Farewell != nil,
 		farewell: o.Farewell,
+		tap:      o.Tap,
 		running:  2,
 	}
 	if o.Keepalive > 0 {
@@ -315,9 +328,12 @@ type direction struct {
 	pending  []byte
 	frames   frameTracker
 	// ctl is a control frame from src being collected; nil for a
-	// session with neither keepalive nor hold, which never collects one
-	// (an idle session holds no buffer for it).
+	// session with neither keepalive nor hold nor a tap, which never
+	// collects one (an idle session holds no buffer for it).
 	ctl *ctlFrame
+	// tr puts together the provider's messages for the session's tap
+	// (down direction of a tapped session; tap.go).
+	tr *tapReader
 
 	// Reading (relay_raw_*.go): src's raw connection when it is plain TCP,
 	// and the last raw read's result; small is the read buffer of another
@@ -344,10 +360,12 @@ type direction struct {
 	// The small fields, together (an idle session holds two directions).
 	side uint8 // the side dst is (toProvider, toClient)
 	mode mode
-	// watch: the relay stops at frames whose first byte is one of these
-	// (keepalive's pongs, hold's close frames from the client) and hands
-	// them, whole, to control.
+	// watching: the relay looks at what it relays (control frames, or a
+	// tap's messages): not the plain path. controls: it stops at frames
+	// whose first byte is one of watch (keepalive's pongs, hold's close
+	// frames from the client) and hands them, whole, to control.
 	watching bool
+	controls bool
 	watch    [2]byte
 	// closeNoted: the first close frame from src was noted.
 	closeNoted bool
@@ -355,9 +373,11 @@ type direction struct {
 	splice     bool // both ends plain TCP
 	alone      bool
 	// Under s.mu: a ping is due (keepalive.go); awaiting while it reads
-	// src for the answer to the other direction's close frame.
+	// src for the answer to the other direction's close frame; sendDue:
+	// its read was interrupted for the tap's messages (tap.go).
 	pingDue     bool
 	awaitsReply bool
+	sendDue     bool
 }
 
 // mode is what a direction does with the bytes it reads.
@@ -372,18 +392,22 @@ const (
 
 func (s *Session) newDirection(src, dst net.Conn, side int, pending []byte) *direction {
 	d := &direction{s: s, src: src, dst: dst, side: uint8(side), pending: pending}
-	if s.ka != nil || s.hold {
+	if s.ka != nil || s.hold || s.tap != nil {
 		d.ctl = new(ctlFrame)
 	}
 	if s.ka != nil {
-		d.watching, d.watch = true, [2]byte{pongFirstByte, pongFirstByte}
+		d.controls, d.watch = true, [2]byte{pongFirstByte, pongFirstByte}
 	}
 	if s.hold && side == toProvider {
-		d.watching, d.watch[1] = true, closeFirstByte
+		d.controls, d.watch[1] = true, closeFirstByte
 		if s.ka == nil {
 			d.watch[0] = closeFirstByte
 		}
 	}
+	if s.tap != nil && side == toClient {
+		d.tr = newTapReader(s.tap)
+	}
+	d.watching = d.controls || s.tap != nil
 	// A message the client cuts short is completed (farewell_fill.go).
 	d.frames.followText = d.sendsFarewell()
 	if st, ok := src.(*net.TCPConn); ok {
@@ -393,7 +417,8 @@ func (s *Session) newDirection(src, dst net.Conn, side int, pending []byte) *dir
 		// fails toward a client that left loses bytes already taken from
 		// the provider, and where its frames start. With a farewell the
 		// client's is not either: its tracker follows the text.
-		d.splice = tcp && !(s.hold && side == toClient) && !d.frames.followText
+		// A tap reads every message of the provider's.
+		d.splice = tcp && !(s.hold && side == toClient) && !d.frames.followText && d.tr == nil
 	}
 	return d
 }
@@ -490,10 +515,19 @@ func (d *direction) take(p []byte) bool {
 	return d.drop(p)
 }
 
-// relayWatching relays p, but for the watched control frames: each is
+// relayWatching relays p, looking at it: a tapped session's messages
+// (tap.go), or the watched control frames.
+func (d *direction) relayWatching(p []byte) bool {
+	if d.s.tap != nil {
+		return d.relayTapped(p)
+	}
+	return d.relayControl(p)
+}
+
+// relayControl relays p, but for the watched control frames: each is
 // collected whole (it is short) and handed to control, which may take it
 // out of the stream.
-func (d *direction) relayWatching(p []byte) bool {
+func (d *direction) relayControl(p []byte) bool {
 	for len(p) > 0 {
 		if d.ctl.held() == 0 {
 			if n := d.frames.advanceToEither(p, d.watch[0], d.watch[1]); n > 0 {
@@ -654,13 +688,15 @@ func (d *direction) wake(err error) bool {
 	case v.phase == closing && d.mode == dropping:
 		return false // the client is lost: the up direction sends the provider its close frame
 	case v.phase == closing:
-		if d.frames.atBoundary() {
+		if d.atWriteBoundary() {
 			return d.closeOut(nil)
 		}
 		d.mode = finishing
 		return d.extend()
 	case v.phase == ending:
 		return d.s.cut("") // the CloseWait after the other side ended is over
+	case v.out != nil && !d.writeOut(v.out): // tap.go
+		return false
 	case v.ping:
 		return d.ping() // keepalive.go
 	}

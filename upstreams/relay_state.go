@@ -101,6 +101,8 @@ const (
 	evDropped   // the provider sent c.frames, c.bytes while without a client
 	evTick      // the session's timer (Session.tick)
 	evLook      // a look at the session's state
+	evSend      // the tap sends the provider c.msg (tap.go)
+	evOut       // the up direction is at a message boundary: it takes the tap's messages
 )
 
 // change is an event with what it carries.
@@ -120,6 +122,7 @@ type change struct {
 	clientDead bool
 	req        *resumeReq // evResume: the client waiting to join
 	byWrite    bool       // evLost: a write failed (else keepalive found the client dead)
+	msg        []byte     // evSend: the frame
 	// evDropped.
 	frames, bytes int64
 }
@@ -141,6 +144,10 @@ type view struct {
 	ping bool
 	echo []byte
 	req  *resumeReq
+	// evWake, evOut: the tap's frames for the provider, to write now;
+	// evSend: whether the frame was queued.
+	out  []byte
+	sent bool
 	// client: the client's connection; last (evExit): the last
 	// direction ended.
 	client net.Conn
@@ -162,8 +169,11 @@ func (s *Session) sync(c change) (v view) {
 	d := c.d
 	switch c.ev {
 	case evWake:
-		v.ping = d.pingDue && s.phase == live && d.frames.atBoundary()
+		v.ping = d.pingDue && s.phase == live && d.atWriteBoundary()
 		d.pingDue = false
+		if d.sendDue && d.frames.atMessageBoundary() && d.ctl.held() == 0 {
+			v.out = s.takeOut(d)
+		}
 		if v.ping {
 			s.ka.pings[d.side]++
 		}
@@ -203,6 +213,10 @@ func (s *Session) sync(c change) (v view) {
 		s.dropBytes += c.bytes
 	case evTick:
 		s.tick()
+	case evSend:
+		v.sent = s.queueOut(c.msg)
+	case evOut:
+		v.out = s.takeOut(d)
 	case evLook:
 		v.req = s.joiner
 	default:
@@ -286,6 +300,9 @@ func (s *Session) step(c change) bool {
 		s.client.SetReadDeadline(aLongTimeAgo)
 	case parking:
 		s.clientCode, s.echo = c.code, c.echo
+		// The tap's messages were for the client that left.
+		s.outbox = nil
+		s.outPending.Store(false)
 		if s.farewell != nil {
 			// The session ends once the provider has had its farewell.
 			s.leavingReason(c.reason)
