@@ -322,7 +322,7 @@ func (h *Gateway) poolFor(cl *class) *poolOf {
 // provider serves it.
 func (c *connect) mayFind() bool {
 	return slices.ContainsFunc(c.pool.awaits, func(t *upstreams.Provider) bool {
-		return c.front.accepts(t) && (c.opts.Empty() || len(t.Honours().Lacks(c.opts)) == 0)
+		return c.front.accepts(t) && (c.opts.Empty() || len(c.h.lacks(t, c.opts, c.cls.proto)) == 0)
 	})
 }
 
