@@ -3,10 +3,10 @@
 // screencast frames flow the whole time): the round trip of a small CDP
 // command (Browser.getVersion) on a recorded session against an
 // unrecorded one, in alternating rounds of the same length; the gateway's
-// CPU time per stored frame (its CPU while recording, less its CPU for the
-// same round trips unrecorded, over the frames stored); and the memory a
-// recorded session holds (the gateway's RSS with -sessions recorded
-// sessions open, less with as many unrecorded ones).
+// CPU time per stored frame (its CPU while a recorded session is quiet,
+// less its CPU while an unrecorded one is, over the frames stored in that
+// time); and the memory a recorded session holds (the gateway's RSS with
+// -sessions recorded sessions open, less with as many unrecorded ones).
 //
 //	go run ./bench/record [-caddy <caddy>] [-rounds 5] [-window 3s] [-sessions 20]
 //
@@ -87,7 +87,7 @@ func main() {
 
 	var p50 [2][]float64
 	var p99 [2][]float64
-	var cpuPerSec [2][]float64
+	var cpuPerSec, quiet [2][]float64
 	var perFrame []float64
 	var fps, frameKB []float64
 	for range *rounds {
@@ -99,17 +99,23 @@ func main() {
 			f0, b0, c0, t0 := stored(admin, "frames"), stored(admin, "bytes"), caddybin.CPUTime(pid), time.Now()
 			rtts := roundTrips(c, *window)
 			f1, b1, c1, t1 := stored(admin, "frames"), stored(admin, "bytes"), caddybin.CPUTime(pid), time.Now()
+			// The same session quiet for as long: the gateway's CPU
+			// then is the frames' alone (none for an unrecorded one).
+			q0, qc0, qt0 := stored(admin, "frames"), caddybin.CPUTime(pid), time.Now()
+			time.Sleep(*window)
+			q1, qc1, qt1 := stored(admin, "frames"), caddybin.CPUTime(pid), time.Now()
 			c.Close(websocket.StatusNormalClosure, "")
 			a, b := percentiles(rtts)
 			p50[i], p99[i] = append(p50[i], a), append(p99[i], b)
 			secs := t1.Sub(t0).Seconds()
 			cpuPerSec[i] = append(cpuPerSec[i], (c1-c0).Seconds()/secs)
-			if i == 1 && f1 > f0 {
+			quiet[i] = append(quiet[i], (qc1-qc0).Seconds()/qt1.Sub(qt0).Seconds())
+			if i == 1 && f1 > f0 && q1 > q0 {
 				frames := f1 - f0
 				fps = append(fps, frames/secs)
 				frameKB = append(frameKB, (b1-b0)/frames/1024)
-				extra := cpuPerSec[1][len(cpuPerSec[1])-1] - cpuPerSec[0][len(cpuPerSec[0])-1]
-				perFrame = append(perFrame, extra*secs/frames*1e6)
+				extra := quiet[1][len(quiet[1])-1] - quiet[0][len(quiet[0])-1]
+				perFrame = append(perFrame, extra*qt1.Sub(qt0).Seconds()/(q1-q0)*1e6)
 			}
 		}
 		time.Sleep(500 * time.Millisecond) // the recorded session's end written
@@ -121,8 +127,10 @@ func main() {
 		fmt.Printf("%-34s %9.3f %9.3f %12.1f\n", names[i], caddybin.Median(p50[i]), caddybin.Median(p99[i]), caddybin.Median(cpuPerSec[i])*1000)
 	}
 	fmt.Printf("recorded / unrecorded p50: %.2fx; p99: %.2fx\n", caddybin.Median(p50[1])/caddybin.Median(p50[0]), caddybin.Median(p99[1])/caddybin.Median(p99[0]))
-	fmt.Printf("frames stored: %.1f per second, %.1f KiB each (%.0f MiB a minute); gateway CPU per stored frame: %.0f µs\n",
-		caddybin.Median(fps), caddybin.Median(frameKB), caddybin.Median(fps)*caddybin.Median(frameKB)*60/1024, caddybin.Median(perFrame))
+	fmt.Printf("frames stored: %.1f per second, %.1f KiB each (%.0f MiB a minute)\n",
+		caddybin.Median(fps), caddybin.Median(frameKB), caddybin.Median(fps)*caddybin.Median(frameKB)*60/1024)
+	fmt.Printf("gateway CPU with the session quiet: unrecorded %.1f ms/s, recorded %.1f ms/s: %.0f µs per stored frame\n",
+		caddybin.Median(quiet[0])*1000, caddybin.Median(quiet[1])*1000, caddybin.Median(perFrame))
 
 	// Memory: sessions held open, unrecorded then recorded, the page
 	// still repainted.
