@@ -2,8 +2,11 @@
 // real Caddy in front of a real headless Chromium whose page animates (so
 // screencast frames flow the whole time): the round trip of a small CDP
 // command (Browser.getVersion) on a recorded session against an
-// unrecorded one, in alternating rounds of the same length; the gateway's
-// CPU time per stored frame (its CPU while a recorded session is quiet,
+// unrecorded one, and against an unrecorded one while the browser runs
+// the same screencast for a connection of the bench's own (the browser's
+// encoding on the same cores, without the gateway's part), in alternating
+// rounds of the same length; the gateway's CPU time per stored frame (its
+// CPU while a recorded session is quiet,
 // less its CPU while an unrecorded one is, over the frames stored in that
 // time); and the memory a recorded session holds (the gateway's RSS with
 // -sessions recorded sessions open, less with as many unrecorded ones).
@@ -85,15 +88,21 @@ func main() {
 	stopPaint := paint(setup, session)
 	defer stopPaint()
 
-	var p50 [2][]float64
-	var p99 [2][]float64
-	var cpuPerSec, quiet [2][]float64
+	// Three kinds of round: an unrecorded session; an unrecorded one
+	// while the browser runs the same screencast for another connection
+	// (the browser's share of a recording: its encoding, on the same
+	// cores); a recorded one.
+	var p50, p99, cpuPerSec, quiet [3][]float64
 	var perFrame []float64
 	var fps, frameKB []float64
 	for range *rounds {
-		for i, addr := range []string{plainAddr, recAddr} {
-			c := dial("ws://" + addr + "/")
+		for i, addr := range []string{plainAddr, plainAddr, recAddr} {
+			stopCast := func() {}
 			if i == 1 {
+				stopCast = screencast(ws, target)
+			}
+			c := dial("ws://" + addr + "/")
+			if i == 2 {
 				waitFrames(admin, 3)
 			}
 			f0, b0, c0, t0 := stored(admin, "frames"), stored(admin, "bytes"), caddybin.CPUTime(pid), time.Now()
@@ -105,16 +114,17 @@ func main() {
 			time.Sleep(*window)
 			q1, qc1, qt1 := stored(admin, "frames"), caddybin.CPUTime(pid), time.Now()
 			c.Close(websocket.StatusNormalClosure, "")
+			stopCast()
 			a, b := percentiles(rtts)
 			p50[i], p99[i] = append(p50[i], a), append(p99[i], b)
 			secs := t1.Sub(t0).Seconds()
 			cpuPerSec[i] = append(cpuPerSec[i], (c1-c0).Seconds()/secs)
 			quiet[i] = append(quiet[i], (qc1-qc0).Seconds()/qt1.Sub(qt0).Seconds())
-			if i == 1 && f1 > f0 && q1 > q0 {
+			if i == 2 && f1 > f0 && q1 > q0 {
 				frames := f1 - f0
 				fps = append(fps, frames/secs)
 				frameKB = append(frameKB, (b1-b0)/frames/1024)
-				extra := quiet[1][len(quiet[1])-1] - quiet[0][len(quiet[0])-1]
+				extra := quiet[2][len(quiet[2])-1] - quiet[0][len(quiet[0])-1]
 				perFrame = append(perFrame, extra*qt1.Sub(qt0).Seconds()/(q1-q0)*1e6)
 			}
 		}
@@ -122,15 +132,16 @@ func main() {
 	}
 	fmt.Printf("Browser.getVersion round trips through the gateway, %v per session, %d rounds (medians of the rounds; ms)\n", *window, *rounds)
 	fmt.Printf("%-34s %9s %9s %12s\n", "", "p50", "p99", "CPU (ms/s)")
-	names := []string{"unrecorded session", "recorded session, frames flowing"}
-	for i := range 2 {
+	names := []string{"unrecorded session", "unrecorded, browser screencasting", "recorded session, frames flowing"}
+	for i := range 3 {
 		fmt.Printf("%-34s %9.3f %9.3f %12.1f\n", names[i], caddybin.Median(p50[i]), caddybin.Median(p99[i]), caddybin.Median(cpuPerSec[i])*1000)
 	}
-	fmt.Printf("recorded / unrecorded p50: %.2fx; p99: %.2fx\n", caddybin.Median(p50[1])/caddybin.Median(p50[0]), caddybin.Median(p99[1])/caddybin.Median(p99[0]))
+	fmt.Printf("recorded / unrecorded p50: %.2fx; p99: %.2fx\n", caddybin.Median(p50[2])/caddybin.Median(p50[0]), caddybin.Median(p99[2])/caddybin.Median(p99[0]))
+	fmt.Printf("recorded / unrecorded with the browser screencasting p50: %.2fx; p99: %.2fx\n", caddybin.Median(p50[2])/caddybin.Median(p50[1]), caddybin.Median(p99[2])/caddybin.Median(p99[1]))
 	fmt.Printf("frames stored: %.1f per second, %.1f KiB each (%.0f MiB a minute)\n",
 		caddybin.Median(fps), caddybin.Median(frameKB), caddybin.Median(fps)*caddybin.Median(frameKB)*60/1024)
 	fmt.Printf("gateway CPU with the session quiet: unrecorded %.1f ms/s, recorded %.1f ms/s: %.0f µs per stored frame\n",
-		caddybin.Median(quiet[0])*1000, caddybin.Median(quiet[1])*1000, caddybin.Median(perFrame))
+		caddybin.Median(quiet[0])*1000, caddybin.Median(quiet[2])*1000, caddybin.Median(perFrame))
 
 	// Memory: sessions held open, unrecorded then recorded, the page
 	// still repainted.
@@ -364,4 +375,41 @@ func percentiles(v []float64) (p50, p99 float64) {
 func fail(err error) {
 	fmt.Fprintln(os.Stderr, "record:", err)
 	os.Exit(1)
+}
+
+// screencast runs the page's screencast, with the recording's default
+// settings, for a connection of its own straight to the browser, each
+// frame acknowledged, until stopped.
+func screencast(ws, target string) (stop func()) {
+	c := dial(ws)
+	session := answer(c, 1, "Target.attachToTarget", `{"targetId":"`+target+`","flatten":true}`, "sessionId")
+	ctx, cancel := context.WithCancel(context.Background())
+	start := fmt.Sprintf(`{"id":2,"method":"Page.startScreencast","params":{"format":"jpeg","quality":70,"maxWidth":1280,"maxHeight":800},"sessionId":%q}`, session)
+	if err := c.Write(ctx, websocket.MessageText, []byte(start)); err != nil {
+		fail(err)
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for id := 3; ; id++ {
+			_, b, err := c.Read(ctx)
+			if err != nil {
+				return
+			}
+			var m struct {
+				Method string `json:"method"`
+				Params struct {
+					SessionID int `json:"sessionId"`
+				} `json:"params"`
+			}
+			if json.Unmarshal(b, &m) != nil || m.Method != "Page.screencastFrame" {
+				continue
+			}
+			ack := fmt.Sprintf(`{"id":%d,"method":"Page.screencastFrameAck","params":{"sessionId":%d},"sessionId":%q}`, id, m.Params.SessionID, session)
+			if c.Write(ctx, websocket.MessageText, []byte(ack)) != nil {
+				return
+			}
+		}
+	}()
+	return func() { cancel(); c.CloseNow(); <-done }
 }
