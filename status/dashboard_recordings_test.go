@@ -147,7 +147,7 @@ func TestDashboardRecordings(t *testing.T) {
 	}
 
 	// A path of no recording's shape is the page.
-	for _, path := range []string{"/recordings/", "/dash/recordings/bad%20id", "/dash/recordings/ended/targets/0"} {
+	for _, path := range []string{"/recordings/", "/live/", "/dash/recordings/bad%20id", "/dash/recordings/ended/targets/0", "/ops/live/x/"} {
 		if w := do(t, d, http.MethodGet, path, false, nil); w.Code != 200 || !strings.Contains(w.Body.String(), "<!DOCTYPE html>") {
 			t.Fatalf("GET %s: %d %.80s", path, w.Code, w.Body)
 		}
