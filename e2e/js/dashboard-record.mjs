@@ -21,7 +21,8 @@
 //      its player lays the timeline out from the meta, scrubs to the end
 //      (the page's last frame: blue) and to the start (its first frame),
 //      plays (the frame moves on), pauses (the position stays), switches
-//      to the popup (orange); its MP4 link serves a video;
+//      to the popup (orange); its MP4 link serves a video; the gateway's
+//      own URL (the client's) serves nothing of it;
 //   4. the dashboard with controls off lists it with no Delete button, and
 //      refuses a deletion (403);
 //   5. Delete on the controls dashboard (confirmed) deletes it: the row
@@ -260,6 +261,21 @@ try {
   });
   if (video[0] !== 200 || video[1] !== 'video/mp4' || video[2] < 1000 || video[3] !== 'ftyp') throw new Error(`the MP4 link: ${JSON.stringify(video)}`);
   console.log(`${el()} STEP the MP4 link serves ${video[2]} bytes of video/mp4`);
+  // Nothing of it on the client's URL.
+  {
+    const gw = cfg.gateway.replace(/^ws/, 'http');
+    const seen = [];
+    for (const p of ['recordings.json', 'live.json', `recordings/${id}`, `recordings/${id}/targets/${pageT.index}/frames/0`,
+      `browser_failover/recordings/${id}`, `browser_failover/recordings/${id}/targets/${pageT.index}/frames/0`]) {
+      const r = await fetch(gw + p);
+      const b = Buffer.from(await r.arrayBuffer());
+      seen.push(`${p}: ${r.status}`);
+      if (r.status === 200 || (b[0] === 0xff && b[1] === 0xd8) || b.includes('"targets"') || b.includes('<title>two')) {
+        throw new Error(`the client's URL serves ${p}: ${r.status} ${b.subarray(0, 200)}`);
+      }
+    }
+    console.log(`${el()} STEP the client's URL serves nothing of it (${seen.join(', ')})`);
+  }
   await page.click('#view-close');
 
   // 4: controls off.
