@@ -97,6 +97,10 @@ func TestDashboardRecordings(t *testing.T) {
 			}
 		}
 	}
+	// The page may show the frames it fetches, and nothing else's.
+	if csp := do(t, d, http.MethodGet, "/dash/", false, nil).Header().Get("Content-Security-Policy"); !strings.Contains(csp, "img-src 'self' data:;") {
+		t.Fatalf("the page's policy does not let it show its frames: %s", csp)
+	}
 	w := do(t, d, http.MethodGet, "/dash/recordings/ended/targets/0/frames/1", false, nil)
 	if w.Code != 200 || !bytes.Equal(w.Body.Bytes(), endedImg) || w.Header().Get("Content-Type") != "image/jpeg" {
 		t.Fatalf("frame: %d %q %v", w.Code, w.Body, w.Header())

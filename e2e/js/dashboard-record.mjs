@@ -172,15 +172,21 @@ try {
 
   await watch.click();
   await page.waitForFunction((id) => location.hash === '#watch/' + id, id, { timeout });
-  // The client's page and its popup, by their titles (the browser's
-  // first blank page is followed too).
-  const titled = async (title) => {
-    const card = page.locator(`#watch-targets [data-title="${title}"]`);
-    await card.waitFor({ timeout });
-    return `#watch-targets [data-target="${await card.getAttribute('data-target')}"] img`;
+  // The client's page and its popup, by what they show (the browser's
+  // first blank page is followed too; a page's title may lag its frames).
+  const showing = async (colour) => {
+    const end = Date.now() + timeout;
+    for (;;) {
+      const n = await page.$$eval('#watch-targets [data-target]', (cs) => cs.map((c) => c.dataset.target));
+      for (const t of n) {
+        const sel = `#watch-targets [data-target="${t}"] img`;
+        if (await page.evaluate(colourOf, sel) === colour) return sel;
+      }
+      if (Date.now() > end) throw new Error(`no page of the live view shows ${colour} within ${timeout} ms`);
+      await new Promise((r) => setTimeout(r, 100));
+    }
   };
-  const shot = await titled('one');
-  await showsColour(page, shot, 'red');
+  const shot = await showing('red');
   console.log(`${el()} STEP the live view shows the red page`);
   const n0 = Number(await page.getAttribute(shot, 'data-n'));
   await cpage.goto(doc('two', 'blue'), { timeout });
@@ -189,7 +195,8 @@ try {
   if (!(n1 > n0)) throw new Error(`the live frame's number went from ${n0} to ${n1}`);
   console.log(`${el()} STEP the client navigated: the live view shows the blue page (frame ${n0} then ${n1})`);
   await cpage.evaluate(openPopup);
-  await showsColour(page, await titled('popup'), 'orange');
+  const popupShot = await showing('orange');
+  if (popupShot === shot) throw new Error('the popup shows in the page\'s place');
   await showsColour(page, shot, 'blue');
   await page.screenshot({ path: `${cfg.shots}/watch.png`, fullPage: true });
   console.log(`${el()} STEP the popup: the live view shows a second page, orange`);
@@ -213,8 +220,11 @@ try {
   await page.click(`tr[data-recording="${id}"] a.play`);
   await page.waitForFunction(() => Number(document.getElementById('scrub').max) > 0 && document.querySelectorAll('#target option').length >= 2, null, { timeout });
   const meta = await page.evaluate(async (id) => (await fetch('recordings/' + id)).json(), id);
-  const [pageT, popupT] = [meta.targets.find((t) => t.title === 'two'), meta.targets.find((t) => t.title === 'popup')];
-  if (!pageT || !popupT) throw new Error(`the meta's pages: ${meta.targets.map((t) => t.title)}`);
+  // The client's page by its URL; the popup is the page drawn last
+  // besides it (a title may lag its page's frames).
+  const pageT = meta.targets.find((t) => t.url.includes('<title>two') || t.url.includes('%3Ctitle%3Etwo'));
+  const popupT = meta.targets.filter((t) => t !== pageT && t.frames.length > 0).sort((a, b) => b.frames[0] - a.frames[0])[0];
+  if (!pageT || !popupT || pageT.frames.length === 0) throw new Error(`the meta's pages: ${JSON.stringify(meta.targets.map((t) => [t.url, t.title, t.frames.length]))}`);
   const drawn = meta.targets.filter((t) => t.frames.length > 0);
   const first = Math.min(...drawn.map((t) => t.frames[0]));
   const last = Math.max(...drawn.map((t) => t.frames[t.frames.length - 1]));
