@@ -6,6 +6,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"image/png"
+	"io"
+	"net"
 	"net/http"
 	"net/url"
 	"os"
@@ -258,4 +260,120 @@ func checkScreenshot(t *testing.T, path string) {
 		t.Fatalf("the screenshot looks blank: %d colours, the commonest covers %d of %d samples", len(counts), most, total)
 	}
 	t.Logf("screenshot %v, %d bytes, %d colours, the commonest on %d%%", r.Size(), len(b), len(counts), most*100/total)
+}
+
+// TestDashboardRecordingsInChromium: the dashboard's live view and
+// recordings in real headless Chromium (js/dashboard-record.mjs, with
+// Playwright), while a Puppeteer client's session through a gateway that
+// records every CDP session goes on: the live view shows the client's
+// page and follows its navigation and its popup; once the client has left
+// the Recordings list shows the recording and its player plays, pauses,
+// scrubs and switches page, and links a video; every table fits a
+// 1280 px window; with controls off there is no Delete button and a
+// deletion is refused, with controls on Delete deletes. A page of another
+// name (DNS rebinding) is refused every one of the new documents.
+func TestDashboardRecordingsInChromium(t *testing.T) {
+	Require(t, true)
+	chr := StartChromium(t)
+	addr, ops, ro, admin := testgw.FreePort(t), testgw.FreePort(t), testgw.FreePort(t), testgw.FreePort(t)
+	dead := testgw.FreePort(t) // nothing listens there
+	store := t.TempDir()
+	// The controls site has no host matcher: the dashboard itself judges
+	// each request's Host.
+	_, opsPort, _ := net.SplitHostPort(ops)
+	caddyfile := fmt.Sprintf(`{
+	admin %[1]s
+}
+
+http://%[2]s {
+	browser_failover {
+		provider rec-down ws://%[3]s/devtools/browser/a-long-path-as-providers-give-them?token=e2e-secret-t0ken {
+			priority 1
+			cooldown {
+				min_requests 1
+				duration 5m
+			}
+		}
+		provider rec-local %[4]s {
+			priority 2
+			max_concurrent 4
+		}
+		recording {
+			sessions all
+			storage file_system %[5]s
+		}
+	}
+}
+
+http://:%[8]s {
+	bind 127.0.0.1
+	handle_path /ops/* {
+		browser_failover_dashboard {
+			controls on
+		}
+	}
+}
+
+http://%[7]s {
+	bind 127.0.0.1
+	browser_failover_dashboard /ro/*
+}
+`, admin, addr, dead, chr.WSURL(), store, ops, ro, opsPort)
+	cfg, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(caddyfile), map[string]any{"filename": "Caddyfile"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := caddy.Load(cfg, true); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { caddy.Stop() })
+
+	shots := t.TempDir()
+	if dir := os.Getenv("DASHBOARD_SHOTS"); dir != "" {
+		shots = dir
+	}
+	arg, _ := json.Marshal(map[string]any{
+		"gateway": "ws://" + addr + "/", "controlsURL": "http://" + ops + "/ops/",
+		"readonlyURL": "http://" + ro + "/ro/", "shots": shots,
+	})
+	out := RunNode(t, "dashboard-record.mjs", string(arg))
+	_, rest, ok := strings.Cut(out, "RECORDING ")
+	id, _, _ := strings.Cut(rest, "\n")
+	if !ok || id == "" {
+		t.Fatalf("no recording named:\n%s", out)
+	}
+
+	// A page of another name reaching this listener gets 403, and nothing
+	// of a recording.
+	for _, path := range []string{"/ops/live.json", "/ops/live/" + id + "/targets/0/frame", "/ops/recordings.json",
+		"/ops/recordings/" + id, "/ops/recordings/" + id + "/targets/0/frames/0", "/ops/recordings/" + id + "/targets/0/video.mp4"} {
+		for _, method := range []string{http.MethodGet, http.MethodPost} {
+			req, _ := http.NewRequest(method, "http://"+ops+path, nil)
+			req.Host = "rebound.example"
+			req.Header.Set("X-Browser-Failover-Dashboard", "1")
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var body struct {
+				Error string `json:"error"`
+			}
+			json.NewDecoder(resp.Body).Decode(&body)
+			resp.Body.Close()
+			if resp.StatusCode != 403 || !strings.Contains(body.Error, `"rebound.example"`) {
+				t.Fatalf("%s %s from another name: %d %q", method, path, resp.StatusCode, body.Error)
+			}
+		}
+	}
+	// The same paths are the dashboard's for its own names: the list
+	// answers (the recording is deleted by now).
+	resp, err := http.Get("http://" + ops + "/ops/recordings.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || strings.TrimSpace(string(b)) != `{"recordings":[]}` {
+		t.Fatalf("the list after the deletion: %d %s", resp.StatusCode, b)
+	}
 }

@@ -16,11 +16,13 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
 	"github.com/browserfailover/caddy-browser-failover/pool"
+	"github.com/browserfailover/caddy-browser-failover/recordings"
 )
 
 func init() {
@@ -29,7 +31,8 @@ func init() {
 
 // Dashboard is the handler module http.handlers.browser_failover_dashboard:
 // a page for people, with the status of every provider and queue, the
-// client quotas and the live sessions, refreshed every 2 s, and (with
+// client quotas and the live sessions, refreshed every 2 s, the live view
+// of recorded sessions and the stored recordings with a player, and (with
 // Controls) buttons for the operator's actions. Caddy's admin API refuses
 // a browser's navigation, so the page is served on a site, behind whatever
 // guards the site sets (basic_auth, forward_auth, a localhost-only
@@ -42,6 +45,13 @@ func init() {
 //	GET  <path>/sessions.json                the live sessions, as the admin API's
 //	POST <path>/providers/<name>/<action>    drain, undrain or reset (Controls)
 //	POST <path>/sessions/<id>/end            end a session (Controls)
+//	GET  <path>/live.json                    the recordings under way on this node
+//	GET  <path>/live/<id>/targets/<t>/frame  the newest frame of one of their pages
+//	GET  <path>/recordings.json              the stored recordings, as the admin API's
+//	GET  <path>/recordings/<id>              a recording's meta, as the admin API's
+//	GET  <path>/recordings/<id>/targets/<t>/frames/<n>  a frame's image
+//	GET  <path>/recordings/<id>/targets/<t>/video.mp4   a page's video
+//	POST <path>/recordings/<id>/delete       delete a recording (Controls)
 //
 // The JSON and the actions are recognised by the end of the path; every
 // other GET is the page. The actions answer 403 while Controls is off, and
@@ -114,7 +124,7 @@ var dashboardCSP = func() string {
 		return "'sha256-" + base64.StdEncoding.EncodeToString(sum[:]) + "'"
 	}
 	return "default-src 'none'; script-src " + hash("script") + "; style-src " + hash("style") +
-		"; connect-src 'self'; img-src data:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
+		"; connect-src 'self'; img-src 'self' data:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
 }()
 
 // Provision renders the page for this handler's Controls setting and
@@ -278,6 +288,15 @@ func (d *Dashboard) ServeHTTP(w http.ResponseWriter, r *http.Request, _ caddyhtt
 		return d.serveJSON(w, r, func() any { return Snapshot(d.registry()) })
 	case segs[n-1] == "sessions.json":
 		return d.serveJSON(w, r, func() any { return ListSessions(d.registry()) })
+	case segs[n-1] == "live.json":
+		return d.serveJSON(w, r, func() any { return map[string]any{"live": LiveRecordings(d.registry())} })
+	case segs[n-1] == "recordings.json":
+		setPrivate(w.Header())
+		return dashAPI(w, ServeRecordings(w, r, d.registry(), ""))
+	case n >= 5 && segs[n-5] == "live" && segs[n-3] == "targets" && segs[n-1] == "frame":
+		return d.serveNewest(w, r, segs[n-4], segs[n-2])
+	}
+	switch {
 	case n >= 3 && segs[n-3] == "providers":
 		name, err := url.PathUnescape(segs[n-2])
 		if err != nil || name == "" {
@@ -309,6 +328,24 @@ func (d *Dashboard) ServeHTTP(w http.ResponseWriter, r *http.Request, _ caddyhtt
 		}
 		return dashJSON(w, r, http.StatusOK, out)
 	}
+	if sub, del, ok := recordingPath(segs); ok {
+		if del {
+			if !d.allowed(w, r) {
+				return nil
+			}
+			out, err := DeleteRecording(r.Context(), d.registry(), strings.Trim(sub, "/"))
+			if err != nil {
+				return dashAPI(w, err)
+			}
+			return dashJSON(w, r, http.StatusOK, out)
+		}
+		if r.Method != http.MethodGet && r.Method != http.MethodHead {
+			w.Header().Set("Allow", "GET, HEAD")
+			return dashError(w, http.StatusMethodNotAllowed, "a recording's documents answer GET (its deletion is a POST to <id>/delete)")
+		}
+		setPrivate(w.Header())
+		return dashAPI(w, ServeRecordings(w, r, d.registry(), sub))
+	}
 	if r.Method != http.MethodGet && r.Method != http.MethodHead {
 		w.Header().Set("Allow", "GET, HEAD")
 		return dashError(w, http.StatusMethodNotAllowed, "the dashboard page answers GET")
@@ -323,6 +360,77 @@ func (d *Dashboard) ServeHTTP(w http.ResponseWriter, r *http.Request, _ caddyhtt
 		w.Write(d.page)
 	}
 	return nil
+}
+
+// recordingPath reads a path of a recording under the dashboard:
+// …/recordings/<id>, …/recordings/<id>/targets/<t>/frames/<n> and
+// …/recordings/<id>/targets/<t>/video.mp4 (sub is what follows
+// "recordings", as ServeRecordings takes it), and the action
+// …/recordings/<id>/delete (del). A path of no such shape is not one
+// (ok false): the page, served under a prefix of its own.
+func recordingPath(segs []string) (sub string, del, ok bool) {
+	n := len(segs)
+	for _, k := range []int{1, 2, 4, 5} {
+		if n < k+1 || segs[n-1-k] != "recordings" {
+			continue
+		}
+		rest := segs[n-k:]
+		if !recordings.ValidID(rest[0]) {
+			continue
+		}
+		switch {
+		case k == 1,
+			k == 4 && rest[1] == "targets" && rest[3] == "video.mp4",
+			k == 5 && rest[1] == "targets" && rest[3] == "frames":
+			return "/" + strings.Join(rest, "/"), false, true
+		case k == 2 && rest[1] == "delete":
+			return "/" + rest[0], true, true
+		}
+	}
+	return "", false, false
+}
+
+// serveNewest serves the newest frame of target t of recording id under
+// way on this node (the live view's image), with its number and time in
+// headers; 404 when it has none (yet, or any more).
+func (d *Dashboard) serveNewest(w http.ResponseWriter, r *http.Request, id, t string) error {
+	if r.Method != http.MethodGet && r.Method != http.MethodHead {
+		w.Header().Set("Allow", "GET, HEAD")
+		return dashError(w, http.StatusMethodNotAllowed, "a live frame answers GET")
+	}
+	ti, err := strconv.Atoi(t)
+	if err != nil || !recordings.ValidID(id) {
+		return dashError(w, http.StatusNotFound, "want live/<id>/targets/<t>/frame")
+	}
+	img, ct, at, n, ok := NewestFrame(d.registry(), id, ti)
+	if !ok {
+		return dashError(w, http.StatusNotFound, fmt.Sprintf("no frame of target %d of a recording %q under way on this node", ti, id))
+	}
+	hd := w.Header()
+	setPrivate(hd)
+	hd.Set("Content-Type", ct)
+	hd.Set("Content-Length", strconv.Itoa(len(img)))
+	hd.Set("X-Frame-Number", strconv.Itoa(n))
+	hd.Set("X-Frame-Time", at.UTC().Format(time.RFC3339Nano))
+	w.WriteHeader(http.StatusOK)
+	if r.Method != http.MethodHead {
+		_, err = w.Write(img)
+	}
+	return err
+}
+
+// dashAPI renders err, an error of the admin API's functions, as the
+// dashboard's JSON error (nil: nothing to render).
+func dashAPI(w http.ResponseWriter, err error) error {
+	var ae caddy.APIError
+	if err == nil || !errors.As(err, &ae) {
+		return err
+	}
+	msg := ae.Message
+	if msg == "" && ae.Err != nil {
+		msg = ae.Err.Error()
+	}
+	return dashError(w, ae.HTTPStatus, msg)
 }
 
 // serveJSON answers a GET or HEAD of one of the page's JSON documents.

@@ -1,6 +1,7 @@
 package status
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net/http"
@@ -106,13 +107,13 @@ func LiveRecordings(reg *pool.Registry) []LiveRecording {
 }
 
 // NewestFrame is the latest frame of target t of recording id under way
-// on this node: its image, MIME type and when it was drawn.
-func NewestFrame(reg *pool.Registry, id string, t int) ([]byte, string, time.Time, bool) {
+// on this node: its image, MIME type, when it was drawn and its number.
+func NewestFrame(reg *pool.Registry, id string, t int) ([]byte, string, time.Time, int, bool) {
 	if reg == nil {
-		return nil, "", time.Time{}, false
+		return nil, "", time.Time{}, 0, false
 	}
 	n, ct, ok := reg.Recordings.Newest(id, t)
-	return n.Image, ct, n.At, ok
+	return n.Image, ct, n.At, n.N, ok
 }
 
 func (a Admin) handleRecordings(w http.ResponseWriter, r *http.Request) error {
@@ -190,12 +191,26 @@ func serveRecording(w http.ResponseWriter, r *http.Request, reg *pool.Registry, 
 		}
 		return writeJSON(w, r, m)
 	case http.MethodDelete:
-		if err := reg.Recordings.Delete(r.Context(), id); err != nil {
-			return recordingError(id, err)
+		out, err := DeleteRecording(r.Context(), reg, id)
+		if err != nil {
+			return err
 		}
-		return writeJSON(w, r, map[string]string{"deleted": id})
+		return writeJSON(w, r, out)
 	}
 	return methodNotAllowed(w, "GET, HEAD, DELETE")
+}
+
+// DeleteRecording deletes recording id (not one under way) and returns
+// the answer to the deletion; errors are caddy.APIErrors. The admin API's
+// DELETE and the dashboard's Delete button both come here.
+func DeleteRecording(ctx context.Context, reg *pool.Registry, id string) (map[string]string, error) {
+	if !recordings.ValidID(id) || reg == nil {
+		return nil, notFound(fmt.Sprintf("no recording %q", id))
+	}
+	if err := reg.Recordings.Delete(ctx, id); err != nil {
+		return nil, recordingError(id, err)
+	}
+	return map[string]string{"deleted": id}, nil
 }
 
 // serveFrame serves one frame's image.

@@ -32,7 +32,8 @@
 //      provider (confirmed) makes status.json say it is draining and the row
 //      say so; the screenshot is taken; "End" on the session (confirmed)
 //      removes it from the page, and the provider's row no longer says
-//      anything unreleased.
+//      anything unreleased. At 1280 px wide no table scrolls sideways
+//      and every Reset button is inside the window.
 // Exit 0 when every check held; 1 otherwise, with the reason on stderr.
 import puppeteer from 'puppeteer-core';
 import { writeFileSync } from 'node:fs';
@@ -188,6 +189,27 @@ try {
   }, { timeout }, cfg.drain);
   if (!dialogs.some((d) => d.includes(cfg.drain))) throw new Error('drain did not ask for confirmation');
   console.log(`${el()} STEP drained ${cfg.drain}: status.json says draining`);
+
+  // At 1280 px wide no table scrolls sideways, the page does not, and
+  // every Reset button is inside the window.
+  await page.setViewport({ width: 1280, height: 900 });
+  await page.waitForFunction(() => window.innerWidth === 1280, { timeout });
+  const fit = await page.evaluate(() => {
+    const out = [];
+    for (const s of document.querySelectorAll('main > section')) {
+      if (s.offsetParent !== null && s.scrollWidth > s.clientWidth) out.push(`section "${s.querySelector('h2').textContent}" is ${s.scrollWidth} px wide in ${s.clientWidth}`);
+    }
+    if (document.documentElement.scrollWidth > window.innerWidth) out.push(`the page is ${document.documentElement.scrollWidth} px wide`);
+    const resets = Array.from(document.querySelectorAll('button[data-action="reset"]'));
+    for (const b of resets) {
+      const r = b.getBoundingClientRect();
+      if (r.right > window.innerWidth) out.push(`a Reset button ends at ${r.right} px`);
+    }
+    return { out, resets: resets.length };
+  });
+  if (fit.resets !== cfg.providers.length || fit.out.length) throw new Error(`at 1280 px (${fit.resets} Reset buttons): ${fit.out.join('; ')}`);
+  await page.setViewport({ width: 1440, height: 900 });
+  console.log(`${el()} STEP at 1280 px every table fits and the ${fit.resets} Reset buttons are in the window`);
 
   // Let a countdown tick once, then take the picture.
   await new Promise((r) => setTimeout(r, 1200));
