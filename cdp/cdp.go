@@ -156,12 +156,14 @@ func (p *Participant) attach() {
 		}
 		p.browser = r.SessionID
 		p.own(r.SessionID)
+		// Discovery first: a page's URL or title that changes while it is
+		// being attached is told after its attachment, not missed.
+		p.call(p.browser, "Target.setDiscoverTargets", `{"discover":true}`, nil)
 		p.call(p.browser, "Target.setAutoAttach", `{"autoAttach":true,"waitForDebuggerOnStart":false,"flatten":true}`, func(a answer) {
 			if a.Error != nil {
 				p.stop("unavailable: the browser refused to attach to its pages (" + clip(a.Error.Message) + ")")
 			}
 		})
-		p.call(p.browser, "Target.setDiscoverTargets", `{"discover":true}`, nil)
 	})
 }
 

@@ -91,13 +91,14 @@ func (h *harness) attached() {
 	h.keeps(`{"method":"Target.attachedToTarget","params":{"sessionId":"GWB","targetInfo":{"targetId":"B","type":"browser","title":"","url":"","attached":true},"waitingForDebugger":false}}`, false)
 	h.keeps(fmt.Sprintf(`{"id":%d,"result":{"sessionId":"GWB"}}`, a.ID), false)
 	n := len(h.out)
-	if n < 3 || h.out[n-2].Method != "Target.setAutoAttach" || h.out[n-1].Method != "Target.setDiscoverTargets" || h.out[n-2].SessionID != "GWB" {
+	// Discovery before the pages' attachment: a change during it is told.
+	if n < 3 || h.out[n-2].Method != "Target.setDiscoverTargets" || h.out[n-1].Method != "Target.setAutoAttach" || h.out[n-1].SessionID != "GWB" || h.out[n-2].SessionID != "GWB" {
 		h.t.Fatalf("after the attachment: %+v", h.out)
 	}
-	if !strings.Contains(string(h.out[n-2].Params), `"flatten":true`) || !strings.Contains(string(h.out[n-2].Params), `"waitForDebuggerOnStart":false`) {
-		h.t.Fatalf("setAutoAttach %s", h.out[n-2].Params)
+	if !strings.Contains(string(h.out[n-1].Params), `"flatten":true`) || !strings.Contains(string(h.out[n-1].Params), `"waitForDebuggerOnStart":false`) {
+		h.t.Fatalf("setAutoAttach %s", h.out[n-1].Params)
 	}
-	h.keeps(fmt.Sprintf(`{"id":%d,"result":{},"sessionId":"GWB"}`, h.out[n-2].ID), false)
+	h.keeps(fmt.Sprintf(`{"id":%d,"result":{},"sessionId":"GWB"}`, h.out[n-1].ID), false)
 	h.keeps(`{"method":"Target.attachedToTarget","params":{"sessionId":"GWP","targetInfo":{"targetId":"T1","type":"page","title":"one","url":"data:text/html,one","attached":true},"waitingForDebugger":false},"sessionId":"GWB"}`, false)
 	sc := h.last("Page.startScreencast")
 	if sc.SessionID != "GWP" || string(sc.Params) != `{"format":"jpeg","quality":70,"maxWidth":1280,"maxHeight":800,"everyNthFrame":1}` {
@@ -245,7 +246,7 @@ func TestParticipantJoined(t *testing.T) {
 	h.keeps(`{"method":"Page.screencastFrame","params":{"data":"QUJD","metadata":{},"sessionId":9},"sessionId":"GWP"}`, false)
 	h.keeps(`{"method":"Target.attachedToTarget","params":{"sessionId":"GWB2","targetInfo":{"targetId":"B","type":"browser"}}}`, false)
 	h.keeps(fmt.Sprintf(`{"id":%d,"result":{"sessionId":"GWB2"}}`, h.out[n-1].ID), false)
-	if h.out[len(h.out)-2].Method != "Target.setAutoAttach" || h.out[len(h.out)-2].SessionID != "GWB2" {
+	if h.out[len(h.out)-1].Method != "Target.setAutoAttach" || h.out[len(h.out)-1].SessionID != "GWB2" {
 		t.Fatalf("the new attachment: %+v", h.out[len(h.out)-2:])
 	}
 }
