@@ -4,8 +4,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"slices"
 	"math"
+	"slices"
 	"strconv"
 	"strings"
 
