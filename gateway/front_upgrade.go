@@ -112,6 +112,15 @@ func (upgrade) shortcut(c *connect, order []int) (passEnd, bool) {
 			if !mayChargeWarm(c) {
 				return 0, false
 			}
+			// Its browser profile first: a client that cannot have it
+			// is answered before it takes a warm session.
+			if rf, ok := c.holdProfile(); !ok {
+				if rf == nil {
+					return passClientGone, true
+				}
+				c.finish(rf)
+				return passAnswered, true
+			}
 			if ws := w.take(); ws != nil {
 				if !chargeWarm(c, ws) {
 					// Its budget was taken meanwhile: the attempts answer.
@@ -162,9 +171,10 @@ func establishWarm(c *connect, m *member, ws *warmSession) passEnd {
 	c.add(attempt{Provider: m.up.Name, Outcome: WordWarm})
 	c.tries++
 	c.warm = ws.life
-	if c.opts.Empty() {
-		// The session has the options it was made with.
-		c.opts = ws.w.opts
+	if c.opts.ForProviders().Empty() {
+		// The session has the options it was made with (and the client's
+		// profile).
+		c.opts = ws.w.opts.WithProfile(c.opts.Profile())
 	}
 	c.h.reg.Metrics().WarmHanded(m.up.Name)
 	c.won(ws.t)

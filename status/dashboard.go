@@ -29,7 +29,8 @@ func init() {
 
 // Dashboard is the handler module http.handlers.browser_failover_dashboard:
 // a page for people, with the status of every provider and queue, the
-// client quotas and the live sessions, refreshed every 2 s, and (with
+// client quotas, the live sessions and the stored browser profiles,
+// refreshed every 2 s, and (with
 // Controls) buttons for the operator's actions. Caddy's admin API refuses
 // a browser's navigation, so the page is served on a site, behind whatever
 // guards the site sets (basic_auth, forward_auth, a localhost-only
@@ -40,6 +41,7 @@ func init() {
 //	GET  <path>                              the page (one HTML document, nothing external)
 //	GET  <path>/status.json                  the status document, as the admin API's
 //	GET  <path>/sessions.json                the live sessions, as the admin API's
+//	GET  <path>/profiles.json                the stored browser profiles, as the admin API's
 //	POST <path>/providers/<name>/<action>    drain, undrain or reset (Controls)
 //	POST <path>/sessions/<id>/end            end a session (Controls)
 //
@@ -278,6 +280,14 @@ func (d *Dashboard) ServeHTTP(w http.ResponseWriter, r *http.Request, _ caddyhtt
 		return d.serveJSON(w, r, func() any { return Snapshot(d.registry()) })
 	case segs[n-1] == "sessions.json":
 		return d.serveJSON(w, r, func() any { return ListSessions(d.registry()) })
+	case segs[n-1] == "profiles.json":
+		return d.serveJSON(w, r, func() any {
+			list, err := ListProfiles(r, d.registry())
+			if err != nil && len(list.Profiles) == 0 {
+				return ProfileList{Profiles: []Profile{}}
+			}
+			return list
+		})
 	case n >= 3 && segs[n-3] == "providers":
 		name, err := url.PathUnescape(segs[n-2])
 		if err != nil || name == "" {
