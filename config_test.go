@@ -237,6 +237,7 @@ scope ""
 	{scope: "provider", cf: "warm 1\nwarm_options stealth=true", js: `"warm":1,"warm_options":{"stealth":"true"}`},
 	{scope: "provider", cf: "supports stealth\nwarm_options stealth=true", js: `"supports":["stealth"],"warm_options":{"stealth":"true"}`},
 	{scope: "provider", cf: "warm 1\nwarm_options colour=red", js: `"warm":1,"warm_options":{"colour":"red"}`},
+	{scope: "provider", cf: "warm 1\nwarm_options profile=alice", js: `"warm":1,"warm_options":{"profile":"alice"}`},
 	{scope: "provider", cf: "create_rate 30 per minute", js: `"create_rate":{"n":30,"per":"minute"}`, ok: true},
 	{scope: "provider", cf: "create_rate 1 per second", js: `"create_rate":{"n":1,"per":"second"}`, ok: true},
 	{scope: "provider", cf: "create_rate 0 per second", js: `"create_rate":{"n":0,"per":"second"}`},

@@ -996,6 +996,8 @@ func (p *ProviderConfig) ValidateWarm() error {
 			errs = append(errs, conf.Problemf("warm_options", "warm_options needs warm"))
 		} else if set, err := p.WarmSet(); err != nil {
 			errs = append(errs, conf.Problemf("warm_options", "warm_options: %v", err))
+		} else if set.Profile() != "" {
+			errs = append(errs, conf.Problemf("warm_options", "warm_options: profile is a client's own: a warm session takes on the profile of the client it is handed to"))
 		} else if lacks := (&options.Honours{Regions: p.Region, Supports: p.Supports}).Lacks(set); len(lacks) > 0 {
 			errs = append(errs, &conf.Problem{Options: []string{"warm_options"}, Whole: true,
 				Msg: "warm_options asks for what the provider does not honour (" + strings.Join(lacks, ", ") + "): add it to region or supports"})
