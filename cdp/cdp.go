@@ -81,7 +81,8 @@ type Participant struct {
 	sink Sink
 	send func([]byte) bool
 
-	nextID int64
+	// firstID and nextID bound the IDs it has sent with.
+	firstID, nextID int64
 	// calls are the commands whose answers the participant waits for, by
 	// ID: what to do with the answer.
 	calls map[int64]func(answer)
@@ -91,7 +92,10 @@ type Participant struct {
 	attaching bool
 	browser   string            // its browser session
 	pages     map[string]string // its page sessions: target ID by session
-	ours      map[string]bool   // every session of its own, ended ones too
+	// asked: per followed target, frames since its info was last asked
+	// for (-1: to be asked at its next frame).
+	asked     map[string]int
+	ours      map[string]bool // every session of its own, ended ones too
 	oursOrder []string
 	// stopped is why the participant follows nothing ("" while it does).
 	stopped string
@@ -99,13 +103,16 @@ type Participant struct {
 
 // New makes the participant of one session; Start begins it.
 func New(sc Screencast, sink Sink) *Participant {
+	first := idBase + rand.Int64N(idSpan)
 	return &Participant{
-		sc:     sc,
-		sink:   sink,
-		nextID: idBase + rand.Int64N(idSpan),
-		calls:  map[int64]func(answer){},
-		pages:  map[string]string{},
-		ours:   map[string]bool{},
+		sc:      sc,
+		sink:    sink,
+		firstID: first,
+		nextID:  first,
+		calls:   map[int64]func(answer){},
+		pages:   map[string]string{},
+		asked:   map[string]int{},
+		ours:    map[string]bool{},
 	}
 }
 
@@ -224,16 +231,14 @@ func (p *Participant) call(session, method, params string, then func(answer)) {
 	}
 }
 
-// Early tells the client's answers by their first bytes: an ID the
-// participant does not wait for is the client's.
+// Early tells the client's answers by their first bytes: an ID outside
+// those the participant has sent with is the client's.
 func (p *Participant) Early(text bool, head []byte) (keep, sure bool) {
 	if !text {
 		return true, true
 	}
-	if id, ok := leadingID(head); ok {
-		if _, mine := p.calls[id]; !mine {
-			return true, true
-		}
+	if id, ok := leadingID(head); ok && !p.sentID(id) {
+		return true, true
 	}
 	return false, false
 }
@@ -248,6 +253,18 @@ func (p *Participant) Message(text bool, msg []byte) bool {
 	if !ok {
 		return true
 	}
+	if e.hasID && p.sentID(e.id) {
+		// An answer to one of its commands, in whichever session it
+		// comes (a proxy in front of the browser may answer a command
+		// itself, in its own way).
+		if then, waits := p.calls[e.id]; waits {
+			delete(p.calls, e.id)
+			var a answer
+			json.Unmarshal(msg, &a)
+			then(a)
+		}
+		return false
+	}
 	if e.sessionID != "" {
 		if !p.ours[e.sessionID] {
 			return true
@@ -256,15 +273,7 @@ func (p *Participant) Message(text bool, msg []byte) bool {
 		return false
 	}
 	if e.hasID {
-		then, mine := p.calls[e.id]
-		if !mine {
-			return true
-		}
-		delete(p.calls, e.id)
-		var a answer
-		json.Unmarshal(msg, &a)
-		then(a)
-		return false
+		return true
 	}
 	switch e.method {
 	case "Target.attachedToTarget", "Target.detachedFromTarget":
@@ -272,6 +281,10 @@ func (p *Participant) Message(text bool, msg []byte) bool {
 	}
 	return true
 }
+
+// sentID reports whether id is one the participant has sent a command
+// with.
+func (p *Participant) sentID(id int64) bool { return id >= p.firstID && id < p.nextID }
 
 // rootTargetEvent reports whether an attachment event on the root session
 // is of the participant's own attachment to the browser target.
@@ -312,6 +325,7 @@ func (p *Participant) Joined() {
 	}
 	p.browser = ""
 	clear(p.pages)
+	clear(p.asked)
 	p.attach()
 }
 
@@ -358,6 +372,7 @@ func (p *Participant) handle(e envelope, msg []byte) {
 			return
 		}
 		p.pages[s] = t.TargetID
+		p.asked[t.TargetID] = -1
 		p.sink.Target(t.TargetID, t.URL, t.Title)
 		p.call(s, "Page.startScreencast", p.screencastParams(), nil)
 	case "Target.detachedFromTarget":
@@ -367,6 +382,7 @@ func (p *Participant) handle(e envelope, msg []byte) {
 			} `json:"params"`
 		}
 		if json.Unmarshal(msg, &ev) == nil {
+			delete(p.asked, p.pages[ev.Params.SessionID])
 			delete(p.pages, ev.Params.SessionID)
 		}
 	case "Target.targetInfoChanged", "Target.targetCreated":
@@ -380,6 +396,9 @@ func (p *Participant) handle(e envelope, msg []byte) {
 		}
 		if t := ev.Params.TargetInfo; t.Type == "page" && p.follows(t.TargetID) {
 			p.sink.Target(t.TargetID, t.URL, t.Title)
+			// A page's title is often not known yet as its URL
+			// changes: asked again with its next frame.
+			p.asked[t.TargetID] = -1
 		}
 	}
 }
@@ -392,6 +411,31 @@ func (p *Participant) follows(id string) bool {
 		}
 	}
 	return false
+}
+
+// infoEvery is how many frames of a page go by before its URL and title
+// are asked for again (Target.getTargetInfo: the browser answers from
+// what it knows of the page; nothing runs in it).
+const infoEvery = 30
+
+// askInfo asks for target's URL and title with one of its frames: the
+// first after a URL change, then every infoEvery frames (a title set by a
+// page's script is not always announced).
+func (p *Participant) askInfo(target string) {
+	n := p.asked[target]
+	if n >= 0 && n < infoEvery {
+		p.asked[target] = n + 1
+		return
+	}
+	p.asked[target] = 0
+	p.call(p.browser, "Target.getTargetInfo", `{"targetId":"`+target+`"}`, func(a answer) {
+		var r struct {
+			TargetInfo targetInfo `json:"targetInfo"`
+		}
+		if a.Error == nil && json.Unmarshal(a.Result, &r) == nil && r.TargetInfo.TargetID == target && p.follows(target) {
+			p.sink.Target(target, r.TargetInfo.URL, r.TargetInfo.Title)
+		}
+	})
 }
 
 // screencastParams are Page.startScreencast's parameters.
@@ -439,6 +483,7 @@ func (p *Participant) frame(session string, msg []byte) {
 	if !ok || len(data) == 0 {
 		return
 	}
+	p.askInfo(target)
 	at := time.Now()
 	if ts := ev.Params.Metadata.Timestamp; ts > 0 {
 		sec := int64(ts)

@@ -59,6 +59,18 @@ func (h *harness) last(method string) sent {
 	return h.out[len(h.out)-1]
 }
 
+// lastOf is the participant's last command of method.
+func (h *harness) lastOf(method string) sent {
+	h.t.Helper()
+	for i := len(h.out) - 1; i >= 0; i-- {
+		if h.out[i].Method == method {
+			return h.out[i]
+		}
+	}
+	h.t.Fatalf("the participant sent no %s: %+v", method, h.out)
+	return sent{}
+}
+
 // keeps asserts the participant's verdict on msg.
 func (h *harness) keeps(msg string, want bool) {
 	h.t.Helper()
@@ -105,9 +117,18 @@ func TestParticipantFollowsPagesAndTakesOutItsOwn(t *testing.T) {
 	}
 	// A frame in the participant's page session.
 	h.keeps(`{"method":"Page.screencastFrame","params":{"data":"QUJD","metadata":{"offsetTop":0,"pageScaleFactor":1,"deviceWidth":780,"deviceHeight":437,"scrollOffsetX":0,"scrollOffsetY":0,"timestamp":1796531287.548},"sessionId":7},"sessionId":"GWP"}`, false)
-	ack := h.last("Page.screencastFrameAck")
+	ack := h.lastOf("Page.screencastFrameAck")
 	if ack.SessionID != "GWP" || string(ack.Params) != `{"sessionId":7}` {
 		t.Fatalf("ack %+v", ack)
+	}
+	// With its first frame, the page's title is asked for.
+	info := h.last("Target.getTargetInfo")
+	if info.SessionID != "GWB" || string(info.Params) != `{"targetId":"T1"}` {
+		t.Fatalf("getTargetInfo %+v", info)
+	}
+	h.keeps(fmt.Sprintf(`{"id":%d,"result":{"targetInfo":{"targetId":"T1","type":"page","title":"One","url":"data:text/html,one"}},"sessionId":"GWB"}`, info.ID), false)
+	if got := h.sink.targets[len(h.sink.targets)-1]; got != "T1 data:text/html,one One" {
+		t.Fatalf("title from getTargetInfo: %q", got)
 	}
 	if len(h.sink.frames) != 1 || h.sink.frames[0] != "T1 QUJD 1796531287548" {
 		t.Fatalf("frames %v", h.sink.frames)
@@ -116,7 +137,7 @@ func TestParticipantFollowsPagesAndTakesOutItsOwn(t *testing.T) {
 	h.keeps(fmt.Sprintf(`{"id":%d,"result":{},"sessionId":"GWP"}`, ack.ID), false)
 	h.keeps(`{"method":"Page.screencastVisibilityChanged","params":{"visible":true},"sessionId":"GWP"}`, false)
 	h.keeps(`{"method":"Target.targetInfoChanged","params":{"targetInfo":{"targetId":"T1","type":"page","title":"One!","url":"data:text/html,one","attached":true}},"sessionId":"GWB"}`, false)
-	if h.sink.targets[1] != "T1 data:text/html,one One!" {
+	if h.sink.targets[len(h.sink.targets)-1] != "T1 data:text/html,one One!" {
 		t.Fatalf("title change %v", h.sink.targets)
 	}
 
@@ -127,11 +148,14 @@ func TestParticipantFollowsPagesAndTakesOutItsOwn(t *testing.T) {
 	h.keeps(`{"method":"Target.targetCreated","params":{"targetInfo":{"targetId":"T1","type":"page","title":"","url":"","attached":true}}}`, true)
 	h.keeps(`{"id":1,"result":{}}`, true)
 	h.keeps(`{"id":5,"result":{},"sessionId":"CLIENT1"}`, true)
-	// IDs near the participant's: ones it did not send, and one it sent
-	// and was answered already.
+	// IDs next to the participant's, which it did not send: the
+	// client's.
 	h.keeps(fmt.Sprintf(`{"id":%d,"result":{}}`, h.p.nextID), true)
 	h.keeps(fmt.Sprintf(`{"id":%d,"result":{}}`, h.out[0].ID-1), true)
-	h.keeps(fmt.Sprintf(`{"id":%d,"result":{}}`, h.out[0].ID), true)
+	h.keeps(fmt.Sprintf(`{"id":%d,"result":{},"sessionId":"CLIENT1"}`, h.p.nextID+1), true)
+	// An answer to one it sent, whatever session it names (a proxy in
+	// front of the browser answering itself), is its own.
+	h.keeps(fmt.Sprintf(`{"error":{"code":-32000,"message":"no"},"id":%d}`, ack.ID), false)
 	// A client's events that mention "sessionId" elsewhere.
 	h.keeps(`{"method":"Runtime.consoleAPICalled","params":{"args":[{"type":"string","value":"\",\"sessionId\":\"GWP\"}"}]}}`, true)
 	h.keeps(`{"method":"Target.detachedFromTarget","params":{"sessionId":"CLIENT1","targetId":"T1"}}`, true)
@@ -170,6 +194,17 @@ func TestParticipantEarly(t *testing.T) {
 	}
 	if _, sure := h.p.Early(true, head(fmt.Sprintf(`{"id":%d,"result":{`, attach))); sure {
 		t.Fatal("the participant's answer was told early")
+	}
+	// An answer to one of its commands that it does not wait for (an
+	// acknowledgement) is its own too.
+	h.attached()
+	h.keeps(`{"method":"Page.screencastFrame","params":{"data":"QUJD","metadata":{},"sessionId":1},"sessionId":"GWP"}`, false)
+	ack := h.lastOf("Page.screencastFrameAck")
+	if _, sure := h.p.Early(true, head(fmt.Sprintf(`{"id":%d,"result":{},"sessionId":"GWP"}`, ack.ID))); sure {
+		t.Fatal("the answer to an acknowledgement was told early")
+	}
+	if keep, sure := h.p.Early(true, head(fmt.Sprintf(`{"id":%d,"result":{`, h.p.nextID))); !keep || !sure {
+		t.Fatal("an ID above the participant's was not told early")
 	}
 	if _, sure := h.p.Early(true, head(`{"method":"Page.screencastFrame","params":{"data":"`)); sure {
 		t.Fatal("an event was told early")

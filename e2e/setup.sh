@@ -6,7 +6,8 @@
 # playwright-core under the alias playwright-core-old for the version
 # mismatch test, browserless, run as a provider on that Chromium, and the
 # WebDriver clients WebdriverIO and selenium-webdriver, with Debian's
-# chromium-driver; none downloads a browser or a driver). Idempotent and quiet: a second run does nothing.
+# chromium-driver; none downloads a browser or a driver), and Debian's
+# ffmpeg (with ffprobe), which makes recordings into videos. Idempotent and quiet: a second run does nothing.
 set -eu
 
 cd "$(dirname "$0")"
@@ -38,6 +39,11 @@ fi
 if [ ! -x /usr/bin/firefox-esr ]; then
 	echo "e2e setup: installing firefox-esr"
 	apt_install firefox-esr
+fi
+
+if [ ! -x /usr/bin/ffmpeg ] || [ ! -x /usr/bin/ffprobe ]; then
+	echo "e2e setup: installing ffmpeg"
+	apt_install ffmpeg
 fi
 
 if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then

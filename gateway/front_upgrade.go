@@ -67,11 +67,16 @@ func (upgrade) accepts(*upstreams.Provider) bool { return true }
 func (upgrade) noneAccepts() string { return "" }
 
 // options reads the client's bf_ query items and its options header; the
-// query items are taken out of what pass_query passes on.
-func (upgrade) options(c *connect) (options.Set, error) {
+// query items are taken out of what pass_query passes on. A client whose
+// session is to be recorded offers the providers no extension
+// (recording.go).
+func (f upgrade) options(c *connect) (options.Set, error) {
 	s, rest, err := readOptions(c.hs.RawQuery, c.r.Header, nil)
 	if err == nil {
 		c.hs.RawQuery = rest
+		if proto, _ := f.protocol(); c.h.mayRecord(s, proto) {
+			offerNoExtension(c.hs)
+		}
 	}
 	return s, err
 }

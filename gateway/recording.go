@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -108,6 +109,24 @@ func (h *Gateway) lacks(up *upstreams.Provider, opts options.Set, proto upstream
 		return up.Honours().Lacks(opts, options.Record)
 	}
 	return up.Honours().Lacks(opts)
+}
+
+// mayRecord reports whether the session of a client speaking proto with
+// options opts is to be recorded here (unless the provider it gets records
+// it itself).
+func (h *Gateway) mayRecord(opts options.Set, proto upstreams.Protocol) bool {
+	r := h.rec
+	return r != nil && proto == upstreams.ProtocolCDP && (r.cfg.RecordsAll() || slices.Contains(opts.Asked(), options.Record))
+}
+
+// offerNoExtension takes the client's WebSocket extension offer
+// (permessage-deflate) out of what the providers get, for a session that
+// is to be recorded: a provider then answers without one, so the
+// session's messages can be read, and the client gets a 101 without it
+// (a server may always decline an extension; Playwright offers
+// compression, Chrome accepts it).
+func offerNoExtension(hs *upstreams.Handshake) {
+	hs.Header.Del("Sec-Websocket-Extensions")
 }
 
 // sessionRecording is a relayed socket's recording: under way (rec, the

@@ -137,6 +137,10 @@ func (c resume) take(presented string) {
 	c.token = presented
 	c.opts = parkedOptions(e.Options)
 	c.recording = e.Recording
+	if c.recording != "" {
+		// Its recording goes on: no compression (recording.go).
+		offerNoExtension(c.hs)
+	}
 	if e.Held != nil {
 		c.joinHeld(e)
 		return

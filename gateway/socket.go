@@ -170,6 +170,15 @@ func (c socket) relay(m *member, client netConn, up *upstreams.Conn, pending []b
 	c.ticket = nil
 	// A session its client ends may be taken back (resume.go).
 	pk := c.newParking(m, up, t)
+	var shownKey string
+	if k, ok := t.Share(); ok {
+		shownKey = c.h.reg.Hashes.ShownKey(k.Value)
+	}
+	// A recorded session has the gateway take part in it (recording.go).
+	rec := c.recordingOf(m, up, shownKey)
+	if pk != nil {
+		pk.recording = rec.recordingID()
+	}
 	// The provider's 101 is relayed (a parking keeps what it needs of
 	// it): a live session does not carry its header block.
 	up.Answer = nil
@@ -186,16 +195,7 @@ func (c socket) relay(m *member, client netConn, up *upstreams.Conn, pending []b
 		// session.end: the gateway ends it when the client leaves.
 		opts.Farewell = upstreams.BiDiFarewell()
 	}
-	var shownKey string
-	if k, ok := t.Share(); ok {
-		shownKey = c.h.reg.Hashes.ShownKey(k.Value)
-	}
-	// A recorded session has the gateway take part in it (recording.go).
-	rec := c.recordingOf(m, up, shownKey)
 	opts.Tap = rec.tap()
-	if pk != nil {
-		pk.recording = rec.recordingID()
-	}
 	remote := up.Remote // the ticket releases it
 	up.Remote = nil
 	// The closures outlive the request: they must not hold c, whose
