@@ -56,6 +56,9 @@ type conversation struct {
 	// holding a page for their debugger, by target.
 	page, session string
 	held          map[string]string
+	// opening: its page is being made; tabs are the tabs made for it.
+	opening bool
+	tabs    map[string]bool
 	// done: it is over; err says why it failed ("": it did not).
 	done bool
 	err  string
@@ -63,7 +66,7 @@ type conversation struct {
 
 func newConversation() conversation {
 	first := talkBase + rand.Int64N(idSpan)
-	return conversation{firstID: first, nextID: first, calls: map[int64]func(answer){}, ours: map[string]bool{}, held: map[string]string{}}
+	return conversation{firstID: first, nextID: first, calls: map[int64]func(answer){}, ours: map[string]bool{}, held: map[string]string{}, tabs: map[string]bool{}}
 }
 
 // call sends a command in session ("": the root session); then is handed
@@ -163,13 +166,20 @@ func (c *conversation) targetEvent(e envelope, msg []byte) bool {
 		return true
 	}
 	if e.method == "Target.attachedToTarget" && ev.Params.WaitingForDebugger && ev.Params.SessionID != "" {
-		if c.page == "" || target == c.page {
+		switch {
+		case c.opening && ev.Params.TargetInfo.Type == "tab":
+			// The tab its page opens in (Chrome makes one for each new
+			// page): held, it keeps the page from loading. No client
+			// hears the connection meanwhile, so no other tab is made.
+			c.tabs[target] = true
+			c.call(ev.Params.SessionID, "Runtime.runIfWaitingForDebugger", struct{}{}, nil)
+		case c.page == "" || target == c.page:
 			// Perhaps its page, whose creation is not answered yet.
 			c.held[target] = ev.Params.SessionID
 			c.release(target)
 		}
 	}
-	return c.page != "" && target == c.page
+	return c.page != "" && target == c.page || c.tabs[target]
 }
 
 // release lets the conversation's page run when another attachment holds
@@ -187,6 +197,7 @@ func (c *conversation) release(target string) {
 // openPage opens the conversation's page and attaches to it, answering
 // every request it makes; then runs ready.
 func (c *conversation) openPage(ready func()) {
+	c.opening = true
 	c.call("", "Target.createTarget", map[string]any{"url": "about:blank", "background": true}, func(a answer) {
 		var r struct {
 			TargetID string `json:"targetId"`

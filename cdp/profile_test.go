@@ -22,6 +22,9 @@ type fakeBrowser struct {
 	// holdPages: another attachment of the connection holds new pages
 	// for its debugger (a client's auto-attach that outlived it).
 	holdPages bool
+	// holdTabs: the client's attachment holds the tab a new page opens
+	// in (Chrome's tab target), which keeps the page from loading.
+	holdTabs bool
 	paused    map[string]bool
 	// page state
 	pages    map[string]string // target → origin loaded
@@ -136,9 +139,17 @@ func (b *fakeBrowser) receive(msg []byte) bool {
 			b.emit(map[string]any{"method": "Target.attachedToTarget", "params": map[string]any{"sessionId": "CLIENT-" + id,
 				"targetInfo": map[string]any{"targetId": id, "type": "page", "url": "about:blank"}, "waitingForDebugger": true}})
 		}
+		if b.holdTabs {
+			tab := "TAB-" + id
+			b.paused[id] = true
+			b.emit(map[string]any{"method": "Target.attachedToTarget", "params": map[string]any{"sessionId": "CLIENT-" + tab,
+				"targetInfo": map[string]any{"targetId": tab, "type": "tab", "url": ""}, "waitingForDebugger": true}})
+		}
 		b.reply(c, map[string]any{"targetId": id})
 	case "Runtime.runIfWaitingForDebugger":
-		delete(b.paused, b.sessionTarget(c.SessionID))
+		target := b.sessionTarget(c.SessionID)
+		delete(b.paused, target)
+		delete(b.paused, strings.TrimPrefix(target, "TAB-"))
 		b.reply(c, map[string]any{})
 	case "Target.attachToTarget":
 		id := str("targetId")
@@ -276,6 +287,23 @@ func TestProfileHeldPage(t *testing.T) {
 	}
 	if !strings.Contains(strings.Join(b.sent, " "), "Runtime.runIfWaitingForDebugger") {
 		t.Fatalf("sent %v", b.sent)
+	}
+}
+
+// TestProfileHeldTab: the tab a new page opens in, held by the client's
+// attachment waiting for its debugger (as Chrome holds it after a
+// Puppeteer client left), is let run, so the page loads; its
+// announcement is the conversation's.
+func TestProfileHeldTab(t *testing.T) {
+	b := newFakeBrowser(t)
+	b.holdTabs = true
+	r := NewRestore(profile())
+	b.run(r.Begin, r.Heard)
+	if err := r.Err(); err != "" {
+		t.Fatalf("restore: %s (sent %v)", err, b.sent)
+	}
+	if len(b.toClient) != 0 {
+		t.Fatalf("the client would get %v", b.toClient)
 	}
 }
 

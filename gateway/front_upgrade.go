@@ -68,13 +68,14 @@ func (upgrade) noneAccepts() string { return "" }
 
 // options reads the client's bf_ query items and its options header; the
 // query items are taken out of what pass_query passes on. A client whose
-// session is to be recorded offers the providers no extension
-// (recording.go).
+// session is to be recorded, or has a browser profile, offers the
+// providers no extension (recording.go, profile_session.go).
 func (f upgrade) options(c *connect) (options.Set, error) {
 	s, rest, err := readOptions(c.hs.RawQuery, c.r.Header, nil)
 	if err == nil {
 		c.hs.RawQuery = rest
-		if proto, _ := f.protocol(); c.h.mayRecord(s, proto) {
+		if proto, _ := f.protocol(); c.h.mayRecord(s, proto) || s.Profile() != "" {
+			// Its messages are to be read (or written) by the gateway.
 			offerNoExtension(c.hs)
 		}
 	}

@@ -137,8 +137,9 @@ func (c resume) take(presented string) {
 	c.token = presented
 	c.opts = parkedOptions(e.Options)
 	c.recording = e.Recording
-	if c.recording != "" {
-		// Its recording goes on: no compression (recording.go).
+	if c.recording != "" || c.opts.Profile() != "" {
+		// Its recording goes on, or its profile is saved at its end: no
+		// compression (recording.go, profile_session.go).
 		offerNoExtension(c.hs)
 	}
 	if e.Held != nil {

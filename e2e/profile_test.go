@@ -1,0 +1,360 @@
+package e2e
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/base64"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"io/fs"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/coder/websocket"
+
+	"github.com/browserfailover/caddy-browser-failover/internal/testgw"
+	"github.com/browserfailover/caddy-browser-failover/status"
+)
+
+// loginSite is a site served by the test on 127.0.0.1: /login sets an
+// HttpOnly session cookie and its page a localStorage token; /whoami says
+// whether the request carried the session cookie. Its cookie value and
+// token are random, so that a grep can look for them anywhere.
+type loginSite struct {
+	URL           string
+	Cookie, Token string
+}
+
+func startLoginSite(t *testing.T) *loginSite {
+	t.Helper()
+	s := &loginSite{Cookie: randomHex(16), Token: randomHex(16)}
+	mux := http.NewServeMux()
+	mux.HandleFunc("/login", func(w http.ResponseWriter, r *http.Request) {
+		http.SetCookie(w, &http.Cookie{Name: "sid", Value: s.Cookie, Path: "/", HttpOnly: true, SameSite: http.SameSiteLaxMode,
+			Expires: time.Now().Add(time.Hour)})
+		w.Header().Set("Content-Type", "text/html")
+		fmt.Fprintf(w, "<!doctype html><title>login</title><script>localStorage.setItem('token', %q)</script><body>logged in</body>", s.Token)
+	})
+	mux.HandleFunc("/whoami", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/html")
+		if c, err := r.Cookie("sid"); err == nil && c.Value == s.Cookie {
+			fmt.Fprint(w, "<!doctype html><title>whoami</title><body>logged in</body>")
+			return
+		}
+		fmt.Fprint(w, "<!doctype html><title>whoami</title><body>anonymous</body>")
+	})
+	srv := httptest.NewServer(mux)
+	t.Cleanup(srv.Close)
+	s.URL = srv.URL
+	return s
+}
+
+func randomHex(n int) string {
+	b := make([]byte, n)
+	rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+// profilesKey is a fresh profiles key.
+func profilesKey() string {
+	b := make([]byte, 32)
+	rand.Read(b)
+	return base64.StdEncoding.EncodeToString(b)
+}
+
+// profilesOption is the handler's profiles option with key.
+func profilesOption(key string) string {
+	return fmt.Sprintf(`"profiles":{"key":%q}`, key)
+}
+
+// siteSays runs profile.mjs and returns what the site said and the
+// page's token.
+func siteSays(t *testing.T, mode, url string, site *loginSite, action string) (said, token string) {
+	t.Helper()
+	out := RunNode(t, "profile.mjs", mode, url, site.URL, action)
+	for _, l := range strings.Split(out, "\n") {
+		if v, ok := strings.CutPrefix(l, "SITE "); ok {
+			said = v
+		}
+		if v, ok := strings.CutPrefix(l, "TOKEN "); ok {
+			token = v
+		}
+	}
+	return said, token
+}
+
+// endedAt waits for the n-th session ended entry and returns its
+// provider.
+func endedAt(t *testing.T, g *testgw.Gateway, n int) string {
+	t.Helper()
+	testgw.Eventually(t, 20*time.Second, fmt.Sprintf("%d sessions' end", n), func() bool {
+		return len(g.LogEntries("session ended")) >= n
+	})
+	return fmt.Sprint(g.LogEntries("session ended")[n-1]["provider"])
+}
+
+// savedProfiles waits for n profile saved entries.
+func savedProfiles(t *testing.T, g *testgw.Gateway, n int) map[string]any {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for len(g.LogEntries("profile saved")) < n {
+		if time.Now().After(deadline) {
+			var lines []string
+			for _, l := range strings.Split(g.Logs(), "\n") {
+				if strings.Contains(l, "profile") {
+					lines = append(lines, l)
+				}
+			}
+			t.Fatalf("%d profiles saved, want %d:\n%s", len(g.LogEntries("profile saved")), n, strings.Join(lines, "\n"))
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	return g.LogEntries("profile saved")[n-1]
+}
+
+// profileList reads the admin API's list of profiles.
+func profileList(t *testing.T, g *testgw.Gateway) status.ProfileList {
+	t.Helper()
+	code, b, err := g.AdminDo(http.MethodGet, status.ProfilesPath, nil)
+	var l status.ProfileList
+	if err != nil || code != 200 || json.Unmarshal(b, &l) != nil {
+		t.Fatalf("profiles: %d %v %s", code, err, b)
+	}
+	return l
+}
+
+// checkProfileSecret checks that neither the site's cookie value nor its
+// token is in the gateway's log, status, sessions list, metrics, profiles
+// list, or any file of its storage.
+func checkProfileSecret(t *testing.T, g *testgw.Gateway, site *loginSite) {
+	t.Helper()
+	places := map[string]string{"log": g.Logs()}
+	for _, path := range []string{status.StatusPath, status.SessionsPath, "/metrics", status.ProfilesPath} {
+		_, b, _ := g.AdminDo(http.MethodGet, path, nil)
+		places[path] = string(b)
+	}
+	files := 0
+	filepath.WalkDir(g.Storage, func(p string, d fs.DirEntry, err error) error {
+		if err == nil && !d.IsDir() {
+			b, _ := os.ReadFile(p)
+			places[p] = string(b)
+			if strings.Contains(p, "browser_failover") {
+				files++
+			}
+		}
+		return nil
+	})
+	if files == 0 {
+		t.Fatalf("no profile file in the storage %s", g.Storage)
+	}
+	for where, text := range places {
+		for _, s := range []string{site.Cookie, site.Token} {
+			if strings.Contains(text, s) {
+				t.Fatalf("a secret of the profile is in %s", where)
+			}
+		}
+	}
+}
+
+// TestProfileFailover: Puppeteer and Playwright connectOverCDP, each with
+// a profile of its own, log in at a local site through the first of two
+// real Chromiums and disconnect; the profile is saved. With the first
+// drained, the same profile lands on the second browser, which never saw
+// the site, already logged in: the site sees the HttpOnly session cookie
+// and the page reads the localStorage token. A client without the profile
+// at the second browser is not logged in. Nothing of the cookie or token
+// is in the log, status, metrics or the storage's files.
+func TestProfileFailover(t *testing.T) {
+	Require(t, true)
+	site := startLoginSite(t)
+	a, b := StartChromium(t), StartChromium(t)
+	g := testgw.Start(t, handler(profilesOption(profilesKey()), provider("a", a.WSURL(), ""), provider("b", b.WSURL(), "")))
+	sessions := 0
+	for _, mode := range []string{"puppeteer", "pw-cdp"} {
+		id := "user-" + mode
+		url := g.WS("/?bf_profile=" + id)
+		if said, token := siteSays(t, mode, url, site, "login"); said != "logged in" || token != site.Token {
+			t.Fatalf("%s login: site %q, token %q", mode, said, token)
+		}
+		sessions++
+		if p := endedAt(t, g, sessions); p != "a" {
+			t.Fatalf("%s login at %s, want a", mode, p)
+		}
+		e := savedProfiles(t, g, sessions)
+		if e["profile"] != id || e["cookies"].(float64) < 1 || e["origins"].(float64) < 1 {
+			t.Fatalf("%s: profile saved entry %v", mode, e)
+		}
+	}
+	l := profileList(t, g)
+	if len(l.Profiles) != 2 {
+		t.Fatalf("profiles listed: %+v", l)
+	}
+	for _, p := range l.Profiles {
+		if p.InUse || p.Size == 0 || p.Scope != nil {
+			t.Fatalf("profile listed: %+v", p)
+		}
+	}
+
+	drain(t, g, "a")
+	// Not logged in at b without the profile.
+	if said, token := siteSays(t, "puppeteer", g.WS("/"), site, "check"); said != "anonymous" || token != "none" {
+		t.Fatalf("without the profile at b: site %q, token %q", said, token)
+	}
+	sessions++
+	for _, mode := range []string{"puppeteer", "pw-cdp"} {
+		url := g.WS("/?bf_profile=user-" + mode)
+		said, token := siteSays(t, mode, url, site, "check")
+		sessions++
+		if p := endedAt(t, g, sessions); p != "b" {
+			t.Fatalf("%s check at %s, want b", mode, p)
+		}
+		if said != "logged in" || token != site.Token {
+			t.Fatalf("%s at b with its profile: site %q, token %q", mode, said, token)
+		}
+	}
+	checkProfileSecret(t, g, site)
+}
+
+// TestProfileBrowserless: a profile saved at a Chromium is restored into
+// real browserless v2, which starts a fresh browser per connection.
+func TestProfileBrowserless(t *testing.T) {
+	Require(t, true)
+	site := startLoginSite(t)
+	a := StartChromium(t)
+	bl := StartBrowserless(t, 2, 0)
+	g := testgw.Start(t, handler(profilesOption(profilesKey()), provider("a", a.WSURL(), ""), provider("bl", bl, "")))
+	url := g.WS("/?bf_profile=bl-user")
+	if said, token := siteSays(t, "puppeteer", url, site, "login"); said != "logged in" || token != site.Token {
+		t.Fatalf("login: site %q, token %q", said, token)
+	}
+	savedProfiles(t, g, 1)
+	drain(t, g, "a")
+	said, token := siteSays(t, "puppeteer", url, site, "check")
+	if p := endedAt(t, g, 2); p != "bl" {
+		t.Fatalf("check at %s, want bl", p)
+	}
+	if said != "logged in" || token != site.Token {
+		t.Fatalf("at browserless with the profile: site %q, token %q", said, token)
+	}
+	// Its own save there: a fresh browser per connection, the profile
+	// still logged in at the next.
+	savedProfiles(t, g, 2)
+	if said, token := siteSays(t, "pw-cdp", url, site, "check"); said != "logged in" || token != site.Token {
+		t.Fatalf("at browserless again: site %q, token %q", said, token)
+	}
+	savedProfiles(t, g, 3)
+}
+
+// dialProfile opens a CDP session with profile id through g: the
+// connection, or the refusal's status and body.
+func dialProfile(t *testing.T, g *testgw.Gateway, id string) (*websocket.Conn, int, string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	c, resp, err := websocket.Dial(ctx, g.WS("/?bf_profile="+id), nil)
+	if err != nil {
+		if resp == nil {
+			t.Fatalf("dial: %v", err)
+		}
+		var body strings.Builder
+		if resp.Body != nil {
+			b := make([]byte, 4096)
+			n, _ := resp.Body.Read(b)
+			body.Write(b[:n])
+		}
+		return nil, resp.StatusCode, body.String()
+	}
+	return c, 101, ""
+}
+
+// TestProfileOneAtATimeAndKeyChange: a second client of a profile in use
+// gets 409 naming the profile, while another profile is served; once the
+// first leaves, the profile is free. A gateway whose key changed answers
+// 500 naming the profile, and leaves the stored blob as it was; with the
+// old key back, the profile opens again.
+func TestProfileOneAtATimeAndKeyChange(t *testing.T) {
+	Require(t, true)
+	site := startLoginSite(t)
+	a := StartChromium(t)
+	key := profilesKey()
+	g := testgw.Start(t, handler(profilesOption(key), provider("a", a.WSURL(), "")))
+	if said, _ := siteSays(t, "puppeteer", g.WS("/?bf_profile=one"), site, "login"); said != "logged in" {
+		t.Fatalf("login: %q", said)
+	}
+	savedProfiles(t, g, 1)
+
+	first, code, _ := dialProfile(t, g, "one")
+	if code != 101 {
+		t.Fatalf("first client: %d", code)
+	}
+	_, code, body := dialProfile(t, g, "one")
+	if code != http.StatusConflict || !strings.Contains(body, `"profile":"one"`) || !strings.Contains(body, `"error"`) {
+		t.Fatalf("second client of the profile: %d %s", code, body)
+	}
+	other, code, _ := dialProfile(t, g, "two")
+	if code != 101 {
+		t.Fatalf("another profile: %d", code)
+	}
+	other.Close(websocket.StatusNormalClosure, "")
+	inUse := func() bool {
+		for _, p := range profileList(t, g).Profiles {
+			if p.ID == "one" {
+				return p.InUse
+			}
+		}
+		return false
+	}
+	if !inUse() {
+		t.Fatal("profile one is not listed in use")
+	}
+	first.Close(websocket.StatusNormalClosure, "")
+	testgw.Eventually(t, 20*time.Second, "profile one free", func() bool { return !inUse() })
+	savedProfiles(t, g, 3)
+
+	// The key changes: the blob stays, the connect gets 500.
+	var blobPath string
+	filepath.WalkDir(g.Storage, func(p string, d fs.DirEntry, err error) error {
+		if err == nil && !d.IsDir() && filepath.Base(p) == "one" {
+			blobPath = p
+		}
+		return nil
+	})
+	before, err := os.ReadFile(blobPath)
+	if err != nil {
+		t.Fatalf("the profile's blob: %v", err)
+	}
+	if err := g.Reload(handler(profilesOption(profilesKey()), provider("a", a.WSURL(), ""))); err != nil {
+		t.Fatal(err)
+	}
+	_, code, body = dialProfile(t, g, "one")
+	if code != http.StatusInternalServerError || !strings.Contains(body, `"profile":"one"`) || !strings.Contains(body, "cannot be read") {
+		t.Fatalf("with another key: %d %s", code, body)
+	}
+	after, _ := os.ReadFile(blobPath)
+	if string(after) != string(before) {
+		t.Fatal("the blob changed after a connect with another key")
+	}
+	if err := g.Reload(handler(profilesOption(key), provider("a", a.WSURL(), ""))); err != nil {
+		t.Fatal(err)
+	}
+	if said, token := siteSays(t, "puppeteer", g.WS("/?bf_profile=one"), site, "check"); said != "logged in" || token != site.Token {
+		t.Fatalf("with the old key back: site %q, token %q", said, token)
+	}
+	savedProfiles(t, g, 4)
+	checkProfileSecret(t, g, site)
+}
+
+// drain drains provider name through the admin API.
+func drain(t *testing.T, g *testgw.Gateway, name string) {
+	t.Helper()
+	code, b, err := g.AdminDo(http.MethodPost, status.ProvidersPath+name+"/drain", nil)
+	if err != nil || code != http.StatusOK {
+		t.Fatalf("drain %s: %d %s (%v)", name, code, b, err)
+	}
+}
