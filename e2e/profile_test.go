@@ -358,3 +358,77 @@ func drain(t *testing.T, g *testgw.Gateway, name string) {
 		t.Fatalf("drain %s: %d %s (%v)", name, code, b, err)
 	}
 }
+
+// TestProfileSavedAtGatewayEnds: a session the gateway ends — an
+// operator's DELETE, max_duration, idle_timeout — saves its profile
+// before the provider's connection closes: the page the client opened at
+// the site logged in, the profile saved says so, and the next session
+// at another browser is logged in.
+func TestProfileSavedAtGatewayEnds(t *testing.T) {
+	Require(t, true)
+	a, b := StartChromium(t), StartChromium(t)
+	key := profilesKey()
+	ends := []struct {
+		name, limits string
+		end          func(g *testgw.Gateway, id string)
+		reason       string
+	}{
+		{"operator", "", func(g *testgw.Gateway, id string) {
+			if code, body, err := g.AdminDo(http.MethodDelete, status.SessionsPath+"/"+id, nil); err != nil || code != http.StatusOK {
+				t.Fatalf("delete: %d %s %v", code, body, err)
+			}
+		}, "closed by operator"},
+		{"max_duration", `"session":{"max_duration":"5s"}`, func(*testgw.Gateway, string) {}, "session time limit"},
+		{"idle", `"session":{"idle_timeout":"2s"}`, func(*testgw.Gateway, string) {}, "idle timeout"},
+	}
+	for i, e := range ends {
+		site := startLoginSite(t)
+		opt := profilesOption(key)
+		if e.limits != "" {
+			opt += "," + e.limits
+		}
+		g := testgw.Start(t, handler(opt, provider("a", a.WSURL(), ""), provider("b", b.WSURL(), "")))
+		id := "end-" + e.name
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		c, resp, err := websocket.Dial(ctx, g.WS("/?bf_profile="+id), nil)
+		cancel()
+		if err != nil {
+			t.Fatalf("%s: %v", e.name, err)
+		}
+		session := resp.Header.Get("Browser-Failover-Session")
+		// A page of the client's own logs in.
+		cdpCall(t, c, 1, "Target.createTarget", map[string]any{"url": site.URL + "/login"})
+		testgw.Eventually(t, 20*time.Second, "the login's cookie in the browser", func() bool {
+			return strings.Contains(string(cdpCall(t, c, 2+i, "Storage.getCookies", nil)), site.Cookie)
+		})
+		e.end(g, session)
+		saved := savedProfiles(t, g, 1)
+		if saved["session_end"] != e.reason || saved["cookies"].(float64) < 1 || saved["origins"].(float64) < 1 {
+			t.Fatalf("%s: profile saved %v", e.name, saved)
+		}
+		c.CloseNow()
+		drain(t, g, "a")
+		if said, token := siteSays(t, "puppeteer", g.WS("/?bf_profile="+id), site, "check"); said != "logged in" || token != site.Token {
+			t.Fatalf("%s: at b: site %q, token %q", e.name, said, token)
+		}
+		savedProfiles(t, g, 2)
+		// The next round has a site of its own (another origin), and
+		// browsers without its cookie.
+		for _, chr := range []*Chromium{a, b} {
+			clearBrowser(t, chr)
+		}
+	}
+}
+
+// clearBrowser clears a browser's cookies.
+func clearBrowser(t *testing.T, chr *Chromium) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	c, _, err := websocket.Dial(ctx, chr.WSURL(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.CloseNow()
+	cdpCall(t, c, 1, "Storage.clearCookies", nil)
+}
