@@ -432,3 +432,82 @@ func clearBrowser(t *testing.T, chr *Chromium) {
 	defer c.CloseNow()
 	cdpCall(t, c, 1, "Storage.clearCookies", nil)
 }
+
+// TestProfileResumeKeepsIt: a session with a profile that its client may
+// take back keeps the profile in use while it waits (without hold: its
+// provider connection closed, the profile saved as it closed; with hold:
+// its provider connection kept): another client of the profile gets 409;
+// the client that takes the session back has it (and its login), and its
+// end saves it (with hold, an operator's end of the session parked again).
+func TestProfileResumeKeepsIt(t *testing.T) {
+	Require(t, false)
+	a := StartChromium(t)
+	site := startLoginSite(t)
+	for _, hold := range []bool{false, true} {
+		g := testgw.Start(t, handler(profilesOption(profilesKey())+fmt.Sprintf(`,"resume":{"window":"1m","hold":%v}`, hold),
+			provider("a", a.WSURL(), "")))
+		id := fmt.Sprintf("resumed-%v", hold)
+		tok := resumeToken(t)
+		c, code, _ := dialProfile(t, g, id+"&bf_resume_token="+tok)
+		if code != 101 {
+			t.Fatalf("hold %v: first connect %d", hold, code)
+		}
+		cdpCall(t, c, 1, "Target.createTarget", map[string]any{"url": site.URL + "/login"})
+		testgw.Eventually(t, 20*time.Second, "the login's cookie in the browser", func() bool {
+			return strings.Contains(string(cdpCall(t, c, 2, "Storage.getCookies", nil)), site.Cookie)
+		})
+		c.CloseNow() // dropped: parked
+		testgw.Eventually(t, 20*time.Second, "the session parked", func() bool { return len(g.LogEntries("session parked")) == 1 })
+		saved := 0
+		if !hold {
+			// Its provider connection closed as it parked: saved then.
+			savedProfiles(t, g, 1)
+			saved = 1
+		}
+		_, code, body := dialProfile(t, g, id)
+		if code != http.StatusConflict || !strings.Contains(body, `"profile":"`+id+`"`) {
+			t.Fatalf("hold %v: another client of the parked session's profile: %d %s", hold, code, body)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		back, _, err := websocket.Dial(ctx, g.WS("/?bf_resume="+tok), nil)
+		cancel()
+		if err != nil {
+			t.Fatalf("hold %v: resume: %v", hold, err)
+		}
+		if !strings.Contains(string(cdpCall(t, back, 3, "Storage.getCookies", nil)), site.Cookie) {
+			t.Fatalf("hold %v: the resumed session's browser lacks the login", hold)
+		}
+		_, code, _ = dialProfile(t, g, id)
+		if code != http.StatusConflict {
+			t.Fatalf("hold %v: another client of the resumed session's profile: %d", hold, code)
+		}
+		back.Close(websocket.StatusNormalClosure, "")
+		if hold {
+			// Held, its client's close parks it again, the profile in
+			// use; an operator ends it, and the browser is still there.
+			testgw.Eventually(t, 20*time.Second, "the session parked again", func() bool { return len(g.LogEntries("session parked")) == 2 })
+			if _, code, _ := dialProfile(t, g, id); code != http.StatusConflict {
+				t.Fatalf("held again: another client of the profile: %d", code)
+			}
+			_, b, _ := g.AdminDo(http.MethodGet, status.SessionsPath, nil)
+			var list status.Sessions
+			json.Unmarshal(b, &list)
+			held := ""
+			for _, s := range list.Sessions {
+				if s.Parked && fmt.Sprint(s.Options["profile"]) == id {
+					held = s.ID
+				}
+			}
+			if held == "" {
+				t.Fatalf("sessions: %s", b)
+			}
+			if code, body, err := g.AdminDo(http.MethodDelete, status.SessionsPath+"/"+held, nil); err != nil || code != http.StatusOK {
+				t.Fatalf("delete the held session: %d %s %v", code, body, err)
+			}
+		}
+		e := savedProfiles(t, g, saved+1)
+		if e["profile"] != id || e["cookies"].(float64) < 1 {
+			t.Fatalf("hold %v: profile saved %v", hold, e)
+		}
+	}
+}
