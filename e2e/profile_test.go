@@ -99,11 +99,18 @@ func endedAt(t *testing.T, g *testgw.Gateway, n int) string {
 	return fmt.Sprint(g.LogEntries("session ended")[n-1]["provider"])
 }
 
-// savedProfiles waits for n profile saved entries.
+// savedProfiles waits for n profile saved entries and returns the n-th.
 func savedProfiles(t *testing.T, g *testgw.Gateway, n int) map[string]any {
 	t.Helper()
+	return profileEntry(t, g, "profile saved", n)
+}
+
+// profileEntry waits for n entries msg and returns the n-th; on a
+// timeout the test fails with the log's lines about profiles.
+func profileEntry(t *testing.T, g *testgw.Gateway, msg string, n int) map[string]any {
+	t.Helper()
 	deadline := time.Now().Add(20 * time.Second)
-	for len(g.LogEntries("profile saved")) < n {
+	for len(g.LogEntries(msg)) < n {
 		if time.Now().After(deadline) {
 			var lines []string
 			for _, l := range strings.Split(g.Logs(), "\n") {
@@ -111,11 +118,11 @@ func savedProfiles(t *testing.T, g *testgw.Gateway, n int) map[string]any {
 					lines = append(lines, l)
 				}
 			}
-			t.Fatalf("%d profiles saved, want %d:\n%s", len(g.LogEntries("profile saved")), n, strings.Join(lines, "\n"))
+			t.Fatalf("%d entries %q, want %d:\n%s", len(g.LogEntries(msg)), msg, n, strings.Join(lines, "\n"))
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	return g.LogEntries("profile saved")[n-1]
+	return g.LogEntries(msg)[n-1]
 }
 
 // profileList reads the admin API's list of profiles.
@@ -509,5 +516,72 @@ func TestProfileResumeKeepsIt(t *testing.T) {
 		if e["profile"] != id || e["cookies"].(float64) < 1 {
 			t.Fatalf("hold %v: profile saved %v", hold, e)
 		}
+	}
+}
+
+// TestProfileLeftAsItWas: a session's profile over max_size is not
+// written, and a session whose browser is gone (killed) before its end
+// saves nothing: each time the stored blob stays byte for byte as it
+// was, a "profile not saved" entry says why, and the profile is free.
+func TestProfileLeftAsItWas(t *testing.T) {
+	Require(t, true)
+	site := startLoginSite(t)
+	a := StartChromium(t)
+	key := profilesKey()
+	g := testgw.Start(t, handler(profilesOption(key), provider("a", a.WSURL(), "")))
+	if said, _ := siteSays(t, "puppeteer", g.WS("/?bf_profile=kept"), site, "login"); said != "logged in" {
+		t.Fatalf("login: %q", said)
+	}
+	savedProfiles(t, g, 1)
+	var blobPath string
+	filepath.WalkDir(g.Storage, func(p string, d fs.DirEntry, err error) error {
+		if err == nil && !d.IsDir() && filepath.Base(p) == "kept" {
+			blobPath = p
+		}
+		return nil
+	})
+	before, err := os.ReadFile(blobPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	unchanged := func(what string, n int) {
+		t.Helper()
+		profileEntry(t, g, "profile not saved", n)
+		if after, _ := os.ReadFile(blobPath); string(after) != string(before) {
+			t.Fatalf("%s: the blob changed", what)
+		}
+		for _, p := range profileList(t, g).Profiles {
+			if p.InUse {
+				t.Fatalf("%s: profile %s still in use", what, p.ID)
+			}
+		}
+	}
+
+	// Over max_size: the session is served (restored), its save refused.
+	if err := g.Reload(handler(fmt.Sprintf(`"profiles":{"key":%q,"max_size":64}`, key), provider("a", a.WSURL(), ""))); err != nil {
+		t.Fatal(err)
+	}
+	if said, token := siteSays(t, "puppeteer", g.WS("/?bf_profile=kept"), site, "check"); said != "logged in" || token != site.Token {
+		t.Fatalf("over max_size: site %q, token %q", said, token)
+	}
+	unchanged("over max_size", 1)
+	if e := g.LogEntries("profile not saved")[0]; !strings.Contains(fmt.Sprint(e["error"]), "max_size") {
+		t.Fatalf("over max_size: %v", e)
+	}
+
+	// The browser killed while the session is live.
+	b := StartChromium(t)
+	if err := g.Reload(handler(profilesOption(key), provider("b", b.WSURL(), ""))); err != nil {
+		t.Fatal(err)
+	}
+	c, code, _ := dialProfile(t, g, "kept")
+	if code != 101 {
+		t.Fatalf("at b: %d", code)
+	}
+	defer c.CloseNow()
+	b.Kill()
+	unchanged("browser gone", 2)
+	if len(g.LogEntries("profile saved")) != 1 {
+		t.Fatalf("saved %d times", len(g.LogEntries("profile saved")))
 	}
 }

@@ -144,19 +144,19 @@ func (ps *profileSave) end(reason string) {
 	sv := ps.save
 	ps.mu.Unlock()
 	if sv == nil {
-		ps.logger.Warn("profile not saved: the browser was gone before it could be read; the stored profile is left as it was", fields...)
+		ps.logger.Warn("profile not saved", append(fields, zap.String("error", "the session ended before the browser could be read (the provider ended it first); the stored profile is left as it was"))...)
 		return
 	}
 	p, err := sv.Result()
 	if err != nil {
-		ps.logger.Warn("profile not saved; the stored profile is left as it was", append(fields, zap.Error(err))...)
+		ps.logger.Warn("profile not saved", append(fields, zap.String("error", err.Error()+"; the stored profile is left as it was"))...)
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), profileIOWait)
 	n, err := ps.k.store.Save(ctx, ps.name, p)
 	cancel()
 	if err != nil {
-		ps.logger.Error("profile not saved; the stored profile is left as it was", append(fields, zap.Error(err))...)
+		ps.logger.Error("profile not saved", append(fields, zap.String("error", err.Error()+"; the stored profile is left as it was"))...)
 		return
 	}
 	ps.logger.Info("profile saved", append(fields, zap.Int("cookies", len(p.Cookies)), zap.Int("origins", len(p.Origins)), zap.Int("bytes", n))...)
