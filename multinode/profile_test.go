@@ -210,3 +210,44 @@ func nodeDo(n *node, method, path string) (int, []byte, error) {
 	b, err := io.ReadAll(resp.Body)
 	return resp.StatusCode, b, err
 }
+
+// TestProfileSavedAtShutdown: a Caddy process stopped while a session with
+// a profile is live saves the profile within its grace, before the
+// provider's connection closes: the process that starts next on the same
+// storage restores it, at another browser.
+func TestProfileSavedAtShutdown(t *testing.T) {
+	e2e.Require(t, false)
+	a, b := e2e.StartChromium(t), e2e.StartChromium(t)
+	site := startCookieSite(t)
+	key := make([]byte, 32)
+	rand.Read(key)
+	storage := t.TempDir()
+	h := func(url string) map[string]any {
+		return map[string]any{"handler": "browser_failover", "providers": []map[string]any{{"name": "p", "url": url}},
+			"profiles": map[string]any{"key": base64.StdEncoding.EncodeToString(key)}}
+	}
+	n1 := startNodeOn(t, "gw-1", h(a.WSURL()), storage)
+	c, code, _ := dialProfile(t, n1, "stopped")
+	if code != 101 {
+		t.Fatalf("connect: %d", code)
+	}
+	defer c.CloseNow()
+	cdpDo(t, c, 1, "Target.createTarget", map[string]any{"url": site.URL + "/login"})
+	waitUntil(t, 20*time.Second, "the login's cookie in the browser", func() bool {
+		return strings.Contains(cdpDo(t, c, 2, "Storage.getCookies", nil), site.Cookie)
+	})
+	n1.Stop()
+	saved := n1.LogEntries("profile saved")
+	if len(saved) != 1 || saved[0]["session_end"] != "server shutting down" {
+		t.Fatalf("profile saved at shutdown: %v", saved)
+	}
+
+	n2 := startNodeOn(t, "gw-2", h(b.WSURL()), storage)
+	again, code, _ := dialProfile(t, n2, "stopped")
+	if code != 101 {
+		t.Fatalf("connect after the restart: %d", code)
+	}
+	defer again.CloseNow()
+	cdpDo(t, again, 1, "Target.createTarget", map[string]any{"url": site.URL + "/whoami"})
+	waitUntil(t, 20*time.Second, "the site seeing the session cookie at the other browser", func() bool { return site.seen.Load() > 0 })
+}
