@@ -19,6 +19,7 @@ import (
 	"github.com/coder/websocket"
 
 	"github.com/browserfailover/caddy-browser-failover/internal/testgw"
+	"github.com/browserfailover/caddy-browser-failover/pool"
 	"github.com/browserfailover/caddy-browser-failover/status"
 )
 
@@ -583,5 +584,38 @@ func TestProfileLeftAsItWas(t *testing.T) {
 	unchanged("browser gone", 2)
 	if len(g.LogEntries("profile saved")) != 1 {
 		t.Fatalf("saved %d times", len(g.LogEntries("profile saved")))
+	}
+}
+
+// TestProfileWarmSession: a client with a profile handed a warm session
+// (made before the client came, at a browser that never saw the site)
+// has its profile restored in it and saved at its end.
+func TestProfileWarmSession(t *testing.T) {
+	Require(t, true)
+	site := startLoginSite(t)
+	a, b := StartChromium(t), StartChromium(t)
+	key := profilesKey()
+	g := testgw.Start(t, handler(profilesOption(key), provider("a", a.WSURL(), "")))
+	if said, _ := siteSays(t, "puppeteer", g.WS("/?bf_profile=warm"), site, "login"); said != "logged in" {
+		t.Fatalf("login: %q", said)
+	}
+	savedProfiles(t, g, 1)
+	if err := g.Reload(handler(profilesOption(key)+`,"queue":{"size":0}`, provider("warm-b", b.HTTPURL(), `"warm":1`))); err != nil {
+		t.Fatal(err)
+	}
+	testgw.Eventually(t, 20*time.Second, "a warm session ready", func() bool {
+		p, ok := pool.Current().Lookup("warm-b")
+		ready, _ := p.Warm()
+		return ok && ready == 1
+	})
+	if said, token := siteSays(t, "pw-cdp", g.WS("/?bf_profile=warm"), site, "check"); said != "logged in" || token != site.Token {
+		t.Fatalf("warm session with the profile: site %q, token %q", said, token)
+	}
+	testgw.Eventually(t, 20*time.Second, "two sessions ended", func() bool { return len(g.LogEntries("session ended")) >= 2 })
+	if e := g.LogEntries("session ended")[1]; e["warm"] != true || e["provider"] != "warm-b" {
+		t.Fatalf("the client was not handed the warm session: %v", e)
+	}
+	if e := savedProfiles(t, g, 2); e["profile"] != "warm" || e["cookies"].(float64) < 1 {
+		t.Fatalf("saved %v", e)
 	}
 }
