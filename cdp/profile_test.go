@@ -25,7 +25,7 @@ type fakeBrowser struct {
 	// holdTabs: the client's attachment holds the tab a new page opens
 	// in (Chrome's tab target), which keeps the page from loading.
 	holdTabs bool
-	paused    map[string]bool
+	paused   map[string]bool
 	// page state
 	pages    map[string]string // target → origin loaded
 	sessions map[string]string // session → target
