@@ -619,3 +619,28 @@ func TestProfileWarmSession(t *testing.T) {
 		t.Fatalf("saved %v", e)
 	}
 }
+
+// TestProfileRecorded: a recorded session with a profile: the recording's
+// participant watches the origins its pages visit, and the save reads
+// their localStorage; the session is recorded as without a profile.
+func TestProfileRecorded(t *testing.T) {
+	Require(t, true)
+	site := startLoginSite(t)
+	a, b := StartChromium(t), StartChromium(t)
+	key := profilesKey()
+	g := testgw.Start(t, handler(profilesOption(key)+","+recordAll, provider("a", a.WSURL(), ""), provider("b", b.WSURL(), "")))
+	if said, _ := siteSays(t, "puppeteer", g.WS("/?bf_profile=rec"), site, "login"); said != "logged in" {
+		t.Fatalf("login: %q", said)
+	}
+	if e := savedProfiles(t, g, 1); e["origins"].(float64) != 1 {
+		t.Fatalf("saved %v", e)
+	}
+	if id, _ := recordingOfEnded(t, g, 1); recordingMeta(t, g, id).Frames == 0 {
+		t.Fatal("the session's recording has no frame")
+	}
+	drain(t, g, "a")
+	if said, token := siteSays(t, "puppeteer", g.WS("/?bf_profile=rec"), site, "check"); said != "logged in" || token != site.Token {
+		t.Fatalf("at b: site %q, token %q", said, token)
+	}
+	savedProfiles(t, g, 2)
+}
