@@ -16,10 +16,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/caddyserver/certmagic"
 	"github.com/coder/websocket"
 
+	"github.com/browserfailover/caddy-browser-failover/internal/fakes"
 	"github.com/browserfailover/caddy-browser-failover/internal/testgw"
 	"github.com/browserfailover/caddy-browser-failover/pool"
+	"github.com/browserfailover/caddy-browser-failover/profiles"
 	"github.com/browserfailover/caddy-browser-failover/status"
 )
 
@@ -643,4 +646,37 @@ func TestProfileRecorded(t *testing.T) {
 		t.Fatalf("at b: site %q, token %q", said, token)
 	}
 	savedProfiles(t, g, 2)
+}
+
+// TestProfileRestoreRefused: a provider that does not take the profile
+// (an echo that answers no command as a browser would) fails the
+// connect: 502 naming the profile, before the client gets a session; the
+// profile is free again and its blob as it was.
+func TestProfileRestoreRefused(t *testing.T) {
+	echo := fakes.Echo("echo", nil)
+	defer echo.Close()
+	keyB64 := profilesKey()
+	g := testgw.Start(t, handler(profilesOption(keyB64), provider("echo", echo.URL(), "")))
+	key, _ := base64.StdEncoding.DecodeString(keyB64)
+	sealer, err := profiles.NewSealer(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := profiles.NewStore(&certmagic.FileStorage{Path: g.Storage}, sealer, 1<<20)
+	p := &profiles.Profile{Cookies: []profiles.Cookie{{Name: "sid", Value: "v", Domain: "a.example", Path: "/"}},
+		Origins: []profiles.Origin{{Origin: "http://a.example", Items: [][2]string{{"token", "t"}}}}}
+	if _, err := st.Save(context.Background(), profiles.Name{Scope: profiles.NoScope, ID: "refused"}, p); err != nil {
+		t.Fatal(err)
+	}
+	before, _ := os.ReadFile(filepath.Join(g.Storage, profiles.Prefix, profiles.NoScope, "refused"))
+	_, code, body := dialProfile(t, g, "refused")
+	if code != http.StatusBadGateway || !strings.Contains(body, `"profile":"refused"`) || !strings.Contains(body, "could not be put into the browser") {
+		t.Fatalf("restore refused: %d %s", code, body)
+	}
+	if l := profileList(t, g).Profiles; len(l) != 1 || l[0].InUse {
+		t.Fatalf("profiles: %+v", l)
+	}
+	if after, _ := os.ReadFile(filepath.Join(g.Storage, profiles.Prefix, profiles.NoScope, "refused")); len(before) == 0 || string(after) != string(before) {
+		t.Fatal("the blob changed")
+	}
 }
