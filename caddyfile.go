@@ -153,6 +153,14 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //			retention       <duration>
 //			storage         <module> ...
 //		}
+//
+//		profiles {
+//			key      <base64 of 32 bytes>
+//			scope    <placeholder>
+//			storage  <module> ...
+//			max_size <size>
+//			wait     <duration>
+//		}
 //	}
 //
 // Each option means what the JSON field of the same name means (see the
@@ -254,6 +262,8 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			h.ResumeKey, err = oneArg(d)
 		case "recording":
 			h.Recording, err = r.parseRecording()
+		case "profiles":
+			h.Profiles, err = r.parseProfiles()
 		default:
 			return d.Errf("unknown option %q", opt)
 		}
@@ -727,32 +737,71 @@ func (r *reader) parseRecording() (*RecordingConfig, error) {
 		case "every_nth_frame":
 			rc.EveryNthFrame, err = intArg(d)
 		case "max_bytes":
-			var v string
-			if v, err = oneArg(d); err == nil {
-				n, perr := humanize.ParseBytes(v)
-				if perr != nil || n > math.MaxInt64 {
-					return d.Errf("recording max_bytes %q: want a size such as 500MiB", v)
-				}
-				rc.MaxBytes = int64(n)
-			}
+			rc.MaxBytes, err = sizeArg(d, "recording max_bytes", "500MiB")
 		case "retention":
 			var v caddy.Duration
 			if v, err = durationArg(d); err == nil {
 				rc.Retention = &v
 			}
 		case "storage":
-			if !d.NextArg() {
-				return d.ArgErr()
-			}
-			name := d.Val()
-			var unm caddyfile.Unmarshaler
-			if unm, err = caddyfile.UnmarshalModule(d, "caddy.storage."+name); err != nil {
-				return err
-			}
-			if _, ok := unm.(caddy.StorageConverter); !ok {
-				return d.Errf("recording storage: module caddy.storage.%s is not a storage", name)
-			}
-			rc.Storage = caddyconfig.JSONModuleObject(unm, "module", name, nil)
+			rc.Storage, err = storageArg(d, "recording")
+		default:
+			return errUnknownOption
+		}
+		return err
+	})
+}
+
+// storageArg reads a storage line: `storage <module>` and what that
+// Caddy storage module's Caddyfile form takes, as Caddy's own storage
+// global option reads one; what names the block in errors.
+func storageArg(d *caddyfile.Dispenser, what string) (json.RawMessage, error) {
+	if !d.NextArg() {
+		return nil, d.ArgErr()
+	}
+	name := d.Val()
+	unm, err := caddyfile.UnmarshalModule(d, "caddy.storage."+name)
+	if err != nil {
+		return nil, err
+	}
+	if _, ok := unm.(caddy.StorageConverter); !ok {
+		return nil, d.Errf("%s storage: module caddy.storage.%s is not a storage", what, name)
+	}
+	return caddyconfig.JSONModuleObject(unm, "module", name, nil), nil
+}
+
+// sizeArg reads one size, such as 10MiB; what names the option in errors.
+func sizeArg(d *caddyfile.Dispenser, what, example string) (int64, error) {
+	v, err := oneArg(d)
+	if err != nil {
+		return 0, err
+	}
+	n, perr := humanize.ParseBytes(v)
+	if perr != nil || n > math.MaxInt64 {
+		return 0, d.Errf("%s %q: want a size such as %s", what, v, example)
+	}
+	return int64(n), nil
+}
+
+// parseProfiles reads the profiles block.
+func (r *reader) parseProfiles() (*ProfilesConfig, error) {
+	d := r.d
+	if d.NextArg() {
+		return nil, d.ArgErr()
+	}
+	pc := &ProfilesConfig{}
+	return pc, r.open().each("profiles", pc.Stated(), pc.Validate, func(opt string) (err error) {
+		switch opt {
+		case "key":
+			pc.Key, err = oneArg(d)
+		case "scope":
+			pc.Scope, err = oneArg(d)
+		case "storage":
+			pc.Storage, err = storageArg(d, "profiles")
+		case "max_size":
+			pc.MaxSize, err = sizeArg(d, "profiles max_size", "10MiB")
+		case "wait":
+			pc.Wait, err = durationArg(d)
 		default:
 			return errUnknownOption
 		}

@@ -55,6 +55,12 @@ func TestCaddyfileErrors(t *testing.T) {
 		{"recording png quality", "browser_failover {\n provider a ws://h:1\n recording {\n  quality 80\n  format png\n }\n}", "recording quality is for jpeg frames", 4},
 		{"recording storage module", "browser_failover {\n provider a ws://h:1\n recording {\n  storage nowhere\n }\n}", "caddy.storage.nowhere", 4},
 		{"recording twice", "browser_failover {\n provider a ws://h:1\n recording\n recording\n}", "recording given twice", 4},
+		{"profiles no key", "browser_failover {\n provider a ws://h:1\n profiles {\n  wait 1s\n }\n}", "profiles needs a key", 3},
+		{"profiles short key", "browser_failover {\n provider a ws://h:1\n profiles {\n  wait 1s\n  key c2hvcnQ=\n }\n}", "profiles key is 5 bytes: want 32", 5},
+		{"profiles bad key", "browser_failover {\n provider a ws://h:1\n profiles {\n  key ***\n }\n}", "profiles key is not base64", 4},
+		{"profiles max_size", "browser_failover {\n provider a ws://h:1\n profiles {\n  key {env.K}\n  max_size lots\n }\n}", `profiles max_size "lots": want a size`, 5},
+		{"profiles unknown", "browser_failover {\n provider a ws://h:1\n profiles {\n  key {env.K}\n  colour blue\n }\n}", `profiles: unknown option "colour"`, 5},
+		{"profiles twice", "browser_failover {\n provider a ws://h:1\n profiles {\n  key {env.K}\n }\n profiles {\n  key {env.K}\n }\n}", "profiles given twice", 6},
 		{"allowed_origins empty", "browser_failover {\n provider a ws://h:1\n allowed_origins\n}", "allowed_origins needs at least one origin", 3},
 		{"allowed_origins host only", "browser_failover {\n provider a ws://h:1\n allowed_origins https://ok.example app.example\n}", `allowed_origins: "app.example" is not an origin`, 3},
 		{"allowed_origins twice", "browser_failover {\n provider a ws://h:1\n allowed_origins https://a.example\n allowed_origins https://b.example\n}", "allowed_origins given twice", 4},
@@ -500,6 +506,7 @@ func TestCaddyfileSyntaxDoc(t *testing.T) {
 		"UnmarshalCaddyfile": "browser_failover", "parseProvider": "provider", "parseCooldown": "cooldown",
 		"parseQueue": "queue", "parseSession": "session", "parseState": "state", "parseWebhook": "webhook",
 		"parseHealthCheck": "health_check", "parseProviders": "providers", "parseRecording": "recording",
+		"parseProfiles": "profiles",
 	}
 	// Options several blocks share, read by one function that their
 	// readers call (or that such a function calls).

@@ -21,4 +21,5 @@ type (
 	HealthCheckConfig  = config.HealthCheckConfig
 	ResumeConfig       = config.ResumeConfig
 	RecordingConfig    = config.RecordingConfig
+	ProfilesConfig     = config.ProfilesConfig
 )

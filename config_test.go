@@ -82,6 +82,27 @@ var parityCases = []parityCase{
 	{scope: "handler", cf: "recording {\nstorage file_system /var/lib/rec\n}", js: `"recording":{"storage":{"module":"file_system","root":"/var/lib/rec"}}`, ok: true},
 	{scope: "handler", cf: "recording {\nstorage file_system {\nroot /var/lib/rec\n}\nsessions all\n}", js: `"recording":{"storage":{"module":"file_system","root":"/var/lib/rec"},"sessions":"all"}`, ok: true},
 	{scope: "handler", cf: "recording {\nstorage nowhere\n}", js: `"recording":{"storage":{"root":"/x"}}`},
+	// Profiles.
+	{scope: "handler", cf: "profiles {\nkey MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY=\n}", js: `"profiles":{"key":"MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY="}`, ok: true},
+	{scope: "handler", cf: "profiles {\nkey MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY=\nscope {http.auth.user.id}\nmax_size 1MiB\nwait 5s\nstorage file_system /var/lib/p\n}",
+		js: `"profiles":{"key":"MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY=","scope":"{http.auth.user.id}","max_size":1048576,"wait":"5s","storage":{"module":"file_system","root":"/var/lib/p"}}`, ok: true},
+	{scope: "handler", cf: "profiles {\nkey {env.PROFILES_MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY=}\n}", js: `"profiles":{"key":"{env.PROFILES_MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY=}"}`, ok: true},
+	{scope: "handler", cf: "profiles {\nkey MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY\n}", js: `"profiles":{"key":"MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY"}`, ok: true},
+	{scope: "handler", cf: "profiles", js: `"profiles":{}`},
+	{scope: "handler", cf: "profiles {\nscope {http.auth.user.id}\n}", js: `"profiles":{"scope":"{http.auth.user.id}"}`},
+	{scope: "handler", cf: `profiles {
+key ""
+}`, js: `"profiles":{"key":""}`},
+	{scope: "handler", cf: "profiles {\nkey c2hvcnQ=\n}", js: `"profiles":{"key":"c2hvcnQ="}`},
+	{scope: "handler", cf: "profiles {\nkey not*base64\n}", js: `"profiles":{"key":"not*base64"}`},
+	{scope: "handler", cf: "profiles {\nkey MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY=\nmax_size 0\n}", js: `"profiles":{"key":"MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY=","max_size":0}`},
+	{scope: "handler", cf: "profiles {\nkey MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY=\nwait -1s\n}", js: `"profiles":{"key":"MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY=","wait":"-1s"}`},
+	{scope: "handler", cf: "profiles {\nkey MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY=\nwait 0\n}", js: `"profiles":{"key":"MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY=","wait":0}`, ok: true},
+	{scope: "handler", cf: `profiles {
+key MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY=
+scope ""
+}`, js: `"profiles":{"key":"MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY=","scope":""}`},
+	{scope: "handler", cf: "profiles {\nkey MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY=\nstorage nowhere\n}", js: `"profiles":{"key":"MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY=","storage":{"root":"/x"}}`},
 
 	// A provider's options.
 	{scope: "provider", cf: "weight 1", js: `"weight":1`, ok: true},
@@ -216,6 +237,7 @@ var parityCases = []parityCase{
 	{scope: "provider", cf: "warm 1\nwarm_options stealth=true", js: `"warm":1,"warm_options":{"stealth":"true"}`},
 	{scope: "provider", cf: "supports stealth\nwarm_options stealth=true", js: `"supports":["stealth"],"warm_options":{"stealth":"true"}`},
 	{scope: "provider", cf: "warm 1\nwarm_options colour=red", js: `"warm":1,"warm_options":{"colour":"red"}`},
+	{scope: "provider", cf: "warm 1\nwarm_options profile=alice", js: `"warm":1,"warm_options":{"profile":"alice"}`},
 	{scope: "provider", cf: "create_rate 30 per minute", js: `"create_rate":{"n":30,"per":"minute"}`, ok: true},
 	{scope: "provider", cf: "create_rate 1 per second", js: `"create_rate":{"n":1,"per":"second"}`, ok: true},
 	{scope: "provider", cf: "create_rate 0 per second", js: `"create_rate":{"n":0,"per":"second"}`},

@@ -80,6 +80,11 @@ type Participant struct {
 	sc   Screencast
 	sink Sink
 	send func([]byte) bool
+	// screen: it follows the pages' screens (a recording); urls, when
+	// set, is handed the URL of every page and frame target it learns of
+	// (a browser profile's origins).
+	screen bool
+	urls   func(url string)
 
 	// firstID and nextID bound the IDs it has sent with.
 	firstID, nextID int64
@@ -107,6 +112,7 @@ func New(sc Screencast, sink Sink) *Participant {
 	return &Participant{
 		sc:      sc,
 		sink:    sink,
+		screen:  true,
 		firstID: first,
 		nextID:  first,
 		calls:   map[int64]func(answer){},
@@ -115,6 +121,22 @@ func New(sc Screencast, sink Sink) *Participant {
 		ours:    map[string]bool{},
 	}
 }
+
+// NewWatcher makes a participant that follows no page's screen, only the
+// URLs of the targets the browser has or opens (Target.setDiscoverTargets
+// on its attachment to the browser target), each page's and frame's
+// handed to urls as the browser tells it (Target.targetCreated,
+// Target.targetInfoChanged). Nothing runs in the pages.
+func NewWatcher(urls func(url string)) *Participant {
+	p := New(Screencast{}, nil)
+	p.screen, p.urls = false, urls
+	return p
+}
+
+// WatchURLs has the participant also hand urls the URL of every page and
+// frame target it learns of (a recorded session whose browser profile is
+// kept). Call it before Start.
+func (p *Participant) WatchURLs(urls func(url string)) { p.urls = urls }
 
 // Start has the participant attach to the browser target, sending through
 // send (the session's upstreams.Session.Send). Call it once, before the
@@ -159,11 +181,13 @@ func (p *Participant) attach() {
 		// Discovery first: a page's URL or title that changes while it is
 		// being attached is told after its attachment, not missed.
 		p.call(p.browser, "Target.setDiscoverTargets", `{"discover":true}`, nil)
-		p.call(p.browser, "Target.setAutoAttach", `{"autoAttach":true,"waitForDebuggerOnStart":false,"flatten":true}`, func(a answer) {
-			if a.Error != nil {
-				p.stop("unavailable: the browser refused to attach to its pages (" + clip(a.Error.Message) + ")")
-			}
-		})
+		if p.screen {
+			p.call(p.browser, "Target.setAutoAttach", `{"autoAttach":true,"waitForDebuggerOnStart":false,"flatten":true}`, func(a answer) {
+				if a.Error != nil {
+					p.stop("unavailable: the browser refused to attach to its pages (" + clip(a.Error.Message) + ")")
+				}
+			})
+		}
 	})
 }
 
@@ -173,7 +197,9 @@ func (p *Participant) stop(why string) {
 		return
 	}
 	p.stopped = why
-	p.sink.Unavailable(why)
+	if p.sink != nil {
+		p.sink.Unavailable(why)
+	}
 }
 
 // clip shortens a browser's error text for a log.
@@ -395,6 +421,9 @@ func (p *Participant) handle(e envelope, msg []byte) {
 		}
 		if e.sessionID != p.browser || json.Unmarshal(msg, &ev) != nil {
 			return
+		}
+		if t := ev.Params.TargetInfo; p.urls != nil && (t.Type == "page" || t.Type == "iframe") && t.URL != "" {
+			p.urls(t.URL)
 		}
 		if t := ev.Params.TargetInfo; t.Type == "page" && p.follows(t.TargetID) {
 			p.sink.Target(t.TargetID, t.URL, t.Title)

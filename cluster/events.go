@@ -36,6 +36,10 @@ const (
 	// Event.Session ended it; the nodes serving its sockets close them.
 	// Event.Provider is empty.
 	EventWebDriverEnded = "webdriver_ended"
+	// EventProfileFree: the profile named by Event.Session (its scope's
+	// hash and ID, as the caller names it) was given back; a node whose
+	// client waits for it may take it. Event.Provider is empty.
+	EventProfileFree = "profile_free"
 )
 
 // Event is a change of the shared state, as announced by a node.
@@ -52,8 +56,9 @@ type Event struct {
 	// Node is the node that published the event.
 	Node string
 	// Session names the parked session of an EventResumed, as the
-	// caller keyed it in ParkResume, or the WebDriver session of an
-	// EventWebDriverEnd or EventWebDriverEnded.
+	// caller keyed it in ParkResume, the WebDriver session of an
+	// EventWebDriverEnd or EventWebDriverEnded, or the profile of an
+	// EventProfileFree.
 	Session string
 }
 
@@ -80,6 +85,11 @@ func decodeEvent(payload string, now time.Time) (Event, bool) {
 	case EventWebDriverEnd, EventWebDriverEnded:
 		// Of a session, not of a provider.
 		if checkRouteID(w.Session) != nil {
+			return Event{}, false
+		}
+	case EventProfileFree:
+		// Of a profile.
+		if !ValidProfileName(w.Session) {
 			return Event{}, false
 		}
 	default:

@@ -12,19 +12,21 @@ import (
 // node's slot leases (Leases), the news the nodes tell each other and the
 // providers' shared holds (News), the spend totals (Spend), the ledger
 // storage (LedgerStore), the WebDriver sessions' routes (Routes) and the
-// providers' create_rate windows (Rates). The
+// providers' create_rate windows (Rates) and the browser profiles in use
+// (Profiles). The
 // Store opens and closes them in order and gives access to them; what
 // needs nothing but the connection (the resumable sessions, the shared
 // secret) is its own. It is safe for concurrent use. Open it once per
 // node and Close it when the node stops.
 type Store struct {
-	c      *conn
-	leases *Leases
-	news   *News
-	spend  *Spend
-	ledger *LedgerStore
-	routes *Routes
-	rates  *Rates
+	c        *conn
+	leases   *Leases
+	news     *News
+	spend    *Spend
+	ledger   *LedgerStore
+	routes   *Routes
+	rates    *Rates
+	profiles *Profiles
 }
 
 // Open validates cfg and returns a Store for node, the name this gateway
@@ -60,8 +62,10 @@ func openStore(cfg Config, node string, onFailover func()) (*Store, error) {
 	leases := newLeases(c, news, watched)
 	// Another node waiting for a slot is news that frees the spares.
 	news.onWanted = leases.noteWanted
-	s := &Store{c: c, leases: leases, news: news, spend: newSpend(c), ledger: &LedgerStore{c: c}, routes: newRoutes(c), rates: &Rates{c: c, news: news}}
+	s := &Store{c: c, leases: leases, news: news, spend: newSpend(c), ledger: &LedgerStore{c: c}, routes: newRoutes(c), rates: &Rates{c: c, news: news},
+		profiles: newProfiles(c)}
 	go leases.r.loop()
+	go s.profiles.loop()
 	return s, nil
 }
 
@@ -84,6 +88,9 @@ func (s *Store) Routes() *Routes { return s.routes }
 
 // Rates returns the providers' create_rate windows over every node.
 func (s *Store) Rates() *Rates { return s.rates }
+
+// Profiles returns the browser profiles in use over every node.
+func (s *Store) Profiles() *Profiles { return s.profiles }
 
 // Mode tells how the store reaches Redis: ModeStandalone, ModeSentinel or
 // ModeCluster.
@@ -129,8 +136,10 @@ func (s *Store) Close() error {
 		return nil
 	}
 	held := s.leases.shut() // nothing taken from now on; no more renewals
-	s.spend.close()         // its last write
-	s.leases.finish(held)   // the held leases given back, the calls in flight done
-	s.news.close()          // the subscriptions ended
+	locks := s.profiles.stop()
+	s.spend.close()       // its last write
+	s.leases.finish(held) // the held leases given back, the calls in flight done
+	s.profiles.giveBack(locks)
+	s.news.close() // the subscriptions ended
 	return s.c.close()
 }

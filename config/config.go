@@ -7,6 +7,7 @@ package config
 
 import (
 	"bytes"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -145,6 +146,12 @@ type Handler struct {
 	// Recording records CDP sessions: those whose client stated the
 	// session option record, or all of them. Default: off.
 	Recording *RecordingConfig `json:"recording,omitempty"`
+
+	// Profiles keeps each CDP client's browser profile (cookies and
+	// localStorage), encrypted, and brings it to whichever provider serves
+	// the client next: a client names its profile with the session option
+	// profile. Default: off (a client naming a profile gets 400).
+	Profiles *ProfilesConfig `json:"profiles,omitempty"`
 
 	// stated holds the options stated explicitly.
 	stated
@@ -619,6 +626,7 @@ func (h *Handler) Validate() error {
 		h.ClientBudget.Validate(),
 		h.State.Validate(),
 		h.Recording.Validate(),
+		h.Profiles.Validate(),
 	)
 	for i, wh := range h.Webhooks {
 		if err := wh.Validate(); err != nil {
@@ -1057,6 +1065,8 @@ func (p *ProviderConfig) ValidateWarm() error {
 			errs = append(errs, conf.Problemf("warm_options", "warm_options needs warm"))
 		} else if set, err := p.WarmSet(); err != nil {
 			errs = append(errs, conf.Problemf("warm_options", "warm_options: %v", err))
+		} else if set.Profile() != "" {
+			errs = append(errs, conf.Problemf("warm_options", "warm_options: profile is a client's own: a warm session takes on the profile of the client it is handed to"))
 		} else if lacks := (&options.Honours{Regions: p.Region, Supports: p.Supports}).Lacks(set); len(lacks) > 0 {
 			errs = append(errs, &conf.Problem{Options: []string{"warm_options"}, Whole: true,
 				Msg: "warm_options asks for what the provider does not honour (" + strings.Join(lacks, ", ") + "): add it to region or supports"})
@@ -1191,3 +1201,98 @@ func (rc *RecordingConfig) Validate() error {
 // RecordsAll reports whether every CDP session is recorded (not only
 // those whose client asked).
 func (rc *RecordingConfig) RecordsAll() bool { return rc != nil && rc.Sessions == "all" }
+
+// ProfilesConfig keeps browser profiles (JSON key "profiles"): a CDP
+// client that names a profile (the session option profile) gets, in the
+// browser's default context, the cookies and localStorage that its
+// profile's last session left, whichever provider serves it; at the
+// session's end they are read back and stored, encrypted, in a storage.
+// One session uses a profile at a time.
+type ProfilesConfig struct {
+	// Key is the AES-256-GCM key the profiles are encrypted with: 32 bytes,
+	// base64 (standard alphabet, padded or not). A placeholder such as
+	// {env.PROFILES_KEY} is resolved, and checked, at provision. Required.
+	Key string `json:"key,omitempty"`
+	// Scope is whom a profile ID belongs to: a placeholder (such as
+	// {http.auth.user.id}) resolved for each client; a profile is named by
+	// its scope's value and its ID, so clients of different scope values
+	// never share one. Default: none, one namespace for every client.
+	Scope string `json:"scope,omitempty"`
+	// Storage is where the profiles are kept: a Caddy storage module
+	// (namespace caddy.storage, e.g. {"module":"file_system","root":…}).
+	// Default: Caddy's own storage.
+	Storage json.RawMessage `json:"storage,omitempty" caddy:"namespace=caddy.storage inline_key=module"`
+	// MaxSize is the most bytes one profile may hold (its cookies and
+	// storage, before encryption): a session's profile over it is not
+	// stored (the profile stays as it was). Positive. Default: 10 MiB.
+	MaxSize int64 `json:"max_size,omitempty"`
+	// Wait is how long a client waits for its profile while another
+	// session uses it; then it gets 409. Default: 0, no wait.
+	Wait caddy.Duration `json:"wait,omitempty"`
+
+	stated
+}
+
+// DefaultProfileMaxSize is a profile's max_size when not set.
+const DefaultProfileMaxSize = 10 << 20
+
+// ProfileKeySize is the size of a profile key: AES-256.
+const ProfileKeySize = 32
+
+// ParseProfileKey reads a profile key: base64 (standard alphabet, padded
+// or not) of exactly 32 bytes. The error never holds the key.
+func ParseProfileKey(s string) ([]byte, error) {
+	s = strings.TrimSpace(s)
+	if s == "" {
+		return nil, errors.New("profiles key is empty")
+	}
+	k, err := base64.StdEncoding.DecodeString(s)
+	if err != nil {
+		k, err = base64.RawStdEncoding.DecodeString(s)
+	}
+	if err != nil {
+		return nil, errors.New("profiles key is not base64 (make one with: openssl rand -base64 32)")
+	}
+	if len(k) != ProfileKeySize {
+		return nil, fmt.Errorf("profiles key is %d bytes: want %d, base64 (make one with: openssl rand -base64 32)", len(k), ProfileKeySize)
+	}
+	return k, nil
+}
+
+// Validate checks the profiles block. A key given as a placeholder is
+// checked once resolved, at provision.
+func (pc *ProfilesConfig) Validate() error {
+	if pc == nil {
+		return nil
+	}
+	var errs []error
+	switch {
+	case strings.TrimSpace(pc.Key) == "":
+		if pc.given.has("key") {
+			errs = append(errs, conf.Problemf("key", "profiles key is empty"))
+		} else {
+			errs = append(errs, &conf.Problem{Options: []string{"key"}, Whole: true,
+				Msg: "profiles needs a key: 32 bytes, base64 (make one with: openssl rand -base64 32), or a placeholder such as {env.PROFILES_KEY}"})
+		}
+	case !strings.Contains(pc.Key, "{"):
+		if _, err := ParseProfileKey(pc.Key); err != nil {
+			errs = append(errs, conf.Problemf("key", "%v", err))
+		}
+	}
+	if pc.given.has("scope") && strings.TrimSpace(pc.Scope) == "" {
+		errs = append(errs, conf.Problemf("scope", "profiles scope is empty: leave it out for one namespace"))
+	}
+	if pc.MaxSize < 0 || (pc.MaxSize == 0 && pc.given.has("max_size")) {
+		errs = append(errs, conf.Problemf("max_size", "profiles max_size must be positive, got %d", pc.MaxSize))
+	}
+	errs = append(errs, notNegative("wait", pc.Wait, "profiles wait"))
+	if len(pc.Storage) > 0 {
+		var m struct {
+			Module string `json:"module"`
+		}
+		if json.Unmarshal(pc.Storage, &m) != nil || m.Module == "" {
+			errs = append(errs, conf.Problemf("storage", `profiles storage: want a storage module object, like {"module":"file_system","root":"/var/lib/profiles"}`))
+		}
+	}
+	return errors.Join(errs...)
+}

@@ -24,7 +24,7 @@ import (
 //                only from an origin allowed_origins names: 403
 //                otherwise; an exiting process serves no one; the
 //                client's session options are read once (400 for a bad
-//                one).
+//                one, or a profile it cannot have here).
 //  1. join       Recognise the client: what it speaks (its front says),
 //                its affinity key and its client_limit key; 502 when no
 //                provider could ever serve it. Take its client_limit
@@ -84,6 +84,10 @@ func (c *connect) check() bool {
 		return false
 	}
 	c.opts = opts
+	if rf := c.readProfile(); rf != nil {
+		c.finish(rf)
+		return false
+	}
 	return true
 }
 
@@ -162,7 +166,7 @@ func (c *connect) join() bool {
 		c.finish(c.unservable(c.front.noneAccepts()))
 		return false
 	}
-	if !c.anyHonours() {
+	if !c.anyHonours() || !c.profileServable() {
 		return false
 	}
 	if !c.prepareResume() {
@@ -311,6 +315,13 @@ func (c *connect) pass(first bool) (end passEnd, couldWait, retry bool) {
 		end = c.attemptHedged(ctx, ps)
 	} else {
 		end = c.attemptInTurn(ctx, ps)
+	}
+	if end == passNothing && ps.refused != nil {
+		c.finish(ps.refused)
+		return passAnswered, false, false
+	}
+	if end == passNothing && ps.gone {
+		return passClientGone, false, false
 	}
 	if end == passNothing && ps.clientOver != nil {
 		// The client key's budget is spent, with what its other

@@ -122,6 +122,8 @@ type connect struct {
 	// opts are the session options the client stated
 	// (session_options.go).
 	opts options.Set
+	// profile is the browser profile it named (nil: none; profiles.go).
+	profile *clientProfile
 	// unsupported are the providers its options rule out (the last
 	// pass's), shown in 503 and 502 bodies.
 	unsupported []unsupported
@@ -233,6 +235,10 @@ type passState struct {
 	clientOver *spend.Over
 	// quotaOver: a resume's client_limit share could not be taken.
 	quotaOver bool
+	// refused: the client's way ends with this answer (its profile could
+	// not be had); gone: the client left during the admission.
+	refused *refusal
+	gone    bool
 	// declined: the providers that declined what the client asked for
 	// in this pass; not waited for.
 	declined []declined

@@ -68,13 +68,14 @@ func (upgrade) noneAccepts() string { return "" }
 
 // options reads the client's bf_ query items and its options header; the
 // query items are taken out of what pass_query passes on. A client whose
-// session is to be recorded offers the providers no extension
-// (recording.go).
+// session is to be recorded, or has a browser profile, offers the
+// providers no extension (recording.go, profile_session.go).
 func (f upgrade) options(c *connect) (options.Set, error) {
 	s, rest, err := readOptions(c.hs.RawQuery, c.r.Header, nil)
 	if err == nil {
 		c.hs.RawQuery = rest
-		if proto, _ := f.protocol(); c.h.mayRecord(s, proto) {
+		if proto, _ := f.protocol(); c.h.mayRecord(s, proto) || s.Profile() != "" {
+			// Its messages are to be read (or written) by the gateway.
 			offerNoExtension(c.hs)
 		}
 	}
@@ -116,6 +117,15 @@ func (upgrade) shortcut(c *connect, order []int) (passEnd, bool) {
 		if w, _ := m.warm.(*warmer); w != nil && !contended && w.serves(c, m) && !m.state.Draining() {
 			if !mayChargeWarm(c) {
 				return 0, false
+			}
+			// Its browser profile first: a client that cannot have it
+			// is answered before it takes a warm session.
+			if rf, ok := c.holdProfile(); !ok {
+				if rf == nil {
+					return passClientGone, true
+				}
+				c.finish(rf)
+				return passAnswered, true
 			}
 			if ws := w.take(); ws != nil {
 				if !chargeWarm(c, ws) {
@@ -167,9 +177,10 @@ func establishWarm(c *connect, m *member, ws *warmSession) passEnd {
 	c.add(attempt{Provider: m.up.Name, Outcome: WordWarm})
 	c.tries++
 	c.warm = ws.life
-	if c.opts.Empty() {
-		// The session has the options it was made with.
-		c.opts = ws.w.opts
+	if c.opts.ForProviders().Empty() {
+		// The session has the options it was made with (and the client's
+		// profile).
+		c.opts = ws.w.opts.WithProfile(c.opts.Profile())
 	}
 	c.h.reg.Metrics().WarmHanded(m.up.Name)
 	c.won(ws.t)

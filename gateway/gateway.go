@@ -95,6 +95,9 @@ func (h *Gateway) provision(ctx caddy.Context, gauges func(*pool.Registry) prome
 	if err := h.provisionRecording(ctx); err != nil {
 		return err
 	}
+	if err := h.provisionProfiles(ctx, known); err != nil {
+		return err
+	}
 
 	size, timeout := config.DefaultQueueSize, config.DefaultQueueTimeout
 	if q := h.Queue; q != nil {
@@ -167,6 +170,7 @@ func (h *Gateway) Cleanup() error {
 	}
 	h.cleanupProbes()
 	h.cleanupRecording()
+	h.cleanupProfiles()
 	if h.obs != nil {
 		h.obs.Close()
 	}

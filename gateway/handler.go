@@ -68,6 +68,8 @@ type Gateway struct {
 	cleaned *atomic.Bool
 	// rec records its CDP sessions (recording.go); nil: off.
 	rec *recording
+	// prof keeps its clients' browser profiles (profiles.go); nil: off.
+	prof *profileKeeper
 	// key tells this handler apart from the other handlers of the
 	// gateway, the same across reloads and nodes for the same config
 	// (handler_key.go).

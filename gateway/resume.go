@@ -137,8 +137,9 @@ func (c resume) take(presented string) {
 	c.token = presented
 	c.opts = parkedOptions(e.Options)
 	c.recording = e.Recording
-	if c.recording != "" {
-		// Its recording goes on: no compression (recording.go).
+	if c.recording != "" || c.opts.Profile() != "" {
+		// Its recording goes on, or its profile is saved at its end: no
+		// compression (recording.go, profile_session.go).
 		offerNoExtension(c.hs)
 	}
 	if e.Held != nil {
@@ -300,18 +301,22 @@ func (c resume) redial(e *pool.Parked) {
 	h := c.h
 	m := c.memberNamed(e.Provider)
 	pk, _ := e.Data.(*parking)
-	if kept := pk.takeKept(); kept != nil {
+	kept := pk.takeKept()
+	if kept != nil {
 		// The client holds the parked session's ticket from here (its
 		// own, fresh, held nothing yet).
 		c.ticket.Release()
 		c.ticket = kept
 	}
 	hadKept := c.ticket.Provider() != nil
+	// A ticket that keeps only the session's browser profile (a session
+	// without a provider session of its own to keep).
+	profileKept := kept != nil && !hadKept
 	c.resuming = true
 	// unavailable refuses the resume for its provider's sake, the skip
 	// recorded; the window goes on, with the ticket it kept.
 	unavailable := func(refuse func()) {
-		if hadKept {
+		if hadKept || profileKept {
 			pk.putKept(c.ticket)
 			c.ticket = nil
 		}
@@ -365,6 +370,10 @@ func (c resume) redial(e *pool.Parked) {
 		socket{c.connect}.establish(m, res.Conn)
 		return
 	case verdictGone:
+		if profileKept {
+			pk.putKept(c.ticket)
+			c.ticket = nil
+		}
 		if !hadKept {
 			c.giveBack(e)
 		}

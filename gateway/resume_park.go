@@ -56,7 +56,9 @@ type parking struct {
 	// kept is the ticket of a parked session that holds a created
 	// provider session (no hold): its slot, client_limit share,
 	// cluster-wide slot, meter and provider session stay counted while it
-	// is parked. nil otherwise, and once a resume took it.
+	// is parked; or, for another parked session with a browser profile
+	// (no hold), a ticket that holds only the profile, in use while it is
+	// parked. nil otherwise, and once a resume took it.
 	kept *pool.Ticket
 }
 
@@ -140,6 +142,12 @@ func (pk *parking) ended(s *upstreams.Session, t *pool.Ticket) bool {
 		t.Park()
 		pk.mu.Lock()
 		pk.kept = t
+		pk.mu.Unlock()
+	} else if p := t.KeepProfile(); p != nil {
+		// Its browser profile stays in use for the window: a ticket of
+		// its own, which the resume takes on (the rest is given back).
+		pk.mu.Lock()
+		pk.kept = p
 		pk.mu.Unlock()
 	}
 	pk.park(nil, s.ClientCloseCode())

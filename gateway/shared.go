@@ -83,6 +83,14 @@ func (h *Gateway) provisionShared(known func(string) string, webdriver func(clus
 			webdriver(e)
 			return
 		}
+		if e.Kind == cluster.EventProfileFree {
+			// A profile given back by another node: its waiters here
+			// may take it.
+			if n, ok := profileNameOf(e.Session); ok {
+				h.reg.Profiles.Wake(n)
+			}
+			return
+		}
 		if e.Kind == cluster.EventResumed {
 			// Taken back through another node: this node's entry of it
 			// is stale.

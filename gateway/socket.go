@@ -13,6 +13,7 @@ import (
 	"github.com/browserfailover/caddy-browser-failover/cdp"
 	"github.com/browserfailover/caddy-browser-failover/options"
 	"github.com/browserfailover/caddy-browser-failover/pool"
+	"github.com/browserfailover/caddy-browser-failover/profiles"
 	"github.com/browserfailover/caddy-browser-failover/recordings"
 	"github.com/browserfailover/caddy-browser-failover/sessions"
 	"github.com/browserfailover/caddy-browser-failover/upstreams"
@@ -44,6 +45,16 @@ func (c socket) establish(m *member, up *upstreams.Conn) passEnd {
 		// 503 rather than a session that shutdown would end at once.
 		go up.CloseWith(upstreams.CloseGoingAway, upstreams.EndShutdown)
 		c.finish(c.shuttingDown())
+		return passAnswered
+	}
+	// The client's browser profile goes in before it is answered
+	// (profile_session.go).
+	if rf := c.restoreProfile(m, up); rf != nil {
+		go up.CloseWith(upstreams.CloseGoingAway, upstreams.EndProviderError)
+		if c.warm != nil {
+			c.warm.Ended(upstreams.EndProviderError)
+		}
+		c.finish(rf)
 		return passAnswered
 	}
 	fields := c.answerHeaders()
@@ -196,6 +207,27 @@ func (c socket) relay(m *member, client netConn, up *upstreams.Conn, pending []b
 		opts.Farewell = upstreams.BiDiFarewell()
 	}
 	opts.Tap = rec.tap()
+	// A session with a browser profile saves it as its last word, reading
+	// the localStorage of the origins its pages visited
+	// (profile_session.go).
+	var save *profileSave
+	var watcher *cdp.Participant
+	if name, ok := t.Profile(); ok {
+		var known *profiles.Profile
+		if c.profile != nil {
+			known = c.profile.data
+		}
+		save = c.profileSaveOf(name, known)
+	}
+	if save != nil {
+		opts.LastWord = save.talk()
+		if rec.tap() != nil {
+			rec.p.WatchURLs(save.visited)
+		} else {
+			watcher = cdp.NewWatcher(save.visited)
+			opts.Tap = watcher
+		}
+	}
 	remote := up.Remote // the ticket releases it
 	up.Remote = nil
 	// The closures outlive the request: they must not hold c, whose
@@ -205,11 +237,15 @@ func (c socket) relay(m *member, client netConn, up *upstreams.Conn, pending []b
 	life := c.warm
 	opts.OnEnd = func(s *upstreams.Session) {
 		rec.end()
+		save.end(s.Reason())
 		life.Ended(s.Reason())
 	}
 	s := upstreams.NewSession(client, up, opts)
 	if rec.tap() != nil {
 		rec.p.Start(s.Send)
+	}
+	if watcher != nil {
+		watcher.Start(s.Send)
 	}
 	body := socketBody{Session: s, keepalive: c.h.Keepalive > 0, rec: rec}
 	if life != nil {

@@ -28,7 +28,9 @@ const WordQueued = "queued"
 // pass as for a resume. In order: not drained; not left to clients that
 // have waited longer (a newcomer's pass); not full (its slots, a learnt
 // cap, its last capacity probe); its budget not spent; the pass's own
-// bounds (max_attempts, try_duration); the client's client_limit share (a
+// bounds (max_attempts, try_duration); the client's browser profile, at
+// its first admission (waiting for it while another session uses it);
+// the client's client_limit share (a
 // resume's: a new client took it as it joined); what the session will cost
 // held in its budgets (a new client's: a resume's session was admitted
 // before); a health permit (not in cooldown, no trial in flight); a slot;
@@ -67,6 +69,13 @@ func (c *connect) admit(ps *passState, m *member) (t *pool.Ticket, ok bool) {
 		return nil, false
 	}
 	if !ps.mayAttempt() {
+		return nil, false
+	}
+	// The client's browser profile, at its first admission: one session
+	// a profile (profiles.go).
+	if rf, ok := c.holdProfile(); !ok {
+		ps.refused, ps.gone = rf, rf == nil
+		ps.next = len(ps.order)
 		return nil, false
 	}
 	if cl := c.h.ClientLimit; cl != nil && resume && !c.ticket.TakeShare(c.h.quotaKey(c.replace), cl.Limit) {

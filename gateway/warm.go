@@ -614,7 +614,10 @@ func (ws *warmSession) claim() bool {
 
 // serves reports whether a warm session of w's provider may go to c.
 func (w *warmer) serves(c *connect, m *member) bool {
-	if c.resuming || !(c.opts.Empty() || c.opts.Equal(w.opts)) || c.hs.Header.Get("Sec-Websocket-Protocol") != "" {
+	// The client's profile is the gateway's, not the session's: a warm
+	// session takes it on (profile_session.go).
+	opts := c.opts.ForProviders()
+	if c.resuming || !(opts.Empty() || opts.Equal(w.opts)) || c.hs.Header.Get("Sec-Websocket-Protocol") != "" {
 		return false
 	}
 	if m.up.PassesQuery() && c.hs.RawQuery != "" {

@@ -326,7 +326,11 @@ const (
 	// ReasonBadOptions: the client's session options could not be read
 	// (400).
 	ReasonBadOptions = "bad_options"
-	reasonOther      = "other"
+	// ReasonProfile: the client's profile could not be had: in use by
+	// another session (409), not readable with the key (500), or its
+	// lock not askable (503).
+	ReasonProfile = "profile"
+	reasonOther   = "other"
 )
 
 // ReasonWord maps why a client was rejected, as the handler words it in its
@@ -340,7 +344,7 @@ func ReasonWord(why string) string {
 		return ReasonQueueTimeout
 	case "no provider available", ReasonNoProvider:
 		return ReasonNoProvider
-	case ReasonRelayed, ReasonUnservable, ReasonClientLimit, ReasonClientBudget, ReasonOrigin, ReasonShutdown, ReasonBadOptions:
+	case ReasonRelayed, ReasonUnservable, ReasonClientLimit, ReasonClientBudget, ReasonOrigin, ReasonShutdown, ReasonBadOptions, ReasonProfile:
 		return why
 	}
 	if strings.HasPrefix(why, ReasonResume) {

@@ -2,7 +2,9 @@
 // every provider (a region in order of preference, a proxy country,
 // stealth, captcha solving, recording, a session timeout), says which
 // providers can honour them, and renders them in each provider's own
-// words through {bf.option.<name>} placeholders.
+// words through {bf.option.<name>} placeholders. One option is the
+// gateway's own, for no provider: profile, the browser profile the
+// gateway keeps for the client.
 //
 // A client states them as query items bf_<name>=<value> on its first
 // request, in the Browser-Failover-Options header
@@ -30,10 +32,13 @@ const (
 	SolveCaptchas = "solve_captchas"
 	Record        = "record"
 	Timeout       = "timeout"
+	// Profile names the browser profile the gateway restores into the
+	// session and saves at its end: the gateway's, never a provider's.
+	Profile = "profile"
 )
 
 // Names are every option, in the order they are shown.
-var Names = []string{Region, ProxyCountry, Stealth, SolveCaptchas, Record, Timeout}
+var Names = []string{Region, ProxyCountry, Stealth, SolveCaptchas, Record, Timeout, Profile}
 
 // Header is the request header that carries options.
 const Header = "Browser-Failover-Options"
@@ -54,6 +59,8 @@ const (
 	// MinTimeout and MaxTimeout bound the timeout option.
 	MinTimeout = time.Second
 	MaxTimeout = 24 * time.Hour
+	// MaxProfileID is the longest profile ID.
+	MaxProfileID = 64
 )
 
 // Known reports whether name is an option.
@@ -68,6 +75,7 @@ type Set struct {
 	country string // lowercase ISO 3166-1 alpha-2
 	on, set uint8  // boolean options: true, and stated at all
 	timeout time.Duration
+	profile string
 }
 
 // Error is a bad option: its name as the client wrote it and what is wrong.
@@ -172,6 +180,8 @@ func FromCapability(raw json.RawMessage) (Set, error) {
 		case json.Unmarshal(v, &text) == nil:
 		case k == Region && json.Unmarshal(v, &list) == nil:
 			text = strings.Join(list, ",")
+		case k == Profile:
+			return Set{}, bad(k, "want a string")
 		default:
 			var b bool
 			if json.Unmarshal(v, &b) != nil {
@@ -230,6 +240,11 @@ func (s *Set) put(seen map[string]bool, shown, name, text, sep string) error {
 			return bad(shown, "want a duration from 1s to 24h, such as 10m")
 		}
 		s.timeout = d
+	case Profile:
+		if !ValidProfileID(text) {
+			return bad(shown, "want a profile ID of 1 to %d letters, digits, '.', '_' and '-' (not . or ..)", MaxProfileID)
+		}
+		s.profile = text
 	default:
 		var on bool
 		switch text {
@@ -274,15 +289,49 @@ func ValidRegion(r string) bool {
 	return true
 }
 
+// ValidProfileID reports whether id may name a profile: 1–64 ASCII
+// letters, digits, '.', '_' or '-', but not "." or ".." (a profile is a
+// file's name in a storage).
+func ValidProfileID(id string) bool {
+	if id == "" || len(id) > MaxProfileID || id == "." || id == ".." {
+		return false
+	}
+	for i := 0; i < len(id); i++ {
+		c := id[i]
+		switch {
+		case c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z', c >= '0' && c <= '9', c == '.', c == '_', c == '-':
+		default:
+			return false
+		}
+	}
+	return true
+}
+
 // Empty reports whether s asks for nothing and states nothing.
 func (s Set) Empty() bool {
-	return len(s.regions) == 0 && s.country == "" && s.set == 0 && s.timeout == 0
+	return len(s.regions) == 0 && s.country == "" && s.set == 0 && s.timeout == 0 && s.profile == ""
 }
 
 // Equal reports whether s and o state the same options with the same
 // values (a region list in the same order).
 func (s Set) Equal(o Set) bool {
-	return slices.Equal(s.regions, o.regions) && s.country == o.country && s.set == o.set && s.on == o.on && s.timeout == o.timeout
+	return slices.Equal(s.regions, o.regions) && s.country == o.country && s.set == o.set && s.on == o.on && s.timeout == o.timeout && s.profile == o.profile
+}
+
+// Profile is the profile the client named ("": none).
+func (s Set) Profile() string { return s.profile }
+
+// ForProviders is s without what is the gateway's own (the profile): what
+// a provider, or a session made ahead of demand, has to do with.
+func (s Set) ForProviders() Set {
+	s.profile = ""
+	return s
+}
+
+// WithProfile is s naming profile id.
+func (s Set) WithProfile(id string) Set {
+	s.profile = id
+	return s
 }
 
 // Regions is the client's region preference list (nil: any region).
@@ -317,6 +366,8 @@ func (s Set) Value(name string) (string, bool) {
 		return s.country, s.country != ""
 	case Timeout:
 		return s.timeout.String(), s.timeout != 0
+	case Profile:
+		return s.profile, s.profile != ""
 	}
 	bit := boolBit[name]
 	if s.set&bit == 0 {
@@ -346,6 +397,9 @@ func (s Set) Map() map[string]any {
 	}
 	if s.timeout != 0 {
 		m[Timeout] = s.timeout.String()
+	}
+	if s.profile != "" {
+		m[Profile] = s.profile
 	}
 	return m
 }
@@ -380,6 +434,9 @@ func (s Set) Merge(o Set, shown string) (Set, error) {
 	}
 	if o.timeout != 0 {
 		s.timeout = o.timeout
+	}
+	if o.profile != "" {
+		s.profile = o.profile
 	}
 	s.on |= o.on
 	s.set |= o.set

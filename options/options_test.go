@@ -42,6 +42,15 @@ func TestFromRequest(t *testing.T) {
 		{name: "header without =", header: []string{"stealth"}, bad: "stealth"},
 		{name: "bad escape", query: "bf_stealth=%zz", bad: "bf_stealth"},
 		{name: "huge header", header: []string{"stealth=1," + strings.Repeat(" ", MaxHeader)}, bad: "-"},
+		{name: "profile", query: "bf_profile=alice.main_1-x", want: map[string]any{"profile": "alice.main_1-x"}},
+		{name: "profile in header", header: []string{"profile=shop, stealth=1"}, want: map[string]any{"profile": "shop", "stealth": true}},
+		{name: "empty profile", query: "bf_profile=", bad: "bf_profile"},
+		{name: "profile with a slash", query: "bf_profile=a%2Fb", bad: "bf_profile"},
+		{name: "profile with a space", header: []string{"profile=a b"}, bad: "profile"},
+		{name: "profile with a brace", query: "bf_profile=%7Benv.K%7D", bad: "bf_profile"},
+		{name: "dot-dot profile", query: "bf_profile=..", bad: "bf_profile"},
+		{name: "long profile", query: "bf_profile=" + strings.Repeat("p", MaxProfileID+1), bad: "bf_profile"},
+		{name: "profile twice", query: "bf_profile=a", header: []string{"profile=b"}, bad: "profile"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			h := http.Header{}
@@ -81,7 +90,12 @@ func TestFromCapability(t *testing.T) {
 	if !reflect.DeepEqual(s.Map(), want) {
 		t.Fatalf("%v, want %v", s.Map(), want)
 	}
+	if s, err := FromCapability(json.RawMessage(`{"profile":"p-1"}`)); err != nil || s.Profile() != "p-1" {
+		t.Fatalf("profile in bf:options: %v %v", s.Map(), err)
+	}
 	for raw, name := range map[string]string{
+		`{"profile":"a/b"}`:      Profile,
+		`{"profile":true}`:       Profile,
 		`[1]`:                    Capability,
 		`{"stealth":3}`:          Stealth,
 		`{"region":[1]}`:         Region,
@@ -176,6 +190,37 @@ func TestRender(t *testing.T) {
 	}
 	if _, ok := Whole("x{bf.option.stealth}"); ok {
 		t.Error("Whole with text around")
+	}
+}
+
+// TestProfileIsTheGatewaysOwn: a profile asks nothing of a provider (no
+// provider lacks it, none is told it), and ForProviders leaves it out.
+func TestProfileIsTheGatewaysOwn(t *testing.T) {
+	s, _, err := FromRequest("bf_profile=alice&bf_stealth=1", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := s.Asked(); !reflect.DeepEqual(got, []string{Stealth}) {
+		t.Fatalf("asked %v", got)
+	}
+	if l := (&Honours{Supports: []string{Stealth}}).Lacks(s); l != nil {
+		t.Fatalf("lacks %v", l)
+	}
+	p := s.ForProviders()
+	if p.Profile() != "" || s.Profile() != "alice" || p.Equal(s) || !p.WithProfile("alice").Equal(s) {
+		t.Fatalf("ForProviders %v of %v", p.Map(), s.Map())
+	}
+	if back, _, err := FromRequest(s.Query(), nil); err != nil || !back.Equal(s) {
+		t.Fatalf("query %q read back as %v (%v)", s.Query(), back.Map(), err)
+	}
+	for _, bad := range []error{
+		CheckSupports([]string{Profile}),
+		CheckMap(map[string]map[string]string{Profile: {"a": "b"}}),
+		CheckPlaceholders("?p={bf.option.profile}"),
+	} {
+		if bad == nil {
+			t.Error("a provider setting naming profile passed")
+		}
 	}
 }
 

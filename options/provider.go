@@ -15,8 +15,13 @@ const PlaceholderPrefix = "{bf.option."
 // ({bf.option.timeout} renders whole seconds).
 const TimeoutMS = "timeout_ms"
 
-// placeholderName reports whether name may follow bf.option.
-func placeholderName(name string) bool { return Known(name) || name == TimeoutMS }
+// placeholderName reports whether name may follow bf.option: every
+// option but the gateway's own profile, which no provider is told.
+func placeholderName(name string) bool { return Known(name) && name != Profile || name == TimeoutMS }
+
+// providerNames are the options a provider may honour besides its
+// regions.
+var providerNames = []string{ProxyCountry, Stealth, SolveCaptchas, Record, Timeout}
 
 // Honours is what one provider honours and how it words each option.
 // The zero Honours honours nothing and translates nothing.
@@ -47,8 +52,10 @@ func CheckSupports(supports []string) error {
 		switch {
 		case o == Region:
 			errs = append(errs, errors.New("supports: a provider's regions are given by region, not supports"))
+		case o == Profile:
+			errs = append(errs, errors.New("supports: profile is the gateway's own (its profiles block), not a provider's"))
 		case !Known(o):
-			errs = append(errs, fmt.Errorf("supports: %q is not a session option (the options: %s)", o, strings.Join(Names[1:], ", ")))
+			errs = append(errs, fmt.Errorf("supports: %q is not a session option (the options: %s)", o, strings.Join(providerNames, ", ")))
 		}
 	}
 	return errors.Join(errs...)
@@ -58,8 +65,8 @@ func CheckSupports(supports []string) error {
 func CheckMap(m map[string]map[string]string) error {
 	var errs []error
 	for o, vals := range m {
-		if !Known(o) {
-			errs = append(errs, fmt.Errorf("option_map: %q is not a session option", o))
+		if !Known(o) || o == Profile {
+			errs = append(errs, fmt.Errorf("option_map: %q is not a session option a provider is told", o))
 			continue
 		}
 		if len(vals) == 0 {
@@ -93,7 +100,7 @@ func CheckPlaceholders(s string) error {
 			return fmt.Errorf("an unclosed %s placeholder", PlaceholderPrefix+"…}")
 		}
 		if name := rest[:j]; !placeholderName(name) {
-			return fmt.Errorf("{bf.option.%s} names no session option (the options: %s, and timeout_ms)", name, strings.Join(Names, ", "))
+			return fmt.Errorf("{bf.option.%s} names no session option a provider is told (the options: region, %s, and timeout_ms)", name, strings.Join(providerNames, ", "))
 		}
 		rest = rest[j+1:]
 	}

@@ -27,8 +27,8 @@ import (
 // registry and never replaced: the wait queue, the live and the parked
 // sessions, the client_limit counts, the keyed hashes, the session API
 // books, the ledger, the client keys' spend, the handlers and their
-// successions, the warm sessions' keepers and the handlers' queues as
-// status lists them.
+// successions, the warm sessions' keepers, the handlers' queues as
+// status lists them, the recordings and the browser profiles.
 type Registry struct {
 	clock queue.Clock
 
@@ -68,6 +68,9 @@ type Registry struct {
 	// Recordings are the stores of recorded sessions and the recordings
 	// under way (recordings.go).
 	Recordings *Recordings
+	// Profiles are the browser profiles in use, the clients waiting for
+	// one, and the storages they are kept in (profiles.go).
+	Profiles *Profiles
 
 	// providers holds the configured providers' entries, claimed by the
 	// handlers that use them (Claim, ReleaseClaim).
@@ -118,6 +121,7 @@ func NewRegistry(clock queue.Clock) *Registry {
 	r.Warmers = newWarmers()
 	r.Queues = newQueues()
 	r.Recordings = newRecordings(clock)
+	r.Profiles = newProfiles(clock)
 	return r
 }
 

@@ -1,10 +1,14 @@
 package pool
 
 import (
+	"context"
+	"errors"
 	"sync"
+	"time"
 
 	"github.com/browserfailover/caddy-browser-failover/cluster"
 	"github.com/browserfailover/caddy-browser-failover/cooldown"
+	"github.com/browserfailover/caddy-browser-failover/profiles"
 	"github.com/browserfailover/caddy-browser-failover/spend"
 	"github.com/browserfailover/caddy-browser-failover/upstreams"
 )
@@ -17,8 +21,10 @@ import (
 // with its session, kept while the session is parked), the cluster-wide
 // lease with the shared store it keeps open, the spend hold that becomes
 // the session's meter, the provider session created for it (its
-// ledger entry and release), and the create_rate start its attempt took
-// (given back only when the provider started nothing: TakeBackStart). A ticket moves, never copied: from the
+// ledger entry and release), the create_rate start its attempt took
+// (given back only when the provider started nothing: TakeBackStart),
+// and the browser profile its session uses (taken by the client's first
+// admission, like its share, and moved with it). A ticket moves, never copied: from the
 // client's way to its attempt's admission (Join), to the session
 // (Establish), to a parking (Park) and to a resume (Resume). Release gives
 // back whatever it holds, in whatever state it is, once: the second call
@@ -66,6 +72,8 @@ type Ticket struct {
 	// and Meter set by Establish (the Meter stays through a parking);
 	// written only while the entry is not listed.
 	live LiveSession
+	// profile is the browser profile the session uses (nil: none).
+	profile *ProfileHold
 }
 
 // NewTicket is a client's ticket as it joins: nothing held yet.
@@ -121,6 +129,65 @@ func (t *Ticket) Share() (QuotaKey, bool) {
 		return QuotaKey{}, false
 	}
 	return *t.share, true
+}
+
+// TakeProfile takes profile n for the ticket's session (Profiles.Take:
+// waiting up to wait while another session uses it); a ticket that holds
+// it already has it. A ticket holds one profile.
+func (t *Ticket) TakeProfile(ctx context.Context, n profiles.Name, wait time.Duration, shared *cluster.Shared, reject bool) error {
+	t.mu.Lock()
+	held := t.profile
+	t.mu.Unlock()
+	if held != nil {
+		if held.name == n {
+			return nil
+		}
+		return errors.New("the ticket holds another profile")
+	}
+	h, err := t.reg.Profiles.Take(ctx, n, wait, shared, reject)
+	if err != nil {
+		return err
+	}
+	t.mu.Lock()
+	if t.released {
+		t.mu.Unlock()
+		h.Release()
+		return ErrProfileInUse
+	}
+	t.profile = h
+	t.mu.Unlock()
+	return nil
+}
+
+// Profile is the profile the ticket's session uses (ok false: none).
+func (t *Ticket) Profile() (profiles.Name, bool) {
+	if t == nil {
+		return profiles.Name{}, false
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.profile == nil {
+		return profiles.Name{}, false
+	}
+	return t.profile.name, true
+}
+
+// KeepProfile moves the profile out of the ticket into a ticket of its
+// own, which holds nothing else (nil when t holds none): a session its
+// client may resume keeps its profile in use while the rest of what it
+// held is given back.
+func (t *Ticket) KeepProfile() *Ticket {
+	if t == nil {
+		return nil
+	}
+	t.mu.Lock()
+	h := t.profile
+	t.profile = nil
+	t.mu.Unlock()
+	if h == nil {
+		return nil
+	}
+	return &Ticket{reg: t.reg, profile: h}
 }
 
 // UseClientBook takes the book of a client key (ClientBooks.Use) for the
@@ -183,18 +250,22 @@ func (t *Ticket) Failed() {
 	t.mu.Unlock()
 }
 
-// Join moves what the client's ticket holds (its share, its book) into
-// the attempt's ticket t, which won: from now on t holds the client.
+// Join moves what the client's ticket holds (its share, its book, its
+// profile) into the attempt's ticket t, which won: from now on t holds
+// the client.
 func (t *Ticket) Join(client *Ticket) {
 	if client == nil || client == t {
 		return
 	}
 	client.mu.Lock()
-	share, book := client.share, client.book
-	client.share, client.book = nil, nil
+	share, book, profile := client.share, client.book, client.profile
+	client.share, client.book, client.profile = nil, nil, nil
 	client.mu.Unlock()
 	t.mu.Lock()
 	t.share, t.book = share, book
+	if profile != nil {
+		t.profile = profile
+	}
 	t.mu.Unlock()
 }
 
@@ -300,8 +371,8 @@ func (t *Ticket) ChargeLost() {
 // spend hold (dropped) or the session's meter (its cost counted), the
 // slot (a reserved one as its attempt's outcome says, a live one with
 // its session, a parked one), the client_limit share, the lease, the
-// shared store kept open, the client key's book, and the provider session
-// created for it (released in the background). Safe to call twice: only
+// shared store kept open, the client key's book, the provider session
+// created for it (released in the background), and the profile. Safe to call twice: only
 // the first call gives anything back.
 func (t *Ticket) Release() {
 	if t == nil {
@@ -315,10 +386,11 @@ func (t *Ticket) Release() {
 	t.released = true
 	p, slot, failed, session, meter := t.p, t.slot, t.failed, t.live.Session, t.live.Meter
 	hold, lease, store, book, remote := t.hold, t.lease, t.store, t.book, t.remote
-	share := t.share
-	t.hold, t.lease, t.store, t.book, t.remote, t.share = nil, nil, nil, nil, nil, nil
+	share, profile := t.share, t.profile
+	t.hold, t.lease, t.store, t.book, t.remote, t.share, t.profile = nil, nil, nil, nil, nil, nil, nil
 	t.slot = slotNone
 	t.mu.Unlock()
+	defer profile.Release()
 
 	remote.Release()
 	hold.Drop()

@@ -31,9 +31,10 @@ func init() {
 
 // Dashboard is the handler module http.handlers.browser_failover_dashboard:
 // a page for people, with the status of every provider and queue, the
-// client quotas and the live sessions, refreshed every 2 s, the live view
-// of recorded sessions and the stored recordings with a player, and (with
-// Controls) buttons for the operator's actions. Caddy's admin API refuses
+// client quotas, the live sessions and the stored browser profiles,
+// refreshed every 2 s, the live view of recorded sessions and the stored
+// recordings with a player, and (with Controls) buttons for the
+// operator's actions. Caddy's admin API refuses
 // a browser's navigation, so the page is served on a site, behind whatever
 // guards the site sets (basic_auth, forward_auth, a localhost-only
 // listener).
@@ -43,6 +44,7 @@ func init() {
 //	GET  <path>                              the page (one HTML document, nothing external)
 //	GET  <path>/status.json                  the status document, as the admin API's
 //	GET  <path>/sessions.json                the live sessions, as the admin API's
+//	GET  <path>/profiles.json                the stored browser profiles, as the admin API's
 //	POST <path>/providers/<name>/<action>    drain, undrain or reset (Controls)
 //	POST <path>/sessions/<id>/end            end a session (Controls)
 //	GET  <path>/live.json                    the recordings under way on this node
@@ -295,6 +297,14 @@ func (d *Dashboard) ServeHTTP(w http.ResponseWriter, r *http.Request, _ caddyhtt
 		return dashAPI(w, ServeRecordings(w, r, d.registry(), ""))
 	case n >= 5 && segs[n-5] == "live" && segs[n-3] == "targets" && segs[n-1] == "frame":
 		return d.serveNewest(w, r, segs[n-4], segs[n-2])
+	case segs[n-1] == "profiles.json":
+		return d.serveJSON(w, r, func() any {
+			list, err := ListProfiles(r, d.registry())
+			if err != nil && len(list.Profiles) == 0 {
+				return ProfileList{Profiles: []Profile{}}
+			}
+			return list
+		})
 	}
 	switch {
 	case n >= 3 && segs[n-3] == "providers":

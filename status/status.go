@@ -68,7 +68,8 @@ const (
 // GET /browser_failover/sessions and DELETE /browser_failover/sessions/<id>,
 // and the recordings (recordings.go): GET /browser_failover/recordings,
 // GET and DELETE /browser_failover/recordings/<id>, and GET of its frames
-// and videos.
+// and videos; and the browser profiles (profiles.go): GET
+// /browser_failover/profiles and DELETE /browser_failover/profiles/<id>.
 func (a Admin) Routes() []caddy.AdminRoute {
 	return []caddy.AdminRoute{
 		{Pattern: StatusPath, Handler: caddy.AdminHandlerFunc(a.handleStatus)},
@@ -77,6 +78,8 @@ func (a Admin) Routes() []caddy.AdminRoute {
 		{Pattern: SessionsPath + "/", Handler: caddy.AdminHandlerFunc(a.handleSession)},
 		{Pattern: RecordingsPath, Handler: caddy.AdminHandlerFunc(a.handleRecordings)},
 		{Pattern: RecordingsPath + "/", Handler: caddy.AdminHandlerFunc(a.handleRecordings)},
+		{Pattern: ProfilesPath, Handler: caddy.AdminHandlerFunc(a.handleProfiles)},
+		{Pattern: ProfilesPath + "/", Handler: caddy.AdminHandlerFunc(a.handleProfiles)},
 	}
 }
 

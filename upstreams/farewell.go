@@ -87,7 +87,7 @@ func (s *Session) leavingReason(r string) {
 // a farewell: it completes a message the client cuts short, and sends the
 // farewell when the gateway closes the session.
 func (d *direction) sendsFarewell() bool {
-	return d.side == toProvider && d.s.farewell != nil
+	return d.side == toProvider && (d.s.farewell != nil || d.s.lastWord != nil)
 }
 
 // sayFarewell is the down direction's farewell, once the client has left
@@ -95,6 +95,9 @@ func (d *direction) sendsFarewell() bool {
 // waits, reading the provider, for the answer (drop and held hand the end
 // of the wait to farewellDone).
 func (d *direction) sayFarewell() bool {
+	if d.s.lastWord != nil {
+		return d.beginLastWord(d.farewellDone, nil) // lastword.go
+	}
 	f := d.s.farewell
 	wait := f.Wait
 	if wait <= 0 {
@@ -102,6 +105,7 @@ func (d *direction) sayFarewell() bool {
 	}
 	now := time.Now()
 	w := &replyWait{want: 1, isReply: f.IsReply, sentAt: now, until: now.Add(wait), farewell: true}
+	w.then = d.farewellDone
 	d.wait = w
 	d.src.SetWriteDeadline(w.until)
 	_, err := d.src.Write(appendDataFrame(nil, 0x1, f.Message))

@@ -66,7 +66,7 @@ func (r *resumeReq) refuse(code int, reason string) {
 // Parked reports whether the session is parked: its client has left, the
 // provider's connection is held, and Resume can join a new client.
 func (s *Session) Parked() bool {
-	return s.farewell == nil && s.sync(change{ev: evLook}).phase == parked
+	return !s.farewells() && s.sync(change{ev: evLook}).phase == parked
 }
 
 // ClientEnded reports whether the session ended, or parked, because of the
@@ -245,9 +245,13 @@ func (d *direction) held(err error, v view) bool {
 		return d.letGo(v.echo)
 	case parked:
 		if w := d.wait; w != nil && w.farewell && w.check(time.Now()) {
-			return d.farewellDone(nil) // its answer did not come in time
+			d.wait = nil
+			return w.then(nil) // its answer did not come in time
 		}
 	case closing:
+		if d.s.lastWord != nil && !d.talked {
+			return d.beginLastWord(d.closeHeld, nil) // lastword.go
+		}
 		return d.closeHeld(nil)
 	case joining:
 		ready, err := d.joinReady(v.req)
@@ -276,7 +280,7 @@ func (d *direction) letGo(echo []byte) bool {
 	if !d.s.sync(change{ev: evLetGo}).moved {
 		return true
 	}
-	if d.s.farewell != nil {
+	if d.s.farewells() {
 		return d.sayFarewell() // farewell.go
 	}
 	if d.s.onPark != nil {
@@ -331,8 +335,9 @@ func (d *direction) drop(p []byte) bool {
 				}
 				if ready {
 					count()
-					if d.wait.farewell {
-						return d.farewellDone(p)
+					if w := d.wait; w.farewell {
+						d.wait = nil
+						return w.then(p)
 					}
 					if d.join() {
 						return d.take(p)

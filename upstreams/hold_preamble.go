@@ -90,8 +90,17 @@ type replyWait struct {
 	sentAt    time.Time
 	until     time.Time
 	// farewell: the wait is for the answer to the session's farewell
-	// (farewell.go), not for a client's join.
+	// (farewell.go) or the end of its last word (lastword.go), not for a
+	// client's join; then runs when it is over, with the bytes read from
+	// the provider not taken yet.
 	farewell bool
+	then     func(rest []byte) bool
+	// talk is the last word's conversation (nil: a farewell's or a
+	// preamble's answers); max bounds a message put together for it (0:
+	// MaxReplyMessage); failed: a send to the provider failed.
+	talk   Talk
+	max    int64
+	failed bool
 	// ready: the answers are in, or the wait is over, since readyAt.
 	ready   bool
 	readyAt time.Time
@@ -205,7 +214,7 @@ func (w *replyWait) frameStart(t *frameTracker) {
 		// A control frame, maybe in the middle of a message.
 		w.cur = false
 	}
-	if w.cur && int64(len(w.msg))+t.remaining > MaxReplyMessage {
+	if w.cur && int64(len(w.msg))+t.remaining > w.maxMessage() {
 		// Too long for an answer to read: dropped unread.
 		w.on, w.cur, w.msg = false, false, w.msg[:0]
 	}
@@ -217,8 +226,22 @@ func (w *replyWait) frameEnd(t *frameTracker) {
 	if t.opcode >= 0x8 || t.fragmented {
 		return
 	}
-	if w.on && w.got < w.want && w.isReply(w.msg) {
+	switch {
+	case !w.on || w.got >= w.want:
+	case w.talk != nil:
+		if _, over := w.talk.Heard(w.msg); over {
+			w.got = w.want
+		}
+	case w.isReply(w.msg):
 		w.got++
 	}
 	w.on, w.msg = false, w.msg[:0]
+}
+
+// maxMessage bounds a message put together for the wait.
+func (w *replyWait) maxMessage() int64 {
+	if w.max > 0 {
+		return w.max
+	}
+	return MaxReplyMessage
 }

@@ -83,6 +83,7 @@ type Session struct {
 	onEnd    func(*Session)
 	onPark   func(*Session)
 	farewell *Farewell  // nil: none (farewell.go)
+	lastWord *LastWord  // nil: none (lastword.go)
 	ka       *keepalive // nil: off
 	tap      Tap        // nil: none (tap.go)
 	// bytes relayed to each side (BytesUp, BytesDown).
@@ -118,9 +119,12 @@ type Session struct {
 	// stream to reach a message boundary (tap.go).
 	outbox []byte
 
-	// The small fields, together. hold is set at the start, the others
-	// are under mu.
-	hold         bool
+	// The small fields, together. hold and parks are set at the start,
+	// the others are under mu.
+	hold bool
+	// parks: the client's leaving parks the session for a resume (Hold),
+	// even with a last word.
+	parks        bool
 	phase        phase
 	closeHeld    bool
 	leaveByWrite bool
@@ -154,6 +158,12 @@ type SessionOptions struct {
 	// gets, and sends the provider messages of its own (tap.go). Not for
 	// a session that negotiated an extension.
 	Tap Tap
+	// LastWord is a conversation the gateway has with the provider when
+	// the session ends with the browser still there, before the
+	// provider's connection closes (lastword.go). With Hold, the client's
+	// leaving parks the session, and it is said when the session ends.
+	// Not with Farewell, nor for a session that negotiated an extension.
+	LastWord *LastWord
 }
 
 // NewSession prepares the relay between client and the upstream connection
@@ -165,10 +175,12 @@ func NewSession(client net.Conn, up *Conn, o SessionOptions) *Session {
 		start:    time.Now(),
 		onEnd:    o.OnEnd,
 		onPark:   o.OnPark,
-		// A farewell takes the provider's side over as hold does when
-		// the client leaves, to end it there.
-		hold:     o.Hold || o.Farewell != nil,
+		// A farewell and a last word take the provider's side over as
+		// hold does when the client leaves, to end it there.
+		hold:     o.Hold || o.Farewell != nil || o.LastWord != nil,
+		parks:    o.Hold,
 		farewell: o.Farewell,
+		lastWord: o.LastWord,
 		tap:      o.Tap,
 		running:  2,
 	}
@@ -374,10 +386,17 @@ type direction struct {
 	alone      bool
 	// Under s.mu: a ping is due (keepalive.go); awaiting while it reads
 	// src for the answer to the other direction's close frame; sendDue:
-	// its read was interrupted for the tap's messages (tap.go).
+	// its read was interrupted for the tap's messages (tap.go);
+	// talkWaits: the down direction waits for the up direction to go
+	// quiet, to say the session's last word (lastword.go); exited: its
+	// goroutine ended.
 	pingDue     bool
 	awaitsReply bool
 	sendDue     bool
+	talkWaits   bool
+	exited      bool
+	// talked: the down direction began the session's last word.
+	talked bool
 }
 
 // mode is what a direction does with the bytes it reads.
@@ -655,6 +674,9 @@ func (d *direction) wake(err error) bool {
 	timeout := isTimeout(err)
 	switch d.mode {
 	case awaiting:
+		if d.talkWaits {
+			return d.talkReady(err) // lastword.go
+		}
 		return false // no reply within the wait, or src ended: done
 	case finishing:
 		if d.sendsFarewell() && !errors.Is(err, net.ErrClosed) {
@@ -675,6 +697,8 @@ func (d *direction) wake(err error) bool {
 	v := d.s.sync(change{ev: ev, d: d})
 	up := d.side == toProvider
 	switch {
+	case !up && d.wait != nil && d.wait.talk != nil:
+		return d.talkWake(err) // lastword.go
 	case !up && v.held:
 		return d.held(err, v) // hold.go
 	case up && d.s.hold && !errors.Is(err, net.ErrClosed) && (v.phase == leaving || v.phase == live && !timeout):
@@ -685,6 +709,8 @@ func (d *direction) wake(err error) bool {
 		return d.closeOut(nil)
 	case !timeout:
 		return d.ended(err)
+	case v.phase == closing && d.mode == dropping && d.s.lastWord != nil && !d.talked:
+		return d.waitToTalk(nil) // the client is lost: the last word first (lastword.go)
 	case v.phase == closing && d.mode == dropping:
 		return false // the client is lost: the up direction sends the provider its close frame
 	case v.phase == closing:
@@ -743,7 +769,10 @@ func (d *direction) extend() bool {
 // out. rest are bytes read from src behind the boundary. A session's
 // farewell goes to the provider right before the close frame, behind the
 // rest of a message the client had begun (farewell_fill.go: the client's
-// stream may then stop anywhere), without waiting for its answer.
+// stream may then stop anywhere), without waiting for its answer. A
+// session's last word goes to the provider before its close frame too,
+// from the down direction (lastword.go): the up direction writes nothing
+// more but the rest of the client's message.
 func (d *direction) closeOut(rest []byte) bool {
 	s := d.s
 	b := closeFrame(s.closeCode, s.closeReason, d.side == toProvider)
@@ -754,11 +783,19 @@ func (d *direction) closeOut(rest []byte) bool {
 		if !d.completeMessage(&t) {
 			return d.s.cut("")
 		}
-		b = append(appendDataFrame(nil, 0x1, s.farewell.Message), b...)
+		if s.lastWord == nil {
+			b = append(appendDataFrame(nil, 0x1, s.farewell.Message), b...)
+		} else if s.sync(change{ev: evTalk, d: d}).talkNow {
+			// The down direction says the last word, then the close.
+			return d.await(rest)
+		}
 	}
 	d.dst.SetWriteDeadline(time.Now().Add(CloseWait))
 	if _, err := d.dst.Write(b); err != nil {
 		return false
+	}
+	if d.side == toClient && s.lastWord != nil && !d.talked {
+		return d.waitToTalk(rest)
 	}
 	s.sync(change{ev: evAwait, d: d})
 	return d.await(rest)
@@ -787,6 +824,10 @@ func (d *direction) goQuiet() {
 	// (An up direction that left a parked session is no one's other.)
 	if o := d.other(); o.awaitsReply && o.other() == d {
 		d.dst.SetReadDeadline(d.quietAt.Add(CloseWait))
+	} else if o.talkWaits && o.other() == d {
+		// The down direction waits to say the last word: now it may
+		// (lastword.go).
+		d.dst.SetReadDeadline(aLongTimeAgo)
 	}
 }
 

@@ -103,6 +103,7 @@ const (
 	evLook      // a look at the session's state
 	evSend      // the tap sends the provider c.msg (tap.go)
 	evOut       // the up direction is at a message boundary: it takes the tap's messages
+	evTalk      // a closing session's last word (lastword.go): the up direction is done with the provider, or the down direction with the client
 )
 
 // change is an event with what it carries.
@@ -148,6 +149,9 @@ type view struct {
 	// evSend: whether the frame was queued.
 	out  []byte
 	sent bool
+	// evTalk: the down direction says the last word now (down: the up
+	// direction is quiet; up: the down direction still runs to say it).
+	talkNow bool
 	// client: the client's connection; last (evExit): the last
 	// direction ended.
 	client net.Conn
@@ -196,6 +200,7 @@ func (s *Session) sync(c change) (v view) {
 		d.src.SetReadDeadline(wait)
 	case evExit:
 		d.goQuiet()
+		d.exited, d.talkWaits = true, false
 		s.running--
 		if v.last = s.running == 0; v.last {
 			s.setReason(EndProviderClosed)
@@ -217,6 +222,8 @@ func (s *Session) sync(c change) (v view) {
 		v.sent = s.queueOut(c.msg)
 	case evOut:
 		v.out = s.takeOut(d)
+	case evTalk:
+		v.talkNow = s.talkTurn(d)
 	case evLook:
 		v.req = s.joiner
 	default:
@@ -229,6 +236,34 @@ func (s *Session) sync(c change) (v view) {
 		v.pings = s.ka.pings[0] + s.ka.pings[1]
 	}
 	return v
+}
+
+// talkTurn is evTalk's work (under s.mu) in a closing session with a
+// last word. For the up direction: it writes the provider nothing more,
+// and awaits the client's answer to the close frame; the last word is the
+// down direction's while that one still runs. For the down direction: the
+// client has its close frame; it may talk once the up direction is quiet,
+// else it waits for that (goQuiet interrupts its read), at the latest
+// until the client's frame in flight is cut.
+func (s *Session) talkTurn(d *direction) bool {
+	d.goQuiet()
+	if d.side == toProvider {
+		o := s.down
+		wait := s.closeBy.Add(CloseWait)
+		if !o.quietAt.IsZero() {
+			wait = o.quietAt.Add(CloseWait)
+		}
+		d.awaitsReply = true
+		d.src.SetReadDeadline(wait)
+		return !o.exited
+	}
+	if u := s.up; u == nil || !u.quietAt.IsZero() || u.exited {
+		d.talkWaits = false
+		return true
+	}
+	d.talkWaits = true
+	d.src.SetReadDeadline(s.closeBy.Add(CloseWait))
+	return false
 }
 
 // asksNothing reports whether the phase asks nothing of d beyond relaying
@@ -281,7 +316,7 @@ func (s *Session) step(c change) bool {
 	case evLeft:
 		ok = ok && s.hold && s.reason == "" && s.down.quietAt.IsZero()
 	case evResume:
-		ok = ok && s.farewell == nil
+		ok = ok && !s.farewells()
 	}
 	if !ok {
 		if c.ev == evEnd {
@@ -303,8 +338,9 @@ func (s *Session) step(c change) bool {
 		// The tap's messages were for the client that left.
 		s.outbox = nil
 		s.outPending.Store(false)
-		if s.farewell != nil {
-			// The session ends once the provider has had its farewell.
+		if s.farewells() {
+			// The session ends once the provider has had its farewell
+			// (or the last word).
 			s.leavingReason(c.reason)
 		}
 		// A write to a client that reads nothing more gives up.
