@@ -492,6 +492,7 @@ func TestRecordingResumed(t *testing.T) {
 			if rec != first {
 				t.Fatalf("recording %q of session %q", rec, first)
 			}
+			waitTitled(t, g, rec, "before")
 			c.Close(websocket.StatusNormalClosure, "")
 			logEntry(t, g, "session parked", "session_id", first)
 
@@ -504,14 +505,7 @@ func TestRecordingResumed(t *testing.T) {
 			if got := liveRecording(t, g, second, 1); got != rec {
 				t.Fatalf("the resumed session's recording is %q, want %q", got, rec)
 			}
-			testgw.Eventually(t, 20*time.Second, "frames of the resumed client's page", func() bool {
-				for _, tg := range recordingMeta(t, g, rec).Targets {
-					if strings.Contains(tg.URL, "<title>after") && len(tg.Frames) > 0 {
-						return true
-					}
-				}
-				return false
-			})
+			waitTitled(t, g, rec, "after")
 			c2.Close(websocket.StatusNormalClosure, "")
 			logEntry(t, g, "session parked", "session_id", second)
 			endParked(t, g, second)
@@ -534,6 +528,22 @@ func TestRecordingResumed(t *testing.T) {
 			}
 		})
 	}
+}
+
+// waitTitled waits until recording rec has frames of a page titled
+// title. A page's title reaches the recording after its URL (the browser
+// tells it once the page is parsed); a client that leaves at once may end
+// the session before it does.
+func waitTitled(t *testing.T, g *testgw.Gateway, rec, title string) {
+	t.Helper()
+	testgw.Eventually(t, 20*time.Second, "frames of the page titled "+title, func() bool {
+		for _, tg := range recordingMeta(t, g, rec).Targets {
+			if tg.Title == title && len(tg.Frames) > 0 {
+				return true
+			}
+		}
+		return false
+	})
 }
 
 // must is the body of an admin call.
