@@ -31,7 +31,6 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
-	"math/rand/v2"
 	"strconv"
 	"time"
 )
@@ -86,11 +85,7 @@ type Participant struct {
 	screen bool
 	urls   func(url string)
 
-	// firstID and nextID bound the IDs it has sent with.
-	firstID, nextID int64
-	// calls are the commands whose answers the participant waits for, by
-	// ID: what to do with the answer.
-	calls map[int64]func(answer)
+	commands
 	// attaching: the attachment to the browser target is asked (its
 	// Target.attachedToTarget comes on the root session before its
 	// answer).
@@ -108,17 +103,14 @@ type Participant struct {
 
 // New makes the participant of one session; Start begins it.
 func New(sc Screencast, sink Sink) *Participant {
-	first := idBase + rand.Int64N(idSpan)
 	return &Participant{
-		sc:      sc,
-		sink:    sink,
-		screen:  true,
-		firstID: first,
-		nextID:  first,
-		calls:   map[int64]func(answer){},
-		pages:   map[string]string{},
-		asked:   map[string]int{},
-		ours:    map[string]bool{},
+		sc:       sc,
+		sink:     sink,
+		screen:   true,
+		commands: newCommands(idBase),
+		pages:    map[string]string{},
+		asked:    map[string]int{},
+		ours:     map[string]bool{},
 	}
 }
 
@@ -229,21 +221,7 @@ func (p *Participant) own(session string) {
 // call sends a command of the participant's in session ("": the root
 // session); then, when not nil, is handed its answer.
 func (p *Participant) call(session, method, params string, then func(answer)) {
-	id := p.nextID
-	p.nextID++
-	b := make([]byte, 0, 96+len(method)+len(params)+len(session))
-	b = append(b, `{"id":`...)
-	b = strconv.AppendInt(b, id, 10)
-	b = append(b, `,"method":"`...)
-	b = append(b, method...)
-	b = append(b, `","params":`...)
-	b = append(b, params...)
-	if session != "" {
-		b = append(b, `,"sessionId":"`...)
-		b = append(b, session...)
-		b = append(b, '"')
-	}
-	b = append(b, '}')
+	id, b := p.command(session, method, []byte(params))
 	if p.send == nil || !p.send(b) {
 		if method == "Target.attachToBrowserTarget" {
 			p.attaching = false
@@ -265,7 +243,7 @@ func (p *Participant) Early(text bool, head []byte) (keep, sure bool) {
 	if !text {
 		return true, true
 	}
-	if id, ok := leadingID(head); ok && !p.sentID(id) {
+	if id, ok := leadingID(head); ok && !p.sent(id) {
 		return true, true
 	}
 	return false, false
@@ -281,16 +259,11 @@ func (p *Participant) Message(text bool, msg []byte) bool {
 	if !ok {
 		return true
 	}
-	if e.hasID && p.sentID(e.id) {
+	if e.hasID && p.sent(e.id) {
 		// An answer to one of its commands, in whichever session it
 		// comes (a proxy in front of the browser may answer a command
 		// itself, in its own way).
-		if then, waits := p.calls[e.id]; waits {
-			delete(p.calls, e.id)
-			var a answer
-			json.Unmarshal(msg, &a)
-			then(a)
-		}
+		p.answered(e.id, msg)
 		return false
 	}
 	if e.sessionID != "" {
@@ -309,10 +282,6 @@ func (p *Participant) Message(text bool, msg []byte) bool {
 	}
 	return true
 }
-
-// sentID reports whether id is one the participant has sent a command
-// with.
-func (p *Participant) sentID(id int64) bool { return id >= p.firstID && id < p.nextID }
 
 // rootTargetEvent reports whether an attachment event on the root session
 // is of the participant's own attachment to the browser target.
@@ -368,12 +337,7 @@ type targetInfo struct {
 // handle acts on a message in one of the participant's sessions.
 func (p *Participant) handle(e envelope, msg []byte) {
 	if e.hasID {
-		if then, mine := p.calls[e.id]; mine {
-			delete(p.calls, e.id)
-			var a answer
-			json.Unmarshal(msg, &a)
-			then(a)
-		}
+		p.answered(e.id, msg)
 		return
 	}
 	if p.stopped != "" {

@@ -4,8 +4,6 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
-	"math/rand/v2"
-	"strconv"
 
 	"github.com/browserfailover/caddy-browser-failover/profiles"
 )
@@ -47,10 +45,9 @@ var emptyDocument = base64.StdEncoding.EncodeToString([]byte("<!doctype html><ti
 // conversation is the machinery of one Restore or Save: its own IDs and
 // flat sessions, and its page.
 type conversation struct {
-	send            func([]byte) bool
-	firstID, nextID int64
-	calls           map[int64]func(answer)
-	ours            map[string]bool
+	send func([]byte) bool
+	commands
+	ours map[string]bool
 	// page is its page's target ID ("" before it has one), session its
 	// flat session on it; held are the sessions of other attachments
 	// holding a page for their debugger, by target.
@@ -65,22 +62,14 @@ type conversation struct {
 }
 
 func newConversation() conversation {
-	first := talkBase + rand.Int64N(idSpan)
-	return conversation{firstID: first, nextID: first, calls: map[int64]func(answer){}, ours: map[string]bool{}, held: map[string]string{}, tabs: map[string]bool{}}
+	return conversation{commands: newCommands(talkBase), ours: map[string]bool{}, held: map[string]string{}, tabs: map[string]bool{}}
 }
 
 // call sends a command in session ("": the root session); then is handed
 // its answer.
 func (c *conversation) call(session, method string, params any, then func(answer)) {
-	id := c.nextID
-	c.nextID++
 	p, _ := json.Marshal(params)
-	b := []byte(`{"id":` + strconv.FormatInt(id, 10) + `,"method":"` + method + `","params":`)
-	b = append(b, p...)
-	if session != "" {
-		b = append(b, `,"sessionId":"`+session+`"`...)
-	}
-	b = append(b, '}')
+	id, b := c.command(session, method, p)
 	if then == nil {
 		then = func(answer) {}
 	}
@@ -120,15 +109,10 @@ func (c *conversation) heard(msg []byte, event func(method string, msg []byte)) 
 		return false
 	}
 	if e.hasID {
-		if e.id < c.firstID || e.id >= c.nextID {
+		if !c.sent(e.id) {
 			return false
 		}
-		if then, waits := c.calls[e.id]; waits {
-			delete(c.calls, e.id)
-			var a answer
-			json.Unmarshal(msg, &a)
-			then(a)
-		}
+		c.answered(e.id, msg)
 		return true
 	}
 	if e.sessionID != "" && c.ours[e.sessionID] {
