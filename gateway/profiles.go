@@ -57,21 +57,9 @@ func (h *Gateway) provisionProfiles(ctx caddy.Context, known func(string) string
 	if err != nil {
 		return fmt.Errorf("profiles: %w", err)
 	}
-	st := ctx.Storage()
-	skey := fmt.Sprintf("caddy %T %v", st, st)
-	if len(pc.Storage) > 0 {
-		skey = "module " + string(pc.Storage)
-		v, err := ctx.LoadModule(pc, "Storage")
-		if err != nil {
-			return fmt.Errorf("profiles storage: %w", err)
-		}
-		conv, ok := v.(caddy.StorageConverter)
-		if !ok {
-			return fmt.Errorf("profiles storage: module %T is not a storage", v)
-		}
-		if st, err = conv.CertMagicStorage(); err != nil {
-			return fmt.Errorf("profiles storage: %w", err)
-		}
+	st, skey, err := storageOf(ctx, pc, pc.Storage)
+	if err != nil {
+		return fmt.Errorf("profiles storage: %w", err)
 	}
 	maxSize := pc.MaxSize
 	if maxSize == 0 {

@@ -1,11 +1,13 @@
 package gateway
 
 import (
+	"encoding/json"
 	"fmt"
 	"slices"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/certmagic"
 	"go.uber.org/zap"
 
 	"github.com/browserfailover/caddy-browser-failover/cdp"
@@ -45,21 +47,9 @@ func (h *Gateway) provisionRecording(ctx caddy.Context) error {
 	if rc == nil {
 		return nil
 	}
-	st := ctx.Storage()
-	key := fmt.Sprintf("caddy %T %v", st, st)
-	if len(rc.Storage) > 0 {
-		key = "module " + string(rc.Storage)
-		v, err := ctx.LoadModule(rc, "Storage")
-		if err != nil {
-			return fmt.Errorf("recording storage: %w", err)
-		}
-		conv, ok := v.(caddy.StorageConverter)
-		if !ok {
-			return fmt.Errorf("recording storage: module %T is not a storage", v)
-		}
-		if st, err = conv.CertMagicStorage(); err != nil {
-			return fmt.Errorf("recording storage: %w", err)
-		}
+	st, key, err := storageOf(ctx, rc, rc.Storage)
+	if err != nil {
+		return fmt.Errorf("recording storage: %w", err)
 	}
 	r := &recording{cfg: rc, maxBytes: rc.MaxBytes,
 		sc: cdp.Screencast{Format: "jpeg", Quality: config.DefaultRecordingQuality,
@@ -203,3 +193,27 @@ type recordingCounter struct {
 
 func (rc recordingCounter) Stored(n int) { rc.m.RecordingStored(rc.provider, n) }
 func (rc recordingCounter) Dropped()     { rc.m.RecordingDropped(rc.provider) }
+
+// storageOf is the storage an option keeps its files in: the storage
+// module its raw Storage field names (loaded from owner, the option's
+// config), else Caddy's own storage; key names it, so that options in the
+// same storage share what is kept per storage.
+func storageOf(ctx caddy.Context, owner any, raw json.RawMessage) (certmagic.Storage, string, error) {
+	st := ctx.Storage()
+	if len(raw) == 0 {
+		return st, fmt.Sprintf("caddy %T %v", st, st), nil
+	}
+	key := "module " + string(raw) // before LoadModule lets the field go
+	v, err := ctx.LoadModule(owner, "Storage")
+	if err != nil {
+		return nil, "", err
+	}
+	conv, ok := v.(caddy.StorageConverter)
+	if !ok {
+		return nil, "", fmt.Errorf("module %T is not a storage", v)
+	}
+	if st, err = conv.CertMagicStorage(); err != nil {
+		return nil, "", err
+	}
+	return st, key, nil
+}
