@@ -495,10 +495,10 @@ func closeAll(conns []*websocket.Conn) {
 func idleMemory(url string, pid, n int) float64 {
 	runtime.GC()
 	time.Sleep(300 * time.Millisecond)
-	before := rss(pid)
+	before := caddybin.RSS(pid)
 	conns := hold(url, n)
 	time.Sleep(time.Second)
-	after := rss(pid)
+	after := caddybin.RSS(pid)
 	got := len(conns)
 	closeAll(conns)
 	time.Sleep(500 * time.Millisecond)
@@ -506,22 +506,6 @@ func idleMemory(url string, pid, n int) float64 {
 		return math.NaN()
 	}
 	return float64(after-before) / float64(got) / 1024
-}
-
-// rss reads a process's resident set size in bytes.
-func rss(pid int) int64 {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
-	if err != nil {
-		return 0
-	}
-	for _, line := range strings.Split(string(b), "\n") {
-		if strings.HasPrefix(line, "VmRSS:") {
-			f := strings.Fields(line)
-			kb, _ := strconv.ParseInt(f[1], 10, 64)
-			return kb * 1024
-		}
-	}
-	return 0
 }
 
 // goroutines reads the goroutine count from Caddy's admin pprof endpoint.
@@ -546,7 +530,7 @@ func goroutines(admin string) int {
 func scaleRun(url string, pid int, admin string, n int) {
 	fmt.Printf("\nscale run: %d concurrent idle sessions through browser_failover\n", n)
 	show := func(when string) {
-		fmt.Printf("  %-8s RSS %7.1f MiB, goroutines %6d\n", when, float64(rss(pid))/(1<<20), goroutines(admin))
+		fmt.Printf("  %-8s RSS %7.1f MiB, goroutines %6d\n", when, float64(caddybin.RSS(pid))/(1<<20), goroutines(admin))
 	}
 	show("before")
 	start := time.Now()

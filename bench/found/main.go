@@ -136,8 +136,8 @@ http://%s {
 	}
 	fmt.Printf("time from upgrade to 101, %d connects each, in turn (ms)\n", *rounds)
 	fmt.Printf("%-34s %9s %9s\n", "", "p50", "p99")
-	cp50, cp99 := percentiles(tConf)
-	fp50, fp99 := percentiles(tFound)
+	cp50, cp99 := caddybin.Percentiles(tConf)
+	fp50, fp99 := caddybin.Percentiles(tFound)
 	fmt.Printf("%-34s %9.3f %9.3f\n", "configured provider", cp50, cp99)
 	fmt.Printf("%-34s %9.3f %9.3f\n", "found provider (srv)", fp50, fp99)
 	fmt.Printf("found p50 / configured p50: %.3f\n", fp50/cp50)
@@ -170,7 +170,7 @@ http://%s {
 		until(30*time.Second, y.name()+" gone", func() bool { return !listed(admin, y.name()) })
 	}
 	sort.Float64s(tChange)
-	p50, _ := percentiles(tChange)
+	p50, _ := caddybin.Percentiles(tChange)
 	fmt.Printf("record change to the first client served by the new provider, %d changes (ms): p50 %.1f, min %.1f, max %.1f; refresh %v (the source is asked every %v)\n",
 		*changes, p50, tChange[0], tChange[len(tChange)-1], *refresh, min(time.Second, max(*refresh/4, 10*time.Millisecond)))
 }
@@ -246,12 +246,6 @@ func until(wait time.Duration, what string, cond func() bool) {
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
-}
-
-func percentiles(v []float64) (p50, p99 float64) {
-	s := append([]float64(nil), v...)
-	sort.Float64s(s)
-	return s[len(s)/2], s[min(len(s)-1, len(s)*99/100)]
 }
 
 func fail(err error) {

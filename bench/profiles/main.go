@@ -27,9 +27,7 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"sort"
 	"strings"
 	"sync/atomic"
 	"syscall"
@@ -60,7 +58,10 @@ func main() {
 		fail(err)
 	}
 	defer os.RemoveAll(tmp)
-	browser, ws := startChromium(tmp)
+	browser, ws, err := caddybin.StartChromium(*chromium, tmp)
+	if err != nil {
+		fail(err)
+	}
 	defer func() { syscall.Kill(-browser.Process.Pid, syscall.SIGKILL); browser.Wait() }()
 
 	// The site: each origin's page sets its cookies (HttpOnly, a value of
@@ -140,9 +141,9 @@ func main() {
 	size, cookies := profile(admin)
 	fmt.Printf("connect (dial to 101) through the gateway, %d connects each, interleaved (ms)\n", *rounds)
 	fmt.Printf("%-44s %9s %9s\n", "", "p50", "p99")
-	a50, a99 := percentiles(without)
-	b50, b99 := percentiles(with)
-	s50, s99 := percentiles(save)
+	a50, a99 := caddybin.Percentiles(without)
+	b50, b99 := caddybin.Percentiles(with)
+	s50, s99 := caddybin.Percentiles(save)
 	fmt.Printf("%-44s %9.1f %9.1f\n", "without a profile", a50, a99)
 	fmt.Printf("%-44s %9.1f %9.1f\n", fmt.Sprintf("with a profile (%d cookies on %d origins)", origins*cookiesPerOrigin, origins), b50, b99)
 	fmt.Printf("%-44s %9.1f %9.1f\n", "save: client's close to the profile free", s50, s99)
@@ -253,37 +254,6 @@ func lastSavedCookies() int {
 		}
 	}
 	return n
-}
-
-// startChromium starts a headless Chromium and returns it and its
-// browser endpoint.
-func startChromium(tmp string) (*exec.Cmd, string) {
-	profile := filepath.Join(tmp, "chromium")
-	cmd := exec.Command(*chromium, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
-		"--disable-background-networking", "--disable-component-update", "--disable-dev-shm-usage",
-		"--user-data-dir="+profile, "--remote-debugging-address=127.0.0.1", "--remote-debugging-port=0", "about:blank")
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	if err := cmd.Start(); err != nil {
-		fail(err)
-	}
-	deadline := time.Now().Add(30 * time.Second)
-	for time.Now().Before(deadline) {
-		if b, err := os.ReadFile(filepath.Join(profile, "DevToolsActivePort")); err == nil {
-			lines := strings.Split(strings.TrimSpace(string(b)), "\n")
-			if len(lines) == 2 {
-				return cmd, "ws://127.0.0.1:" + strings.TrimSpace(lines[0]) + strings.TrimSpace(lines[1])
-			}
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	fail(fmt.Errorf("chromium did not serve DevTools within 30s"))
-	return nil, ""
-}
-
-func percentiles(v []float64) (p50, p99 float64) {
-	s := append([]float64(nil), v...)
-	sort.Float64s(s)
-	return s[len(s)/2], s[min(len(s)-1, len(s)*99/100)]
 }
 
 func fail(err error) {

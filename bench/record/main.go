@@ -25,9 +25,7 @@ import (
 	"io"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"sort"
 	"strconv"
 	"strings"
 	"syscall"
@@ -57,7 +55,10 @@ func main() {
 		fail(err)
 	}
 	defer os.RemoveAll(tmp)
-	browser, ws := startChromium(tmp)
+	browser, ws, err := caddybin.StartChromium(*chromium, tmp)
+	if err != nil {
+		fail(err)
+	}
 	defer func() { syscall.Kill(-browser.Process.Pid, syscall.SIGKILL); browser.Wait() }()
 
 	admin, plainAddr, recAddr := caddybin.FreeAddr(), caddybin.FreeAddr(), caddybin.FreeAddr()
@@ -115,7 +116,7 @@ func main() {
 			q1, qc1, qt1 := stored(admin, "frames"), caddybin.CPUTime(pid), time.Now()
 			c.Close(websocket.StatusNormalClosure, "")
 			stopCast()
-			a, b := percentiles(rtts)
+			a, b := caddybin.Percentiles(rtts)
 			p50[i], p99[i] = append(p50[i], a), append(p99[i], b)
 			secs := t1.Sub(t0).Seconds()
 			cpuPerSec[i] = append(cpuPerSec[i], (c1-c0).Seconds()/secs)
@@ -154,7 +155,7 @@ func main() {
 			waitFrames(admin, float64(*sessions))
 		}
 		time.Sleep(2 * time.Second)
-		r := rss(pid)
+		r := caddybin.RSS(pid)
 		for _, c := range cs {
 			c.Close(websocket.StatusNormalClosure, "")
 		}
@@ -165,36 +166,6 @@ func main() {
 	rec := held(recAddr, true)
 	fmt.Printf("gateway RSS with %d sessions open: unrecorded %.1f MiB, recorded %.1f MiB: %.0f KiB per recorded session\n",
 		*sessions, float64(base)/(1<<20), float64(rec)/(1<<20), float64(rec-base)/float64(*sessions)/1024)
-}
-
-// startChromium starts a headless Chromium and returns it and its
-// browser endpoint.
-func startChromium(tmp string) (*exec.Cmd, string) {
-	profile := filepath.Join(tmp, "chromium")
-	cmd := exec.Command(*chromium, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
-		"--disable-background-networking", "--disable-component-update", "--disable-dev-shm-usage",
-		"--user-data-dir="+profile, "--remote-debugging-address=127.0.0.1", "--remote-debugging-port=0", "about:blank")
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	if err := cmd.Start(); err != nil {
-		fail(err)
-	}
-	deadline := time.Now().Add(30 * time.Second)
-	for time.Now().Before(deadline) {
-		if f, err := os.Open(filepath.Join(profile, "DevToolsActivePort")); err == nil {
-			sc := bufio.NewScanner(f)
-			var lines []string
-			for sc.Scan() {
-				lines = append(lines, strings.TrimSpace(sc.Text()))
-			}
-			f.Close()
-			if len(lines) == 2 {
-				return cmd, "ws://127.0.0.1:" + lines[0] + lines[1]
-			}
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	fail(fmt.Errorf("chromium did not serve DevTools within 30s"))
-	return nil, ""
 }
 
 func dial(u string) *websocket.Conn {
@@ -349,27 +320,6 @@ func waitFrames(admin string, n float64) {
 		time.Sleep(50 * time.Millisecond)
 	}
 	fail(fmt.Errorf("the recorded sessions stored no %v frames within 30s: %s", n, last))
-}
-
-func rss(pid int) int64 {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
-	if err != nil {
-		return 0
-	}
-	for _, line := range strings.Split(string(b), "\n") {
-		if strings.HasPrefix(line, "VmRSS:") {
-			f := strings.Fields(line)
-			kb, _ := strconv.ParseInt(f[1], 10, 64)
-			return kb << 10
-		}
-	}
-	return 0
-}
-
-func percentiles(v []float64) (p50, p99 float64) {
-	s := append([]float64(nil), v...)
-	sort.Float64s(s)
-	return s[len(s)/2], s[min(len(s)-1, len(s)*99/100)]
 }
 
 func fail(err error) {

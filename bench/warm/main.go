@@ -19,7 +19,6 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"sort"
 	"sync/atomic"
 	"time"
 
@@ -135,14 +134,14 @@ func main() {
 	fmt.Printf("time from upgrade to 101, %d connects each, in turn (ms); slow provider's handshake %v\n", *rounds, *handshake)
 	fmt.Printf("%-34s %9s %9s\n", "", "p50", "p99")
 	row := func(name string, v []float64) {
-		p50, p99 := percentiles(v)
+		p50, p99 := caddybin.Percentiles(v)
 		fmt.Printf("%-34s %9.2f %9.2f\n", name, p50, p99)
 	}
 	row("instant provider (no warm)", tInstant)
 	row(fmt.Sprintf("slow provider, warm %d", *warmN), tWarm)
 	row("slow provider, no warm", tCold)
-	wp50, _ := percentiles(tWarm)
-	ip50, _ := percentiles(tInstant)
+	wp50, _ := caddybin.Percentiles(tWarm)
+	ip50, _ := caddybin.Percentiles(tInstant)
 	fmt.Printf("warm p50 − instant p50: %+.2f ms\n", wp50-ip50)
 	fmt.Printf("most warm sessions idle at once: %d (target %d); most connections open at the warm provider: %d\n",
 		maxIdle.Load(), *warmN, slowWarm.peak.Load())
@@ -191,12 +190,6 @@ func ready(admin string) int {
 		}
 	}
 	return 0
-}
-
-func percentiles(v []float64) (p50, p99 float64) {
-	s := append([]float64(nil), v...)
-	sort.Float64s(s)
-	return s[len(s)/2], s[min(len(s)-1, len(s)*99/100)]
 }
 
 func fail(err error) {

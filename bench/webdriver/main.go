@@ -25,8 +25,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"sort"
-	"strconv"
 	"strings"
 	"time"
 
@@ -169,14 +167,14 @@ func memory(bin, tmp string) {
 		fail(err)
 	}
 	time.Sleep(time.Second)
-	before := rss(gw.Process.Pid)
+	before := caddybin.RSS(gw.Process.Pid)
 	for i := 0; i < *held; i++ {
 		if _, err := create("http://"+addr, `{"capabilities":{}}`); err != nil {
 			fail(err)
 		}
 	}
 	time.Sleep(2 * time.Second)
-	after := rss(gw.Process.Pid)
+	after := caddybin.RSS(gw.Process.Pid)
 	fmt.Printf("memory per idle WebDriver session (%d held, the gateway's RSS after − before): %.2f KiB\n",
 		*held, float64(after-before)/1024/float64(*held))
 }
@@ -281,8 +279,8 @@ func commandTimes(name, label, base, id, gw, gid string) {
 		}
 		dTimes, gTimes = append(dTimes, d), append(gTimes, g)
 	}
-	dp50, dp99 := percentiles(dTimes)
-	gp50, gp99 := percentiles(gTimes)
+	dp50, dp99 := caddybin.Percentiles(dTimes)
+	gp50, gp99 := caddybin.Percentiles(gTimes)
 	fmt.Printf("GET /session/<id>/title at %s, %d each, interleaved (ms)\n", name, *commands)
 	fmt.Printf("%-22s %8s %8s\n", "", "p50", "p99")
 	fmt.Printf("%-22s %8.3f %8.3f\n", label, dp50, dp99)
@@ -327,27 +325,6 @@ func flow(script, url string) (float64, error) {
 		return 0, fmt.Errorf("flow at %s: %v\n%s", url, err, out.String())
 	}
 	return float64(time.Since(t0).Milliseconds()), nil
-}
-
-func percentiles(v []float64) (p50, p99 float64) {
-	s := append([]float64(nil), v...)
-	sort.Float64s(s)
-	return s[len(s)/2], s[len(s)*99/100]
-}
-
-// rss is a process's resident memory in bytes.
-func rss(pid int) int64 {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
-	if err != nil {
-		return 0
-	}
-	for _, line := range strings.Split(string(b), "\n") {
-		if rest, ok := strings.CutPrefix(line, "VmRSS:"); ok {
-			kb, _ := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(rest), "kB")), 10, 64)
-			return kb * 1024
-		}
-	}
-	return 0
 }
 
 func fail(err error) {
