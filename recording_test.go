@@ -7,6 +7,7 @@ package browserfailover_test
 // records; a provider that records itself left to it).
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -186,4 +187,9 @@ func TestRecordWhichSessions(t *testing.T) {
 	if rec, sent := session("/"); rec == nil || sent[0] != "Target.attachToBrowserTarget" {
 		t.Fatalf("sessions all: recording %v, provider sent %v", rec, sent)
 	}
+	// The recordings are written whole before the test's storage goes.
+	testgw.Eventually(t, 10*time.Second, "the recordings ended", func() bool {
+		_, b, _ := g.AdminDo(http.MethodGet, status.RecordingsPath, nil)
+		return bytes.Contains(b, []byte(`"recordings":[`)) && !bytes.Contains(b, []byte(`"live":true`))
+	})
 }
