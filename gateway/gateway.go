@@ -180,8 +180,9 @@ func (h *Gateway) Cleanup() error {
 		if caddy.Exiting() {
 			h.line.Close()
 		} else {
-			// A reload: what the moved waiters want and has room now
-			// (a provider added, a limit raised) serves them at once.
+			// A reload: a provider the moved waiters want for the first
+			// time and that has room serves them at once (a limit raised
+			// offered itself when the new config set it).
 			for _, r := range h.reg.Waiting.Retire(h.line) {
 				if st, ok := h.reg.ByResource(r); ok && st.HasRoom() {
 					st.Notify()

@@ -430,10 +430,14 @@ func (q *Queue) Restore(r string) {
 // Retire ends line l (its handler is going away). Each of its waiters
 // keeps its place and deadline and moves to the live line sharing the most
 // resources with l (ties: a line newer than l, the config that replaces
-// it, then the oldest); that line's WantsFunc says what it wants there. Waiters with no line to go to, or that want nothing
-// there, end with ErrUnavailable. Retire returns every resource the moved
-// waiters now want, for the caller to offer those that have room: a reload
-// that added capacity serves them at once.
+// it, then the oldest); that line's WantsFunc says what it wants there.
+// Waiters with no line to go to, or that want nothing there, end with
+// ErrUnavailable. Retire returns the resources some moved waiter wants
+// now and did not want before, for the caller to offer those that have
+// room: a reload that added a provider serves them at once. A resource a
+// waiter already wanted is not among them: whatever gave it room offered
+// it then (a raised limit offers itself when it is set), and a second
+// offer of the same room could wake a later waiter to race the first.
 func (q *Queue) Retire(l *Line) []string {
 	return q.retire(l, true)
 }
@@ -535,13 +539,14 @@ func (q *Queue) retire(l *Line, move bool) []string {
 		l.n--
 		next.n++
 		w.line = next
+		before := w.want
 		w.setWantLocked(want)
 		if wake && !w.running {
 			w.woken = true
 			w.kick()
 		}
 		for _, r := range want {
-			if !slices.Contains(offered, r) {
+			if !slices.Contains(before, r) && !slices.Contains(offered, r) {
 				offered = append(offered, r)
 			}
 		}

@@ -431,6 +431,33 @@ func TestRetireMovesWaitersInOrder(t *testing.T) {
 	expectErr(t, "no line left", ch4, ErrUnavailable)
 }
 
+// TestRetireOffersOnlyWhatIsNew: a reload whose provider's limit grew has
+// offered the room itself, to the first waiter; Retire does not hand the
+// resources its waiters already wanted back for a second offer, which
+// would wake the second waiter to race the first for the one slot (a
+// resource a moved waiter wants for the first time, a provider added, is
+// handed back: TestRetireMovesWaitersInOrder).
+func TestRetireOffersOnlyWhatIsNew(t *testing.T) {
+	q := New(newFakeClock())
+	old := q.NewLine("old", 10, time.Minute, []string{"a"}, nil)
+	w1 := mustJoin(t, old, "a")
+	w2 := mustJoin(t, old, "a")
+	ch1, ch2 := asleep(t, w1), asleep(t, w2)
+	q.Offer("a") // the limit grew while the new config was provisioned
+	expectNil(t, "w1, offered the room", ch1)
+	q.NewLine("new", 10, time.Minute, []string{"a"}, func(any, []string) ([]string, bool) { return []string{"a"}, false })
+	offered := q.Retire(old)
+	if len(offered) != 0 {
+		t.Fatalf("Retire handed back %v for another offer, want nothing", offered)
+	}
+	if !sleeping(w2) {
+		t.Fatal("w2 woken while w1 holds the one offer of a")
+	}
+	noResult(t, "w2", ch2)
+	w1.Leave()
+	w2.Leave()
+}
+
 // TestRetirePrefersNewerLine: of two lines sharing as much with the retired
 // one, the newer (the replacing config) takes its waiters; Close moves
 // nobody.
