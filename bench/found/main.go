@@ -178,18 +178,8 @@ http://%s {
 // connect opens a session through the gateway at addr, timing its 101,
 // and checks it with one echo.
 func connect(addr string) (float64, *websocket.Conn) {
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	t0 := time.Now()
-	c, _, err := websocket.Dial(ctx, "ws://"+addr+"/", &websocket.DialOptions{CompressionMode: websocket.CompressionDisabled})
-	ms := float64(time.Since(t0).Microseconds()) / 1000
+	ms, c, err := caddybin.EchoSession(addr)
 	if err != nil {
-		fail(err)
-	}
-	if err := c.Write(ctx, websocket.MessageText, []byte("ping")); err != nil {
-		fail(err)
-	}
-	if _, _, err := c.Read(ctx); err != nil {
 		fail(err)
 	}
 	return ms, c

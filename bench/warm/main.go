@@ -150,18 +150,8 @@ func main() {
 // connect opens a session through the gateway at addr, timing its 101,
 // checks it with one echo and closes it.
 func connect(addr string) float64 {
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	t0 := time.Now()
-	c, _, err := websocket.Dial(ctx, "ws://"+addr+"/", &websocket.DialOptions{CompressionMode: websocket.CompressionDisabled})
-	ms := float64(time.Since(t0).Microseconds()) / 1000
+	ms, c, err := caddybin.EchoSession(addr)
 	if err != nil {
-		fail(err)
-	}
-	if err := c.Write(ctx, websocket.MessageText, []byte("ping")); err != nil {
-		fail(err)
-	}
-	if _, _, err := c.Read(ctx); err != nil {
 		fail(err)
 	}
 	c.Close(websocket.StatusNormalClosure, "")

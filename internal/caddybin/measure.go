@@ -1,6 +1,7 @@
 package caddybin
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"os"
@@ -11,6 +12,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/coder/websocket"
 )
 
 // Percentiles are the median and the 99th percentile of v (not empty).
@@ -63,4 +66,27 @@ func StartChromium(browser, dir string) (*exec.Cmd, string, error) {
 	syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
 	cmd.Wait()
 	return nil, "", errors.New("chromium did not serve DevTools within 30s")
+}
+
+// EchoSession opens a session through the gateway at addr (a provider
+// that echoes behind it), timing its 101 in milliseconds, and checks it
+// with one echo. The caller closes the connection.
+func EchoSession(addr string) (float64, *websocket.Conn, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	t0 := time.Now()
+	c, _, err := websocket.Dial(ctx, "ws://"+addr+"/", &websocket.DialOptions{CompressionMode: websocket.CompressionDisabled})
+	ms := float64(time.Since(t0).Microseconds()) / 1000
+	if err != nil {
+		return ms, nil, err
+	}
+	if err := c.Write(ctx, websocket.MessageText, []byte("ping")); err != nil {
+		c.CloseNow()
+		return ms, nil, err
+	}
+	if _, _, err := c.Read(ctx); err != nil {
+		c.CloseNow()
+		return ms, nil, err
+	}
+	return ms, c, nil
 }
