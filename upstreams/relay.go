@@ -106,6 +106,9 @@ type Session struct {
 	closeCode   int
 	closeReason string
 	closeBy     time.Time
+	// closingBegun is set, with both reads interrupted, as closing begins
+	// (read without the lock by a direction whose read returned bytes).
+	closingBegun atomic.Bool
 	// Hold (hold.go): why the client looks gone, and for how many
 	// keepalive ticks (leaving: leaveByWrite, below); the answer to its
 	// close frame (parking); the client waiting to join (joining); what
@@ -379,11 +382,13 @@ type direction struct {
 	watching bool
 	controls bool
 	watch    [2]byte
-	// closeNoted: the first close frame from src was noted.
-	closeNoted bool
-	bulk       bool
-	splice     bool // both ends plain TCP
-	alone      bool
+	// closeNoted: the first close frame from src was noted. closingSeen:
+	// a wake found the session closing.
+	closeNoted  bool
+	closingSeen bool
+	bulk        bool
+	splice      bool // both ends plain TCP
+	alone       bool
 	// Under s.mu: a ping is due (keepalive.go); awaiting while it reads
 	// src for the answer to the other direction's close frame; sendDue:
 	// its read was interrupted for the tap's messages (tap.go);
@@ -462,7 +467,7 @@ func (d *direction) run() {
 		}
 		bp, n, err := d.read()
 		if n > 0 {
-			ok = d.take((*bp)[:n])
+			ok = d.takeRead((*bp)[:n])
 		}
 		if bp != nil {
 			d.release(bp)
@@ -505,6 +510,23 @@ func (d *direction) read() (*[]byte, int, error) {
 		return bp, 0, io.EOF
 	}
 	return bp, n, nil
+}
+
+// takeRead takes bytes a read returned. A read that its interrupt woke
+// may still return bytes that came after it: once the session closes,
+// those can be the peer's answer to the close frame the other direction
+// sent it, which must not be relayed ahead of this direction's own close
+// frame. So a relaying direction that reads while the session closes
+// acts on the interrupt first, as if its read had returned it, and then
+// takes the bytes the way that leaves it (the frame in flight finished,
+// then the answer awaited).
+func (d *direction) takeRead(p []byte) bool {
+	if d.mode == relaying && !d.closingSeen && d.s.closingBegun.Load() {
+		if !d.wake(os.ErrDeadlineExceeded) {
+			return false
+		}
+	}
+	return d.take(p)
 }
 
 // release gives back a buffer read returned (the small one stays).
@@ -695,6 +717,7 @@ func (d *direction) wake(err error) bool {
 		ev = evWake
 	}
 	v := d.s.sync(change{ev: ev, d: d})
+	d.closingSeen = d.closingSeen || v.phase >= closing
 	up := d.side == toProvider
 	switch {
 	case !up && d.wait != nil && d.wait.talk != nil:

@@ -378,6 +378,7 @@ func (s *Session) step(c change) bool {
 		// lose the bytes already taken from the source.
 		s.client.SetReadDeadline(aLongTimeAgo)
 		s.upstream.SetReadDeadline(aLongTimeAgo)
+		s.closingBegun.Store(true)
 		s.timers = append(s.timers, time.AfterFunc(CloseFrameLimit+2*CloseWait, func() { s.cut("") }))
 	case over:
 		for _, t := range s.timers {
