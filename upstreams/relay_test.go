@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"io"
 	"net"
+	"sync"
 	"testing"
 	"time"
 )
@@ -179,6 +180,63 @@ func TestSessionCloseRepliesEndItAtOnce(t *testing.T) {
 	}
 	if f.s.Reason() != EndShutdown {
 		t.Fatalf("reason %q", f.s.Reason())
+	}
+}
+
+// lateConn is a connection whose reads learn of an interrupt (a read
+// deadline in the past) only after one more read has returned bytes: what
+// the runtime does when the bytes and the interrupt arrive together.
+type lateConn struct {
+	net.Conn
+	mu      sync.Mutex
+	pending *time.Time
+}
+
+func (c *lateConn) SetReadDeadline(t time.Time) error {
+	if !t.IsZero() && t.Before(time.Now()) {
+		c.mu.Lock()
+		c.pending = &t
+		c.mu.Unlock()
+		return nil
+	}
+	return c.Conn.SetReadDeadline(t)
+}
+
+func (c *lateConn) Read(p []byte) (int, error) {
+	n, err := c.Conn.Read(p)
+	c.mu.Lock()
+	if t := c.pending; t != nil && n > 0 {
+		c.pending = nil
+		c.Conn.SetReadDeadline(*t)
+	}
+	c.mu.Unlock()
+	return n, err
+}
+
+// TestSessionCloseReplyReadLate: the client's answer to the gateway's
+// close frame comes back in the read its interrupt woke; the provider
+// still gets the gateway's close frame, and only that one.
+func TestSessionCloseReplyReadLate(t *testing.T) {
+	client, gwClient := tcpPair(t)
+	gwUp, provider := tcpPair(t)
+	ended := make(chan *Session, 1)
+	s := NewSession(&lateConn{Conn: gwClient}, &Conn{Conn: gwUp}, SessionOptions{OnEnd: func(s *Session) { ended <- s }})
+	s.Run()
+	time.Sleep(20 * time.Millisecond)
+	s.Close(CloseGoingAway, EndShutdown)
+	fromClient := answerClose(client, closeFrame(CloseGoingAway, "", true))
+	fromProvider := answerClose(provider, closeFrame(CloseGoingAway, "", false))
+	select {
+	case <-ended:
+	case <-time.After(3 * time.Second):
+		t.Fatal("the session did not end")
+	}
+	cf, pf := <-fromClient, <-fromProvider
+	if len(cf) != 1 || !isClose(cf[0], CloseGoingAway, EndShutdown) {
+		t.Fatalf("client got %+v", cf)
+	}
+	if len(pf) != 1 || !pf[0].masked || !isClose(pf[0], CloseGoingAway, EndShutdown) {
+		t.Fatalf("provider got %+v, want the gateway's close frame alone", pf)
 	}
 }
 
