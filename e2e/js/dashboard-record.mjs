@@ -182,7 +182,11 @@ try {
         const sel = `#watch-targets [data-target="${t}"] img`;
         if (await page.evaluate(colourOf, sel) === colour) return sel;
       }
-      if (Date.now() > end) throw new Error(`no page of the live view shows ${colour} within ${timeout} ms`);
+      if (Date.now() > end) {
+        const live = await page.evaluate(async (u) => (await fetch(u)).text(), cfg.controlsURL + 'live.json');
+        const seen = await page.$$eval('#watch-targets [data-target] img', (is) => is.map((i) => `${i.getAttribute('src')} n=${i.dataset.n}`));
+        throw new Error(`no page of the live view shows ${colour} within ${timeout} ms; live.json ${live}; images ${seen.join(', ')}`);
+      }
       await new Promise((r) => setTimeout(r, 100));
     }
   };
